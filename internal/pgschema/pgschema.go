@@ -1,0 +1,221 @@
+// Package pgschema holds the PostgreSQL schema of the outbox: embedded,
+// numbered migrations rendered for a validated schema and table name, and
+// the runner both PostgreSQL drivers share.
+package pgschema
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+//go:embed migrations/*.sql
+var files embed.FS
+
+// Migration is one numbered schema change.
+type Migration struct {
+	Version int
+	Name    string
+	Up      string
+	Down    string
+}
+
+// all reads the embedded migrations once per call; they are small.
+func all() []Migration {
+	entries, err := fs.ReadDir(files, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		name := e.Name()
+		num, rest, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("pgschema: bad migration file name " + name)
+		}
+		body, err := files.ReadFile("migrations/" + name)
+		if err != nil {
+			panic(err)
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &Migration{Version: v}
+			byVersion[v] = m
+		}
+		switch {
+		case strings.HasSuffix(rest, ".up.sql"):
+			m.Name = strings.TrimSuffix(rest, ".up.sql")
+			m.Up = string(body)
+		case strings.HasSuffix(rest, ".down.sql"):
+			m.Down = string(body)
+		default:
+			panic("pgschema: bad migration file name " + name)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// Latest is the newest schema version.
+func Latest() int {
+	ms := all()
+	return ms[len(ms)-1].Version
+}
+
+// QuoteLiteral quotes s as an SQL string literal.
+func QuoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// Names are the rendered SQL names that belong to one outbox table.
+type Names struct {
+	Table, DeadLetter, Wakeup, Migrations string
+}
+
+// NamesOf returns the qualified, quoted names of t's tables.
+func NamesOf(t outboxdriver.Table) Names {
+	return Names{
+		Table:      t.Qualified(""),
+		DeadLetter: t.Qualified("_dead_letter"),
+		Wakeup:     t.Qualified("_wakeup"),
+		Migrations: t.Qualified("_migrations"),
+	}
+}
+
+// Render replaces the {{...}} placeholders of a migration with t's quoted
+// names. t must be valid.
+func Render(sql string, t outboxdriver.Table) string {
+	n := NamesOf(t)
+	q := outboxdriver.QuoteIdent
+	return strings.NewReplacer(
+		"{{schema}}", q(t.Schema),
+		"{{table}}", n.Table,
+		"{{dead_letter}}", n.DeadLetter,
+		"{{wakeup}}", n.Wakeup,
+		"{{pending_idx}}", q(t.Name+"_pending"),
+		"{{notify_fn}}", t.Qualified("_notify"),
+		"{{notify_trg}}", q(t.Name+"_notify"),
+		"{{channel}}", QuoteLiteral(t.Channel()),
+	).Replace(sql)
+}
+
+// Tx is the part of a database transaction the runner needs.
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) error
+	// Versions returns the first column of every row of sql as ints.
+	Versions(ctx context.Context, sql string, args ...any) ([]int, error)
+}
+
+// lock serialises concurrent migrations of one table.
+func lock(ctx context.Context, tx Tx, t outboxdriver.Table) error {
+	return tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "outbox.migrate:"+t.String())
+}
+
+// applied creates the bookkeeping table if needed and returns the applied
+// versions.
+func applied(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, error) {
+	n := NamesOf(t)
+	if err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+outboxdriver.QuoteIdent(t.Schema)); err != nil {
+		return nil, fmt.Errorf("create schema %s: %w", t.Schema, err)
+	}
+	if err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+n.Migrations+` (
+		version    integer     PRIMARY KEY,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("create migrations table: %w", err)
+	}
+	vs, err := tx.Versions(ctx, `SELECT version FROM `+n.Migrations)
+	if err != nil {
+		return nil, fmt.Errorf("read applied migrations: %w", err)
+	}
+	done := map[int]bool{}
+	for _, v := range vs {
+		done[v] = true
+	}
+	return done, nil
+}
+
+// Up applies, inside tx, every migration not yet applied to t and returns
+// the versions it applied (none on a second run). The caller commits.
+func Up(ctx context.Context, tx Tx, t outboxdriver.Table) ([]int, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	if err := lock(ctx, tx, t); err != nil {
+		return nil, err
+	}
+	done, err := applied(ctx, tx, t)
+	if err != nil {
+		return nil, err
+	}
+	var ran []int
+	for _, m := range all() {
+		if done[m.Version] {
+			continue
+		}
+		if err := tx.Exec(ctx, Render(m.Up, t)); err != nil {
+			return nil, fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if err := tx.Exec(ctx, `INSERT INTO `+NamesOf(t).Migrations+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+			return nil, fmt.Errorf("record migration %d: %w", m.Version, err)
+		}
+		ran = append(ran, m.Version)
+	}
+	return ran, nil
+}
+
+// Down reverts, inside tx, every applied migration newer than target (0
+// removes everything) and returns the versions it reverted, newest first.
+func Down(ctx context.Context, tx Tx, t outboxdriver.Table, target int) ([]int, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	if err := lock(ctx, tx, t); err != nil {
+		return nil, err
+	}
+	done, err := applied(ctx, tx, t)
+	if err != nil {
+		return nil, err
+	}
+	ms := all()
+	var ran []int
+	for i := len(ms) - 1; i >= 0; i-- {
+		m := ms[i]
+		if m.Version <= target || !done[m.Version] {
+			continue
+		}
+		if err := tx.Exec(ctx, Render(m.Down, t)); err != nil {
+			return nil, fmt.Errorf("revert migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if err := tx.Exec(ctx, `DELETE FROM `+NamesOf(t).Migrations+` WHERE version = $1`, m.Version); err != nil {
+			return nil, err
+		}
+		ran = append(ran, m.Version)
+	}
+	if target == 0 {
+		if err := tx.Exec(ctx, `DROP TABLE `+NamesOf(t).Migrations); err != nil {
+			return nil, err
+		}
+	}
+	return ran, nil
+}
+
+// Version returns the highest applied version of t, 0 when none.
+func Version(ctx context.Context, tx Tx, t outboxdriver.Table) (int, error) {
+	vs, err := tx.Versions(ctx, `SELECT coalesce(max(version), 0) FROM `+NamesOf(t).Migrations)
+	if err != nil {
+		return 0, err
+	}
+	return vs[0], nil
+}

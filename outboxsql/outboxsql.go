@@ -1,0 +1,108 @@
+// Package outboxsql is the PostgreSQL driver of the outbox for database/sql:
+// it writes events inside a *sql.Tx opened on any PostgreSQL driver
+// (pgx's stdlib, lib/pq) and migrates the schema. The relay itself runs on
+// outboxpgx.
+package outboxsql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/outboxkit/outbox/internal/pgschema"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Driver writes events through database/sql.
+type Driver struct{}
+
+// New returns a Driver. It holds no connection.
+func New() *Driver { return &Driver{} }
+
+var _ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
+
+// InsertTx inserts rows within tx with one multi-row INSERT (one round trip).
+func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if tx == nil {
+		return errors.New("transaction is nil")
+	}
+	var b strings.Builder
+	b.WriteString(`INSERT INTO `)
+	b.WriteString(pgschema.NamesOf(t).Table)
+	b.WriteString(` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext) VALUES `)
+	args := make([]any, 0, 8*len(rows))
+	for i, r := range rows {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		n := i * 8
+		p := func(k int) string { return "$" + strconv.Itoa(n+k) }
+		b.WriteString("(" + p(1) + "::uuid, " + p(2) + ", " + p(3) + ", " + p(4) + ", " + p(5) + "::jsonb, " + p(6) + "::bytea, coalesce(" + p(7) + "::jsonb, '{}'::jsonb), " + p(8) + ")")
+		args = append(args, r.ID, r.AggregateType, r.AggregateID, r.Type, nullText(r.Payload), nullBytes(r.RawPayload), nullText(r.Headers), nullText([]byte(r.TraceContext)))
+	}
+	_, err := tx.ExecContext(ctx, b.String(), args...)
+	return err
+}
+
+func nullText(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return string(b)
+}
+
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+type migrateTx struct{ tx *sql.Tx }
+
+func (m migrateTx) Exec(ctx context.Context, q string, args ...any) error {
+	_, err := m.tx.ExecContext(ctx, q, args...)
+	return err
+}
+
+func (m migrateTx) Versions(ctx context.Context, q string, args ...any) ([]int, error) {
+	rows, err := m.tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// Migrate creates or upgrades the outbox table t in one transaction and
+// returns the versions it applied; a second run applies none.
+func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table) ([]int, error) {
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("outboxsql: %w", err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t, err)
+	}
+	defer tx.Rollback()
+	vs, err := pgschema.Up(ctx, migrateTx{tx}, t)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("outboxsql: migrate %s: commit: %w", t, err)
+	}
+	return vs, nil
+}
