@@ -1,0 +1,158 @@
+// Package route turns an outbox record into a broker message the way
+// Debezium's Outbox Event Router does, so consumers built for Debezium work
+// unchanged: destination "outbox.event.<aggregatetype>", key = aggregateid,
+// header "id" = event id, value = payload.
+package route
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/sink"
+)
+
+// Defaults, as in Debezium's Outbox Event Router.
+const (
+	DefaultRouteBy     = "aggregatetype"
+	DefaultRegex       = `(?P<routedByValue>.*)`
+	DefaultReplacement = "outbox.event.${routedByValue}"
+)
+
+// Columns that can route or be placed into headers.
+var columns = map[string]func(*outboxdriver.Record) string{
+	"aggregatetype": func(r *outboxdriver.Record) string { return r.AggregateType },
+	"aggregateid":   func(r *outboxdriver.Record) string { return r.AggregateID },
+	"type":          func(r *outboxdriver.Record) string { return r.Type },
+	"id":            func(r *outboxdriver.Record) string { return r.ID },
+	"created_at": func(r *outboxdriver.Record) string {
+		return r.CreatedAt.UTC().Format("2006-01-02T15:04:05.000000Z07:00")
+	},
+}
+
+// ColumnNames lists the columns RouteBy and HeaderColumns accept.
+func ColumnNames() []string {
+	return []string{"aggregatetype", "aggregateid", "type", "id", "created_at"}
+}
+
+// Config configures a Router. The zero value is Debezium's default routing.
+type Config struct {
+	// RouteBy names the column whose value picks the destination
+	// (Debezium's route.by.field). Defaults to "aggregatetype".
+	RouteBy string
+	// Regex must match the whole routed value; its named groups can be used
+	// in Replacement (Debezium's route.topic.regex). Defaults to
+	// "(?P<routedByValue>.*)".
+	Regex string
+	// Replacement builds the destination; ${name} expands a group of Regex
+	// (Debezium's route.topic.replacement). Defaults to
+	// "outbox.event.${routedByValue}".
+	Replacement string
+	// HeaderColumns places more columns into headers, each as "column" or
+	// "column:header-name" (Debezium's table.fields.additional.placement
+	// with placement header). For example "type:eventType".
+	HeaderColumns []string
+}
+
+type headerColumn struct {
+	get  func(*outboxdriver.Record) string
+	name string
+}
+
+// Router maps records to messages. It is safe for concurrent use.
+type Router struct {
+	by          func(*outboxdriver.Record) string
+	byName      string
+	re          *regexp.Regexp
+	replacement string
+	headers     []headerColumn
+}
+
+// New validates cfg and returns a Router.
+func New(cfg *Config) (*Router, error) {
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.RouteBy == "" {
+		c.RouteBy = DefaultRouteBy
+	}
+	if c.Regex == "" {
+		c.Regex = DefaultRegex
+	}
+	if c.Replacement == "" {
+		c.Replacement = DefaultReplacement
+	}
+	by, ok := columns[c.RouteBy]
+	if !ok {
+		return nil, fmt.Errorf("route: cannot route by %q: use one of %s", c.RouteBy, strings.Join(ColumnNames(), ", "))
+	}
+	re, err := regexp.Compile(`^(?:` + c.Regex + `)$`)
+	if err != nil {
+		return nil, fmt.Errorf("route: regex %q: %w", c.Regex, err)
+	}
+	r := &Router{by: by, byName: c.RouteBy, re: re, replacement: c.Replacement}
+	for _, spec := range c.HeaderColumns {
+		col, name, _ := strings.Cut(strings.TrimSpace(spec), ":")
+		if name == "" {
+			name = col
+		}
+		get, ok := columns[col]
+		if !ok {
+			return nil, fmt.Errorf("route: header column %q: use one of %s", col, strings.Join(ColumnNames(), ", "))
+		}
+		if name == "id" {
+			return nil, fmt.Errorf("route: header column %q: the header \"id\" always carries the event id", spec)
+		}
+		r.headers = append(r.headers, headerColumn{get: get, name: name})
+	}
+	return r, nil
+}
+
+// Destination returns the destination of rec.
+func (r *Router) Destination(rec *outboxdriver.Record) (string, error) {
+	v := r.by(rec)
+	m := r.re.FindStringSubmatchIndex(v)
+	if m == nil {
+		return "", fmt.Errorf("route: %s %q does not match %s", r.byName, v, r.re)
+	}
+	return string(r.re.ExpandString(nil, r.replacement, v, m)), nil
+}
+
+// Message maps rec to a message: the routed destination, key = aggregate
+// id, value = payload, headers "id", the event's own headers (sorted by
+// name), "traceparent"/"tracestate" from the stored trace context, then the
+// configured header columns.
+func (r *Router) Message(rec *outboxdriver.Record) (sink.Message, error) {
+	dest, err := r.Destination(rec)
+	if err != nil {
+		return sink.Message{}, err
+	}
+	m := sink.Message{
+		ID:          rec.ID,
+		Destination: dest,
+		Key:         []byte(rec.AggregateID),
+		Value:       rec.Payload,
+		Headers:     make([]sink.Header, 0, 1+len(rec.Headers)+len(r.headers)+2),
+	}
+	m.Headers = append(m.Headers, sink.Header{Key: "id", Value: rec.ID})
+	for _, k := range slices.Sorted(maps.Keys(rec.Headers)) {
+		if k == "id" {
+			continue // the event id wins
+		}
+		m.Headers = append(m.Headers, sink.Header{Key: k, Value: rec.Headers[k]})
+	}
+	for _, line := range strings.Split(rec.TraceContext, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if ok && (k == "traceparent" || k == "tracestate") && v != "" {
+			m.Headers = append(m.Headers, sink.Header{Key: k, Value: v})
+		}
+	}
+	for _, h := range r.headers {
+		m.Headers = append(m.Headers, sink.Header{Key: h.name, Value: h.get(rec)})
+	}
+	return m, nil
+}

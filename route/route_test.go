@@ -1,0 +1,79 @@
+package route
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/sink"
+)
+
+func rec() *outboxdriver.Record {
+	return &outboxdriver.Record{
+		ID: "0190a5a4-0000-7000-8000-000000000001", AggregateType: "order", AggregateID: "42",
+		Type: "OrderPlaced", Payload: []byte(`{"id":42}`),
+		Headers:      map[string]string{"tenant": "t1", "id": "spoofed", "a": "1"},
+		TraceContext: "traceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\ntracestate=k=v",
+		CreatedAt:    time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+	}
+}
+
+func TestDebeziumDefaults(t *testing.T) {
+	r, err := New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := r.Message(rec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Destination != "outbox.event.order" || string(m.Key) != "42" || string(m.Value) != `{"id":42}` || m.ID != rec().ID {
+		t.Fatalf("got %+v", m)
+	}
+	want := []sink.Header{
+		{Key: "id", Value: rec().ID}, {Key: "a", Value: "1"}, {Key: "tenant", Value: "t1"},
+		{Key: "traceparent", Value: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, {Key: "tracestate", Value: "k=v"},
+	}
+	if !reflect.DeepEqual(m.Headers, want) {
+		t.Fatalf("headers = %v, want %v", m.Headers, want)
+	}
+}
+
+func TestCustomRouting(t *testing.T) {
+	r, err := New(&Config{RouteBy: "type", Regex: `(?P<entity>[A-Z][a-z]+)(?P<verb>[A-Z][a-z]+)`, Replacement: "events.${entity}.${verb}",
+		HeaderColumns: []string{"type:eventType", "aggregatetype", "created_at"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := r.Message(rec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Destination != "events.Order.Placed" {
+		t.Fatalf("destination = %q", m.Destination)
+	}
+	for k, v := range map[string]string{"eventType": "OrderPlaced", "aggregatetype": "order", "created_at": "2026-01-02T03:04:05.000000Z"} {
+		if got, _ := m.Header(k); got != v {
+			t.Errorf("header %s = %q, want %q", k, got, v)
+		}
+	}
+	bad := rec()
+	bad.Type = "lowercase"
+	if _, err := r.Message(bad); err == nil {
+		t.Fatal("a value the regex does not match must fail")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []Config{
+		{RouteBy: "payload"},
+		{Regex: "("},
+		{HeaderColumns: []string{"nope"}},
+		{HeaderColumns: []string{"type:id"}},
+	} {
+		if _, err := New(&c); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}
