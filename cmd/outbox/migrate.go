@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxkit/outbox/internal/pgschema"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+func newMigrate() *cobra.Command {
+	var f dbFlags
+	var down int
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox table, its dead-letter table and wake-up trigger",
+		Long: `Create or upgrade the outbox table in one transaction. Migrations are
+versioned; a second run changes nothing. --down N reverts to version N
+(--down 0 drops the outbox tables and their data).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			t, err := f.tableName()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			pool, err := f.connect(ctx, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			out := cmd.OutOrStdout()
+			if cmd.Flags().Changed("down") {
+				if down < 0 || down > pgschema.Latest() {
+					return fmt.Errorf("--down %d: use a version between 0 and %d", down, pgschema.Latest())
+				}
+				vs, err := outboxpgx.MigrateDown(ctx, pool, t, down)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "%s: reverted %d migration(s) %v, now at version %d\n", t, len(vs), vs, down)
+				return nil
+			}
+			vs, err := outboxpgx.Migrate(ctx, pool, t)
+			if err != nil {
+				return err
+			}
+			if len(vs) == 0 {
+				fmt.Fprintf(out, "%s: already at version %d, nothing to do\n", t, pgschema.Latest())
+			} else {
+				fmt.Fprintf(out, "%s: applied migration(s) %v, now at version %d\n", t, vs, pgschema.Latest())
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().IntVar(&down, "down", 0, "revert to this schema version instead of upgrading")
+	return cmd
+}

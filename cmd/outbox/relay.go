@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxprom"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/route"
+)
+
+func newRelay() *cobra.Command {
+	var (
+		f           dbFlags
+		sf          sinkFlags
+		rc          route.Config
+		batch       int
+		poll        time.Duration
+		grace       time.Duration
+		metricsAddr string
+		retention   string
+		logLevel    string
+	)
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Publish committed outbox events to a broker until SIGINT/SIGTERM",
+		Long: `Claim committed, unpublished events in insertion order, publish them to the
+sink and record them as published once the broker acknowledged. Woken by
+LISTEN/NOTIFY when idle, with --poll-interval as the safety net. On SIGINT or
+SIGTERM it stops claiming, finishes the batch in flight and exits.
+
+Sinks: nats://host:port (JetStream; stream OUTBOX on outbox.event.> is created
+if missing), kafka://host:port[,host:port] (acks=all, idempotent producer),
+stdout: (one JSON line per event).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			t, err := f.tableName()
+			if err != nil {
+				return err
+			}
+			ret, err := parseRetention(retention)
+			if err != nil {
+				return err
+			}
+			router, err := route.New(&rc)
+			if err != nil {
+				return fmt.Errorf("routing: %w", err)
+			}
+			if batch < 1 || batch > 100_000 {
+				return fmt.Errorf("--batch %d: use 1 to 100000", batch)
+			}
+			if poll < time.Millisecond {
+				return fmt.Errorf("--poll-interval %s: use at least 1ms", poll)
+			}
+			var ln net.Listener
+			if metricsAddr != "" {
+				// Bind before connecting anywhere, so a taken port fails fast.
+				if ln, err = net.Listen("tcp", metricsAddr); err != nil {
+					return fmt.Errorf("--metrics-addr %s: %v", metricsAddr, err)
+				}
+				defer ln.Close()
+			}
+			ctx := cmd.Context()
+			pool, err := f.connect(ctx, 4)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if _, err := outboxpgx.Status(ctx, pool, t); err != nil {
+				return err
+			}
+			snk, err := sf.open(ctx, log)
+			if err != nil {
+				return err
+			}
+			defer snk.Close()
+			src, err := outboxpgx.NewSource(pool, t, &outboxpgx.SourceConfig{Retention: ret, Logger: log})
+			if err != nil {
+				return err
+			}
+			defer src.Close()
+			cfg := &relay.Config{BatchSize: batch, PollInterval: poll, Router: router, Logger: log}
+			if ln != nil {
+				reg := prometheus.NewRegistry()
+				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+				m, err := outboxprom.New(reg, func(ctx context.Context) (outboxdriver.Status, error) {
+					return outboxpgx.Status(ctx, pool, t)
+				})
+				if err != nil {
+					return err
+				}
+				cfg.Metrics = m
+				srv := serveMetrics(ln, reg, log)
+				defer srv.Close()
+			}
+			r, err := relay.New(src, snk, cfg)
+			if err != nil {
+				return err
+			}
+			log.Info("relay started", "table", t.String(), "sink", redact(sinkURL(sf)), "batch", batch, "poll_interval", poll, "relay", src.RelayName())
+			err = r.Run(ctx, grace)
+			log.Info("relay stopped")
+			return err
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&sf.url, "sink", "", "broker URL: "+sinkSchemes+" (or OUTBOX_SINK)")
+	cmd.Flags().IntVar(&batch, "batch", 500, "most events claimed and published at once")
+	cmd.Flags().DurationVar(&poll, "poll-interval", 500*time.Millisecond, "longest wait for a wake-up before looking again")
+	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")
+	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at)")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().StringVar(&rc.RouteBy, "route-by", route.DefaultRouteBy, "column whose value picks the destination")
+	cmd.Flags().StringVar(&rc.Regex, "route-regex", route.DefaultRegex, "regex over the routed value; its named groups feed --route-replacement")
+	cmd.Flags().StringVar(&rc.Replacement, "route-replacement", route.DefaultReplacement, "destination template")
+	cmd.Flags().StringSliceVar(&rc.HeaderColumns, "header-columns", nil, "more columns to place into headers, as column[:header] (e.g. type:eventType)")
+	cmd.Flags().StringVar(&sf.natsStream, "nats-stream", "OUTBOX", "JetStream stream the events go to")
+	cmd.Flags().StringSliceVar(&sf.natsSubjects, "nats-subjects", []string{"outbox.event.>"}, "subjects of the stream, when the relay creates it")
+	cmd.Flags().BoolVar(&sf.natsNoCreate, "nats-no-create-stream", false, "fail instead of creating a missing stream")
+	return cmd
+}
+
+func sinkURL(sf sinkFlags) string {
+	if sf.url != "" {
+		return sf.url
+	}
+	return "$OUTBOX_SINK"
+}
+
+func parseRetention(s string) (outboxpgx.Retention, error) {
+	switch s {
+	case "delete":
+		return outboxpgx.RetentionDelete, nil
+	case "keep":
+		return outboxpgx.RetentionKeep, nil
+	}
+	return 0, fmt.Errorf("--retention %q: use delete or keep", s)
+}
+
+func serveMetrics(ln net.Listener, reg *prometheus.Registry, log *slog.Logger) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	return srv
+}

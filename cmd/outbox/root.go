@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "outbox",
+		Short:         "Transactional outbox: migrate tables, relay events to a broker, report status",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newMigrate(), newRelay(), newStatus())
+	return root
+}
+
+// dbFlags are the flags every command that talks to the database takes.
+type dbFlags struct {
+	db, schema, table string
+}
+
+func (f *dbFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.db, "db", "", "PostgreSQL URL, e.g. postgres://user@host:5432/db (or OUTBOX_DB)")
+	cmd.Flags().StringVar(&f.schema, "schema", "public", "schema of the outbox table")
+	cmd.Flags().StringVar(&f.table, "table", "outbox", "name of the outbox table")
+}
+
+func (f *dbFlags) tableName() (outboxdriver.Table, error) {
+	t := outboxdriver.Table{Schema: f.schema, Name: f.table}
+	if err := t.Validate(); err != nil {
+		return t, fmt.Errorf("--schema/--table: %w", err)
+	}
+	return t, nil
+}
+
+// connect opens a pool on --db (or OUTBOX_DB) and checks it answers.
+func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	raw := f.db
+	if raw == "" {
+		raw = os.Getenv("OUTBOX_DB")
+	}
+	if raw == "" {
+		return nil, errors.New("no database: pass --db postgres://user@host:5432/db or set OUTBOX_DB")
+	}
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		return nil, fmt.Errorf("invalid --db URL %s: %v", redact(raw), unwrapAll(err))
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("invalid --db URL %s: %v", redact(raw), err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot connect to PostgreSQL at %s:%d (database %q): %v; check --db and that PostgreSQL is running",
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, oneLine(err))
+	}
+	return pool, nil
+}
+
+// redact hides a password in a URL.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		if err != nil {
+			return "(unparsable)"
+		}
+		return raw
+	}
+	return u.Redacted()
+}
+
+func unwrapAll(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
+	}
+}
+
+// oneLine keeps an error on one line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
