@@ -9,9 +9,10 @@
 //
 // Publish sends a batch with asynchronous publishes, in slice order on one
 // connection, keeping at most Config.MaxPending of them unacknowledged, and
-// then waits for every PubAck. NATS has no partitions, so Message.Key is not
-// sent; messages with the same key keep their order because the whole batch
-// is submitted in order.
+// then waits for every PubAck. NATS has no partitions: Message.Key travels as
+// the header "key" (unless the message already has one), and messages with
+// the same key keep their order because the whole batch is submitted in
+// order.
 //
 // Errors that retrying cannot fix (a payload larger than the server's
 // max_payload or the stream's max_msg_size, an invalid subject or header
@@ -45,6 +46,8 @@ import (
 const (
 	// DefaultStream is the default stream name.
 	DefaultStream = "OUTBOX"
+	// KeyHeader carries Message.Key, since NATS messages have no key.
+	KeyHeader = "key"
 	// DefaultSubject is the default (and only) subject of the default stream.
 	DefaultSubject = "outbox.event.>"
 	// DefaultMaxPending is the default bound on unacknowledged publishes.
@@ -485,10 +488,13 @@ func (w *waiter) abandon(window []pending, head, n, next int) []error {
 // toNATS converts m to a NATS message.
 func toNATS(m *sink.Message) *nats.Msg {
 	nm := &nats.Msg{Subject: m.Destination, Data: m.Value}
-	if len(m.Headers) > 0 {
-		nm.Header = make(nats.Header, len(m.Headers)+1)
+	if len(m.Headers) > 0 || len(m.Key) > 0 {
+		nm.Header = make(nats.Header, len(m.Headers)+2)
 		for _, h := range m.Headers {
 			nm.Header.Add(h.Key, h.Value)
+		}
+		if _, ok := m.Header(KeyHeader); !ok && len(m.Key) > 0 {
+			nm.Header.Set(KeyHeader, string(m.Key))
 		}
 	}
 	return nm

@@ -212,6 +212,9 @@ func TestPublishBatchRoundTrip(t *testing.T) {
 				if v := h.Get("type"); v != "order.created" {
 					t.Fatalf("seq %d: type header %q", i+1, v)
 				}
+				if v := h.Get(KeyHeader); v != string(m.Key) {
+					t.Fatalf("seq %d: key header %q, want %q", i+1, v, m.Key)
+				}
 				if v, want := h.Values("trace"), []string{"first", fmt.Sprint("second-", i)}; !slices.Equal(v, want) {
 					t.Fatalf("seq %d: trace headers %q, want %q", i+1, v, want)
 				}

@@ -1,0 +1,407 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink"
+	"github.com/outboxkit/outbox/sink/natssink"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgxpool's background health check and nats.go's connection
+		// goroutines end when their owners are closed in t.Cleanup, which
+		// goleak may observe a moment early.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+	)
+}
+
+// env is one test's outbox table, stream and relay.
+type env struct {
+	pool   *pgxpool.Pool
+	table  outboxdriver.Table
+	ob     *outbox.Outbox[pgx.Tx]
+	stream jetstream.Stream
+	prefix string
+	js     jetstream.JetStream
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	if _, err := outboxpgx.Migrate(context.Background(), pool, tb); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, js := testenv.JetStream(t)
+	st, prefix := testenv.Stream(t, js)
+	return &env{pool: pool, table: tb, ob: ob, stream: st, prefix: prefix, js: js}
+}
+
+// start runs a relay over e's table into e's stream, wrapping the real
+// sink with wrap when given; it is stopped when the test ends.
+func (e *env) start(t *testing.T, wrap func(sink.Sink) sink.Sink, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	src, err := outboxpgx.NewSource(e.pool, e.table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snk sink.Sink
+	snk, err = natssink.New(e.js, &natssink.Config{Stream: e.prefix, Subjects: []string{e.prefix + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wrap != nil {
+		snk = wrap(snk)
+	}
+	router, err := route.New(&route.Config{Replacement: e.prefix + ".${routedByValue}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Router = router
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 200 * time.Millisecond
+	}
+	if cfg.RetryBase == 0 {
+		cfg.RetryBase, cfg.RetryMax = 10*time.Millisecond, 50*time.Millisecond
+	}
+	r, err := relay.New(src, snk, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r.Stop(ctx)
+		src.Close()
+		snk.Close()
+	})
+	return r
+}
+
+type payload struct {
+	Agg string `json:"agg"`
+	N   int    `json:"n"`
+}
+
+func event(agg string, n int) outbox.Event {
+	b, _ := json.Marshal(payload{agg, n})
+	return outbox.Event{AggregateType: "order", AggregateID: agg, Type: "Placed", Payload: b, Headers: map[string]string{"tenant": "acme"}}
+}
+
+func (e *env) write(t *testing.T, commit bool, events ...outbox.Event) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ob.WriteTx(ctx, tx, events...); err != nil {
+		t.Fatal(err)
+	}
+	if commit {
+		err = tx.Commit(ctx)
+	} else {
+		err = tx.Rollback(ctx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) status(t *testing.T) outboxdriver.Status {
+	t.Helper()
+	st, err := outboxpgx.Status(context.Background(), e.pool, e.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// waitBacklog polls until the table's backlog is n.
+func (e *env) waitBacklog(t *testing.T, n int64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st := e.status(t)
+		if st.Backlog == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backlog %d after %s, want %d", st.Backlog, timeout, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func decode(t *testing.T, msgs []*jetstream.RawStreamMsg) []payload {
+	t.Helper()
+	out := make([]payload, len(msgs))
+	for i, m := range msgs {
+		if err := json.Unmarshal(m.Data, &out[i]); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	return out
+}
+
+func TestCommittedEventsArriveRolledBackNever(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(t, nil, relay.Config{BatchSize: 7})
+	const aggs, per = 10, 20
+	for n := range per {
+		for a := range aggs {
+			agg := fmt.Sprint("agg-", a)
+			e.write(t, true, event(agg, n))
+			e.write(t, false, event(agg, -1)) // rolled back: must never appear
+		}
+	}
+	testenv.WaitStreamMsgs(t, e.stream, aggs*per, 30*time.Second)
+	e.waitBacklog(t, 0, 10*time.Second)
+	msgs := testenv.StreamMessages(t, e.stream)
+	if len(msgs) != aggs*per {
+		t.Fatalf("stream holds %d messages, want %d", len(msgs), aggs*per)
+	}
+	next := map[string]int{}
+	for i, p := range decode(t, msgs) {
+		if p.N < 0 {
+			t.Fatalf("an event of a rolled-back transaction was published: %+v", p)
+		}
+		if p.N != next[p.Agg] {
+			t.Fatalf("%s: got event %d, want %d (commit order)", p.Agg, p.N, next[p.Agg])
+		}
+		next[p.Agg]++
+		m := msgs[i]
+		if m.Subject != e.prefix+".order" {
+			t.Fatalf("subject %q", m.Subject)
+		}
+		id := m.Header.Get("id")
+		if id == "" || m.Header.Get(jetstream.MsgIDHeader) != id || m.Header.Get("tenant") != "acme" || m.Header.Get(natssink.KeyHeader) != p.Agg {
+			t.Fatalf("headers %v", m.Header)
+		}
+	}
+}
+
+// TestLateCommitIsPublished is the high-water-mark bug: a transaction that
+// inserted early and commits after later transactions were relayed must
+// still be published.
+func TestLateCommitIsPublished(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	late, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ob.WriteTx(ctx, late, event("late", 0)); err != nil {
+		t.Fatal(err)
+	}
+	e.start(t, nil, relay.Config{})
+	for n := range 50 {
+		e.write(t, true, event("early", n))
+	}
+	testenv.WaitStreamMsgs(t, e.stream, 50, 30*time.Second)
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitStreamMsgs(t, e.stream, 51, 30*time.Second)
+	got := decode(t, testenv.StreamMessages(t, e.stream))
+	if last := got[len(got)-1]; last.Agg != "late" {
+		t.Fatalf("last message %+v, want the late commit", last)
+	}
+}
+
+func TestPlainSQLInsertIsRelayed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(t, nil, relay.Config{})
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)
+		VALUES ('0b0d8a5e-8a5b-4c3e-9c1d-2f3e4a5b6c7d', 'order', '42', 'OrderPlaced', '{"orderId": 42}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitStreamMsgs(t, e.stream, 1, 30*time.Second)
+	m := testenv.StreamMessages(t, e.stream)[0]
+	if m.Subject != e.prefix+".order" || string(m.Data) != `{"orderId": 42}` || m.Header.Get("id") != "0b0d8a5e-8a5b-4c3e-9c1d-2f3e4a5b6c7d" || m.Header.Get(natssink.KeyHeader) != "42" {
+		t.Fatalf("got %s %s %v", m.Subject, m.Data, m.Header)
+	}
+}
+
+func TestOversizedEventIsDeadLetteredOthersFlow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(t, nil, relay.Config{})
+	big := outbox.Event{AggregateType: "order", AggregateID: "big", Type: "Huge", RawPayload: make([]byte, 2<<20)}
+	e.write(t, true, event("a", 0), big, event("b", 0))
+	testenv.WaitStreamMsgs(t, e.stream, 2, 30*time.Second)
+	e.waitBacklog(t, 0, 10*time.Second)
+	st := e.status(t)
+	if st.DeadLetters != 1 {
+		t.Fatalf("dead letters = %d, want 1", st.DeadLetters)
+	}
+	var lastErr string
+	var attempts int
+	e.pool.QueryRow(context.Background(), `SELECT last_error, attempts FROM `+e.table.Qualified("_dead_letter")).Scan(&lastErr, &attempts)
+	if !strings.Contains(lastErr, "payload") || attempts != 1 {
+		t.Fatalf("dead letter last_error=%q attempts=%d", lastErr, attempts)
+	}
+}
+
+// flaky fails every publish while down is set.
+type flaky struct {
+	sink.Sink
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+func (f *flaky) Publish(ctx context.Context, msgs []sink.Message) []error {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return sink.Results(len(msgs), errors.New("broker unreachable"))
+	}
+	return f.Sink.Publish(ctx, msgs)
+}
+
+func TestBrokerDownBurnsNoAttempts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	f := &flaky{}
+	f.down.Store(true)
+	e.start(t, func(s sink.Sink) sink.Sink { f.Sink = s; return f }, relay.Config{})
+	for n := range 20 {
+		e.write(t, true, event("x", n))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for f.calls.Load() < 5 {
+		if time.Now().After(deadline) {
+			t.Fatal("relay did not retry while the broker was down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var maxAttempts int
+	e.pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM `+e.table.Qualified("")).Scan(&maxAttempts)
+	if maxAttempts != 0 {
+		t.Fatalf("an outage spent attempts: max attempts = %d", maxAttempts)
+	}
+	f.down.Store(false)
+	testenv.WaitStreamMsgs(t, e.stream, 20, 30*time.Second)
+	e.waitBacklog(t, 0, 10*time.Second)
+	for i, p := range decode(t, testenv.StreamMessages(t, e.stream)) {
+		if p.N != i {
+			t.Fatalf("message %d is event %d: order lost across the outage", i, p.N)
+		}
+	}
+}
+
+// gate blocks Publish until released, to stop the relay mid-publish.
+type gate struct {
+	sink.Sink
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *gate) Publish(ctx context.Context, msgs []sink.Message) []error {
+	g.once.Do(func() { close(g.entered) })
+	<-g.release
+	return g.Sink.Publish(ctx, msgs)
+}
+
+func TestStopFinishesInFlightBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for n := range 30 {
+		e.write(t, true, event("s", n))
+	}
+	g := &gate{entered: make(chan struct{}), release: make(chan struct{})}
+	r := e.start(t, func(s sink.Sink) sink.Sink { g.Sink = s; return g }, relay.Config{BatchSize: 10})
+	<-g.entered
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		stopped <- r.Stop(ctx)
+	}()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while a publish was in flight")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(g.release)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	// Exactly the in-flight batch was published and recorded; nothing more
+	// was claimed after Stop.
+	if got := len(testenv.StreamMessages(t, e.stream)); got != 10 {
+		t.Fatalf("%d messages published, want the 10 of the in-flight batch", got)
+	}
+	if st := e.status(t); st.Backlog != 20 {
+		t.Fatalf("backlog %d after stop, want 20", st.Backlog)
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+}
+
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	src, err := outboxpgx.NewSource(e.pool, e.table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	snk, _ := natssink.New(e.js, nil)
+	if _, err := relay.New(nil, snk, nil); err == nil {
+		t.Fatal("nil source accepted")
+	}
+	for _, c := range []relay.Config{{BatchSize: -1}, {PollInterval: time.Microsecond}, {RetryBase: time.Second, RetryMax: time.Millisecond}} {
+		if _, err := relay.New(src, snk, &c); err == nil {
+			t.Fatalf("config %+v accepted", c)
+		}
+	}
+	r, err := relay.New(src, snk, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop before Start: %v", err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err == nil {
+		t.Fatal("second Start accepted")
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
