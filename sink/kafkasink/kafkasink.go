@@ -99,6 +99,10 @@ var _ sink.Sink = (*Sink)(nil)
 func Options() []kgo.Opt {
 	return []kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()),
+		// Let the broker's auto.create.topics.enable decide, as Kafka
+		// Connect and Debezium do; without it a new aggregate type fails
+		// until someone creates its topic.
+		kgo.AllowAutoTopicCreation(),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		kgo.ProducerLinger(Linger),
 		kgo.MaxBufferedRecords(MaxBufferedRecords),
@@ -144,9 +148,12 @@ func Dial(ctx context.Context, url string, cfg *Config, extra ...kgo.Opt) (*Sink
 	if cfg != nil && cfg.Logger != nil {
 		log = cfg.Logger
 	}
+	// The client stays quiet until the broker answered: a failed Dial is
+	// reported once, by its error.
+	kl := &kgoLogger{l: log}
 	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(brokers...),
-		kgo.WithLogger(kgoLogger{log}),
+		kgo.WithLogger(kl),
 	}, Options()...)
 	opts = append(opts, extra...)
 	client, err := kgo.NewClient(opts...)
@@ -162,6 +169,7 @@ func Dial(ctx context.Context, url string, cfg *Config, extra ...kgo.Opt) (*Sink
 		client.Close()
 		return nil, fmt.Errorf("kafkasink: cannot reach %s: %w (check the broker address)", url, err)
 	}
+	kl.on.Store(true)
 	s.owned = true
 	return s, nil
 }
@@ -422,12 +430,19 @@ func (s *Sink) Close() error {
 	return nil
 }
 
-// kgoLogger passes the client's warnings and errors to a slog.Logger.
-type kgoLogger struct{ l *slog.Logger }
+// kgoLogger passes the client's warnings and errors to a slog.Logger once
+// on is set.
+type kgoLogger struct {
+	l  *slog.Logger
+	on atomic.Bool
+}
 
-func (kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+func (*kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
 
-func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+func (k *kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if !k.on.Load() {
+		return
+	}
 	l := slog.LevelInfo
 	switch level {
 	case kgo.LogLevelError:

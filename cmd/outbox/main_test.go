@@ -1,0 +1,469 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/workload"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/sink/natssink"
+)
+
+// bin is the outbox binary the tests run as a user would.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "outbox-cli")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "outbox")
+	build := exec.Command("go", "build", "-race", "-o", bin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build outbox:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// run runs the CLI to completion.
+func run(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return out.String(), errb.String(), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), 0
+}
+
+// relayProc is a running `outbox relay`.
+type relayProc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startRelay(t *testing.T, args ...string) *relayProc {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"relay"}, args...)...)
+	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	cmd.Stdout = io.Discard
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("relay stderr:\n%s", p.stderr.String())
+		}
+	})
+	return p
+}
+
+func (p *relayProc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+	p.done <- nil // let later kills return at once
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *relayProc) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		return 0
+	case <-time.After(timeout):
+		t.Fatalf("relay still running after %s; stderr:\n%s", timeout, p.stderr.String())
+		return -1
+	}
+}
+
+func dbURL() string { return testenv.DatabaseURL() }
+
+// migrated returns a migrated table in a fresh schema and its CLI flags.
+func migrated(t *testing.T) (outboxdriver.Table, []string) {
+	t.Helper()
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	flags := []string{"--db", dbURL(), "--schema", tb.Schema, "--table", tb.Name}
+	if _, stderr, code := run(t, nil, append([]string{"migrate"}, flags...)...); code != 0 {
+		t.Fatalf("migrate failed: %s", stderr)
+	}
+	return tb, flags
+}
+
+func TestCLIErrorsAreClearOneLiners(t *testing.T) {
+	t.Parallel()
+	tb, flags := migrated(t)
+	db := dbURL()
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"no db", nil, []string{"relay", "--sink", "stdout:"}, "no database: pass --db"},
+		{"bad db url", nil, []string{"status", "--db", "postgres://u:secret@%zz/x"}, "invalid --db URL"},
+		{"unreachable db", nil, []string{"status", "--db", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL at 127.0.0.1:1"},
+		{"hostile table", nil, []string{"migrate", "--db", db, "--table", `x"; DROP TABLE y; --`}, "not a valid identifier"},
+		{"hostile schema", nil, []string{"status", "--db", db, "--schema", "a b"}, "not a valid identifier"},
+		{"not migrated", nil, []string{"status", "--db", db, "--schema", tb.Schema, "--table", "nothing_here"}, "run `outbox migrate`"},
+		{"no sink", nil, append([]string{"relay"}, flags...), "no sink: pass --sink"},
+		{"unknown sink", nil, append([]string{"relay", "--sink", "ftp://x:1"}, flags...), `unknown scheme "ftp"`},
+		{"sink without scheme", nil, append([]string{"relay", "--sink", "localhost"}, flags...), "has no scheme"},
+		{"unreachable nats", nil, append([]string{"relay", "--sink", "nats://127.0.0.1:1"}, flags...), "127.0.0.1:1"},
+		{"kafka without port", nil, append([]string{"relay", "--sink", "kafka://localhost"}, flags...), "host:port"},
+		{"unreachable kafka", nil, append([]string{"relay", "--sink", "kafka://127.0.0.1:1"}, flags...), "cannot reach"},
+		{"stdout with address", nil, append([]string{"relay", "--sink", "stdout:foo"}, flags...), "takes no address"},
+		{"bad batch", nil, append([]string{"relay", "--sink", "stdout:", "--batch", "0"}, flags...), "--batch 0"},
+		{"bad retention", nil, append([]string{"relay", "--sink", "stdout:", "--retention", "forever"}, flags...), "--retention"},
+		{"bad route-by", nil, append([]string{"relay", "--sink", "stdout:", "--route-by", "payload"}, flags...), "cannot route by"},
+		{"bad flag", nil, []string{"relay", "--batchsize", "3"}, "unknown flag"},
+		{"env sink is used", []string{"OUTBOX_SINK=ftp://x", "OUTBOX_DB=" + db}, []string{"relay", "--schema", tb.Schema}, `unknown scheme "ftp"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, stderr, code := run(t, append([]string{"OUTBOX_DB=", "OUTBOX_SINK="}, c.env...), c.args...)
+			if code == 0 {
+				t.Fatalf("exit code 0, want failure")
+			}
+			line := strings.TrimRight(stderr, "\n")
+			if strings.Contains(line, "\n") || !strings.HasPrefix(line, "outbox: ") || !strings.Contains(line, c.want) {
+				t.Fatalf("stderr = %q; want one line starting with \"outbox: \" containing %q", stderr, c.want)
+			}
+			if strings.Contains(line, "secret") {
+				t.Fatalf("password leaked: %q", line)
+			}
+		})
+	}
+}
+
+func TestMigrateTwiceAndStatusJSON(t *testing.T) {
+	t.Parallel()
+	_, flags := migrated(t)
+	out, stderr, code := run(t, nil, append([]string{"migrate"}, flags...)...)
+	if code != 0 || !strings.Contains(out, "nothing to do") {
+		t.Fatalf("second migrate: code %d out %q err %q", code, out, stderr)
+	}
+	out, stderr, code = run(t, nil, append([]string{"status", "--json"}, flags...)...)
+	if code != 0 {
+		t.Fatalf("status: %s", stderr)
+	}
+	var st map[string]any
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json printed %q: %v", out, err)
+	}
+	for _, k := range []string{"backlog", "oldest_unpublished_age_seconds", "dead_letters"} {
+		if v, ok := st[k].(float64); !ok || v != 0 {
+			t.Fatalf("status %s = %v, want 0 in %s", k, st[k], out)
+		}
+	}
+}
+
+// natsTarget makes a stream for the test and returns it with relay flags
+// that route into it.
+func natsTarget(t *testing.T) (jetstream.Stream, []string) {
+	t.Helper()
+	_, js := testenv.JetStream(t)
+	st, prefix := testenv.Stream(t, js)
+	return st, []string{"--sink", testenv.NATSURL(), "--nats-stream", prefix, "--nats-no-create-stream",
+		"--route-replacement", prefix + ".${routedByValue}"}
+}
+
+func natsDeliveries(t *testing.T, st jetstream.Stream) []workload.Delivery {
+	t.Helper()
+	msgs := testenv.StreamMessages(t, st)
+	out := make([]workload.Delivery, len(msgs))
+	for i, m := range msgs {
+		out[i] = workload.Delivery{ID: m.Header.Get("id"), Key: m.Header.Get(natssink.KeyHeader), Payload: m.Data}
+		if m.Header.Get(jetstream.MsgIDHeader) != out[i].ID {
+			t.Fatalf("message %d: Nats-Msg-Id %q != id %q", i, m.Header.Get(jetstream.MsgIDHeader), out[i].ID)
+		}
+	}
+	return out
+}
+
+func waitBacklogZero(t *testing.T, tb outboxdriver.Table, timeout time.Duration) {
+	t.Helper()
+	pool := testenv.Pool(t)
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := outboxpgx.Status(context.Background(), pool, tb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Backlog == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backlog still %d after %s", st.Backlog, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestEndToEndNATS is the user's check: many concurrent plain-SQL
+// transactions, some rolled back, some committing late, while one relay
+// publishes to JetStream; then every committed event is there in commit
+// order per aggregate, none from a rolled-back transaction, and status
+// shows a backlog of 0.
+func TestEndToEndNATS(t *testing.T) {
+	t.Parallel()
+	tb, flags := migrated(t)
+	st, sinkFlags := natsTarget(t)
+	addr := freeAddr(t)
+	startRelay(t, append(append(flags, sinkFlags...), "--metrics-addr", addr, "--batch", "100")...)
+	res, err := workload.Run(context.Background(), testenv.Pool(t), tb, workload.Config{
+		Aggregates: 100, Transactions: 2000, Writers: 8, RollbackPct: 10, LatePct: 2, LateDelay: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitStreamMsgs(t, st, uint64(res.Committed()), 60*time.Second)
+	waitBacklogZero(t, tb, 30*time.Second)
+	if _, err := workload.Check(res, natsDeliveries(t, st)); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code := run(t, nil, append([]string{"status", "--json"}, flags...)...)
+	if code != 0 || !strings.Contains(out, `"backlog":0`) {
+		t.Fatalf("status --json = %s", out)
+	}
+	metrics := get(t, "http://"+addr+"/metrics")
+	for _, name := range []string{"outbox_published_total", "outbox_backlog_events 0", "outbox_oldest_unpublished_age_seconds", "outbox_commit_to_publish_seconds_bucket", "outbox_dead_letter_events 0"} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %q", name)
+		}
+	}
+	t.Logf("%d committed, %d rolled back, all delivered in order", res.Committed(), res.RolledBack)
+}
+
+// TestEndToEndKafka runs the same check against Kafka (kfake stands in for
+// a cluster): topic, key = aggregate id, header id, commit order per key.
+func TestEndToEndKafka(t *testing.T) {
+	t.Parallel()
+	tb, flags := migrated(t)
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	brokers := cluster.ListenAddrs()
+	startRelay(t, append(flags, "--sink", "kafka://"+strings.Join(brokers, ","), "--header-columns", "type:eventType")...)
+	res, err := workload.Run(context.Background(), testenv.Pool(t), tb, workload.Config{
+		Aggregates: 50, Transactions: 1000, Writers: 8, RollbackPct: 10, LatePct: 2, LateDelay: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBacklogZero(t, tb, 60*time.Second)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("outbox.event.order"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	// Per-key order lives within a partition: check each partition's stream.
+	byPartition := map[int32][]workload.Delivery{}
+	n := 0
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for n < res.Committed() {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("consumed %d of %d records: %v", n, res.Committed(), err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			n++
+			d := workload.Delivery{Key: string(r.Key), Payload: r.Value}
+			hs := map[string]string{}
+			for _, h := range r.Headers {
+				hs[h.Key] = string(h.Value)
+			}
+			d.ID = hs["id"]
+			if hs["eventType"] != "Changed" {
+				t.Errorf("record %s lacks header eventType: %v", d.ID, hs)
+			}
+			byPartition[r.Partition] = append(byPartition[r.Partition], d)
+		})
+	}
+	var all []workload.Delivery
+	for _, ds := range byPartition {
+		all = append(all, ds...)
+	}
+	// Check each partition on its own for order, then all for loss.
+	for p, ds := range byPartition {
+		sub := &workload.Result{IDs: map[string]workload.Payload{}}
+		for _, d := range ds {
+			if pl, ok := res.IDs[d.ID]; ok {
+				sub.IDs[d.ID] = pl
+			}
+		}
+		if _, err := workload.Check(sub, ds); err != nil {
+			t.Fatalf("partition %d: %v", p, err)
+		}
+	}
+	if _, err := workload.Check(res, sortByVersion(all)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sortByVersion orders deliveries by (aggregate, version) so a check over
+// all partitions judges loss and phantoms only; order was checked per
+// partition.
+func sortByVersion(ds []workload.Delivery) []workload.Delivery {
+	type kv struct {
+		d workload.Delivery
+		p workload.Payload
+	}
+	xs := make([]kv, len(ds))
+	for i, d := range ds {
+		xs[i].d = d
+		_ = json.Unmarshal(d.Payload, &xs[i].p)
+	}
+	for i := 1; i < len(xs); i++ {
+		for j := i; j > 0 && (xs[j].p.Agg < xs[j-1].p.Agg || xs[j].p.Agg == xs[j-1].p.Agg && xs[j].p.V < xs[j-1].p.V); j-- {
+			xs[j], xs[j-1] = xs[j-1], xs[j]
+		}
+	}
+	out := make([]workload.Delivery, len(xs))
+	for i := range xs {
+		out[i] = xs[i].d
+	}
+	return out
+}
+
+// TestRelayKilledAndRestartedLosesNothing SIGKILLs the relay mid-backlog,
+// restarts it, and checks that nothing was lost and order held.
+func TestRelayKilledAndRestartedLosesNothing(t *testing.T) {
+	t.Parallel()
+	tb, flags := migrated(t)
+	st, sinkFlags := natsTarget(t)
+	res, err := workload.Run(context.Background(), testenv.Pool(t), tb, workload.Config{
+		Aggregates: 50, Transactions: 3000, Writers: 8,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append(append(flags, sinkFlags...), "--batch", "50")
+	for round := range 3 {
+		p := startRelay(t, args...)
+		testenv.WaitStreamMsgs(t, st, uint64((round+1)*res.Committed()/4), 60*time.Second)
+		p.kill()
+	}
+	startRelay(t, args...)
+	waitBacklogZero(t, tb, 60*time.Second)
+	dups, err := workload.Check(res, natsDeliveries(t, st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d events, %d duplicate copies in the stream after 3 SIGKILLs", res.Committed(), dups)
+}
+
+// TestSIGTERMStopsGracefully checks that SIGTERM ends the relay with exit
+// code 0 and leaves nothing half-done: everything published is recorded.
+func TestSIGTERMStopsGracefully(t *testing.T) {
+	t.Parallel()
+	tb, flags := migrated(t)
+	st, sinkFlags := natsTarget(t)
+	res, err := workload.Run(context.Background(), testenv.Pool(t), tb, workload.Config{Aggregates: 20, Transactions: 2000, Writers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startRelay(t, append(append(flags, sinkFlags...), "--batch", "20")...)
+	testenv.WaitStreamMsgs(t, st, 100, 60*time.Second)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM; stderr:\n%s", code, p.stderr.String())
+	}
+	if !strings.Contains(p.stderr.String(), "relay stopped") {
+		t.Fatalf("no clean stop logged:\n%s", p.stderr.String())
+	}
+	// Every event in the stream was recorded as published: the backlog is
+	// exactly what was not delivered.
+	pool := testenv.Pool(t)
+	status, err := outboxpgx.Status(context.Background(), pool, tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered := len(natsDeliveries(t, st))
+	if int(status.Backlog)+delivered != res.Committed() {
+		t.Fatalf("backlog %d + delivered %d != committed %d: the last batch was not recorded", status.Backlog, delivered, res.Committed())
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
