@@ -223,6 +223,10 @@ func TestInvalidEventsAreRefusedBeforeSQL(t *testing.T) {
 		{AggregateType: "a", AggregateID: "1", Type: "T", Payload: []byte(`{}`), RawPayload: []byte("x")},
 		{AggregateType: "a", AggregateID: "1", Type: "T", ID: "not-a-uuid"},
 		{AggregateType: "a", AggregateID: "1", Type: "T", Headers: map[string]string{"": "v"}},
+		{AggregateType: "a", AggregateID: "1", Type: "T", Headers: map[string]string{strings.Repeat("h", 256): "v"}},
+		{AggregateType: " ", AggregateID: "1", Type: "T"},
+		{AggregateType: "a", AggregateID: "1\x00", Type: "T"},
+		{AggregateType: "a", AggregateID: "1", Type: "T", Payload: []byte(`"\u0000"`)},
 	}
 	for i, e := range bad {
 		tx, err := pool.Begin(ctx)
@@ -240,6 +244,14 @@ func TestInvalidEventsAreRefusedBeforeSQL(t *testing.T) {
 	}
 	if n := count(t, pool, tb.Qualified("")); n != 0 {
 		t.Fatalf("%d rows written by refused calls", n)
+	}
+	// Given ids are normalised; an empty call writes nothing.
+	write(t, pool, ob, true)
+	write(t, pool, ob, true, outbox.Event{ID: "0190A5A4-1111-7000-8000-00000000000A", AggregateType: "a", AggregateID: "1", Type: "T"})
+	var id string
+	pool.QueryRow(ctx, `SELECT id::text FROM `+tb.Qualified("")).Scan(&id)
+	if id != "0190a5a4-1111-7000-8000-00000000000a" {
+		t.Fatalf("stored id %q", id)
 	}
 }
 
