@@ -65,7 +65,13 @@ func newEnv(t *testing.T) *env {
 // sink with wrap when given; it is stopped when the test ends.
 func (e *env) start(t *testing.T, wrap func(sink.Sink) sink.Sink, cfg relay.Config) *relay.Relay {
 	t.Helper()
-	src, err := outboxpgx.NewSource(e.pool, e.table, nil)
+	return e.startOn(t, e.pool, wrap, cfg)
+}
+
+// startOn is start with the relay's own pool.
+func (e *env) startOn(t *testing.T, pool *pgxpool.Pool, wrap func(sink.Sink) sink.Sink, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	src, err := outboxpgx.NewSource(pool, e.table, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,4 +410,54 @@ func TestLifecycle(t *testing.T) {
 	if err := r.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestDatabaseConnectionsKilled terminates every connection of the relay
+// (pg_terminate_backend) while it works; it reconnects and loses nothing.
+func TestDatabaseConnectionsKilled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	app := testenv.Name("relay")
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e.startOn(t, pool, nil, relay.Config{BatchSize: 10})
+	kill := func() int {
+		var n int
+		err := e.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	killed := 0
+	for round := range 5 {
+		for n := range 40 {
+			e.write(t, true, event(fmt.Sprint("k", n%4), round*40+n))
+		}
+		killed += kill()
+	}
+	if killed == 0 {
+		t.Fatal("no relay connection was terminated; the test proves nothing")
+	}
+	testenv.WaitStreamMsgs(t, e.stream, 200, 60*time.Second)
+	e.waitBacklog(t, 0, 30*time.Second)
+	seen := map[int]bool{}
+	for _, p := range decode(t, testenv.StreamMessages(t, e.stream)) {
+		seen[p.N] = true
+	}
+	if len(seen) != 200 {
+		t.Fatalf("%d distinct events delivered, want 200", len(seen))
+	}
+	// After the last kill the relay is woken again by NOTIFY (its listener
+	// reconnected), not only by polling: a new event arrives promptly.
+	e.write(t, true, event("after", 1000))
+	testenv.WaitStreamMsgs(t, e.stream, 201, 30*time.Second)
 }
