@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
@@ -460,4 +461,31 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 	// reconnected), not only by polling: a new event arrives promptly.
 	e.write(t, true, event("after", 1000))
 	testenv.WaitStreamMsgs(t, e.stream, 201, 30*time.Second)
+}
+
+// TestTwoRelaysLoseNothing runs two relays on one table while writers
+// commit: every committed event is delivered, none twice into the stream.
+func TestTwoRelaysLoseNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(t, nil, relay.Config{BatchSize: 20})
+	e.start(t, nil, relay.Config{BatchSize: 20})
+	res, err := workload.Run(context.Background(), e.pool, e.table, workload.Config{Aggregates: 30, Transactions: 600, Writers: 6, RollbackPct: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitStreamMsgs(t, e.stream, uint64(res.Committed()), 60*time.Second)
+	e.waitBacklog(t, 0, 30*time.Second)
+	seen := map[string]int{}
+	for _, m := range testenv.StreamMessages(t, e.stream) {
+		seen[m.Header.Get("id")]++
+	}
+	for id := range res.IDs {
+		if seen[id] != 1 {
+			t.Fatalf("event %s delivered %d times, want once", id, seen[id])
+		}
+	}
+	if len(seen) != res.Committed() {
+		t.Fatalf("%d distinct ids in the stream, %d committed", len(seen), res.Committed())
+	}
 }
