@@ -20,12 +20,8 @@ versioned; a second run changes nothing. --down N reverts to version N
 (--down 0 drops the outbox tables and their data).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			t, err := f.tableName()
-			if err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			pool, err := f.connect(ctx, 2)
+			t, pool, err := f.open(ctx, 2)
 			if err != nil {
 				return err
 			}

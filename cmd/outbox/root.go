@@ -23,7 +23,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newMigrate(), newRelay(), newStatus())
+	root.AddCommand(newMigrate(), newRelay(), newStatus(), newBench())
 	return root
 }
 
@@ -44,6 +44,16 @@ func (f *dbFlags) tableName() (outboxdriver.Table, error) {
 		return t, fmt.Errorf("--schema/--table: %w", err)
 	}
 	return t, nil
+}
+
+// open validates the table flags and connects.
+func (f *dbFlags) open(ctx context.Context, maxConns int32) (outboxdriver.Table, *pgxpool.Pool, error) {
+	t, err := f.tableName()
+	if err != nil {
+		return t, nil, err
+	}
+	pool, err := f.connect(ctx, maxConns)
+	return t, pool, err
 }
 
 // connect opens a pool on --db (or OUTBOX_DB) and checks it answers.

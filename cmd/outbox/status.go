@@ -29,12 +29,8 @@ func newStatus() *cobra.Command {
 		Short: "Show the backlog, the age of the oldest unpublished event and the dead letters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			t, err := f.tableName()
-			if err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			pool, err := f.connect(ctx, 2)
+			t, pool, err := f.open(ctx, 2)
 			if err != nil {
 				return err
 			}

@@ -122,6 +122,18 @@ func lock(ctx context.Context, tx Tx, t outboxdriver.Table) error {
 	return tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "outbox.migrate:"+t.String())
 }
 
+// prepare validates t, takes the migration lock and returns the applied
+// versions.
+func prepare(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	if err := lock(ctx, tx, t); err != nil {
+		return nil, err
+	}
+	return applied(ctx, tx, t)
+}
+
 // applied creates the bookkeeping table if needed and returns the applied
 // versions.
 func applied(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, error) {
@@ -149,13 +161,7 @@ func applied(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, er
 // Up applies, inside tx, every migration not yet applied to t and returns
 // the versions it applied (none on a second run). The caller commits.
 func Up(ctx context.Context, tx Tx, t outboxdriver.Table) ([]int, error) {
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	if err := lock(ctx, tx, t); err != nil {
-		return nil, err
-	}
-	done, err := applied(ctx, tx, t)
+	done, err := prepare(ctx, tx, t)
 	if err != nil {
 		return nil, err
 	}
@@ -178,13 +184,7 @@ func Up(ctx context.Context, tx Tx, t outboxdriver.Table) ([]int, error) {
 // Down reverts, inside tx, every applied migration newer than target (0
 // removes everything) and returns the versions it reverted, newest first.
 func Down(ctx context.Context, tx Tx, t outboxdriver.Table, target int) ([]int, error) {
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	if err := lock(ctx, tx, t); err != nil {
-		return nil, err
-	}
-	done, err := applied(ctx, tx, t)
+	done, err := prepare(ctx, tx, t)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxkit/outbox/bench"
+)
+
+func newBench() *cobra.Command {
+	var (
+		f        dbFlags
+		scenario string
+		duration time.Duration
+		warmup   time.Duration
+		writers  []int
+		rounds   int
+		asJSON   bool
+	)
+	var list []string
+	for _, s := range bench.Scenarios() {
+		list = append(list, fmt.Sprintf("  %-8s %s", s.Name, s.Summary))
+	}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the outbox against a PostgreSQL database, in a fresh schema it drops afterwards",
+		Long: `Run a benchmark scenario against the database and print one row per measured
+cell (a case at a concurrency level), with the PostgreSQL settings that decide
+what a commit costs. The scenario creates its own schema (outbox_bench_<random>)
+and drops it at the end; nothing else in the database is touched, but the load
+is real: do not point it at a production primary.
+
+Each cell is measured for --duration in all, split into --rounds short rounds;
+every round runs all cells, in alternating order, each after a --warmup, so
+that slow drift of the machine falls on every cell alike. A cell's rounds are
+pooled (all transactions over all measured time); the spread column shows how
+far its best and worst rounds differed.
+
+Scenarios:
+` + strings.Join(list, "\n"),
+		Example: `  outbox bench --db postgres://postgres@127.0.0.1:5432/test --scenario write
+  outbox bench --db $DB --scenario write --writers 1,4,16 --duration 10s --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sc, err := bench.Lookup(scenario)
+			if err != nil {
+				return fmt.Errorf("--scenario: %w", err)
+			}
+			if duration <= 0 {
+				return fmt.Errorf("--duration %s: must be positive", duration)
+			}
+			if warmup < 0 {
+				return fmt.Errorf("--warmup %s: must not be negative", warmup)
+			}
+			if rounds < 1 || rounds > 100 {
+				return fmt.Errorf("--rounds %d: use 1 to 100", rounds)
+			}
+			if duration/time.Duration(rounds) < 10*time.Millisecond {
+				return fmt.Errorf("--duration %s over --rounds %d: give each round at least 10ms", duration, rounds)
+			}
+			if len(writers) == 0 {
+				return fmt.Errorf("--writers: give at least one writer count")
+			}
+			for _, w := range writers {
+				if w < 1 || w > bench.MaxWriters {
+					return fmt.Errorf("--writers %d: use 1 to %d", w, bench.MaxWriters)
+				}
+			}
+			ctx := cmd.Context()
+			pool, err := f.connect(ctx, int32(slices.Max(writers)))
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			cfg := bench.Config{
+				Pool:     pool,
+				Duration: duration,
+				Warmup:   warmup,
+				Writers:  writers,
+				Rounds:   rounds,
+				Progress: cmd.ErrOrStderr(),
+			}
+			if warmup == 0 {
+				cfg.Warmup = -1 // none, rather than the default
+			}
+			results, err := sc.Run(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return bench.WriteJSON(cmd.OutOrStdout(), results)
+			}
+			return bench.WriteTable(cmd.OutOrStdout(), results)
+		},
+	}
+	cmd.Flags().StringVar(&f.db, "db", "", "PostgreSQL URL, e.g. postgres://user@host:5432/db (or OUTBOX_DB)")
+	cmd.Flags().StringVar(&scenario, "scenario", "write", "scenario to run: "+strings.Join(scenarioNames(), ", "))
+	cmd.Flags().DurationVar(&duration, "duration", bench.DefaultDuration, "measured time per cell, split over the rounds")
+	cmd.Flags().DurationVar(&warmup, "warmup", bench.DefaultWarmup, "unmeasured load before each round of a cell")
+	cmd.Flags().IntSliceVar(&writers, "writers", bench.DefaultWriters, "concurrent writers to measure at, as a list: 1,8")
+	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, "interleaved rounds the measured time of each cell is split into")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
+	return cmd
+}
+
+func scenarioNames() []string {
+	var names []string
+	for _, s := range bench.Scenarios() {
+		names = append(names, s.Name)
+	}
+	return names
+}
