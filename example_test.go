@@ -20,7 +20,7 @@ import (
 // outbox, and returns a function that drops it.
 func exampleSchema(ctx context.Context, pool *pgxpool.Pool, schema string) func() {
 	t := outboxdriver.Table{Schema: schema, Name: "outbox"}
-	if _, err := outboxpgx.Migrate(ctx, pool, t); err != nil {
+	if _, err := outboxpgx.Migrate(ctx, pool, t, nil); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint PRIMARY KEY, total numeric)`); err != nil {

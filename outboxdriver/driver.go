@@ -8,6 +8,7 @@ package outboxdriver
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -40,6 +41,7 @@ type Writer[TTx any] interface {
 type Record struct {
 	ID            string
 	Seq           int64
+	Partition     int
 	AggregateType string
 	AggregateID   string
 	Type          string
@@ -60,10 +62,15 @@ type Failure struct {
 	ID string
 	// Err is the cause; its text is stored as last_error.
 	Err error
-	// Permanent moves the event to the dead-letter table at once.
-	Permanent bool
+	// DeadLetter moves the event to the dead-letter table (a permanent
+	// error, or its last attempt). Otherwise it is retried after RetryAfter.
+	DeadLetter bool
 	// RetryAfter delays the next attempt of this event.
 	RetryAfter time.Duration
+	// Hold keeps the event's later events waiting after it was
+	// dead-lettered, until an operator retries or discards it. Without
+	// it they flow on.
+	Hold bool
 }
 
 // Outcome is what became of a claimed batch.
@@ -75,22 +82,51 @@ type Outcome struct {
 }
 
 // Batch is a set of claimed records. Until Finish or Release, no other relay
-// can claim them.
+// can claim them, nor any other record of their partitions.
 type Batch interface {
 	Records() []Record
 	// Finish records the outcome and releases the claim. Records in neither
-	// list are released untouched and will be claimed again.
+	// list are released untouched and will be claimed again. An event that
+	// failed holds back its aggregate's later events until it is published
+	// (or, dead-lettered with Hold unset, at once). Finish fails with
+	// ErrLeaseLost, recording nothing, when the relay no longer holds a
+	// lease the batch was claimed under.
 	Finish(ctx context.Context, out Outcome) error
 	// Release gives the claim up without recording anything. It is safe to
 	// call after Finish.
 	Release(ctx context.Context)
 }
 
+// Lease is a partition a relay owns, and the epoch it acquired it at.
+type Lease struct {
+	Partition int
+	Epoch     int64
+}
+
+// ErrLeaseLost is wrapped by Finish when the relay no longer holds a lease
+// the batch was claimed under: another relay may own the partition now, so
+// nothing is recorded.
+var ErrLeaseLost = errors.New("lease lost")
+
 // Source feeds the relay.
 type Source interface {
-	// Claim claims at most limit committed, unpublished, due records in
-	// insertion order. It returns an empty batch when there is nothing to do.
-	Claim(ctx context.Context, limit int) (Batch, error)
+	// Claim claims at most limit committed, unpublished, due records of the
+	// leased partitions in insertion order, skipping aggregates held back
+	// by an earlier failed event, and partitions another transaction is
+	// relaying (a stale owner). It returns an empty batch when there is
+	// nothing to do.
+	Claim(ctx context.Context, leases []Lease, limit int) (Batch, error)
+	// Heartbeat registers this relay as alive for ttl and returns the
+	// number of live relays and of partitions.
+	Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error)
+	// Acquire takes up to n partitions that nobody holds (free, or whose
+	// lease expired) for ttl, each with a new epoch.
+	Acquire(ctx context.Context, n int, ttl time.Duration) ([]Lease, error)
+	// Renew extends the given leases by ttl and returns those still held.
+	Renew(ctx context.Context, leases []Lease, ttl time.Duration) ([]Lease, error)
+	// Release gives leases up at once. With all set, it also removes the
+	// relay's registration (a clean stop).
+	Release(ctx context.Context, leases []Lease, all bool) error
 	// Wait blocks until new events may be available (a wake-up), d has
 	// passed, or ctx is done. A spurious return is allowed.
 	Wait(ctx context.Context, d time.Duration) error
@@ -104,11 +140,32 @@ type Source interface {
 
 // Status summarises an outbox table.
 type Status struct {
-	Backlog              int64
+	Table Table
+	// Backlog counts unpublished events.
+	Backlog int64
+	// OldestUnpublishedAge is the age of the oldest unpublished event, 0
+	// when there is none.
 	OldestUnpublishedAge time.Duration
-	DeadLetters          int64
-	Published            int64
-	SchemaVersion        int
-	LatestSchemaVersion  int
-	Table                Table
+	// DeadLetters counts events in the dead-letter table.
+	DeadLetters int64
+	// Published counts published events still kept in the table.
+	Published int64
+	// Held counts aggregates whose later events wait for an earlier one.
+	Held int64
+	// Partitions lists every partition's lease.
+	Partitions []PartitionStatus
+	// SchemaVersion is the applied migration; LatestSchemaVersion the
+	// newest this build knows.
+	SchemaVersion, LatestSchemaVersion int
+}
+
+// PartitionStatus is one partition's lease as the database sees it.
+type PartitionStatus struct {
+	Partition int
+	Owner     string // "" when nobody holds it
+	Epoch     int64
+	// ExpiresIn is how long the lease still runs (negative: expired).
+	ExpiresIn time.Duration
+	// Backlog counts the partition's unpublished events.
+	Backlog int64
 }

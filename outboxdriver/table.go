@@ -89,3 +89,12 @@ func (t Table) Channel() string {
 
 // String returns schema.name.
 func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// MigrateOptions shape what a migration creates. They matter only for the
+// migrations that run in that call.
+type MigrateOptions struct {
+	// Partitions is the fixed number of partitions aggregates hash into;
+	// it bounds how many relays share a table. Defaults to 64, at most
+	// 4096. Set when the table is first migrated.
+	Partitions int
+}

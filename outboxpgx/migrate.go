@@ -31,10 +31,15 @@ func (m migrateTx) Versions(ctx context.Context, sql string, args ...any) ([]int
 }
 
 // Migrate creates or upgrades the outbox table t and its companions (dead
-// letters, wake-up registry, migration bookkeeping) in one transaction. It
-// returns the versions it applied; a second run applies none.
-func Migrate(ctx context.Context, db Beginner, t outboxdriver.Table) ([]int, error) {
-	return inTx(ctx, db, t, func(tx pgschema.Tx) ([]int, error) { return pgschema.Up(ctx, tx, t) })
+// letters, leases, held aggregates, audit, wake-up registry, migration
+// bookkeeping) in one transaction. It returns the versions it applied; a
+// second run applies none. opts may be nil.
+func Migrate(ctx context.Context, db Beginner, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	o := outboxdriver.MigrateOptions{}
+	if opts != nil {
+		o = *opts
+	}
+	return inTx(ctx, db, t, func(tx pgschema.Tx) ([]int, error) { return pgschema.Up(ctx, tx, t, o) })
 }
 
 // MigrateDown reverts migrations of t newer than target in one transaction;

@@ -25,7 +25,7 @@ func setup(t *testing.T) (*pgxpool.Pool, outboxdriver.Table) {
 	t.Helper()
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	if _, err := outboxpgx.Migrate(context.Background(), pool, tb); err != nil {
+	if _, err := outboxpgx.Migrate(context.Background(), pool, tb, nil); err != nil {
 		t.Fatal(err)
 	}
 	return pool, tb
@@ -79,14 +79,14 @@ func TestMigrateIsIdempotentAndReversible(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	first, err := outboxpgx.Migrate(ctx, pool, tb)
+	first, err := outboxpgx.Migrate(ctx, pool, tb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(first) != pgschema.Latest() {
 		t.Fatalf("first run applied %v, want every version up to %d", first, pgschema.Latest())
 	}
-	second, err := outboxpgx.Migrate(ctx, pool, tb)
+	second, err := outboxpgx.Migrate(ctx, pool, tb, nil)
 	if err != nil || len(second) != 0 {
 		t.Fatalf("second run applied %v, %v; want a no-op", second, err)
 	}
@@ -96,7 +96,7 @@ func TestMigrateIsIdempotentAndReversible(t *testing.T) {
 	applied := make([][]int, 4)
 	errs := make([]error, 4)
 	for i := range 4 {
-		wg.Go(func() { applied[i], errs[i] = outboxpgx.Migrate(ctx, pool, other) })
+		wg.Go(func() { applied[i], errs[i] = outboxpgx.Migrate(ctx, pool, other, nil) })
 	}
 	wg.Wait()
 	total := 0
@@ -118,7 +118,7 @@ func TestMigrateIsIdempotentAndReversible(t *testing.T) {
 	if exists {
 		t.Fatal("table still exists after MigrateDown to 0")
 	}
-	if _, err := outboxpgx.Migrate(ctx, pool, tb); err != nil {
+	if _, err := outboxpgx.Migrate(ctx, pool, tb, nil); err != nil {
 		t.Fatalf("migrate again after down: %v", err)
 	}
 }
@@ -131,7 +131,7 @@ func TestHostileNamesAreRefused(t *testing.T) {
 		{Schema: `x" CASCADE; --`, Name: "outbox"},
 		{Schema: "public", Name: "out box"},
 	} {
-		_, err := outboxpgx.Migrate(context.Background(), pool, tb)
+		_, err := outboxpgx.Migrate(context.Background(), pool, tb, nil)
 		if err == nil || !strings.Contains(err.Error(), "not a valid identifier") {
 			t.Errorf("Migrate(%q.%q) = %v; want a clear refusal", tb.Schema, tb.Name, err)
 		}
@@ -265,6 +265,24 @@ func newSource(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, r outbox
 	return src
 }
 
+// leaseAll registers src and leases every partition for a minute.
+func leaseAll(t *testing.T, src *outboxpgx.Source) []outboxdriver.Lease {
+	t.Helper()
+	ctx := context.Background()
+	_, n, err := src.Heartbeat(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases, err := src.Acquire(ctx, n, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) != n {
+		t.Fatalf("leased %d of %d partitions", len(leases), n)
+	}
+	return leases
+}
+
 func TestPlainSQLInsertIsClaimed(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
@@ -275,7 +293,8 @@ func TestPlainSQLInsertIsClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := newSource(t, pool, tb, outboxpgx.RetentionDelete)
-	b, err := src.Claim(ctx, 10)
+	leases := leaseAll(t, src)
+	b, err := src.Claim(ctx, leases, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +305,7 @@ func TestPlainSQLInsertIsClaimed(t *testing.T) {
 	}
 }
 
-func TestClaimNeverExceedsLimitAndSkipsLocked(t *testing.T) {
+func TestClaimNeverExceedsLimitAndExcludesBusyPartitions(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
 	ob := newOutbox(t, tb)
@@ -296,46 +315,51 @@ func TestClaimNeverExceedsLimitAndSkipsLocked(t *testing.T) {
 	}
 	write(t, pool, ob, true, events...)
 	src := newSource(t, pool, tb, outboxpgx.RetentionDelete)
+	leases := leaseAll(t, src)
 	ctx := context.Background()
-	a, err := src.Claim(ctx, 10)
+	a, err := src.Claim(ctx, leases, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := src.Claim(ctx, 10)
-	if err != nil {
-		t.Fatal(err)
+	if len(a.Records()) != 10 {
+		t.Fatalf("a claim of 10 took %d rows", len(a.Records()))
 	}
-	c, err := src.Claim(ctx, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(a.Records()) != 10 || len(b.Records()) != 10 || len(c.Records()) != 5 {
-		t.Fatalf("claims of 10 took %d, %d, %d rows; want 10, 10, 5", len(a.Records()), len(b.Records()), len(c.Records()))
-	}
-	seen := map[string]bool{}
 	var last int64
-	for _, batch := range []outboxdriver.Batch{a, b, c} {
-		for _, r := range batch.Records() {
-			if seen[r.ID] {
-				t.Fatalf("row %s claimed twice", r.ID)
-			}
-			seen[r.ID] = true
-			if r.Seq <= last {
-				t.Fatalf("claims not in seq order")
-			}
-			last = r.Seq
+	for _, r := range a.Records() {
+		if r.Seq <= last {
+			t.Fatal("claim not in seq order")
+		}
+		last = r.Seq
+	}
+	// While a's transaction relays those partitions, nobody else can claim
+	// from them, even with the leases: one batch per partition at a time.
+	b, err := src.Claim(ctx, leases, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := map[int]bool{}
+	for _, r := range a.Records() {
+		busy[r.Partition] = true
+	}
+	for _, r := range b.Records() {
+		if busy[r.Partition] {
+			t.Fatalf("second claim took row %d of partition %d, which the first claim relays", r.Seq, r.Partition)
 		}
 	}
-	a.Release(ctx)
 	b.Release(ctx)
-	c.Release(ctx)
-	d, err := src.Claim(ctx, 100)
+	a.Release(ctx)
+	d, err := src.Claim(ctx, leases, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Release(ctx)
 	if len(d.Records()) != 25 {
 		t.Fatalf("after release, claim took %d rows, want 25", len(d.Records()))
+	}
+	// Without leases nothing is claimed.
+	e, err := src.Claim(ctx, nil, 100)
+	if err != nil || len(e.Records()) != 0 {
+		t.Fatalf("claim without leases: %d rows, %v", len(e.Records()), err)
 	}
 }
 
@@ -348,8 +372,9 @@ func TestFinishOutcomes(t *testing.T) {
 			ob := newOutbox(t, tb)
 			write(t, pool, ob, true, ev("a", 1), ev("b", 1), ev("c", 1), ev("d", 1))
 			src := newSource(t, pool, tb, retention)
+			leases := leaseAll(t, src)
 			ctx := context.Background()
-			b, err := src.Claim(ctx, 10)
+			b, err := src.Claim(ctx, leases, 10)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -358,7 +383,7 @@ func TestFinishOutcomes(t *testing.T) {
 				Published: []string{r[0].ID},
 				Failed: []outboxdriver.Failure{
 					{ID: r[1].ID, Err: errors.New("broker busy"), RetryAfter: time.Hour},
-					{ID: r[2].ID, Err: errors.New("too large\x00"), Permanent: true},
+					{ID: r[2].ID, Err: errors.New("too large\x00"), DeadLetter: true, Hold: true},
 				},
 			})
 			if err != nil {
@@ -382,7 +407,7 @@ func TestFinishOutcomes(t *testing.T) {
 				t.Fatalf("dead letter attempts=%d last_error=%q", attempts, lastErr)
 			}
 			// The delayed event is not due; the untouched one is claimed again.
-			b2, err := src.Claim(ctx, 10)
+			b2, err := src.Claim(ctx, leases, 10)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -473,5 +498,194 @@ func TestStatusOfMissingTable(t *testing.T) {
 	_, err := outboxpgx.Status(context.Background(), pool, tb)
 	if !errors.Is(err, outboxpgx.ErrNotMigrated) {
 		t.Fatalf("err = %v, want ErrNotMigrated", err)
+	}
+}
+
+func TestLeasesAreExclusiveFencedAndBalanced(t *testing.T) {
+	t.Parallel()
+	pool, tb := setup(t)
+	ob := newOutbox(t, tb)
+	ctx := context.Background()
+	a := newSource(t, pool, tb, outboxpgx.RetentionDelete)
+	b := newSource(t, pool, tb, outboxpgx.RetentionDelete)
+	if relays, parts, err := a.Heartbeat(ctx, time.Minute); err != nil || relays != 1 || parts != pgschema.DefaultPartitions {
+		t.Fatalf("heartbeat = %d relays, %d partitions, %v", relays, parts, err)
+	}
+	if relays, _, _ := b.Heartbeat(ctx, time.Minute); relays != 2 {
+		t.Fatalf("second relay sees %d live relays, want 2", relays)
+	}
+	aLeases, err := a.Acquire(ctx, 1000, 500*time.Millisecond)
+	if err != nil || len(aLeases) != pgschema.DefaultPartitions {
+		t.Fatalf("a acquired %d, %v", len(aLeases), err)
+	}
+	if got, err := b.Acquire(ctx, 1000, time.Minute); err != nil || len(got) != 0 {
+		t.Fatalf("b acquired %d partitions a holds (%v)", len(got), err)
+	}
+	write(t, pool, ob, true, ev("x", 1), ev("y", 1))
+	batch, err := a.Claim(ctx, aLeases, 10)
+	if err != nil || len(batch.Records()) != 2 {
+		t.Fatalf("a claimed %d, %v", len(batch.Records()), err)
+	}
+	// a stalls past its TTL; b takes every partition over with new epochs.
+	deadline := time.Now().Add(10 * time.Second)
+	var bLeases []outboxdriver.Lease
+	for len(bLeases) < pgschema.DefaultPartitions {
+		if time.Now().After(deadline) {
+			t.Fatalf("b took over %d partitions after a's leases expired", len(bLeases))
+		}
+		got, err := b.Acquire(ctx, 1000, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bLeases = append(bLeases, got...)
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, l := range bLeases {
+		if l.Epoch < 2 {
+			t.Fatalf("partition %d changed owner without a new epoch (%d)", l.Partition, l.Epoch)
+		}
+	}
+	// a's late outcome is refused: the fence.
+	err = batch.Finish(ctx, outboxdriver.Outcome{Published: []string{batch.Records()[0].ID}})
+	if !errors.Is(err, outboxdriver.ErrLeaseLost) {
+		t.Fatalf("stale owner's Finish = %v, want ErrLeaseLost", err)
+	}
+	if st, _ := outboxpgx.Status(ctx, pool, tb); st.Backlog != 2 {
+		t.Fatalf("backlog %d after a refused outcome, want 2", st.Backlog)
+	}
+	// a's renewal returns nothing, its claims find nothing.
+	if kept, err := a.Renew(ctx, aLeases, time.Minute); err != nil || len(kept) != 0 {
+		t.Fatalf("a renewed %d lost leases (%v)", len(kept), err)
+	}
+	stale, err := a.Claim(ctx, aLeases, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.Release(ctx)
+	if len(stale.Records()) != 0 {
+		t.Fatalf("a claimed %d rows with lost leases", len(stale.Records()))
+	}
+	// Status names the owner; release hands partitions back.
+	st, err := outboxpgx.Status(ctx, pool, tb)
+	if err != nil || len(st.Partitions) != pgschema.DefaultPartitions || st.Partitions[0].Owner != b.RelayName() {
+		t.Fatalf("status partitions %+v, %v", st.Partitions[:1], err)
+	}
+	if err := b.Release(ctx, bLeases, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := a.Acquire(ctx, 1000, time.Minute); len(got) != pgschema.DefaultPartitions {
+		t.Fatalf("after release a acquired %d", len(got))
+	}
+}
+
+func TestFailedEventHoldsItsAggregateOnly(t *testing.T) {
+	t.Parallel()
+	for _, hold := range []bool{true, false} {
+		t.Run(fmt.Sprint("hold=", hold), func(t *testing.T) {
+			t.Parallel()
+			pool, tb := setup(t)
+			ob := newOutbox(t, tb)
+			ctx := context.Background()
+			write(t, pool, ob, true, ev("a", 1), ev("a", 2), ev("b", 1))
+			src := newSource(t, pool, tb, outboxpgx.RetentionDelete)
+			leases := leaseAll(t, src)
+			claim := func() []outboxdriver.Record {
+				b, err := src.Claim(ctx, leases, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer b.Release(ctx)
+				return b.Records()
+			}
+			ids := func(rs []outboxdriver.Record) (out []string) {
+				for _, r := range rs {
+					out = append(out, fmt.Sprintf("%s%s", r.AggregateID, r.Payload))
+				}
+				return out
+			}
+			b, _ := src.Claim(ctx, leases, 10)
+			r := b.Records()
+			a1 := r[0].ID
+			// a1 fails transiently (retry in 300ms); b1 was published.
+			if err := b.Finish(ctx, outboxdriver.Outcome{Published: []string{r[2].ID}, Failed: []outboxdriver.Failure{{ID: a1, Err: errors.New("busy"), RetryAfter: 300 * time.Millisecond}}}); err != nil {
+				t.Fatal(err)
+			}
+			if got := claim(); len(got) != 0 {
+				t.Fatalf("claimed %v while a1 waits for its retry: a2 must wait behind it", ids(got))
+			}
+			write(t, pool, ob, true, ev("c", 1))
+			if got := claim(); len(got) != 1 || got[0].AggregateID != "c" {
+				t.Fatalf("other aggregates must flow: claimed %v", ids(got))
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			var got []outboxdriver.Record
+			for len(got) == 0 || got[0].ID != a1 {
+				if time.Now().After(deadline) {
+					t.Fatalf("a1 not claimed again after its retry delay: %v", ids(got))
+				}
+				time.Sleep(20 * time.Millisecond)
+				got = claim()
+			}
+			for _, rec := range got {
+				if rec.AggregateID == "a" && rec.ID != a1 {
+					t.Fatalf("a2 claimed together with the retried a1: %v", ids(got))
+				}
+			}
+			// Now a1 is dead-lettered: with hold a2 keeps waiting; with
+			// continue it flows.
+			b, _ = src.Claim(ctx, leases, 10)
+			var fin outboxdriver.Outcome
+			for _, rec := range b.Records() {
+				if rec.ID == a1 {
+					fin.Failed = append(fin.Failed, outboxdriver.Failure{ID: a1, Err: errors.New("too large"), DeadLetter: true, Hold: hold})
+				} else {
+					fin.Published = append(fin.Published, rec.ID)
+				}
+			}
+			if err := b.Finish(ctx, fin); err != nil {
+				t.Fatal(err)
+			}
+			got = claim()
+			if hold && len(got) != 0 {
+				t.Fatalf("hold: claimed %v after a1 was dead-lettered", ids(got))
+			}
+			if !hold && (len(got) != 1 || got[0].AggregateID != "a") {
+				t.Fatalf("continue: claimed %v, want a2", ids(got))
+			}
+			st, _ := outboxpgx.Status(ctx, pool, tb)
+			if want := map[bool]int64{true: 1, false: 0}[hold]; st.Held != want || st.DeadLetters != 1 {
+				t.Fatalf("held %d dead letters %d, want %d and 1", st.Held, st.DeadLetters, want)
+			}
+		})
+	}
+}
+
+func TestPartitionIsComputedByTheDatabase(t *testing.T) {
+	t.Parallel()
+	pool, tb := setup(t)
+	ctx := context.Background()
+	for _, agg := range []string{"1", "1", "2", "order-42", ""} {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type) VALUES (gen_random_uuid(), 'o', $1, 'T')`, agg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, _ := pool.Query(ctx, `SELECT aggregateid, partition FROM `+tb.Qualified(""))
+	parts := map[string]int{}
+	for rows.Next() {
+		var agg string
+		var p int
+		if err := rows.Scan(&agg, &p); err != nil {
+			t.Fatal(err)
+		}
+		if p < 0 || p >= pgschema.DefaultPartitions {
+			t.Fatalf("partition %d out of range", p)
+		}
+		if old, ok := parts[agg]; ok && old != p {
+			t.Fatalf("aggregate %q in partitions %d and %d", agg, old, p)
+		}
+		parts[agg] = p
+	}
+	if len(parts) != 4 {
+		t.Fatalf("rows: %v", parts)
 	}
 }

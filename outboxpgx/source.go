@@ -7,13 +7,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox/internal/pgschema"
@@ -50,6 +55,9 @@ type Source struct {
 	log   *slog.Logger
 	q     queries
 
+	lockKey int32        // first key of the partitions' advisory locks
+	ttlMS   atomic.Int64 // the lease TTL last used, bounds a claim's idle time
+
 	mu       sync.Mutex // guards listener
 	listener *pgxpool.Conn
 }
@@ -57,35 +65,83 @@ type Source struct {
 var _ outboxdriver.Source = (*Source)(nil)
 
 type queries struct {
-	claim, markPublished, retry, deadLetter, idle, busy string
+	claim, markPublished, unhold, retry, holdRetry, deadLetter, holdDead, idle, busy string
+	heartbeat, relays, acquire, renew, release, unregister, fence                    string
 }
 
 func newQueries(t outboxdriver.Table, r Retention) queries {
 	n := pgschema.NamesOf(t)
 	q := queries{
-		claim: `SELECT id::text, seq, aggregatetype, aggregateid, type, payload::text, payload_raw,
-       headers::text, coalesce(tracingspancontext, ''), created_at, attempts
-FROM ` + n.Table + `
-WHERE published_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-ORDER BY seq
+		claim: `WITH mine AS MATERIALIZED (
+    SELECT l.partition FROM ` + n.Leases + ` l
+    JOIN unnest($2::integer[], $3::bigint[]) AS m(partition, epoch)
+      ON l.partition = m.partition AND l.epoch = m.epoch
+    WHERE l.owner = $4 AND l.expires_at > clock_timestamp()
+), locked AS MATERIALIZED (
+    SELECT partition FROM mine WHERE pg_try_advisory_xact_lock($5::integer, partition)
+)
+SELECT o.id::text, o.seq, o.partition, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.payload_raw,
+       o.headers::text, coalesce(o.tracingspancontext, ''), o.created_at, o.attempts
+FROM ` + n.Table + ` AS o
+WHERE o.partition = ANY (ARRAY(SELECT partition FROM locked))
+  AND o.published_at IS NULL
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+  AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` h
+                  WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
+ORDER BY o.seq
 LIMIT $1
-FOR UPDATE SKIP LOCKED`,
+FOR UPDATE OF o SKIP LOCKED`,
+		unhold: `DELETE FROM ` + n.Held + ` WHERE event_id = ANY($1::uuid[])`,
 		retry: `UPDATE ` + n.Table + ` AS o
 SET attempts = o.attempts + 1, last_error = f.err,
     next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond'
 FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS f(id, err, delay_ms)
 WHERE o.id = f.id`,
-		deadLetter: `WITH f AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS f(id, err)),
-moved AS (DELETE FROM ` + n.Table + ` AS o USING f WHERE o.id = f.id RETURNING o.*, f.err)
+		holdRetry: `INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
+SELECT aggregatetype, aggregateid, seq, id, 'retrying' FROM ` + n.Table + ` WHERE id = ANY($1::uuid[])
+ON CONFLICT (aggregatetype, aggregateid) DO NOTHING`,
+		deadLetter: `WITH f AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::boolean[]) AS f(id, err, hold)),
+moved AS (DELETE FROM ` + n.Table + ` AS o USING f WHERE o.id = f.id RETURNING o.*, f.err, f.hold)
 INSERT INTO ` + n.DeadLetter + ` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
-    headers, tracingspancontext, payload_raw, attempts, last_error)
+    headers, tracingspancontext, payload_raw, attempts, last_error, held)
 SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at,
-    headers, tracingspancontext, payload_raw, attempts + 1, err
+    headers, tracingspancontext, payload_raw, attempts + 1, err, hold
 FROM moved`,
+		holdDead: `INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
+SELECT aggregatetype, aggregateid, seq, id, 'dead-lettered' FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])
+ON CONFLICT (aggregatetype, aggregateid) DO UPDATE SET reason = excluded.reason, held_at = now()
+WHERE ` + n.Held + `.event_id = excluded.event_id`,
 		idle: `INSERT INTO ` + n.Wakeup + ` (relay, expires_at)
 VALUES ($1, now() + $2 * interval '1 millisecond')
 ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at`,
 		busy: `DELETE FROM ` + n.Wakeup + ` WHERE relay = $1`,
+		heartbeat: `INSERT INTO ` + n.Relays + ` (relay, expires_at)
+VALUES ($1, clock_timestamp() + $2 * interval '1 millisecond')
+ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at`,
+		relays: `SELECT (SELECT count(*) FROM ` + n.Relays + ` WHERE expires_at > clock_timestamp()),
+       (SELECT count(*) FROM ` + n.Leases + `)`,
+		acquire: `WITH free AS MATERIALIZED (
+    SELECT partition FROM ` + n.Leases + `
+    WHERE owner IS NULL OR expires_at <= clock_timestamp()
+    ORDER BY partition
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE ` + n.Leases + ` AS l
+SET owner = $1, epoch = l.epoch + 1, expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+FROM free WHERE l.partition = free.partition
+RETURNING l.partition, l.epoch`,
+		renew: `UPDATE ` + n.Leases + ` AS l
+SET expires_at = clock_timestamp() + $4 * interval '1 millisecond'
+FROM unnest($2::integer[], $3::bigint[]) AS m(partition, epoch)
+WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1
+RETURNING l.partition, l.epoch`,
+		release: `UPDATE ` + n.Leases + ` AS l
+SET owner = NULL, expires_at = '-infinity'
+FROM unnest($2::integer[], $3::bigint[]) AS m(partition, epoch)
+WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
+		unregister: `DELETE FROM ` + n.Relays + ` WHERE relay = $1`,
+		fence:      `SELECT ` + t.Qualified("_fence") + `($1, $2::integer[], $3::bigint[])`,
 	}
 	if r == RetentionKeep {
 		q.markPublished = `UPDATE ` + n.Table + ` SET published_at = clock_timestamp(), last_error = NULL, next_attempt_at = NULL WHERE id = ANY($1::uuid[])`
@@ -118,8 +174,15 @@ func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *SourceConfig) (*So
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Source{pool: pool, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention)}, nil
+	h := fnv.New32a()
+	h.Write([]byte("outbox.partition:" + t.String()))
+	src := &Source{pool: pool, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention), lockKey: int32(h.Sum32())}
+	src.ttlMS.Store(int64(defaultClaimIdle / time.Millisecond))
+	return src, nil
 }
+
+// defaultClaimIdle bounds a claim's transaction before any lease was taken.
+const defaultClaimIdle = 30 * time.Second
 
 func defaultRelayName() string {
 	host, _ := os.Hostname()
@@ -135,32 +198,43 @@ func (s *Source) RelayName() string { return s.cfg.RelayName }
 type batch struct {
 	src     *Source
 	conn    *pgxpool.Conn
+	leases  []outboxdriver.Lease
 	records []outboxdriver.Record
 	done    bool
 }
 
-// Claim opens a transaction and locks up to limit due, unpublished rows in
-// seq order, skipping rows another relay holds. BEGIN, the relay's own
-// asynchronous commit and the SELECT go in one round trip.
-func (s *Source) Claim(ctx context.Context, limit int) (outboxdriver.Batch, error) {
+// Claim opens a transaction, takes the advisory lock of every leased
+// partition no other transaction is relaying (a stale owner's batch keeps
+// its partitions until it ends), and locks up to limit due, unpublished rows
+// of those partitions in seq order, skipping held aggregates. BEGIN, the
+// relay's own settings and the SELECT go in one round trip. The transaction
+// may stay idle (while the batch is published) at most one lease TTL: a
+// paused relay's claim is then ended by the server, releasing its locks.
+func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxpgx: claim limit %d must be positive", limit)
+	}
+	b := &batch{src: s, leases: leases, done: true}
+	if len(leases) == 0 {
+		return b, nil
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: claim: %w", err)
 	}
-	b := &batch{src: s, conn: conn}
+	b.conn, b.done = conn, false
+	parts, epochs := leaseArrays(leases)
 	var pb pgx.Batch
 	pb.Queue(`BEGIN`)
 	// Losing the relay's own commit in a database crash only republishes
 	// (a duplicate with the same id); it never loses an event.
 	pb.Queue(`SET LOCAL synchronous_commit = off`)
-	pb.Queue(s.q.claim, limit)
+	pb.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, strconv.FormatInt(s.ttlMS.Load(), 10))
+	pb.Queue(s.q.claim, limit, parts, epochs, s.cfg.RelayName, s.lockKey)
 	br := conn.SendBatch(ctx, &pb)
 	records, err := func() ([]outboxdriver.Record, error) {
 		defer br.Close()
-		for range 2 {
+		for range 3 {
 			if _, err := br.Exec(); err != nil {
 				return nil, err
 			}
@@ -179,6 +253,14 @@ func (s *Source) Claim(ctx context.Context, limit int) (outboxdriver.Batch, erro
 	return b, nil
 }
 
+func leaseArrays(leases []outboxdriver.Lease) ([]int32, []int64) {
+	parts, epochs := make([]int32, len(leases)), make([]int64, len(leases))
+	for i, l := range leases {
+		parts[i], epochs[i] = int32(l.Partition), l.Epoch
+	}
+	return parts, epochs
+}
+
 func scanRecords(rows pgx.Rows, limit int) ([]outboxdriver.Record, error) {
 	defer rows.Close()
 	out := make([]outboxdriver.Record, 0, min(limit, 1024))
@@ -189,7 +271,7 @@ func scanRecords(rows pgx.Rows, limit int) ([]outboxdriver.Record, error) {
 			raw     []byte
 			headers *string
 		)
-		if err := rows.Scan(&r.ID, &r.Seq, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &r.CreatedAt, &r.Attempts); err != nil {
+		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &r.CreatedAt, &r.Attempts); err != nil {
 			return nil, err
 		}
 		switch {
@@ -228,31 +310,53 @@ func parseHeaders(s string) map[string]string {
 
 func (b *batch) Records() []outboxdriver.Record { return b.records }
 
-// Finish records the outcome and commits, in one round trip.
+// Finish checks the batch's leases (the fence), records the outcome and
+// commits, in one round trip. If a lease was lost, the fence aborts the
+// transaction and nothing is recorded.
 func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	if b.done {
+		if len(b.records) == 0 {
+			return nil
+		}
 		return errors.New("outboxpgx: batch already finished")
 	}
+	q := &b.src.q
 	var pb pgx.Batch
+	pb.Queue(q.fence, b.src.cfg.RelayName, b.fencedPartitions(), b.fencedEpochs())
 	if len(out.Published) > 0 {
-		pb.Queue(b.src.q.markPublished, out.Published)
+		pb.Queue(q.markPublished, out.Published)
+		pb.Queue(q.unhold, out.Published)
 	}
-	var retryIDs, retryErrs, dlIDs, dlErrs []string
+	var retryIDs, retryErrs, dlIDs, dlErrs, holdIDs, flowIDs []string
 	var retryDelays []int64
+	var dlHold []bool
 	for _, f := range out.Failed {
 		msg := errorText(f.Err)
-		if f.Permanent {
-			dlIDs, dlErrs = append(dlIDs, f.ID), append(dlErrs, msg)
-		} else {
+		switch {
+		case f.DeadLetter:
+			dlIDs, dlErrs, dlHold = append(dlIDs, f.ID), append(dlErrs, msg), append(dlHold, f.Hold)
+			if f.Hold {
+				holdIDs = append(holdIDs, f.ID)
+			} else {
+				flowIDs = append(flowIDs, f.ID)
+			}
+		default:
 			retryIDs, retryErrs = append(retryIDs, f.ID), append(retryErrs, msg)
 			retryDelays = append(retryDelays, f.RetryAfter.Milliseconds())
 		}
 	}
 	if len(retryIDs) > 0 {
-		pb.Queue(b.src.q.retry, retryIDs, retryErrs, retryDelays)
+		pb.Queue(q.retry, retryIDs, retryErrs, retryDelays)
+		pb.Queue(q.holdRetry, retryIDs)
 	}
 	if len(dlIDs) > 0 {
-		pb.Queue(b.src.q.deadLetter, dlIDs, dlErrs)
+		pb.Queue(q.deadLetter, dlIDs, dlErrs, dlHold)
+		if len(holdIDs) > 0 {
+			pb.Queue(q.holdDead, holdIDs)
+		}
+		if len(flowIDs) > 0 {
+			pb.Queue(q.unhold, flowIDs)
+		}
 	}
 	pb.Queue(`COMMIT`)
 	err := b.conn.SendBatch(ctx, &pb).Close()
@@ -260,10 +364,40 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	if err != nil {
 		b.conn.Conn().Close(context.WithoutCancel(ctx)) // never return a connection in an unknown transaction state
 		b.conn.Release()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Hint == "outbox-lease-lost" {
+			return fmt.Errorf("outboxpgx: finish batch of %d: %w: %s", len(b.records), outboxdriver.ErrLeaseLost, pgErr.Message)
+		}
 		return fmt.Errorf("outboxpgx: finish batch of %d: %w", len(b.records), err)
 	}
 	b.conn.Release()
 	return nil
+}
+
+// fencedPartitions and fencedEpochs list the leases of the partitions the
+// batch holds records of.
+func (b *batch) fencedPartitions() []int32 {
+	p, _ := leaseArrays(b.fenced())
+	return p
+}
+
+func (b *batch) fencedEpochs() []int64 {
+	_, e := leaseArrays(b.fenced())
+	return e
+}
+
+func (b *batch) fenced() []outboxdriver.Lease {
+	in := map[int]bool{}
+	for _, r := range b.records {
+		in[r.Partition] = true
+	}
+	out := make([]outboxdriver.Lease, 0, len(in))
+	for _, l := range b.leases {
+		if in[l.Partition] {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // Release rolls the claim back.
@@ -358,5 +492,71 @@ func (s *Source) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_, _ = s.pool.Exec(ctx, s.q.busy, s.cfg.RelayName)
+	return nil
+}
+
+// Heartbeat registers the relay as alive for ttl and counts the live relays
+// and the partitions, in one round trip.
+func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
+	s.ttlMS.Store(ttl.Milliseconds())
+	var pb pgx.Batch
+	pb.Queue(s.q.heartbeat, s.cfg.RelayName, ttl.Milliseconds())
+	pb.Queue(s.q.relays).QueryRow(func(row pgx.Row) error { return row.Scan(&relays, &partitions) })
+	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
+		return 0, 0, fmt.Errorf("outboxpgx: heartbeat: %w", err)
+	}
+	return relays, partitions, nil
+}
+
+// Acquire takes up to n free or expired partitions, lowest first.
+func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	return s.leaseQuery(ctx, "acquire", s.q.acquire, s.cfg.RelayName, n, ttl.Milliseconds())
+}
+
+// Renew extends leases by ttl and returns those the relay still holds.
+func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	parts, epochs := leaseArrays(leases)
+	return s.leaseQuery(ctx, "renew", s.q.renew, s.cfg.RelayName, parts, epochs, ttl.Milliseconds())
+}
+
+func (s *Source) leaseQuery(ctx context.Context, what, sql string, args ...any) ([]outboxdriver.Lease, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: %s leases: %w", what, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxdriver.Lease, error) {
+		var l outboxdriver.Lease
+		err := row.Scan(&l.Partition, &l.Epoch)
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: %s leases: %w", what, err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	return out, nil
+}
+
+// Release gives leases up; with all, it also unregisters the relay.
+func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
+	var pb pgx.Batch
+	if len(leases) > 0 {
+		parts, epochs := leaseArrays(leases)
+		pb.Queue(s.q.release, s.cfg.RelayName, parts, epochs)
+	}
+	if all {
+		pb.Queue(s.q.unregister, s.cfg.RelayName)
+	}
+	if pb.Len() == 0 {
+		return nil
+	}
+	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
+		return fmt.Errorf("outboxpgx: release leases: %w", err)
+	}
 	return nil
 }

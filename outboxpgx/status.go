@@ -14,6 +14,7 @@ import (
 // Querier runs queries: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // ErrNotMigrated is returned by Status for a table that does not exist yet.
@@ -48,6 +49,36 @@ func Status(ctx context.Context, db Querier, t outboxdriver.Table) (outboxdriver
 	}
 	if ageSeconds > 0 {
 		st.OldestUnpublishedAge = time.Duration(ageSeconds * float64(time.Second))
+	}
+	if st.SchemaVersion < 2 {
+		return st, nil
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+n.Held).Scan(&st.Held); err != nil {
+		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+	}
+	rows, err := db.Query(ctx, `SELECT l.partition, coalesce(l.owner, ''), l.epoch,
+       CASE WHEN l.expires_at = '-infinity' THEN -1e9
+            ELSE extract(epoch FROM l.expires_at - clock_timestamp()) END::float8,
+       coalesce(b.n, 0)
+FROM `+n.Leases+` l
+LEFT JOIN (SELECT partition, count(*) AS n FROM `+n.Table+` WHERE published_at IS NULL GROUP BY partition) b
+  ON b.partition = l.partition
+ORDER BY l.partition`)
+	if err != nil {
+		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+	}
+	st.Partitions, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxdriver.PartitionStatus, error) {
+		var p outboxdriver.PartitionStatus
+		var secs float64
+		err := row.Scan(&p.Partition, &p.Owner, &p.Epoch, &secs, &p.Backlog)
+		p.ExpiresIn = time.Duration(secs * float64(time.Second))
+		if p.ExpiresIn <= 0 {
+			p.Owner = "" // an expired lease is nobody's
+		}
+		return p, err
+	})
+	if err != nil {
+		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
 	return st, nil
 }

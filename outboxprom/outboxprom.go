@@ -21,6 +21,8 @@ type Metrics struct {
 	publishErrors *prometheus.CounterVec
 	deadLettered  *prometheus.CounterVec
 	claimed       prometheus.Counter
+	retries       *prometheus.CounterVec
+	owned         prometheus.Gauge
 	commitToPub   prometheus.Histogram
 }
 
@@ -44,13 +46,19 @@ func New(reg prometheus.Registerer, status StatusFunc) (*Metrics, error) {
 		claimed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_claimed_events_total", Help: "Events claimed for publishing.",
 		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_retries_total", Help: "Events scheduled for another attempt after a failed publish.",
+		}, []string{"destination"}),
+		owned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_partitions_owned", Help: "Partitions this relay leases.",
+		}),
 		commitToPub: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outbox_commit_to_publish_seconds",
 			Help:    "Time from an event's insertion to the broker's acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18), // 0.5ms .. ~65s
 		}),
 	}
-	cs := []prometheus.Collector{m.published, m.publishErrors, m.deadLettered, m.claimed, m.commitToPub}
+	cs := []prometheus.Collector{m.published, m.publishErrors, m.deadLettered, m.claimed, m.retries, m.owned, m.commitToPub}
 	if status != nil {
 		cs = append(cs, &statusCollector{status: status})
 	}
@@ -79,6 +87,12 @@ func (m *Metrics) PublishFailed(dest string, permanent bool) {
 	}
 	m.publishErrors.WithLabelValues(dest, kind).Inc()
 }
+
+// Retried implements relay.Metrics.
+func (m *Metrics) Retried(dest string) { m.retries.WithLabelValues(dest).Inc() }
+
+// PartitionsOwned implements relay.Metrics.
+func (m *Metrics) PartitionsOwned(n int) { m.owned.Set(float64(n)) }
 
 // DeadLettered implements relay.Metrics.
 func (m *Metrics) DeadLettered(dest string) { m.deadLettered.WithLabelValues(dest).Inc() }

@@ -86,8 +86,13 @@ func (m migrateTx) Versions(ctx context.Context, q string, args ...any) ([]int, 
 }
 
 // Migrate creates or upgrades the outbox table t in one transaction and
-// returns the versions it applied; a second run applies none.
-func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table) ([]int, error) {
+// returns the versions it applied; a second run applies none. opts may be
+// nil.
+func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	o := outboxdriver.MigrateOptions{}
+	if opts != nil {
+		o = *opts
+	}
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("outboxsql: %w", err)
@@ -97,7 +102,7 @@ func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table) ([]int, erro
 		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t, err)
 	}
 	defer tx.Rollback()
-	vs, err := pgschema.Up(ctx, migrateTx{tx}, t)
+	vs, err := pgschema.Up(ctx, migrateTx{tx}, t, o)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
@@ -23,10 +24,10 @@ func TestWriteTxThroughDatabaseSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if vs, err := outboxsql.Migrate(ctx, db, tb); err != nil || len(vs) == 0 {
+	if vs, err := outboxsql.Migrate(ctx, db, tb, nil); err != nil || len(vs) == 0 {
 		t.Fatalf("migrate: %v %v", vs, err)
 	}
-	if vs, err := outboxsql.Migrate(ctx, db, tb); err != nil || len(vs) != 0 {
+	if vs, err := outboxsql.Migrate(ctx, db, tb, nil); err != nil || len(vs) != 0 {
 		t.Fatalf("second migrate applied %v, %v", vs, err)
 	}
 	ob, err := outbox.New(outboxsql.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
@@ -61,7 +62,15 @@ func TestWriteTxThroughDatabaseSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	b, err := src.Claim(ctx, 10)
+	_, n, err := src.Heartbeat(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases, err := src.Acquire(ctx, n, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := src.Claim(ctx, leases, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

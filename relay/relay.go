@@ -1,11 +1,16 @@
 // Package relay publishes committed outbox events to a broker.
 //
-// The engine claims unpublished events from an outboxdriver.Source in
-// insertion order, routes them (package route), publishes them through a
-// sink.Sink and records the outcome only after the broker acknowledged.
-// It is woken early by the source (LISTEN/NOTIFY for PostgreSQL), with the
-// poll interval as the safety net, and claims again at once while a backlog
-// remains. It never imports a database or broker client.
+// Aggregates hash into a fixed number of partitions. Every relay on a table
+// registers itself, takes a fair share of the partitions as leases judged by
+// the database clock, and relays only those: one batch at a time, claimed in
+// insertion order, routed (package route), published through a sink.Sink
+// and recorded only after the broker acknowledged. Within a batch, the
+// events of one aggregate are published in waves (the next only after the
+// previous was acknowledged), so a failed event is never overtaken by a
+// later event of its own aggregate; other aggregates flow on.
+//
+// The engine never imports a database or broker client: it talks to an
+// outboxdriver.Source and a sink.Sink.
 package relay
 
 import (
@@ -22,6 +27,37 @@ import (
 	"github.com/outboxkit/outbox/sink"
 )
 
+// Policy says what happens to an aggregate's later events once one of its
+// events was dead-lettered.
+type Policy int
+
+const (
+	// Hold keeps them waiting until an operator retries or discards the
+	// dead letter (outbox dlq). The default: order is never broken.
+	Hold Policy = iota
+	// Continue lets them flow on at once.
+	Continue
+)
+
+// String returns "hold" or "continue".
+func (p Policy) String() string {
+	if p == Continue {
+		return "continue"
+	}
+	return "hold"
+}
+
+// ParsePolicy parses "hold" or "continue".
+func ParsePolicy(s string) (Policy, error) {
+	switch s {
+	case "hold":
+		return Hold, nil
+	case "continue":
+		return Continue, nil
+	}
+	return 0, fmt.Errorf("unknown poison policy %q: use hold or continue", s)
+}
+
 // Config configures a Relay. Zero values take the documented defaults.
 type Config struct {
 	// BatchSize is the most events claimed and published at once.
@@ -30,13 +66,25 @@ type Config struct {
 	// PollInterval is the longest the relay waits for a wake-up before it
 	// looks again. Defaults to 500ms.
 	PollInterval time.Duration
+	// LeaseTTL is how long a partition lease lasts without renewal; leases
+	// are renewed every third of it. After a relay dies, its partitions
+	// move to others within about two TTLs. Defaults to 10s.
+	LeaseTTL time.Duration
 	// Router maps events to messages. Defaults to Debezium's routing.
 	Router *route.Router
-	// RetryBase and RetryMax bound the exponential backoff, with jitter, of
-	// an event whose publish failed while others succeeded, and of the whole
-	// relay while every publish fails (broker down) or the database is
-	// unreachable. Default 100ms and 30s.
+	// RetryBase and RetryMax bound the exponential backoff, with jitter,
+	// between attempts of an event the broker did not take. Defaults 1s
+	// and 5m.
 	RetryBase, RetryMax time.Duration
+	// MaxAttempts is how many times an event is tried before it is
+	// dead-lettered (a permanent error dead-letters at once). Attempts are
+	// spent only when some publishes of a batch succeed: while every
+	// publish fails (broker down) the relay backs off as a whole instead.
+	// Defaults to 20.
+	MaxAttempts int
+	// Poison says what happens to an aggregate's later events once one of
+	// its events was dead-lettered. Defaults to Hold.
+	Poison Policy
 	// FinishTimeout bounds recording a batch's outcome once the broker has
 	// answered, also while stopping. Defaults to 10s.
 	FinishTimeout time.Duration
@@ -44,7 +92,22 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives counts and latencies; nil discards them.
 	Metrics Metrics
+	// OnStage, when set, is called at each stage of the relay's work with
+	// the number of events concerned. It must not block. Useful for
+	// tracing and fault injection.
+	OnStage func(stage Stage, n int)
 }
+
+// Stage names a point in the relay's work, for Config.OnStage.
+type Stage string
+
+// Stages, in the order a batch passes them.
+const (
+	StageAcquired  Stage = "acquired"  // partitions leased (n = how many)
+	StageClaimed   Stage = "claimed"   // a non-empty batch claimed
+	StagePublished Stage = "published" // the broker answered for every wave, nothing recorded yet
+	StageRecorded  Stage = "recorded"  // the outcome committed
+)
 
 // Metrics is the relay's observability hook. Implementations must be safe
 // for concurrent use and must not block.
@@ -56,8 +119,12 @@ type Metrics interface {
 	Published(destination string, sinceCreated time.Duration)
 	// PublishFailed reports one event the broker did not acknowledge.
 	PublishFailed(destination string, permanent bool)
+	// Retried reports one event scheduled for another attempt.
+	Retried(destination string)
 	// DeadLettered reports one event moved to the dead-letter table.
 	DeadLettered(destination string)
+	// PartitionsOwned reports how many partitions this relay leases.
+	PartitionsOwned(n int)
 }
 
 type nopMetrics struct{}
@@ -65,12 +132,21 @@ type nopMetrics struct{}
 func (nopMetrics) Claimed(int)                     {}
 func (nopMetrics) Published(string, time.Duration) {}
 func (nopMetrics) PublishFailed(string, bool)      {}
+func (nopMetrics) Retried(string)                  {}
 func (nopMetrics) DeadLettered(string)             {}
+func (nopMetrics) PartitionsOwned(int)             {}
 
 // minWait is the first wait after the relay caught up. Waits then double up
 // to PollInterval, so a writer whose transaction committed just as the relay
 // went idle (and so sent no wake-up) waits milliseconds, not a poll interval.
 const minWait = time.Millisecond
+
+// The whole relay backs off between these bounds while the database or the
+// broker is unreachable.
+const (
+	breakerBase = 100 * time.Millisecond
+	breakerMax  = 10 * time.Second
+)
 
 // Relay moves events from a Source to a Sink.
 type Relay struct {
@@ -82,11 +158,11 @@ type Relay struct {
 
 	mu        sync.Mutex
 	started   bool
-	stopping  bool
-	stopClaim context.CancelFunc // stops claiming and waiting
+	stopClaim context.CancelFunc // stops claiming, waiting and lease upkeep
 	stopPub   context.CancelFunc // aborts in-flight publishes
 	done      chan struct{}
-	runErr    error
+
+	leases leaseState
 }
 
 // New returns a Relay; it does no I/O. The caller keeps ownership of src
@@ -102,29 +178,35 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if cfg != nil {
 		c = *cfg
 	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 500
 	}
-	if c.BatchSize < 0 || c.BatchSize > 100_000 {
+	def(&c.PollInterval, 500*time.Millisecond)
+	def(&c.LeaseTTL, 10*time.Second)
+	def(&c.RetryBase, time.Second)
+	def(&c.RetryMax, 5*time.Minute)
+	def(&c.FinishTimeout, 10*time.Second)
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 20
+	}
+	switch {
+	case c.BatchSize < 0 || c.BatchSize > 100_000:
 		return nil, fmt.Errorf("relay: batch size %d must be between 1 and 100000", c.BatchSize)
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = 500 * time.Millisecond
-	}
-	if c.PollInterval < minWait {
+	case c.PollInterval < minWait:
 		return nil, fmt.Errorf("relay: poll interval %s must be at least %s", c.PollInterval, minWait)
-	}
-	if c.RetryBase == 0 {
-		c.RetryBase = 100 * time.Millisecond
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = 30 * time.Second
-	}
-	if c.RetryBase < 0 || c.RetryMax < c.RetryBase {
+	case c.LeaseTTL < 300*time.Millisecond:
+		return nil, fmt.Errorf("relay: lease TTL %s must be at least 300ms", c.LeaseTTL)
+	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
 		return nil, fmt.Errorf("relay: retry backoff base %s and max %s must satisfy 0 < base <= max", c.RetryBase, c.RetryMax)
-	}
-	if c.FinishTimeout == 0 {
-		c.FinishTimeout = 10 * time.Second
+	case c.MaxAttempts < 1:
+		return nil, fmt.Errorf("relay: max attempts %d must be at least 1", c.MaxAttempts)
+	case c.Poison != Hold && c.Poison != Continue:
+		return nil, fmt.Errorf("relay: unknown poison policy %d", c.Poison)
 	}
 	if c.Router == nil {
 		r, err := route.New(nil)
@@ -157,18 +239,28 @@ func (r *Relay) Start(ctx context.Context) error {
 	pubCtx, stopPub := context.WithCancel(base)
 	r.stopClaim, r.stopPub = stopClaim, stopPub
 	r.done = make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { r.manageLeases(claimCtx) })
+	wg.Go(func() { r.loop(claimCtx, pubCtx) })
 	go func() {
-		defer close(r.done)
-		r.loop(claimCtx, pubCtx)
+		wg.Wait()
+		// Hand the partitions over at once rather than after a TTL.
+		ctx, cancel := context.WithTimeout(base, r.cfg.FinishTimeout)
+		defer cancel()
+		if err := r.src.Release(ctx, r.leases.snapshot(), true); err != nil {
+			r.log.Warn("relay: releasing leases at stop failed; they expire by themselves", "err", err)
+		}
+		r.metrics.PartitionsOwned(0)
+		close(r.done)
 	}()
 	return nil
 }
 
 // Stop stops claiming, lets the in-flight batch finish publishing and
-// record its outcome, and returns when the relay's goroutine has exited. If
-// ctx ends first, in-flight publishes are cancelled (their events stay
-// unpublished and are relayed again later) and Stop still waits for the
-// goroutine. Stop is idempotent and safe when Start never ran.
+// record its outcome, releases the relay's leases and returns when every
+// goroutine has exited. If ctx ends first, in-flight publishes are
+// cancelled (their events stay unpublished and are relayed again later) and
+// Stop still waits. Stop is idempotent and safe when Start never ran.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.mu.Lock()
 	if !r.started {
@@ -200,147 +292,27 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 	return r.Stop(sctx)
 }
 
-func (r *Relay) loop(ctx, pubCtx context.Context) {
-	var (
-		wait      = minWait
-		idle      bool
-		idleSince time.Time
-		failures  int // consecutive whole-relay failures (database or broker)
-	)
-	for ctx.Err() == nil {
-		b, err := r.src.Claim(ctx, r.cfg.BatchSize)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			failures++
-			d := r.backoff(failures)
-			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d)
-			sleep(ctx, d)
-			continue
-		}
-		recs := b.Records()
-		r.metrics.Claimed(len(recs))
-		if len(recs) == 0 {
-			b.Release(ctx)
-			if !idle || time.Since(idleSince) > r.cfg.PollInterval {
-				// Register as idle (writers then send a wake-up), then look
-				// once more: a row committed before the registration sent
-				// no wake-up.
-				if err := r.src.SetIdle(ctx, 3*r.cfg.PollInterval); err != nil && ctx.Err() == nil {
-					r.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
-				}
-				idle, idleSince = true, time.Now()
-				continue
-			}
-			if err := r.src.Wait(ctx, wait); err != nil && ctx.Err() == nil {
-				r.log.Warn("relay: waiting for wake-up failed; polling", "err", err)
-				sleep(ctx, wait)
-			}
-			wait = min(wait*2, r.cfg.PollInterval)
-			continue
-		}
-		wait = minWait
-		if idle {
-			idle = false
-			if err := r.src.SetIdle(ctx, 0); err != nil && ctx.Err() == nil {
-				r.log.Warn("relay: cannot leave idle state", "err", err)
-			}
-		}
-		if r.process(pubCtx, b, recs) {
-			failures = 0
-			continue
-		}
-		failures++
-		d := r.backoff(failures)
-		r.log.Warn("relay: every publish of the batch failed; backing off", "events", len(recs), "retry_in", d)
-		sleep(ctx, d)
+// Ready reports whether the relay is working: its last lease upkeep reached
+// the database within one lease TTL.
+func (r *Relay) Ready() bool { return r.leases.ready(r.cfg.LeaseTTL) }
+
+// Partitions returns the partitions this relay leases now.
+func (r *Relay) Partitions() []outboxdriver.Lease { return r.leases.snapshot() }
+
+func (r *Relay) stage(s Stage, n int) {
+	if r.cfg.OnStage != nil {
+		r.cfg.OnStage(s, n)
 	}
 }
 
-// process publishes one claimed batch and records the outcome. It returns
-// false when every message failed transiently (the broker is down): the
-// claim is then released untouched, so no event spends an attempt.
-func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) bool {
-	msgs := make([]sink.Message, 0, len(recs))
-	pos := make([]int, 0, len(recs)) // msgs[i] is recs[pos[i]]
-	var out outboxdriver.Outcome
-	var failedDest []string // destination of out.Failed[i]
-	dest := make([]string, len(recs))
-	for i := range recs {
-		m, err := r.cfg.Router.Message(&recs[i])
-		if err != nil {
-			out.Failed = append(out.Failed, outboxdriver.Failure{ID: recs[i].ID, Err: err, Permanent: true})
-			failedDest = append(failedDest, "")
-			r.metrics.PublishFailed("", true)
-			continue
-		}
-		dest[i] = m.Destination
-		msgs = append(msgs, m)
-		pos = append(pos, i)
-	}
-	var results []error
-	if len(msgs) > 0 {
-		results = r.snk.Publish(ctx, msgs)
-		if len(results) != len(msgs) {
-			r.log.Error("relay: sink returned a wrong number of results; releasing the batch", "want", len(msgs), "got", len(results))
-			b.Release(ctx)
-			return false
-		}
-	}
-	transient := 0
-	now := time.Now()
-	for i, err := range results {
-		rec := &recs[pos[i]]
-		if err == nil {
-			out.Published = append(out.Published, rec.ID)
-			r.metrics.Published(dest[pos[i]], now.Sub(rec.CreatedAt))
-			continue
-		}
-		perm := sink.IsPermanent(err)
-		r.metrics.PublishFailed(dest[pos[i]], perm)
-		if !perm {
-			transient++
-		}
-		out.Failed = append(out.Failed, outboxdriver.Failure{ID: rec.ID, Err: err, Permanent: perm, RetryAfter: r.backoff(rec.Attempts + 1)})
-		failedDest = append(failedDest, dest[pos[i]])
-	}
-	if transient > 0 && transient == len(recs) {
-		r.log.Warn("relay: publish failed", "err", results[0])
-		b.Release(ctx)
-		return false
-	}
-	for _, f := range out.Failed {
-		if f.Permanent {
-			r.log.Warn("relay: event refused for good; dead-lettering", "id", f.ID, "err", f.Err)
-		} else {
-			r.log.Warn("relay: publish failed; will retry", "id", f.ID, "retry_in", f.RetryAfter, "err", f.Err)
-		}
-	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FinishTimeout)
-	defer cancel()
-	if err := b.Finish(fctx, out); err != nil {
-		// The broker has the events; they will be published again (same
-		// ids) once the claim's locks are gone.
-		r.log.Error("relay: recording the outcome failed; acknowledged events will be republished", "events", len(out.Published), "err", err)
-		return true
-	}
-	for i, f := range out.Failed {
-		if f.Permanent {
-			r.metrics.DeadLettered(failedDest[i])
-		}
-	}
-	return true
-}
-
-// backoff returns the delay before attempt n+1: exponential from RetryBase,
-// capped at RetryMax, with full jitter over its upper half.
-func (r *Relay) backoff(n int) time.Duration {
-	d := r.cfg.RetryBase
-	for i := 1; i < n && d < r.cfg.RetryMax; i++ {
+// backoff returns a delay for attempt n: exponential from base, capped at
+// max, with jitter over its upper half.
+func backoff(n int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
 		d *= 2
 	}
-	d = min(d, r.cfg.RetryMax)
+	d = min(d, max)
 	return d/2 + rand.N(d/2+1)
 }
 

@@ -50,7 +50,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	if _, err := outboxpgx.Migrate(context.Background(), pool, tb); err != nil {
+	if _, err := outboxpgx.Migrate(context.Background(), pool, tb, nil); err != nil {
 		t.Fatal(err)
 	}
 	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})

@@ -6,12 +6,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/internal/pgschema"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 func newMigrate() *cobra.Command {
 	var f dbFlags
 	var down int
+	var opts outboxdriver.MigrateOptions
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox table, its dead-letter table and wake-up trigger",
@@ -38,7 +40,7 @@ versioned; a second run changes nothing. --down N reverts to version N
 				fmt.Fprintf(out, "%s: reverted %d migration(s) %v, now at version %d\n", t, len(vs), vs, down)
 				return nil
 			}
-			vs, err := outboxpgx.Migrate(ctx, pool, t)
+			vs, err := outboxpgx.Migrate(ctx, pool, t, &opts)
 			if err != nil {
 				return err
 			}
@@ -52,5 +54,6 @@ versioned; a second run changes nothing. --down N reverts to version N
 	}
 	f.register(cmd)
 	cmd.Flags().IntVar(&down, "down", 0, "revert to this schema version instead of upgrading")
+	cmd.Flags().IntVar(&opts.Partitions, "partitions", 64, "number of partitions aggregates hash into (fixed at creation; bounds how many relays share the table)")
 	return cmd
 }

@@ -32,6 +32,8 @@ func newRelay() *cobra.Command {
 		metricsAddr string
 		retention   string
 		logLevel    string
+		poison      string
+		rcfg        relay.Config
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -68,6 +70,13 @@ stdout: (one JSON line per event).`,
 			if poll < time.Millisecond {
 				return fmt.Errorf("--poll-interval %s: use at least 1ms", poll)
 			}
+			if rcfg.Poison, err = relay.ParsePolicy(poison); err != nil {
+				return fmt.Errorf("--poison-policy: %w", err)
+			}
+			onStage, err := faultFromEnv()
+			if err != nil {
+				return err
+			}
 			var ln net.Listener
 			if metricsAddr != "" {
 				// Bind before connecting anywhere, so a taken port fails fast.
@@ -95,7 +104,9 @@ stdout: (one JSON line per event).`,
 				return err
 			}
 			defer src.Close()
-			cfg := &relay.Config{BatchSize: batch, PollInterval: poll, Router: router, Logger: log}
+			cfg := &rcfg
+			cfg.BatchSize, cfg.PollInterval, cfg.Router, cfg.Logger, cfg.OnStage = batch, poll, router, log, onStage
+			var r *relay.Relay
 			if ln != nil {
 				reg := prometheus.NewRegistry()
 				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -106,10 +117,10 @@ stdout: (one JSON line per event).`,
 					return err
 				}
 				cfg.Metrics = m
-				srv := serveMetrics(ln, reg, log)
+				srv := serveMetrics(ln, reg, log, func() bool { return r != nil && r.Ready() })
 				defer srv.Close()
 			}
-			r, err := relay.New(src, snk, cfg)
+			r, err = relay.New(src, snk, cfg)
 			if err != nil {
 				return err
 			}
@@ -127,6 +138,11 @@ stdout: (one JSON line per event).`,
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")
 	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().DurationVar(&rcfg.LeaseTTL, "lease-ttl", 10*time.Second, "partition lease lifetime; a dead relay's partitions move within about two TTLs")
+	cmd.Flags().IntVar(&rcfg.MaxAttempts, "max-attempts", 20, "attempts before an event is dead-lettered")
+	cmd.Flags().DurationVar(&rcfg.RetryBase, "retry-base", time.Second, "first retry delay of a failed event (doubles, with jitter)")
+	cmd.Flags().DurationVar(&rcfg.RetryMax, "retry-max", 5*time.Minute, "longest retry delay")
+	cmd.Flags().StringVar(&poison, "poison-policy", "hold", "after an event is dead-lettered, its aggregate's later events: hold (wait for an operator) or continue")
 	cmd.Flags().StringVar(&rc.RouteBy, "route-by", route.DefaultRouteBy, "column whose value picks the destination")
 	cmd.Flags().StringVar(&rc.Regex, "route-regex", route.DefaultRegex, "regex over the routed value; its named groups feed --route-replacement")
 	cmd.Flags().StringVar(&rc.Replacement, "route-replacement", route.DefaultReplacement, "destination template")
@@ -154,10 +170,17 @@ func parseRetention(s string) (outboxpgx.Retention, error) {
 	return 0, fmt.Errorf("--retention %q: use delete or keep", s)
 }
 
-func serveMetrics(ln net.Listener, reg *prometheus.Registry, log *slog.Logger) *http.Server {
+func serveMetrics(ln net.Listener, reg *prometheus.Registry, log *slog.Logger, ready func() bool) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready() {
+			http.Error(w, "not ready: the relay has not reached the database within a lease TTL", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

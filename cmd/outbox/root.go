@@ -23,7 +23,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newMigrate(), newRelay(), newStatus(), newBench())
+	root.AddCommand(newMigrate(), newRelay(), newStatus(), newDLQ(), newBench())
 	return root
 }
 

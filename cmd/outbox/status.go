@@ -3,22 +3,37 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // statusJSON is the stable JSON shape of `outbox status --json`.
 type statusJSON struct {
-	Schema                      string  `json:"schema"`
-	Table                       string  `json:"table"`
-	Backlog                     int64   `json:"backlog"`
-	OldestUnpublishedAgeSeconds float64 `json:"oldest_unpublished_age_seconds"`
-	DeadLetters                 int64   `json:"dead_letters"`
-	PublishedKept               int64   `json:"published_kept"`
-	SchemaVersion               int     `json:"schema_version"`
-	LatestSchemaVersion         int     `json:"latest_schema_version"`
+	Schema                      string          `json:"schema"`
+	Table                       string          `json:"table"`
+	Backlog                     int64           `json:"backlog"`
+	OldestUnpublishedAgeSeconds float64         `json:"oldest_unpublished_age_seconds"`
+	DeadLetters                 int64           `json:"dead_letters"`
+	PublishedKept               int64           `json:"published_kept"`
+	HeldAggregates              int64           `json:"held_aggregates"`
+	SchemaVersion               int             `json:"schema_version"`
+	LatestSchemaVersion         int             `json:"latest_schema_version"`
+	Partitions                  []partitionJSON `json:"partitions"`
+}
+
+type partitionJSON struct {
+	Partition        int     `json:"partition"`
+	Owner            string  `json:"owner"`
+	Epoch            int64   `json:"epoch"`
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
+	Backlog          int64   `json:"backlog"`
 }
 
 func newStatus() *cobra.Command {
@@ -41,23 +56,87 @@ func newStatus() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				return json.NewEncoder(out).Encode(statusJSON{
+				js := statusJSON{
 					Schema: t.Schema, Table: t.Name, Backlog: st.Backlog,
 					OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
-					DeadLetters:                 st.DeadLetters, PublishedKept: st.Published,
+					DeadLetters:                 st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
 					SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
-				})
+					Partitions: []partitionJSON{},
+				}
+				for _, p := range st.Partitions {
+					js.Partitions = append(js.Partitions, partitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
+				}
+				return json.NewEncoder(out).Encode(js)
 			}
 			fmt.Fprintf(out, "table                     %s\n", t)
 			fmt.Fprintf(out, "backlog                   %d\n", st.Backlog)
 			fmt.Fprintf(out, "oldest unpublished age    %s\n", st.OldestUnpublishedAge.Round(1e6))
 			fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
 			fmt.Fprintf(out, "published, kept           %d\n", st.Published)
+			fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
 			fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+			printPartitions(out, st.Partitions)
 			return nil
 		},
 	}
 	f.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
+}
+
+// printPartitions summarises the leases by owner.
+func printPartitions(out io.Writer, parts []outboxdriver.PartitionStatus) {
+	if len(parts) == 0 {
+		return
+	}
+	type owner struct {
+		parts   []int
+		backlog int64
+	}
+	owners := map[string]*owner{}
+	var names []string
+	for _, p := range parts {
+		name := p.Owner
+		if name == "" {
+			name = "(nobody)"
+		}
+		o := owners[name]
+		if o == nil {
+			o = &owner{}
+			owners[name] = o
+			names = append(names, name)
+		}
+		o.parts = append(o.parts, p.Partition)
+		o.backlog += p.Backlog
+	}
+	sort.Strings(names)
+	fmt.Fprintf(out, "partitions                %d\n", len(parts))
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  OWNER\tPARTITIONS\tBACKLOG\tWHICH")
+	for _, n := range names {
+		o := owners[n]
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\n", n, len(o.parts), o.backlog, ranges(o.parts))
+	}
+	tw.Flush()
+}
+
+// ranges renders sorted ints as "0-3,7,9-10".
+func ranges(xs []int) string {
+	var b strings.Builder
+	for i := 0; i < len(xs); {
+		j := i
+		for j+1 < len(xs) && xs[j+1] == xs[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", xs[i], xs[j])
+		} else {
+			fmt.Fprintf(&b, "%d", xs[i])
+		}
+		i = j + 1
+	}
+	return b.String()
 }

@@ -80,7 +80,7 @@ func QuoteLiteral(s string) string {
 
 // Names are the rendered SQL names that belong to one outbox table.
 type Names struct {
-	Table, DeadLetter, Wakeup, Migrations string
+	Table, DeadLetter, Wakeup, Migrations, Leases, Relays, Held, Audit string
 }
 
 // NamesOf returns the qualified, quoted names of t's tables.
@@ -90,12 +90,35 @@ func NamesOf(t outboxdriver.Table) Names {
 		DeadLetter: t.Qualified("_dead_letter"),
 		Wakeup:     t.Qualified("_wakeup"),
 		Migrations: t.Qualified("_migrations"),
+		Leases:     t.Qualified("_leases"),
+		Relays:     t.Qualified("_relays"),
+		Held:       t.Qualified("_held"),
+		Audit:      t.Qualified("_audit"),
 	}
+}
+
+// Partitioning bounds. The count is fixed when migration 2 runs.
+const (
+	DefaultPartitions = 64
+	MaxPartitions     = 4096
+)
+
+// Options shape what a migration creates.
+type Options = outboxdriver.MigrateOptions
+
+func withDefaults(o Options) (Options, error) {
+	if o.Partitions == 0 {
+		o.Partitions = DefaultPartitions
+	}
+	if o.Partitions < 1 || o.Partitions > MaxPartitions {
+		return o, fmt.Errorf("partitions %d: use 1 to %d", o.Partitions, MaxPartitions)
+	}
+	return o, nil
 }
 
 // Render replaces the {{...}} placeholders of a migration with t's quoted
 // names. t must be valid.
-func Render(sql string, t outboxdriver.Table) string {
+func Render(sql string, t outboxdriver.Table, o Options) string {
 	n := NamesOf(t)
 	q := outboxdriver.QuoteIdent
 	return strings.NewReplacer(
@@ -103,10 +126,20 @@ func Render(sql string, t outboxdriver.Table) string {
 		"{{table}}", n.Table,
 		"{{dead_letter}}", n.DeadLetter,
 		"{{wakeup}}", n.Wakeup,
+		"{{leases}}", n.Leases,
+		"{{relays}}", n.Relays,
+		"{{held}}", n.Held,
+		"{{audit}}", n.Audit,
 		"{{pending_idx}}", q(t.Name+"_pending"),
+		"{{by_part_idx}}", q(t.Name+"_by_part"),
+		"{{published_idx}}", q(t.Name+"_published"),
+		"{{published_idx_q}}", t.Qualified("_published"),
+		"{{held_event_idx}}", q(t.Name+"_held_event"),
+		"{{fence_fn}}", t.Qualified("_fence"),
 		"{{notify_fn}}", t.Qualified("_notify"),
 		"{{notify_trg}}", q(t.Name+"_notify"),
 		"{{channel}}", QuoteLiteral(t.Channel()),
+		"{{partitions}}", strconv.Itoa(o.Partitions),
 	).Replace(sql)
 }
 
@@ -160,7 +193,12 @@ func applied(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, er
 
 // Up applies, inside tx, every migration not yet applied to t and returns
 // the versions it applied (none on a second run). The caller commits.
-func Up(ctx context.Context, tx Tx, t outboxdriver.Table) ([]int, error) {
+// Options matter only for the migrations that run now.
+func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, error) {
+	o, err := withDefaults(o)
+	if err != nil {
+		return nil, err
+	}
 	done, err := prepare(ctx, tx, t)
 	if err != nil {
 		return nil, err
@@ -170,7 +208,7 @@ func Up(ctx context.Context, tx Tx, t outboxdriver.Table) ([]int, error) {
 		if done[m.Version] {
 			continue
 		}
-		if err := tx.Exec(ctx, Render(m.Up, t)); err != nil {
+		if err := tx.Exec(ctx, Render(m.Up, t, o)); err != nil {
 			return nil, fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
 		}
 		if err := tx.Exec(ctx, `INSERT INTO `+NamesOf(t).Migrations+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
@@ -195,7 +233,7 @@ func Down(ctx context.Context, tx Tx, t outboxdriver.Table, target int) ([]int, 
 		if m.Version <= target || !done[m.Version] {
 			continue
 		}
-		if err := tx.Exec(ctx, Render(m.Down, t)); err != nil {
+		if err := tx.Exec(ctx, Render(m.Down, t, Options{})); err != nil {
 			return nil, fmt.Errorf("revert migration %03d_%s: %w", m.Version, m.Name, err)
 		}
 		if err := tx.Exec(ctx, `DELETE FROM `+NamesOf(t).Migrations+` WHERE version = $1`, m.Version); err != nil {

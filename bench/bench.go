@@ -1,0 +1,155 @@
+// Package bench measures the outbox against a real PostgreSQL: what it costs
+// the business transactions that write events, and (in later scenarios) how
+// fast a relay drains a backlog and how long an event takes to reach the
+// broker.
+//
+// A scenario is a function from a Config to Results, listed by Scenarios and
+// found by name with Lookup; the `outbox bench` command runs them. Every
+// scenario works in a fresh schema that it creates and drops, so it can be
+// pointed at any database.
+//
+// The harness underneath is small and shared by the scenarios:
+//
+//   - Load drives n closed-loop workers for a warm-up and then a measured
+//     window, counting the operations that complete in the window and
+//     recording their latencies in a Recorder (exact percentiles from the
+//     sorted samples). It also measures the machine's CPU time over the
+//     window and can run a probe meanwhile, such as a WaitSampler, which
+//     samples what the workers' PostgreSQL backends wait on.
+//   - A Plan runs a list of Cells (a case at a worker count) in a number of
+//     short rounds in alternating order, pools each cell's rounds and
+//     compares every case with the baseline case at the same worker count,
+//     pooled and round by round.
+//   - Result marshals to JSON (WriteJSON writes one object per line) and
+//     WriteTable prints results as an aligned table, headed by the Env: the
+//     PostgreSQL settings that dominate commit cost and the client machine.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Config configures a scenario run. The zero value of every field but Pool
+// means its default.
+type Config struct {
+	// Pool is the database. Its MaxConns must be at least the largest
+	// writer count; a scenario opens the extra connections it needs (a
+	// LISTEN connection, say) outside the pool.
+	Pool *pgxpool.Pool
+	// Schema is the schema the scenario creates for its tables and drops at
+	// the end. It must not exist. Defaults to outbox_bench_<random>.
+	Schema string
+	// Duration is the measured time of each cell, split evenly over the
+	// rounds. Defaults to 5s.
+	Duration time.Duration
+	// Warmup is the unmeasured load before each round of a cell: it opens
+	// the connections, prepares the statements and brings the cell's
+	// state (plans, caches, group commit) to a steady state. Defaults to
+	// 200ms; negative means none.
+	Warmup time.Duration
+	// Writers lists the concurrency levels. Defaults to 1 and 8.
+	Writers []int
+	// Rounds is how many slices each cell's Duration is measured in, every
+	// round running all cells, in alternating order. Slow drift of the
+	// machine (storage that is fast for a few seconds, then slow) then
+	// touches every cell alike instead of favouring whichever ran in a
+	// fast phase. Defaults to 10.
+	Rounds int
+	// Progress receives one line per measured cell and round while the
+	// scenario runs. Nil means quiet.
+	Progress io.Writer
+}
+
+// Defaults of Config.
+const (
+	DefaultDuration = 5 * time.Second
+	DefaultWarmup   = 200 * time.Millisecond
+	DefaultRounds   = 10
+)
+
+// DefaultWriters are the concurrency levels measured by default.
+var DefaultWriters = []int{1, 8}
+
+// MaxWriters bounds a writer count: every writer holds a connection.
+const MaxWriters = 512
+
+// withDefaults fills in the defaults and validates c.
+func (c Config) withDefaults() (Config, error) {
+	if c.Pool == nil {
+		return c, errors.New("bench: Config.Pool is nil")
+	}
+	if c.Duration == 0 {
+		c.Duration = DefaultDuration
+	}
+	if c.Duration < 0 {
+		return c, fmt.Errorf("bench: duration %s must be positive", c.Duration)
+	}
+	switch {
+	case c.Warmup == 0:
+		c.Warmup = DefaultWarmup
+	case c.Warmup < 0:
+		c.Warmup = 0
+	}
+	if len(c.Writers) == 0 {
+		c.Writers = slices.Clone(DefaultWriters)
+	}
+	for _, w := range c.Writers {
+		if w < 1 || w > MaxWriters {
+			return c, fmt.Errorf("bench: writer count %d: use 1 to %d", w, MaxWriters)
+		}
+	}
+	if c.Rounds == 0 {
+		c.Rounds = DefaultRounds
+	}
+	if c.Rounds < 0 {
+		return c, fmt.Errorf("bench: rounds %d must be positive", c.Rounds)
+	}
+	if c.Duration/time.Duration(c.Rounds) < time.Millisecond {
+		return c, fmt.Errorf("bench: duration %s over %d rounds leaves less than 1ms a round", c.Duration, c.Rounds)
+	}
+	if most := slices.Max(c.Writers); int(c.Pool.Config().MaxConns) < most {
+		return c, fmt.Errorf("bench: the pool has %d connections but %d writers need one each", c.Pool.Config().MaxConns, most)
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	return c, nil
+}
+
+// Scenario is one benchmark.
+type Scenario struct {
+	// Name selects the scenario (`outbox bench --scenario NAME`).
+	Name string
+	// Summary says in one line what it measures.
+	Summary string
+	// Run runs it.
+	Run func(ctx context.Context, cfg Config) ([]Result, error)
+}
+
+var scenarios = []Scenario{
+	{Name: "write", Summary: "business transactions/s and latency with and without outbox events, NOTIFY and the notify trigger", Run: WritePath},
+}
+
+// Scenarios lists the available scenarios.
+func Scenarios() []Scenario { return slices.Clone(scenarios) }
+
+// Lookup returns the scenario called name, or an error listing the
+// available ones.
+func Lookup(name string) (Scenario, error) {
+	names := make([]string, len(scenarios))
+	for i, s := range scenarios {
+		if s.Name == name {
+			return s, nil
+		}
+		names[i] = s.Name
+	}
+	return Scenario{}, fmt.Errorf("unknown scenario %q: available: %s", name, strings.Join(names, ", "))
+}

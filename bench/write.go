@@ -1,0 +1,400 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgschema"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// The cases of the write scenario, in the order they are measured at each
+// writer count.
+const (
+	// CaseBaseline is the business transaction alone: BEGIN; INSERT an
+	// order; COMMIT.
+	CaseBaseline = "baseline"
+	// CaseOutbox adds one event through WriteTx, with the notify trigger
+	// in place but no relay registered idle, so no NOTIFY: the normal case
+	// under load.
+	CaseOutbox = "outbox"
+	// CaseOutboxNotify is CaseOutbox with a relay registered idle for the
+	// whole run, so that every commit sends a NOTIFY: the worst case of
+	// notifying on every commit.
+	CaseOutboxNotify = "outbox_notify"
+	// CaseOutboxNoTrigger is CaseOutbox with the notify trigger disabled:
+	// compared with CaseOutbox, the cost of the trigger's check.
+	CaseOutboxNoTrigger = "outbox_no_trigger"
+	// CaseOutbox10 adds ten events in one WriteTx, trigger in place, no
+	// relay idle.
+	CaseOutbox10 = "outbox_10_events"
+)
+
+// Counters reported by the write scenario for each cell.
+const (
+	// CounterCommitted counts every committed transaction, warm-ups
+	// included.
+	CounterCommitted = "committed"
+	// CounterOutboxRows counts the rows found in the outbox table after
+	// each round: committed times the events per transaction.
+	CounterOutboxRows = "outbox_rows"
+	// CounterNotifications counts the notifications a LISTEN connection
+	// on the table's channel received: committed in CaseOutboxNotify, 0
+	// in every other case.
+	CounterNotifications = "notifications"
+)
+
+type writeCase struct {
+	name, desc string
+	events     int  // outbox events per transaction
+	trigger    bool // the notify trigger is enabled
+	idle       bool // a relay is registered idle
+}
+
+var writeCases = []writeCase{
+	{CaseBaseline, "BEGIN; INSERT an order; COMMIT (no outbox)", 0, true, false},
+	{CaseOutbox, "+ 1 event via WriteTx; trigger on, no relay idle: no NOTIFY", 1, true, false},
+	{CaseOutboxNotify, "+ 1 event; a relay registered idle: every commit NOTIFYs", 1, true, true},
+	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled", 1, false, false},
+	{CaseOutbox10, "+ 10 events in one WriteTx; trigger on, no relay idle", 10, true, false},
+}
+
+// idleRelay is the name the scenario registers in the wake-up table to
+// stand for an idle relay.
+const idleRelay = "bench-idle-relay"
+
+// WritePath measures what the outbox costs the business transactions that
+// write events: transactions/s and latency of each write case (CaseBaseline
+// and the outbox cases, see their doc) at each writer count of cfg.
+//
+// It creates a fresh schema with an orders table and a migrated outbox
+// table, and drops it at the end. Every writer repeats one transaction on
+// its own pooled connection: BEGIN; INSERT INTO orders ... RETURNING id;
+// WriteTx with the case's events; COMMIT. Before each measurement the
+// tables are truncated, the trigger and the idle registration set for the
+// case, and a CHECKPOINT run when the role may. A LISTEN connection, like
+// an idle relay's, stays open on the table's channel for the whole run and
+// counts the notifications of each cell, and a WaitSampler samples what
+// the writers' backends wait on. After each measurement the
+// scenario checks that the tables hold exactly the rows of the committed
+// transactions and that only CaseOutboxNotify notified, once per commit,
+// and reports these numbers as counters.
+func WritePath(ctx context.Context, cfg Config) (results []Result, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	pool := cfg.Pool
+	env, err := ReadEnv(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	env.DurationSeconds, env.Rounds, env.WarmupSeconds = cfg.Duration.Seconds(), cfg.Rounds, cfg.Warmup.Seconds()
+
+	schema, drop, err := freshSchema(ctx, pool, cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if derr := drop(); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	wb, err := newWriteBench(ctx, pool, schema)
+	if err != nil {
+		return nil, err
+	}
+	defer wb.close()
+	if env.Checkpoint, err = checkpoint(ctx, pool); err != nil {
+		return nil, err
+	}
+	wb.checkpoint = env.Checkpoint
+	env.SchemaVersion = wb.schemaVersion
+
+	var cells []Cell
+	for _, n := range cfg.Writers {
+		for _, c := range writeCases {
+			cells = append(cells, Cell{
+				Case:        c.name,
+				Description: c.desc,
+				Workers:     n,
+				Baseline:    c.name == CaseBaseline,
+				Prepare:     wb.prepare(c),
+				Op:          wb.op(c.events),
+				Collect:     wb.collect(c),
+			})
+		}
+	}
+	plan := Plan{
+		Scenario: "write", Unit: "tx",
+		Duration: cfg.Duration, Rounds: cfg.Rounds, Warmup: cfg.Warmup,
+		Progress: cfg.Progress, Env: env, Waits: wb.waits,
+	}
+	return plan.Run(ctx, cells)
+}
+
+// writeBench holds what the write cells share.
+type writeBench struct {
+	pool       *pgxpool.Pool
+	table      outboxdriver.Table
+	names      pgschema.Names
+	orders     string // qualified orders table
+	ob         *outbox.Outbox[pgx.Tx]
+	lis        *listener
+	waits      *WaitSampler
+	checkpoint bool
+	// schemaVersion is the outbox schema version migrated to.
+	schemaVersion int
+}
+
+func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*writeBench, error) {
+	t := outboxdriver.Table{Schema: schema, Name: "outbox"}
+	wb := &writeBench{
+		pool:   pool,
+		table:  t,
+		names:  pgschema.NamesOf(t),
+		orders: outboxdriver.QuoteIdent(schema) + ".orders",
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+wb.orders+` (
+    id         bigserial   PRIMARY KEY,
+    customer   text        NOT NULL,
+    total      numeric     NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("bench: create orders table: %w", err)
+	}
+	versions, err := outboxpgx.Migrate(ctx, pool, t, nil)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	if len(versions) > 0 {
+		wb.schemaVersion = slices.Max(versions)
+	}
+	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: t.Schema, Table: t.Name})
+	if err != nil {
+		return nil, err
+	}
+	wb.ob = ob
+	if wb.waits, err = NewWaitSampler(ctx, pool, waitSampleInterval); err != nil {
+		return nil, err
+	}
+	if wb.lis, err = listen(ctx, pool, t.Channel()); err != nil {
+		wb.waits.Close()
+		return nil, err
+	}
+	return wb, nil
+}
+
+// waitSampleInterval spaces the wait-event samples: often enough for a
+// few hundred per cell, rarely enough to cost the server little.
+const waitSampleInterval = 20 * time.Millisecond
+
+func (wb *writeBench) close() {
+	wb.lis.close()
+	wb.waits.Close()
+}
+
+// prepare sets the trigger and the idle registration of case c, empties
+// the tables, checkpoints and discards stray notifications.
+func (wb *writeBench) prepare(c writeCase) func(context.Context) error {
+	trigger := "ENABLE"
+	if !c.trigger {
+		trigger = "DISABLE"
+	}
+	stmts := []string{
+		`ALTER TABLE ` + wb.names.Table + ` ` + trigger + ` TRIGGER ` + outboxdriver.QuoteIdent(wb.table.Name+"_notify"),
+		`DELETE FROM ` + wb.names.Wakeup,
+		`TRUNCATE ` + wb.orders + `, ` + wb.names.Table,
+	}
+	if c.idle {
+		stmts = append(stmts, `INSERT INTO `+wb.names.Wakeup+` (relay, expires_at) VALUES (`+
+			pgschema.QuoteLiteral(idleRelay)+`, now() + interval '1 day')`)
+	}
+	return func(ctx context.Context) error {
+		err := pgx.BeginFunc(ctx, wb.pool, func(tx pgx.Tx) error {
+			for _, s := range stmts {
+				if _, err := tx.Exec(ctx, s); err != nil {
+					return fmt.Errorf("%s: %w", s, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if wb.checkpoint {
+			if _, err := checkpoint(ctx, wb.pool); err != nil {
+				return err
+			}
+		}
+		_, err = wb.lis.settle(ctx)
+		return err
+	}
+}
+
+// op returns one business transaction with events outbox events.
+func (wb *writeBench) op(events int) Op {
+	insert := `INSERT INTO ` + wb.orders + ` (customer, total) VALUES ($1, $2) RETURNING id`
+	return func(ctx context.Context, worker int) error {
+		customer := "customer-" + strconv.Itoa(worker)
+		tx, err := wb.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op after Commit
+		wb.waits.Track(tx.Conn().PgConn().PID())
+		var id int64
+		if err := tx.QueryRow(ctx, insert, customer, 42.5).Scan(&id); err != nil {
+			return fmt.Errorf("insert order: %w", err)
+		}
+		if events > 0 {
+			if err := wb.ob.WriteTx(ctx, tx, orderEvents(id, customer, events)...); err != nil {
+				return err
+			}
+		}
+		return tx.Commit(ctx)
+	}
+}
+
+// orderEvents returns n events about order id: OrderPlaced, then
+// OrderLineAdded for the others.
+func orderEvents(id int64, customer string, n int) []outbox.Event {
+	aid := strconv.FormatInt(id, 10)
+	evs := make([]outbox.Event, n)
+	p := make([]byte, 0, 64)
+	p = append(p, `{"order_id":`...)
+	p = strconv.AppendInt(p, id, 10)
+	placed := append(append(append(p, `,"customer":"`...), customer...), `","total":42.5}`...)
+	evs[0] = outbox.Event{AggregateType: "order", AggregateID: aid, Type: "OrderPlaced", Payload: placed}
+	for i := 1; i < n; i++ {
+		line := append(append(p[:len(p):len(p)], `,"line":`...), strconv.Itoa(i)...)
+		line = append(line, `,"sku":"sku-1234","quantity":1}`...)
+		evs[i] = outbox.Event{AggregateType: "order", AggregateID: aid, Type: "OrderLineAdded", Payload: line}
+	}
+	return evs
+}
+
+// collect checks that the tables hold exactly what the committed
+// transactions wrote and that only the idle case notified, and returns the
+// counters.
+func (wb *writeBench) collect(c writeCase) func(context.Context, Measurement) (map[string]int64, error) {
+	return func(ctx context.Context, m Measurement) (map[string]int64, error) {
+		notified, err := wb.lis.settle(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var orders, rows int64
+		if err := wb.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+wb.orders+`), (SELECT count(*) FROM `+wb.names.Table+`)`).Scan(&orders, &rows); err != nil {
+			return nil, fmt.Errorf("count rows: %w", err)
+		}
+		if orders != m.Completed {
+			return nil, fmt.Errorf("check: %d orders for %d committed transactions", orders, m.Completed)
+		}
+		if want := m.Completed * int64(c.events); rows != want {
+			return nil, fmt.Errorf("check: %d outbox rows for %d committed transactions of %d event(s)", rows, m.Completed, c.events)
+		}
+		var want int64
+		if c.idle && c.trigger && c.events > 0 {
+			want = m.Completed
+		}
+		if notified != want {
+			return nil, fmt.Errorf("check: %d notifications for %d committed transactions, want %d", notified, m.Completed, want)
+		}
+		return map[string]int64{CounterCommitted: m.Completed, CounterOutboxRows: rows, CounterNotifications: notified}, nil
+	}
+}
+
+// listener is a LISTEN connection on one channel that counts the
+// notifications with an empty payload (the trigger's). settle tells when
+// all notifications committed so far have been counted.
+type listener struct {
+	pool    *pgxpool.Pool
+	conn    *pgx.Conn
+	channel string
+	count   atomic.Int64
+	fences  chan string
+	seq     int
+	cancel  context.CancelFunc
+	done    chan struct{}
+	err     error // why run stopped; read after done is closed
+}
+
+// listen opens a connection outside the pool and listens on channel.
+func listen(ctx context.Context, pool *pgxpool.Pool, channel string) (*listener, error) {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("bench: LISTEN connection: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(channel)); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("bench: LISTEN: %w", err)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	l := &listener{pool: pool, conn: conn, channel: channel, fences: make(chan string), cancel: cancel, done: make(chan struct{})}
+	go l.run(lctx)
+	return l, nil
+}
+
+func (l *listener) run(ctx context.Context) {
+	defer close(l.done)
+	for {
+		n, err := l.conn.WaitForNotification(ctx)
+		if err != nil {
+			l.err = err
+			return
+		}
+		if n.Payload == "" {
+			l.count.Add(1)
+			continue
+		}
+		select {
+		case l.fences <- n.Payload:
+		case <-ctx.Done():
+			l.err = ctx.Err()
+			return
+		}
+	}
+}
+
+// settle sends a fence notification on the channel and waits for it.
+// Notifications arrive in commit order, so once the fence is in, every
+// notification committed before it has been counted. It returns that count
+// and starts a new one.
+func (l *listener) settle(ctx context.Context) (int64, error) {
+	l.seq++
+	fence := "fence-" + strconv.Itoa(l.seq)
+	if _, err := l.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, l.channel, fence); err != nil {
+		return 0, fmt.Errorf("bench: send fence notification: %w", err)
+	}
+	timeout := time.NewTimer(30 * time.Second)
+	defer timeout.Stop()
+	for {
+		select {
+		case f := <-l.fences:
+			if f == fence {
+				return l.count.Swap(0), nil
+			}
+		case <-l.done:
+			return 0, fmt.Errorf("bench: LISTEN connection: %w", l.err)
+		case <-timeout.C:
+			return 0, errors.New("bench: LISTEN connection: no fence notification within 30s")
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (l *listener) close() {
+	l.cancel()
+	<-l.done
+	l.conn.Close(context.Background())
+}

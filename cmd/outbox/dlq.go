@@ -1,0 +1,183 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+func newDLQ() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "List, retry or discard dead-lettered events (every action is audited)",
+	}
+	cmd.AddCommand(newDLQList(), newDLQAct("retry"), newDLQAct("discard"), newDLQAudit())
+	return cmd
+}
+
+func newDLQList() *cobra.Command {
+	var f dbFlags
+	var asJSON bool
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List dead letters, oldest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			t, pool, err := f.open(ctx, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			dls, err := outboxpgx.DeadLetters(ctx, pool, t, limit)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if dls == nil {
+					dls = []outboxpgx.DeadLetter{}
+				}
+				return json.NewEncoder(out).Encode(dls)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tAGGREGATE\tTYPE\tATTEMPTS\tHOLDS AGGREGATE\tDEAD-LETTERED\tLAST ERROR")
+			for _, d := range dls {
+				fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%v\t%s\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.Type, d.Attempts, d.Held,
+					d.DeadLetteredAt.UTC().Format("2006-01-02 15:04:05Z"), oneLineText(d.LastError, 120))
+			}
+			return tw.Flush()
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	cmd.Flags().IntVar(&limit, "limit", 1000, "most dead letters listed")
+	return cmd
+}
+
+func newDLQAct(action string) *cobra.Command {
+	var f dbFlags
+	var all bool
+	var actor string
+	short := map[string]string{
+		"retry":   "Move dead letters back into the outbox (same id, same place in their aggregate)",
+		"discard": "Delete dead letters for good and release the aggregates held behind them",
+	}[action]
+	cmd := &cobra.Command{
+		Use:   action + " ID...|--all",
+		Short: short,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return fmt.Errorf("dlq %s: give event ids or --all, not both or neither", action)
+			}
+			var ids []string
+			for _, a := range args {
+				u, err := uuid.Parse(a)
+				if err != nil {
+					return fmt.Errorf("dlq %s: %q is not an event id (a UUID)", action, a)
+				}
+				ids = append(ids, u.String())
+			}
+			if actor == "" {
+				actor = defaultActor()
+			}
+			ctx := cmd.Context()
+			t, pool, err := f.open(ctx, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			do := outboxpgx.RetryDeadLetters
+			if action == "discard" {
+				do = outboxpgx.DiscardDeadLetters
+			}
+			done, err := do(ctx, pool, t, ids, actor)
+			if err != nil {
+				return err
+			}
+			verb := map[string]string{"retry": "moved back into the outbox", "discard": "discarded"}[action]
+			fmt.Fprintf(cmd.OutOrStdout(), "%d dead letter(s) %s\n", len(done), verb)
+			if missing := len(ids) - len(done); len(ids) > 0 && missing > 0 {
+				return errors.New(notFound(ids, done))
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&all, "all", false, "act on every dead letter")
+	cmd.Flags().StringVar(&actor, "actor", "", "who acts, for the audit table (default user@host)")
+	return cmd
+}
+
+func newDLQAudit() *cobra.Command {
+	var f dbFlags
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Show the newest operator actions on dead letters as JSON lines",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			t, pool, err := f.open(ctx, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			entries, err := outboxpgx.Audit(ctx, pool, t, limit)
+			if err != nil {
+				return err
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			for _, e := range entries {
+				if err := enc.Encode(e); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().IntVar(&limit, "limit", 100, "most entries shown")
+	return cmd
+}
+
+func notFound(asked, done []string) string {
+	got := map[string]bool{}
+	for _, id := range done {
+		got[id] = true
+	}
+	var miss []string
+	for _, id := range asked {
+		if !got[id] {
+			miss = append(miss, id)
+		}
+	}
+	return "no dead letter with id " + strings.Join(miss, ", ")
+}
+
+func defaultActor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return name + "@" + host
+}
+
+func oneLineText(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > max {
+		s = s[:max] + "..."
+	}
+	return s
+}

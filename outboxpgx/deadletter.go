@@ -1,0 +1,135 @@
+package outboxpgx
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox/internal/pgschema"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// DeadLetter is one event in the dead-letter table.
+type DeadLetter struct {
+	ID             string    `json:"id"`
+	AggregateType  string    `json:"aggregatetype"`
+	AggregateID    string    `json:"aggregateid"`
+	Type           string    `json:"type"`
+	Attempts       int       `json:"attempts"`
+	LastError      string    `json:"last_error"`
+	DeadLetteredAt time.Time `json:"dead_lettered_at"`
+	// Held is true when the aggregate's later events wait for this one.
+	Held bool `json:"held"`
+}
+
+// DeadLetters lists up to limit dead letters of t, oldest first.
+func DeadLetters(ctx context.Context, db Querier, t outboxdriver.Table, limit int) ([]DeadLetter, error) {
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("outboxpgx: %w", err)
+	}
+	rows, err := db.Query(ctx, `SELECT id::text, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held
+FROM `+pgschema.NamesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// RetryDeadLetters moves dead letters back into the outbox with their ids
+// and original positions, so they are relayed again first within their
+// aggregates (an aggregate held behind one of them stays held until it is
+// published). ids nil means every dead letter. Each move is recorded in the
+// audit table under actor. It returns the ids moved.
+func RetryDeadLetters(ctx context.Context, db *pgxpool.Pool, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	n, err := names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `WITH moved AS (
+    DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[]) RETURNING *
+), back AS (
+    INSERT INTO `+n.Table+` (id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw)
+    SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw
+    FROM moved ORDER BY seq
+    RETURNING id, seq
+), audit AS (
+    INSERT INTO `+n.Audit+` (actor, action, event_id, detail)
+    SELECT $2, 'retry', m.id, m.aggregatetype || '/' || m.aggregateid || ' ' || m.type || ' after: ' || m.last_error FROM moved m
+)
+SELECT id::text FROM back ORDER BY seq`, ids, actor)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: retry dead letters of %s: %w", t, err)
+	}
+	return collectIDs(rows, "retry", t)
+}
+
+// DiscardDeadLetters deletes dead letters for good and releases the
+// aggregates held behind them. ids nil means every dead letter. Each
+// deletion is recorded in the audit table under actor. It returns the ids
+// deleted.
+func DiscardDeadLetters(ctx context.Context, db *pgxpool.Pool, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	n, err := names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `WITH gone AS (
+    DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
+    RETURNING id, seq, aggregatetype, aggregateid, type, last_error
+), unheld AS (
+    DELETE FROM `+n.Held+` h USING gone g WHERE h.event_id = g.id
+), audit AS (
+    INSERT INTO `+n.Audit+` (actor, action, event_id, detail)
+    SELECT $2, 'discard', g.id, g.aggregatetype || '/' || g.aggregateid || ' ' || g.type || ' after: ' || g.last_error FROM gone g
+)
+SELECT id::text FROM gone ORDER BY seq`, ids, actor)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: discard dead letters of %s: %w", t, err)
+	}
+	return collectIDs(rows, "discard", t)
+}
+
+// AuditEntry is one recorded operator action.
+type AuditEntry struct {
+	At      time.Time `json:"at"`
+	Actor   string    `json:"actor"`
+	Action  string    `json:"action"`
+	EventID string    `json:"event_id"`
+	Detail  string    `json:"detail"`
+}
+
+// Audit lists the newest limit operator actions on t, newest first.
+func Audit(ctx context.Context, db Querier, t outboxdriver.Table, limit int) ([]AuditEntry, error) {
+	n, err := names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `SELECT at, actor, action, coalesce(event_id::text, ''), detail FROM `+n.Audit+` ORDER BY id DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: audit of %s: %w", t, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[AuditEntry])
+}
+
+func names(t outboxdriver.Table) (pgschema.Names, error) {
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return pgschema.Names{}, fmt.Errorf("outboxpgx: %w", err)
+	}
+	return pgschema.NamesOf(t), nil
+}
+
+func collectIDs(rows pgx.Rows, what string, t outboxdriver.Table) ([]string, error) {
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: %s dead letters of %s: %w", what, t, err)
+	}
+	return ids, nil
+}

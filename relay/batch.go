@@ -1,0 +1,238 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/sink"
+)
+
+func (r *Relay) loop(ctx, pubCtx context.Context) {
+	var (
+		wait      = minWait
+		idle      bool
+		idleSince time.Time
+		failures  int // consecutive whole-relay failures (database or broker)
+	)
+	for ctx.Err() == nil {
+		leases := r.leases.snapshot()
+		if len(leases) == 0 {
+			r.waitForWork(ctx, r.cfg.PollInterval)
+			continue
+		}
+		r.leases.inFlight.Lock()
+		b, err := r.src.Claim(ctx, leases, r.cfg.BatchSize)
+		if err != nil {
+			r.leases.inFlight.Unlock()
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			d := backoff(failures, breakerBase, breakerMax)
+			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d)
+			sleep(ctx, d)
+			continue
+		}
+		recs := b.Records()
+		r.metrics.Claimed(len(recs))
+		if len(recs) == 0 {
+			b.Release(ctx)
+			r.leases.inFlight.Unlock()
+			if !idle || time.Since(idleSince) > r.cfg.PollInterval {
+				// Register as idle (writers then send a wake-up), then look
+				// once more: a row committed before the registration sent
+				// no wake-up.
+				if err := r.src.SetIdle(ctx, 3*r.cfg.PollInterval); err != nil && ctx.Err() == nil {
+					r.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
+				}
+				idle, idleSince = true, time.Now()
+				continue
+			}
+			r.waitForWork(ctx, wait)
+			wait = min(wait*2, r.cfg.PollInterval)
+			continue
+		}
+		r.stage(StageClaimed, len(recs))
+		wait = minWait
+		if idle {
+			idle = false
+			if err := r.src.SetIdle(ctx, 0); err != nil && ctx.Err() == nil {
+				r.log.Warn("relay: cannot leave idle state", "err", err)
+			}
+		}
+		ok := r.process(pubCtx, b, recs)
+		r.leases.inFlight.Unlock()
+		if ok {
+			failures = 0
+			continue
+		}
+		failures++
+		d := backoff(failures, breakerBase, breakerMax)
+		r.log.Warn("relay: every publish of the batch failed; backing off without spending attempts", "events", len(recs), "retry_in", d)
+		sleep(ctx, d)
+	}
+}
+
+// waitForWork waits for a wake-up from the source, newly acquired
+// partitions, d, or ctx.
+func (r *Relay) waitForWork(ctx context.Context, d time.Duration) {
+	wctx, cancel := context.WithCancel(ctx)
+	r.leases.setWake(cancel)
+	err := r.src.Wait(wctx, d)
+	r.leases.setWake(nil)
+	cancel()
+	if err != nil && wctx.Err() == nil {
+		r.log.Warn("relay: waiting for wake-up failed; polling", "err", err)
+		sleep(ctx, d)
+	}
+}
+
+// aggregate tracks one aggregate's events within a batch.
+type aggregate struct {
+	idx     []int // positions in the batch, in seq order
+	next    int   // the next position to publish
+	blocked bool  // a failure stops the rest of the aggregate in this batch
+}
+
+// process publishes one claimed batch and records the outcome. The events
+// of one aggregate go out in waves: wave k holds the k-th event of every
+// aggregate still flowing, and starts only once wave k-1 was answered, so
+// no event is published while an earlier event of its aggregate failed.
+// process returns false when nothing succeeded and every failure was
+// transient (the broker is down): the claim is then released untouched, so
+// no event spends an attempt.
+func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) bool {
+	aggs := map[[2]string]*aggregate{}
+	order := make([]*aggregate, 0, len(recs))
+	for i := range recs {
+		k := [2]string{recs[i].AggregateType, recs[i].AggregateID}
+		a := aggs[k]
+		if a == nil {
+			a = &aggregate{}
+			aggs[k] = a
+			order = append(order, a)
+		}
+		a.idx = append(a.idx, i)
+	}
+	var (
+		out        outboxdriver.Outcome
+		failedDest []string // destination of out.Failed[i]
+		succeeded  int
+		permanent  int
+		msgs       = make([]sink.Message, 0, len(order))
+		pos        = make([]int, 0, len(order))
+		dests      = make([]string, 0, len(order))
+	)
+	for {
+		msgs, pos, dests = msgs[:0], pos[:0], dests[:0]
+		var wave []*aggregate
+		for _, a := range order {
+			if a.blocked || a.next >= len(a.idx) {
+				continue
+			}
+			i := a.idx[a.next]
+			m, err := r.cfg.Router.Message(&recs[i])
+			if err != nil {
+				r.metrics.PublishFailed("", true)
+				permanent++
+				f := r.failure(&recs[i], err, true)
+				out.Failed, failedDest = append(out.Failed, f), append(failedDest, "")
+				r.afterDeadLetter(a)
+				continue
+			}
+			msgs, pos, dests = append(msgs, m), append(pos, i), append(dests, m.Destination)
+			wave = append(wave, a)
+		}
+		if len(msgs) == 0 {
+			break
+		}
+		results := r.snk.Publish(ctx, msgs)
+		if len(results) != len(msgs) {
+			r.log.Error("relay: sink returned a wrong number of results; releasing the batch", "want", len(msgs), "got", len(results))
+			b.Release(ctx)
+			return false
+		}
+		now := time.Now()
+		for j, err := range results {
+			rec, a := &recs[pos[j]], wave[j]
+			if err == nil {
+				out.Published = append(out.Published, rec.ID)
+				r.metrics.Published(dests[j], now.Sub(rec.CreatedAt))
+				succeeded++
+				a.next++
+				continue
+			}
+			perm := sink.IsPermanent(err)
+			r.metrics.PublishFailed(dests[j], perm)
+			if perm {
+				permanent++
+			}
+			f := r.failure(rec, err, perm)
+			out.Failed, failedDest = append(out.Failed, f), append(failedDest, dests[j])
+			if f.DeadLetter {
+				r.afterDeadLetter(a)
+			} else {
+				a.blocked = true
+			}
+		}
+	}
+	if succeeded == 0 && permanent == 0 && len(out.Failed) > 0 {
+		r.log.Warn("relay: publish failed", "err", out.Failed[0].Err)
+		b.Release(ctx)
+		return false
+	}
+	r.stage(StagePublished, len(out.Published))
+	for _, f := range out.Failed {
+		if f.DeadLetter {
+			r.log.Warn("relay: dead-lettering event", "id", f.ID, "hold_aggregate", f.Hold, "err", f.Err)
+		} else {
+			r.log.Warn("relay: publish failed; will retry", "id", f.ID, "retry_in", f.RetryAfter, "err", f.Err)
+		}
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FinishTimeout)
+	defer cancel()
+	if err := b.Finish(fctx, out); err != nil {
+		// The broker has the events; they will be published again (same
+		// ids) by whoever owns their partitions next.
+		if errors.Is(err, outboxdriver.ErrLeaseLost) {
+			r.log.Warn("relay: lease lost mid-batch; outcome refused, the new owner republishes", "events", len(recs), "err", err)
+		} else {
+			r.log.Error("relay: recording the outcome failed; acknowledged events will be republished", "events", len(out.Published), "err", err)
+		}
+		return true
+	}
+	r.stage(StageRecorded, len(recs))
+	for i, f := range out.Failed {
+		if f.DeadLetter {
+			r.metrics.DeadLettered(failedDest[i])
+		} else {
+			r.metrics.Retried(failedDest[i])
+		}
+	}
+	return true
+}
+
+// failure turns a publish error into a retry or a dead letter.
+func (r *Relay) failure(rec *outboxdriver.Record, err error, permanent bool) outboxdriver.Failure {
+	attempt := rec.Attempts + 1
+	f := outboxdriver.Failure{ID: rec.ID, Err: err}
+	if permanent || attempt >= r.cfg.MaxAttempts {
+		f.DeadLetter = true
+		f.Hold = r.cfg.Poison == Hold
+		return f
+	}
+	f.RetryAfter = backoff(attempt, r.cfg.RetryBase, r.cfg.RetryMax)
+	return f
+}
+
+// afterDeadLetter applies the poison policy to the rest of the aggregate in
+// this batch.
+func (r *Relay) afterDeadLetter(a *aggregate) {
+	if r.cfg.Poison == Hold {
+		a.blocked = true
+		return
+	}
+	a.next++
+}

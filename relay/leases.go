@@ -1,0 +1,143 @@
+package relay
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// leaseState is the set of partitions the relay leases, shared by the lease
+// keeper (which changes it) and the batch loop (which claims under it).
+type leaseState struct {
+	mu     sync.Mutex
+	owned  []outboxdriver.Lease
+	lastOK time.Time          // last successful upkeep
+	wake   context.CancelFunc // interrupts the loop's wait
+	// inFlight is held by the loop while a batch is claimed; the keeper
+	// takes it before releasing a lease, so a batch never loses its lease
+	// to a rebalance.
+	inFlight sync.Mutex
+}
+
+func (s *leaseState) snapshot() []outboxdriver.Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.owned)
+}
+
+func (s *leaseState) set(owned []outboxdriver.Lease, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.owned = owned
+	if ok {
+		s.lastOK = time.Now()
+	}
+}
+
+func (s *leaseState) ready(ttl time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.lastOK.IsZero() && time.Since(s.lastOK) < ttl
+}
+
+// drop forgets leases the relay learnt it lost.
+func (s *leaseState) drop(lost []outboxdriver.Lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.owned = slices.DeleteFunc(s.owned, func(l outboxdriver.Lease) bool { return slices.Contains(lost, l) })
+}
+
+// setWake registers the cancel func of the loop's current wait.
+func (s *leaseState) setWake(c context.CancelFunc) {
+	s.mu.Lock()
+	s.wake = c
+	s.mu.Unlock()
+}
+
+func (s *leaseState) wakeLoop() {
+	s.mu.Lock()
+	if s.wake != nil {
+		s.wake()
+	}
+	s.mu.Unlock()
+}
+
+// manageLeases keeps the relay registered and its fair share of partitions
+// leased, every third of the lease TTL, until ctx ends.
+func (r *Relay) manageLeases(ctx context.Context) {
+	every := r.cfg.LeaseTTL / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		r.upkeep(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// upkeep runs one round: heartbeat, renew, then release the partitions
+// above the fair share or acquire up to it. The fair share is the ceiling
+// of partitions / live relays, so a newcomer gets partitions as soon as the
+// others have shed theirs.
+func (r *Relay) upkeep(ctx context.Context) {
+	ttl := r.cfg.LeaseTTL
+	relays, partitions, err := r.src.Heartbeat(ctx, ttl)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("relay: lease upkeep failed; partitions are kept until their leases expire", "err", err)
+		}
+		return
+	}
+	owned := r.leases.snapshot()
+	kept, err := r.src.Renew(ctx, owned, ttl)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("relay: renewing leases failed", "err", err)
+		}
+		return
+	}
+	if lost := len(owned) - len(kept); lost > 0 {
+		r.log.Warn("relay: leases lost to another relay", "lost", lost)
+	}
+	share := (partitions + max(relays, 1) - 1) / max(relays, 1)
+	switch {
+	case len(kept) > share:
+		extra := kept[share:]
+		kept = kept[:share]
+		r.leases.set(kept, false) // stop claiming them first
+		r.leases.inFlight.Lock()
+		err := r.src.Release(ctx, extra, false)
+		r.leases.inFlight.Unlock()
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("relay: releasing leases failed; they expire by themselves", "err", err)
+		}
+		r.log.Info("relay: released partitions for other relays", "released", len(extra), "owned", len(kept), "relays", relays)
+	case len(kept) < share:
+		got, err := r.src.Acquire(ctx, share-len(kept), ttl)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("relay: acquiring leases failed", "err", err)
+			}
+			r.leases.set(kept, false)
+			return
+		}
+		if len(got) > 0 {
+			kept = append(kept, got...)
+			slices.SortFunc(kept, func(a, b outboxdriver.Lease) int { return a.Partition - b.Partition })
+			r.log.Info("relay: acquired partitions", "acquired", len(got), "owned", len(kept), "relays", relays)
+			r.leases.set(kept, true)
+			r.stage(StageAcquired, len(got))
+			r.leases.wakeLoop()
+			r.metrics.PartitionsOwned(len(kept))
+			return
+		}
+	}
+	r.leases.set(kept, true)
+	r.metrics.PartitionsOwned(len(kept))
+}
