@@ -53,7 +53,7 @@ const (
 	// DefaultMaxPending is the default bound on unacknowledged publishes.
 	DefaultMaxPending = 4096
 	// DefaultAckTimeout is the default time to wait for one PubAck.
-	DefaultAckTimeout = 30 * time.Second
+	DefaultAckTimeout = 5 * time.Second
 )
 
 // maxSubjectLen bounds the subject length. A NATS server closes the
@@ -83,7 +83,7 @@ type Config struct {
 	// window. Default 4096.
 	MaxPending int
 	// AckTimeout is how long Publish waits for the PubAck of one message
-	// before it reports a transient timeout error for it. Default 30s.
+	// before it reports a transient timeout error for it. Default 5s.
 	AckTimeout time.Duration
 	// Logger receives connection events and stream set-up messages.
 	// Default: discard.
@@ -190,6 +190,9 @@ func Dial(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
 	opts := []nats.Option{
 		nats.Name("outboxkit-natssink"),
 		nats.MaxReconnects(-1),
+		// Fail publishes at once while disconnected instead of buffering
+		// them: the outbox is the buffer.
+		nats.ReconnectBufSize(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("natssink: disconnected from NATS", "err", err)
@@ -335,11 +338,17 @@ func (s *Sink) Publish(ctx context.Context, msgs []sink.Message) []error {
 	var connClosed <-chan nats.Status
 	var nc *nats.Conn
 	if nc = s.js.Conn(); nc != nil {
-		ch := nc.StatusChanged(nats.CLOSED)
+		// A disconnect ends the wait too: acknowledgements sent before it
+		// are lost, and the relay republishes (JetStream drops the copies
+		// by Nats-Msg-Id).
+		ch := nc.StatusChanged(nats.DISCONNECTED, nats.CLOSED)
 		defer nc.RemoveStatusListener(ch)
 		connClosed = ch
 		if nc.IsClosed() {
 			return s.fail(msgs, errs, 0, nats.ErrConnectionClosed)
+		}
+		if nc.IsReconnecting() {
+			return s.fail(msgs, errs, 0, nats.ErrDisconnected)
 		}
 	}
 
@@ -437,8 +446,11 @@ func (w *waiter) wait(p pending) bool {
 		return true
 	case <-w.ctx.Done():
 		w.stop = w.ctx.Err()
-	case <-w.connClosed:
+	case st := <-w.connClosed:
 		w.stop = nats.ErrConnectionClosed
+		if st == nats.DISCONNECTED {
+			w.stop = nats.ErrDisconnected
+		}
 	}
 	if !w.poll(p) {
 		w.errs[p.i] = w.stopErr(p.i)
