@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -62,15 +63,15 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 				r.log.Warn("relay: cannot leave idle state", "err", err)
 			}
 		}
-		ok := r.process(pubCtx, b, recs)
+		outage := r.process(pubCtx, b, recs)
 		r.leases.inFlight.Unlock()
-		if ok {
+		if outage == nil {
 			failures = 0
 			continue
 		}
 		failures++
 		d := backoff(failures, breakerBase, breakerMax)
-		r.log.Warn("relay: every publish of the batch failed; backing off without spending attempts", "events", len(recs), "retry_in", d)
+		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "err", outage)
 		sleep(ctx, d)
 	}
 }
@@ -100,10 +101,13 @@ type aggregate struct {
 // of one aggregate go out in waves: wave k holds the k-th event of every
 // aggregate still flowing, and starts only once wave k-1 was answered, so
 // no event is published while an earlier event of its aggregate failed.
-// process returns false when nothing succeeded and every failure was
-// transient (the broker is down): the claim is then released untouched, so
-// no event spends an attempt.
-func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) bool {
+//
+// A failure that says the broker is unreachable (sink.Unavailable, or the
+// relay's own stop) spends no attempt: the event is left untouched and its
+// aggregate stops for this batch. So does every failure when nothing at all
+// succeeded. process then returns the outage so the relay backs off as a
+// whole; otherwise it returns nil.
+func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) (outage error) {
 	aggs := map[[2]string]*aggregate{}
 	order := make([]*aggregate, 0, len(recs))
 	for i := range recs {
@@ -150,9 +154,8 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		}
 		results := r.snk.Publish(ctx, msgs)
 		if len(results) != len(msgs) {
-			r.log.Error("relay: sink returned a wrong number of results; releasing the batch", "want", len(msgs), "got", len(results))
 			b.Release(ctx)
-			return false
+			return fmt.Errorf("relay: the sink returned %d results for %d messages", len(results), len(msgs))
 		}
 		now := time.Now()
 		for j, err := range results {
@@ -166,6 +169,11 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			}
 			perm := sink.IsPermanent(err)
 			r.metrics.PublishFailed(dests[j], perm)
+			if !perm && (sink.IsUnavailable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+				outage = err
+				a.blocked = true
+				continue
+			}
 			if perm {
 				permanent++
 			}
@@ -179,9 +187,12 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		}
 	}
 	if succeeded == 0 && permanent == 0 && len(out.Failed) > 0 {
-		r.log.Warn("relay: publish failed", "err", out.Failed[0].Err)
+		outage = out.Failed[0].Err // nothing got through: the broker, not the events
+		out.Failed = nil
+	}
+	if len(out.Published) == 0 && len(out.Failed) == 0 {
 		b.Release(ctx)
-		return false
+		return outage
 	}
 	r.stage(StagePublished, len(out.Published))
 	for _, f := range out.Failed {
@@ -201,7 +212,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		} else {
 			r.log.Error("relay: recording the outcome failed; acknowledged events will be republished", "events", len(out.Published), "err", err)
 		}
-		return true
+		return outage
 	}
 	r.stage(StageRecorded, len(recs))
 	for i, f := range out.Failed {
@@ -211,7 +222,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			r.metrics.Retried(failedDest[i])
 		}
 	}
-	return true
+	return outage
 }
 
 // failure turns a publish error into a retry or a dead letter.

@@ -90,3 +90,28 @@ func Results(n int, err error) []error {
 	}
 	return out
 }
+
+// unavailableError marks an error that says the broker could not be
+// reached, not that this message is at fault.
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string { return e.err.Error() }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+// Unavailable marks err as a broker outage (connection lost, no answer):
+// it says nothing about the message, so the relay retries it without
+// spending one of its attempts and backs off as a whole. Unavailable(nil)
+// is nil.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unavailableError{err: err}
+}
+
+// IsUnavailable reports whether err, or an error it wraps, was marked
+// Unavailable.
+func IsUnavailable(err error) bool {
+	var u *unavailableError
+	return errors.As(err, &u)
+}

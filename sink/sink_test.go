@@ -32,3 +32,17 @@ func TestMessageHeader(t *testing.T) {
 		t.Fatal("missing header reported present")
 	}
 }
+
+func TestUnavailable(t *testing.T) {
+	base := errors.New("connection refused")
+	if Unavailable(nil) != nil {
+		t.Fatal("Unavailable(nil) must be nil")
+	}
+	u := fmt.Errorf("publish: %w", Unavailable(base))
+	if !IsUnavailable(u) || !errors.Is(u, base) || IsPermanent(u) {
+		t.Fatal("wrapped unavailable error not recognised")
+	}
+	if IsUnavailable(base) {
+		t.Fatal("plain error reported unavailable")
+	}
+}

@@ -93,7 +93,13 @@ func (s *syncBuffer) String() string {
 
 func startRelay(t *testing.T, args ...string) *relayProc {
 	t.Helper()
+	return startRelayEnv(t, nil, args...)
+}
+
+func startRelayEnv(t *testing.T, env []string, args ...string) *relayProc {
+	t.Helper()
 	cmd := exec.Command(bin, append([]string{"relay"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout = io.Discard
 	cmd.Stderr = p.stderr

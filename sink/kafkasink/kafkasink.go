@@ -388,6 +388,13 @@ func classify(topic string, err error) error {
 		errors.Is(err, kerr.InvalidTopicException),
 		errors.Is(err, kerr.TopicAuthorizationFailed):
 		return sink.Permanent(err)
+	case errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrClientClosed):
+		// No broker answered in time: nothing is wrong with the record.
+		return sink.Unavailable(err)
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return sink.Unavailable(err)
 	}
 	return err
 }

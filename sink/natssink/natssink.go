@@ -535,6 +535,12 @@ func (s *Sink) classify(m *sink.Message, err error) error {
 			subj, subj, s.cfg.Subjects, s.cfg.Stream, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
+	case errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionClosed),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout):
+		// The server was not there to answer: nothing is wrong with the
+		// message.
+		return sink.Unavailable(fmt.Errorf("natssink: publish to subject %q: %w", subj, err))
 	default:
 		return fmt.Errorf("natssink: publish to subject %q: %w", subj, err)
 	}

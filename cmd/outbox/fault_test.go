@@ -1,0 +1,387 @@
+package main
+
+// The fault-injection suite: real `outbox relay` processes killed with
+// SIGKILL at named points, paused with SIGSTOP past their leases, cut off
+// from the broker, fed a poison event, and churned three at a time while
+// writers run. After each, a checker compares what the broker holds with
+// what committed. docs/faults.md maps every scenario to its test.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox/internal/faultproxy"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/workload"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// faultArgs are relay flags that make faults heal quickly.
+var faultArgs = []string{"--lease-ttl", "1s", "--poll-interval", "100ms", "--batch", "20", "--retry-base", "50ms", "--retry-max", "500ms"}
+
+// scenario is one table and stream with a raw tap on every publish.
+type scenario struct {
+	tb        outboxdriver.Table
+	flags     []string // --db, --schema, --table
+	sinkFlags []string
+	stream    jetstream.Stream
+	raw       *tap
+}
+
+func newScenario(t *testing.T) *scenario {
+	t.Helper()
+	tb, flags := migrated(t)
+	nc, js := testenv.JetStream(t)
+	st, prefix := testenv.Stream(t, js)
+	return &scenario{
+		tb: tb, flags: flags, stream: st,
+		sinkFlags: []string{"--sink", testenv.NATSURL(), "--nats-stream", prefix, "--nats-no-create-stream", "--route-replacement", prefix + ".${routedByValue}"},
+		raw:       newTap(t, nc, prefix+".>"),
+	}
+}
+
+func (s *scenario) args(extra ...string) []string {
+	return append(append(append(append([]string{}, s.flags...), s.sinkFlags...), faultArgs...), extra...)
+}
+
+// tap counts every message the broker received on the subjects, duplicates
+// included (JetStream keeps one copy per id; a core subscription sees all).
+type tap struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func newTap(t *testing.T, nc *nats.Conn, subject string) *tap {
+	t.Helper()
+	tp := &tap{counts: map[string]int{}}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		tp.mu.Lock()
+		tp.counts[m.Header.Get("id")]++
+		tp.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.SetPendingLimits(-1, -1)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	return tp
+}
+
+// duplicates returns how many extra copies the broker received.
+func (tp *tap) duplicates() int {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	n := 0
+	for _, c := range tp.counts {
+		n += c - 1
+	}
+	return n
+}
+
+// check asserts the invariants over the stream after the backlog drained:
+// no loss, no phantom, per-aggregate first deliveries in commit order,
+// identical copies; and that duplicates stay within bound.
+func (s *scenario) check(t *testing.T, res *workload.Result, maxDups int) {
+	t.Helper()
+	waitBacklogZero(t, s.tb, 90*time.Second)
+	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()), 30*time.Second)
+	if _, err := workload.Check(res, natsDeliveries(t, s.stream)); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.raw.duplicates(); d > maxDups {
+		t.Fatalf("the broker received %d duplicate copies, more than the %d these faults explain", d, maxDups)
+	} else {
+		t.Logf("%d events checked; the broker received %d duplicate copies (bound %d)", res.Committed(), d, maxDups)
+	}
+}
+
+func (p *relayProc) killedBySignal(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("relay ended with %v, want death by SIGKILL; stderr:\n%s", err, p.stderr.String())
+		}
+	case <-time.After(timeout):
+		t.Fatalf("relay did not reach its fault point within %s; stderr:\n%s", timeout, p.stderr.String())
+	}
+}
+
+func writeAsync(t *testing.T, tb outboxdriver.Table, cfg workload.Config) func() *workload.Result {
+	t.Helper()
+	pool := testenv.Pool(t)
+	var res *workload.Result
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res, err = workload.Run(context.Background(), pool, tb, cfg)
+	}()
+	return func() *workload.Result {
+		<-done
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+}
+
+// TestFaultKillAtNamedPoints kills a relay with SIGKILL right after it
+// claimed a batch, after the broker acknowledged one but before it was
+// recorded, and right after it acquired partitions; a fresh relay then
+// finishes the job.
+func TestFaultKillAtNamedPoints(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		point   string
+		minDups int // copies the fault must cause
+	}{
+		{"claimed:3", 0},
+		{"published:3", 1}, // acknowledged, not recorded: republished
+		{"acquired:1", 0},
+	} {
+		t.Run(strings.Split(c.point, ":")[0], func(t *testing.T) {
+			t.Parallel()
+			s := newScenario(t)
+			wait := writeAsync(t, s.tb, workload.Config{Aggregates: 40, Transactions: 600, Writers: 4, RollbackPct: 10})
+			p := startRelayEnv(t, []string{"OUTBOX_FAULT=" + c.point}, s.args()...)
+			p.killedBySignal(t, 60*time.Second)
+			startRelay(t, s.args()...)
+			res := wait()
+			s.check(t, res, 20) // one batch of 20 at most
+			if d := s.raw.duplicates(); d < c.minDups {
+				t.Fatalf("%d duplicate copies: the fault did not happen where it should", d)
+			}
+		})
+	}
+}
+
+// TestFaultPausedOwnerIsFenced pauses a relay with SIGSTOP far past its
+// lease while another relay and the writers go on; its partitions move,
+// and when it resumes nothing it does breaks an invariant.
+func TestFaultPausedOwnerIsFenced(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t)
+	wait := writeAsync(t, s.tb, workload.Config{Aggregates: 40, Transactions: 1500, Writers: 4, RollbackPct: 5})
+	a := startRelay(t, s.args()...)
+	testenv.WaitStreamMsgs(t, s.stream, 50, 60*time.Second)
+	b := startRelay(t, s.args()...)
+	_ = b
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// Within about two TTLs, the live relay owns every partition.
+	pool := testenv.Pool(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := outboxpgx.Status(context.Background(), pool, s.tb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owners := map[string]bool{}
+		for _, p := range st.Partitions {
+			owners[p.Owner] = true
+		}
+		if len(owners) == 1 && !owners[""] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions still split %v 10s after the owner was paused", owners)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second) // the paused relay stays stale while work goes on
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	res := wait()
+	s.check(t, res, 60)
+}
+
+// TestFaultBrokerUnreachable cuts the relay from NATS (a TCP proxy drops
+// every connection) for a while: nothing is lost, no attempt is spent, and
+// the relay recovers by itself.
+func TestFaultBrokerUnreachable(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t)
+	proxy, err := faultproxy.Start(strings.TrimPrefix(testenv.NATSURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	args := s.args()
+	for i, a := range args {
+		if a == testenv.NATSURL() {
+			args[i] = "nats://" + proxy.Addr()
+		}
+	}
+	startRelay(t, args...)
+	wait := writeAsync(t, s.tb, workload.Config{Aggregates: 30, Transactions: 800, Writers: 4})
+	testenv.WaitStreamMsgs(t, s.stream, 50, 60*time.Second)
+	proxy.Cut()
+	time.Sleep(3 * time.Second) // the outage
+	pool := testenv.Pool(t)
+	var attempts int
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM `+s.tb.Qualified("")).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 {
+		t.Fatalf("the outage spent attempts: max attempts %d", attempts)
+	}
+	proxy.Restore()
+	res := wait()
+	s.check(t, res, 100)
+	if st, _ := outboxpgx.Status(context.Background(), pool, s.tb); st.DeadLetters != 0 {
+		t.Fatalf("%d events dead-lettered by a broker outage", st.DeadLetters)
+	}
+}
+
+// TestFaultPoisonEvent sends an event the broker refuses (too large): it is
+// dead-lettered with its cause, every other aggregate is delivered in full,
+// and its aggregate's later events wait (hold) until an operator discards
+// it, then flow in order.
+func TestFaultPoisonEvent(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t)
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	insert := func(agg string, v int, payload string) string {
+		var id string
+		err := pool.QueryRow(ctx, `INSERT INTO `+s.tb.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)
+			VALUES (gen_random_uuid(), 'order', $1, 'Changed', $2::jsonb) RETURNING id::text`, agg, payload).Scan(&id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	body := func(agg string, v int) string { return fmt.Sprintf(`{"agg":%q,"v":%d}`, agg, v) }
+	insert("poison", 1, body("poison", 1))
+	poisonID := insert("poison", 2, fmt.Sprintf(`{"agg":"poison","v":2,"pad":%q}`, strings.Repeat("x", 2<<20)))
+	insert("poison", 3, body("poison", 3))
+	insert("poison", 4, body("poison", 4))
+	startRelay(t, s.args()...)
+	res, err := workload.Run(ctx, pool, s.tb, workload.Config{Aggregates: 50, Transactions: 500, Writers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()+1), 60*time.Second)
+	// The dead letter is listed with its cause.
+	deadline := time.Now().Add(30 * time.Second)
+	var dls []outboxpgx.DeadLetter
+	for len(dls) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the poison event never reached the dead-letter table")
+		}
+		out, stderr, code := run(t, nil, append([]string{"dlq", "list", "--json"}, s.flags...)...)
+		if code != 0 {
+			t.Fatal(stderr)
+		}
+		if err := json.Unmarshal([]byte(out), &dls); err != nil {
+			t.Fatalf("dlq list --json printed %q: %v", out, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if dls[0].ID != poisonID || !dls[0].Held || !strings.Contains(dls[0].LastError, "max_payload") {
+		t.Fatalf("dead letter %+v", dls[0])
+	}
+	// Everything else arrived; poison v3 and v4 are held back.
+	msgs := testenv.StreamMessages(t, s.stream)
+	var poison []int
+	for _, m := range msgs {
+		var p workload.Payload
+		json.Unmarshal(m.Data, &p)
+		if p.Agg == "poison" {
+			poison = append(poison, p.V)
+		}
+	}
+	if fmt.Sprint(poison) != "[1]" {
+		t.Fatalf("poison aggregate delivered %v before an operator acted; want only [1]", poison)
+	}
+	if _, err := workload.Check(res, withoutAggregate(natsDeliveries(t, s.stream), "poison")); err != nil {
+		t.Fatal(err)
+	}
+	// retry puts it back (it fails again: still too large), discard frees
+	// the aggregate; both are audited.
+	if _, stderr, code := run(t, nil, append([]string{"dlq", "retry", poisonID, "--actor", "alice"}, s.flags...)...); code != 0 {
+		t.Fatal(stderr)
+	}
+	first := dls[0].DeadLetteredAt
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		dls, _ = outboxpgx.DeadLetters(ctx, pool, s.tb, 10)
+		// A retried event starts with fresh attempts; a permanent refusal
+		// dead-letters it again at its first.
+		if len(dls) == 1 && dls[0].DeadLetteredAt.After(first) && dls[0].Attempts == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retried poison event not dead-lettered again: %+v", dls)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, stderr, code := run(t, nil, append([]string{"dlq", "discard", poisonID, "--actor", "bob"}, s.flags...)...); code != 0 {
+		t.Fatal(stderr)
+	}
+	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()+3), 30*time.Second)
+	poison = nil
+	for _, m := range testenv.StreamMessages(t, s.stream) {
+		var p workload.Payload
+		json.Unmarshal(m.Data, &p)
+		if p.Agg == "poison" {
+			poison = append(poison, p.V)
+		}
+	}
+	if fmt.Sprint(poison) != "[1 3 4]" {
+		t.Fatalf("poison aggregate delivered %v after discard, want [1 3 4]", poison)
+	}
+	audit, err := outboxpgx.Audit(ctx, pool, s.tb, 10)
+	if err != nil || len(audit) != 2 || audit[0].Actor != "bob" || audit[0].Action != "discard" || audit[1].Actor != "alice" || audit[1].Action != "retry" {
+		t.Fatalf("audit = %+v, %v", audit, err)
+	}
+}
+
+func withoutAggregate(ds []workload.Delivery, agg string) []workload.Delivery {
+	var out []workload.Delivery
+	for _, d := range ds {
+		if d.Key != agg {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// TestFaultThreeRelaysChurn runs three relays on one table while writers
+// commit, SIGKILLing one and starting a new one every second or so.
+func TestFaultThreeRelaysChurn(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t)
+	wait := writeAsync(t, s.tb, workload.Config{Aggregates: 200, Transactions: 3000, Writers: 6, RollbackPct: 10, LatePct: 2, LateDelay: 100 * time.Millisecond})
+	relays := []*relayProc{startRelay(t, s.args()...), startRelay(t, s.args()...), startRelay(t, s.args()...)}
+	kills := 0
+	for i := range 6 {
+		time.Sleep(time.Duration(800+rand.IntN(700)) * time.Millisecond)
+		k := i % len(relays)
+		relays[k].kill()
+		kills++
+		relays[k] = startRelay(t, s.args()...)
+	}
+	res := wait()
+	s.check(t, res, kills*20*3)
+}
