@@ -127,6 +127,10 @@ type Source interface {
 	// Release gives leases up at once. With all set, it also removes the
 	// relay's registration (a clean stop).
 	Release(ctx context.Context, leases []Lease, all bool) error
+	// Cleanup deletes, in the leased partitions, at most limit rows that
+	// were published (and kept) longer than olderThan ago, and returns how
+	// many it deleted.
+	Cleanup(ctx context.Context, leases []Lease, olderThan time.Duration, limit int) (int, error)
 	// Wait blocks until new events may be available (a wake-up), d has
 	// passed, or ctx is done. A spurious return is allowed.
 	Wait(ctx context.Context, d time.Duration) error

@@ -689,3 +689,39 @@ func TestPartitionIsComputedByTheDatabase(t *testing.T) {
 		t.Fatalf("rows: %v", parts)
 	}
 }
+
+func TestCleanupDeletesKeptRowsInBatches(t *testing.T) {
+	t.Parallel()
+	pool, tb := setup(t)
+	ob := newOutbox(t, tb)
+	ctx := context.Background()
+	for i := range 7 {
+		write(t, pool, ob, true, ev(fmt.Sprint(i), i))
+	}
+	src := newSource(t, pool, tb, outboxpgx.RetentionKeep)
+	leases := leaseAll(t, src)
+	b, err := src.Claim(ctx, leases, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range b.Records() {
+		ids = append(ids, r.ID)
+	}
+	if err := b.Finish(ctx, outboxdriver.Outcome{Published: ids}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := src.Cleanup(ctx, leases, time.Hour, 100); err != nil || n != 0 {
+		t.Fatalf("cleanup of rows younger than the window deleted %d (%v)", n, err)
+	}
+	for _, want := range []int{3, 2, 0} {
+		n, err := src.Cleanup(ctx, leases, 0, 3)
+		if err != nil || n != want {
+			t.Fatalf("cleanup deleted %d (%v), want %d", n, err, want)
+		}
+	}
+	st, _ := outboxpgx.Status(ctx, pool, tb)
+	if st.Published != 0 || st.Backlog != 2 {
+		t.Fatalf("after cleanup: %d published kept, backlog %d; want 0 and 2 (unpublished rows stay)", st.Published, st.Backlog)
+	}
+}

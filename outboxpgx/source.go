@@ -66,7 +66,7 @@ var _ outboxdriver.Source = (*Source)(nil)
 
 type queries struct {
 	claim, markPublished, unhold, retry, holdRetry, deadLetter, holdDead, idle, busy string
-	heartbeat, relays, acquire, renew, release, unregister, fence                    string
+	heartbeat, relays, acquire, renew, release, unregister, fence, cleanup           string
 }
 
 func newQueries(t outboxdriver.Table, r Retention) queries {
@@ -142,6 +142,11 @@ FROM unnest($2::integer[], $3::bigint[]) AS m(partition, epoch)
 WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
 		unregister: `DELETE FROM ` + n.Relays + ` WHERE relay = $1`,
 		fence:      `SELECT ` + t.Qualified("_fence") + `($1, $2::integer[], $3::bigint[])`,
+		cleanup: `DELETE FROM ` + n.Table + ` WHERE id = ANY (ARRAY(
+    SELECT id FROM ` + n.Table + `
+    WHERE published_at < clock_timestamp() - $2 * interval '1 millisecond' AND partition = ANY($1::integer[])
+    ORDER BY published_at
+    LIMIT $3))`,
 	}
 	if r == RetentionKeep {
 		q.markPublished = `UPDATE ` + n.Table + ` SET published_at = clock_timestamp(), last_error = NULL, next_attempt_at = NULL WHERE id = ANY($1::uuid[])`
@@ -559,4 +564,19 @@ func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all b
 		return fmt.Errorf("outboxpgx: release leases: %w", err)
 	}
 	return nil
+}
+
+// Cleanup deletes up to limit published rows of the leased partitions that
+// are older than olderThan, oldest first, in one short statement. Call it
+// repeatedly: one giant DELETE would hold locks and bloat the table at once.
+func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
+	if len(leases) == 0 || limit <= 0 {
+		return 0, nil
+	}
+	parts, _ := leaseArrays(leases)
+	tag, err := s.pool.Exec(ctx, s.q.cleanup, parts, olderThan.Milliseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("outboxpgx: clean up published rows: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
 }

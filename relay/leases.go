@@ -140,4 +140,27 @@ func (r *Relay) upkeep(ctx context.Context) {
 	}
 	r.leases.set(kept, true)
 	r.metrics.PartitionsOwned(len(kept))
+	r.cleanup(ctx, kept)
+}
+
+// maxCleanupRounds bounds one upkeep's cleanup; the rest waits for the next.
+const maxCleanupRounds = 10
+
+// cleanup deletes kept published rows past CleanupAfter, batch by batch.
+func (r *Relay) cleanup(ctx context.Context, leases []outboxdriver.Lease) {
+	if r.cfg.CleanupAfter <= 0 {
+		return
+	}
+	for range maxCleanupRounds {
+		n, err := r.src.Cleanup(ctx, leases, r.cfg.CleanupAfter, r.cfg.CleanupBatch)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("relay: cleanup of published rows failed", "err", err)
+			}
+			return
+		}
+		if n < r.cfg.CleanupBatch {
+			return
+		}
+	}
 }

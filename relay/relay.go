@@ -85,6 +85,13 @@ type Config struct {
 	// Poison says what happens to an aggregate's later events once one of
 	// its events was dead-lettered. Defaults to Hold.
 	Poison Policy
+	// CleanupAfter, when positive, deletes published rows kept by the
+	// source (retention "keep") once they are older than this, in batches
+	// of CleanupBatch, at every lease upkeep. Zero never deletes them.
+	CleanupAfter time.Duration
+	// CleanupBatch is the most rows one cleanup statement deletes.
+	// Defaults to 1000.
+	CleanupBatch int
 	// FinishTimeout bounds recording a batch's outcome once the broker has
 	// answered, also while stopping. Defaults to 10s.
 	FinishTimeout time.Duration
@@ -194,6 +201,9 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 20
 	}
+	if c.CleanupBatch == 0 {
+		c.CleanupBatch = 1000
+	}
 	switch {
 	case c.BatchSize < 0 || c.BatchSize > 100_000:
 		return nil, fmt.Errorf("relay: batch size %d must be between 1 and 100000", c.BatchSize)
@@ -203,6 +213,8 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: lease TTL %s must be at least 300ms", c.LeaseTTL)
 	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
 		return nil, fmt.Errorf("relay: retry backoff base %s and max %s must satisfy 0 < base <= max", c.RetryBase, c.RetryMax)
+	case c.CleanupAfter < 0 || c.CleanupBatch < 1:
+		return nil, fmt.Errorf("relay: cleanup after %s in batches of %d: use a duration >= 0 and a batch >= 1", c.CleanupAfter, c.CleanupBatch)
 	case c.MaxAttempts < 1:
 		return nil, fmt.Errorf("relay: max attempts %d must be at least 1", c.MaxAttempts)
 	case c.Poison != Hold && c.Poison != Continue:

@@ -60,6 +60,9 @@ stdout: (one JSON line per event).`,
 			if err != nil {
 				return err
 			}
+			if ret == outboxpgx.RetentionDelete {
+				rcfg.CleanupAfter = 0 // nothing is kept
+			}
 			router, err := route.New(&rc)
 			if err != nil {
 				return fmt.Errorf("routing: %w", err)
@@ -136,7 +139,8 @@ stdout: (one JSON line per event).`,
 	cmd.Flags().DurationVar(&poll, "poll-interval", 500*time.Millisecond, "longest wait for a wake-up before looking again")
 	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")
-	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at)")
+	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at; see --keep-for)")
+	cmd.Flags().DurationVar(&rcfg.CleanupAfter, "keep-for", 24*time.Hour, "with --retention keep: delete published rows older than this, in batches (0 keeps them forever)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().DurationVar(&rcfg.LeaseTTL, "lease-ttl", 10*time.Second, "partition lease lifetime; a dead relay's partitions move within about two TTLs")
 	cmd.Flags().IntVar(&rcfg.MaxAttempts, "max-attempts", 20, "attempts before an event is dead-lettered")
