@@ -67,6 +67,14 @@ func New(reg prometheus.Registerer, status StatusFunc) (*Metrics, error) {
 			return nil, err
 		}
 	}
+	// Every family is exported from the start, so dashboards and alerts
+	// see zeros rather than missing series. The empty destination is the
+	// same as no label in Prometheus.
+	m.published.WithLabelValues("")
+	m.publishErrors.WithLabelValues("", "transient")
+	m.publishErrors.WithLabelValues("", "permanent")
+	m.deadLettered.WithLabelValues("")
+	m.retries.WithLabelValues("")
 	return m, nil
 }
 

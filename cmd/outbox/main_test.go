@@ -290,10 +290,15 @@ func TestEndToEndNATS(t *testing.T) {
 		t.Fatalf("status --json = %s", out)
 	}
 	metrics := get(t, "http://"+addr+"/metrics")
-	for _, name := range []string{"outbox_published_total", "outbox_backlog_events 0", "outbox_oldest_unpublished_age_seconds", "outbox_commit_to_publish_seconds_bucket", "outbox_dead_letter_events 0"} {
+	for _, name := range []string{"outbox_published_total", "outbox_backlog_events 0", "outbox_oldest_unpublished_age_seconds",
+		"outbox_commit_to_publish_seconds_bucket", "outbox_dead_letter_events 0", "outbox_publish_errors_total",
+		"outbox_retries_total", "outbox_partitions_owned 64"} {
 		if !strings.Contains(metrics, name) {
 			t.Errorf("/metrics lacks %q", name)
 		}
+	}
+	if body := get(t, "http://"+addr+"/readyz"); !strings.Contains(body, "ready") {
+		t.Errorf("/readyz = %q", body)
 	}
 	t.Logf("%d committed, %d rolled back, all delivered in order", res.Committed(), res.RolledBack)
 }
