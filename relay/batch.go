@@ -108,6 +108,11 @@ type aggregate struct {
 // succeeded. process then returns the outage so the relay backs off as a
 // whole; otherwise it returns nil.
 func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) (outage error) {
+	// The claim's transaction sits idle while the batch is published, and
+	// the server ends it after one lease TTL: publishing must finish well
+	// before. Messages without an answer by then count as an outage.
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
+	defer cancel()
 	aggs := map[[2]string]*aggregate{}
 	order := make([]*aggregate, 0, len(recs))
 	for i := range recs {
@@ -152,7 +157,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		if len(msgs) == 0 {
 			break
 		}
-		results := r.snk.Publish(ctx, msgs)
+		results := r.snk.Publish(pctx, msgs)
 		if len(results) != len(msgs) {
 			b.Release(ctx)
 			return fmt.Errorf("relay: the sink returned %d results for %d messages", len(results), len(msgs))
