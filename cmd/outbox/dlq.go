@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,8 +11,10 @@ import (
 	"text/tabwriter"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
@@ -33,30 +36,26 @@ func newDLQList() *cobra.Command {
 		Short: "List dead letters, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			t, pool, err := f.open(ctx, 2)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			dls, err := outboxpgx.DeadLetters(ctx, pool, t, limit)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				if dls == nil {
-					dls = []outboxpgx.DeadLetter{}
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
+				dls, err := outboxpgx.DeadLetters(ctx, pool, t, limit)
+				if err != nil {
+					return err
 				}
-				return json.NewEncoder(out).Encode(dls)
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tAGGREGATE\tTYPE\tATTEMPTS\tHOLDS AGGREGATE\tDEAD-LETTERED\tLAST ERROR")
-			for _, d := range dls {
-				fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%v\t%s\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.Type, d.Attempts, d.Held,
-					d.DeadLetteredAt.UTC().Format("2006-01-02 15:04:05Z"), oneLineText(d.LastError, 120))
-			}
-			return tw.Flush()
+				out := cmd.OutOrStdout()
+				if asJSON {
+					if dls == nil {
+						dls = []outboxpgx.DeadLetter{}
+					}
+					return json.NewEncoder(out).Encode(dls)
+				}
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tAGGREGATE\tTYPE\tATTEMPTS\tHOLDS AGGREGATE\tDEAD-LETTERED\tLAST ERROR")
+				for _, d := range dls {
+					fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%v\t%s\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.Type, d.Attempts, d.Held,
+						d.DeadLetteredAt.UTC().Format("2006-01-02 15:04:05Z"), oneLineText(d.LastError, 120))
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	f.register(cmd)
@@ -91,26 +90,22 @@ func newDLQAct(action string) *cobra.Command {
 			if actor == "" {
 				actor = defaultActor()
 			}
-			ctx := cmd.Context()
-			t, pool, err := f.open(ctx, 2)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			do := outboxpgx.RetryDeadLetters
-			if action == "discard" {
-				do = outboxpgx.DiscardDeadLetters
-			}
-			done, err := do(ctx, pool, t, ids, actor)
-			if err != nil {
-				return err
-			}
-			verb := map[string]string{"retry": "moved back into the outbox", "discard": "discarded"}[action]
-			fmt.Fprintf(cmd.OutOrStdout(), "%d dead letter(s) %s\n", len(done), verb)
-			if missing := len(ids) - len(done); len(ids) > 0 && missing > 0 {
-				return errors.New(notFound(ids, done))
-			}
-			return nil
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
+				do := outboxpgx.RetryDeadLetters
+				if action == "discard" {
+					do = outboxpgx.DiscardDeadLetters
+				}
+				done, err := do(ctx, pool, t, ids, actor)
+				if err != nil {
+					return err
+				}
+				verb := map[string]string{"retry": "moved back into the outbox", "discard": "discarded"}[action]
+				fmt.Fprintf(cmd.OutOrStdout(), "%d dead letter(s) %s\n", len(done), verb)
+				if missing := len(ids) - len(done); len(ids) > 0 && missing > 0 {
+					return errors.New(notFound(ids, done))
+				}
+				return nil
+			})
 		},
 	}
 	f.register(cmd)
@@ -127,23 +122,19 @@ func newDLQAudit() *cobra.Command {
 		Short: "Show the newest operator actions on dead letters as JSON lines",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			t, pool, err := f.open(ctx, 2)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			entries, err := outboxpgx.Audit(ctx, pool, t, limit)
-			if err != nil {
-				return err
-			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			for _, e := range entries {
-				if err := enc.Encode(e); err != nil {
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
+				entries, err := outboxpgx.Audit(ctx, pool, t, limit)
+				if err != nil {
 					return err
 				}
-			}
-			return nil
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				for _, e := range entries {
+					if err := enc.Encode(e); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
 		},
 	}
 	f.register(cmd)

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/internal/pgschema"
@@ -22,34 +24,30 @@ versioned; a second run changes nothing. --down N reverts to version N
 (--down 0 drops the outbox tables and their data).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			t, pool, err := f.open(ctx, 2)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			out := cmd.OutOrStdout()
-			if cmd.Flags().Changed("down") {
-				if down < 0 || down > pgschema.Latest() {
-					return fmt.Errorf("--down %d: use a version between 0 and %d", down, pgschema.Latest())
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
+				out := cmd.OutOrStdout()
+				if cmd.Flags().Changed("down") {
+					if down < 0 || down > pgschema.Latest() {
+						return fmt.Errorf("--down %d: use a version between 0 and %d", down, pgschema.Latest())
+					}
+					vs, err := outboxpgx.MigrateDown(ctx, pool, t, down)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(out, "%s: reverted %d migration(s) %v, now at version %d\n", t, len(vs), vs, down)
+					return nil
 				}
-				vs, err := outboxpgx.MigrateDown(ctx, pool, t, down)
+				vs, err := outboxpgx.Migrate(ctx, pool, t, &opts)
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(out, "%s: reverted %d migration(s) %v, now at version %d\n", t, len(vs), vs, down)
+				if len(vs) == 0 {
+					fmt.Fprintf(out, "%s: already at version %d, nothing to do\n", t, pgschema.Latest())
+				} else {
+					fmt.Fprintf(out, "%s: applied migration(s) %v, now at version %d\n", t, vs, pgschema.Latest())
+				}
 				return nil
-			}
-			vs, err := outboxpgx.Migrate(ctx, pool, t, &opts)
-			if err != nil {
-				return err
-			}
-			if len(vs) == 0 {
-				fmt.Fprintf(out, "%s: already at version %d, nothing to do\n", t, pgschema.Latest())
-			} else {
-				fmt.Fprintf(out, "%s: applied migration(s) %v, now at version %d\n", t, vs, pgschema.Latest())
-			}
-			return nil
+			})
 		},
 	}
 	f.register(cmd)

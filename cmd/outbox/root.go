@@ -46,14 +46,20 @@ func (f *dbFlags) tableName() (outboxdriver.Table, error) {
 	return t, nil
 }
 
-// open validates the table flags and connects.
-func (f *dbFlags) open(ctx context.Context, maxConns int32) (outboxdriver.Table, *pgxpool.Pool, error) {
+// withDB validates the table flags, connects, and runs fn with the table
+// and a small pool that is closed afterwards.
+func (f *dbFlags) withDB(cmd *cobra.Command, fn func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error) error {
 	t, err := f.tableName()
 	if err != nil {
-		return t, nil, err
+		return err
 	}
-	pool, err := f.connect(ctx, maxConns)
-	return t, pool, err
+	ctx := cmd.Context()
+	pool, err := f.connect(ctx, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return fn(ctx, t, pool)
 }
 
 // connect opens a pool on --db (or OUTBOX_DB) and checks it answers.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -44,39 +46,35 @@ func newStatus() *cobra.Command {
 		Short: "Show the backlog, the age of the oldest unpublished event and the dead letters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			t, pool, err := f.open(ctx, 2)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			st, err := outboxpgx.Status(ctx, pool, t)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				js := statusJSON{
-					Schema: t.Schema, Table: t.Name, Backlog: st.Backlog,
-					OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
-					DeadLetters:                 st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
-					SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
-					Partitions: []partitionJSON{},
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
+				st, err := outboxpgx.Status(ctx, pool, t)
+				if err != nil {
+					return err
 				}
-				for _, p := range st.Partitions {
-					js.Partitions = append(js.Partitions, partitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
+				out := cmd.OutOrStdout()
+				if asJSON {
+					js := statusJSON{
+						Schema: t.Schema, Table: t.Name, Backlog: st.Backlog,
+						OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
+						DeadLetters:                 st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
+						SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
+						Partitions: []partitionJSON{},
+					}
+					for _, p := range st.Partitions {
+						js.Partitions = append(js.Partitions, partitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
+					}
+					return json.NewEncoder(out).Encode(js)
 				}
-				return json.NewEncoder(out).Encode(js)
-			}
-			fmt.Fprintf(out, "table                     %s\n", t)
-			fmt.Fprintf(out, "backlog                   %d\n", st.Backlog)
-			fmt.Fprintf(out, "oldest unpublished age    %s\n", st.OldestUnpublishedAge.Round(1e6))
-			fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
-			fmt.Fprintf(out, "published, kept           %d\n", st.Published)
-			fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
-			fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
-			printPartitions(out, st.Partitions)
-			return nil
+				fmt.Fprintf(out, "table                     %s\n", t)
+				fmt.Fprintf(out, "backlog                   %d\n", st.Backlog)
+				fmt.Fprintf(out, "oldest unpublished age    %s\n", st.OldestUnpublishedAge.Round(1e6))
+				fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
+				fmt.Fprintf(out, "published, kept           %d\n", st.Published)
+				fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
+				fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+				printPartitions(out, st.Partitions)
+				return nil
+			})
 		},
 	}
 	f.register(cmd)
