@@ -536,7 +536,8 @@ func (s *Sink) classify(m *sink.Message, err error) error {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	case errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrConnectionClosed),
-		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrReconnectBufExceeded),
+		errors.Is(err, nats.ErrTimeout),
 		errors.Is(err, jetstream.ErrAsyncPublishTimeout):
 		// The server was not there to answer: nothing is wrong with the
 		// message.
