@@ -248,12 +248,3 @@ func Down(ctx context.Context, tx Tx, t outboxdriver.Table, target int) ([]int, 
 	}
 	return ran, nil
 }
-
-// Version returns the highest applied version of t, 0 when none.
-func Version(ctx context.Context, tx Tx, t outboxdriver.Table) (int, error) {
-	vs, err := tx.Versions(ctx, `SELECT coalesce(max(version), 0) FROM `+NamesOf(t).Migrations)
-	if err != nil {
-		return 0, err
-	}
-	return vs[0], nil
-}
