@@ -327,7 +327,8 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	}
 	q := &b.src.q
 	var pb pgx.Batch
-	pb.Queue(q.fence, b.src.cfg.RelayName, b.fencedPartitions(), b.fencedEpochs())
+	parts, epochs := leaseArrays(b.fenced())
+	pb.Queue(q.fence, b.src.cfg.RelayName, parts, epochs)
 	if len(out.Published) > 0 {
 		pb.Queue(q.markPublished, out.Published)
 		pb.Queue(q.unhold, out.Published)
@@ -379,18 +380,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	return nil
 }
 
-// fencedPartitions and fencedEpochs list the leases of the partitions the
-// batch holds records of.
-func (b *batch) fencedPartitions() []int32 {
-	p, _ := leaseArrays(b.fenced())
-	return p
-}
-
-func (b *batch) fencedEpochs() []int64 {
-	_, e := leaseArrays(b.fenced())
-	return e
-}
-
+// fenced lists the leases of the partitions the batch holds records of.
 func (b *batch) fenced() []outboxdriver.Lease {
 	in := map[int]bool{}
 	for _, r := range b.records {
