@@ -302,16 +302,7 @@ func TestFaultPoisonEvent(t *testing.T) {
 		t.Fatalf("dead letter %+v", dls[0])
 	}
 	// Everything else arrived; poison v3 and v4 are held back.
-	msgs := testenv.StreamMessages(t, s.stream)
-	var poison []int
-	for _, m := range msgs {
-		var p workload.Payload
-		json.Unmarshal(m.Data, &p)
-		if p.Agg == "poison" {
-			poison = append(poison, p.V)
-		}
-	}
-	if fmt.Sprint(poison) != "[1]" {
+	if poison := versionsOf(t, s.stream, "poison"); fmt.Sprint(poison) != "[1]" {
 		t.Fatalf("poison aggregate delivered %v before an operator acted; want only [1]", poison)
 	}
 	if _, err := workload.Check(res, withoutAggregate(natsDeliveries(t, s.stream), "poison")); err != nil {
@@ -340,21 +331,29 @@ func TestFaultPoisonEvent(t *testing.T) {
 		t.Fatal(stderr)
 	}
 	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()+3), 30*time.Second)
-	poison = nil
-	for _, m := range testenv.StreamMessages(t, s.stream) {
-		var p workload.Payload
-		json.Unmarshal(m.Data, &p)
-		if p.Agg == "poison" {
-			poison = append(poison, p.V)
-		}
-	}
-	if fmt.Sprint(poison) != "[1 3 4]" {
+	if poison := versionsOf(t, s.stream, "poison"); fmt.Sprint(poison) != "[1 3 4]" {
 		t.Fatalf("poison aggregate delivered %v after discard, want [1 3 4]", poison)
 	}
 	audit, err := outboxpgx.Audit(ctx, pool, s.tb, 10)
 	if err != nil || len(audit) != 2 || audit[0].Actor != "bob" || audit[0].Action != "discard" || audit[1].Actor != "alice" || audit[1].Action != "retry" {
 		t.Fatalf("audit = %+v, %v", audit, err)
 	}
+}
+
+// versionsOf lists, in stream order, the versions of agg's events.
+func versionsOf(t *testing.T, st jetstream.Stream, agg string) []int {
+	t.Helper()
+	var vs []int
+	for _, m := range testenv.StreamMessages(t, st) {
+		var p workload.Payload
+		if err := json.Unmarshal(m.Data, &p); err != nil {
+			t.Fatalf("message %s: %v", m.Header.Get("id"), err)
+		}
+		if p.Agg == agg {
+			vs = append(vs, p.V)
+		}
+	}
+	return vs
 }
 
 func withoutAggregate(ds []workload.Delivery, agg string) []workload.Delivery {
@@ -384,4 +383,51 @@ func TestFaultThreeRelaysChurn(t *testing.T) {
 	}
 	res := wait()
 	s.check(t, res, kills*20*3)
+}
+
+// TestFaultFailOverWithinTwoTTLs SIGKILLs one of two relays and measures
+// how long its partitions stay without a live owner: about two lease TTLs
+// at most (one for the lease to expire, a third for the survivor's next
+// upkeep), plus slack for a loaded CI machine.
+func TestFaultFailOverWithinTwoTTLs(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t)
+	const ttl = 2 * time.Second
+	args := s.args("--lease-ttl", ttl.String())
+	a := startRelay(t, args...)
+	startRelay(t, args...)
+	pool := testenv.Pool(t)
+	owners := func() map[string]int {
+		st, err := outboxpgx.Status(context.Background(), pool, s.tb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int{}
+		for _, p := range st.Partitions {
+			m[p.Owner]++
+		}
+		return m
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for m := owners(); len(m) != 2 || m[""] > 0; m = owners() {
+		if time.Now().After(deadline) {
+			t.Fatalf("two relays never shared the partitions: %v", m)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	a.kill()
+	killed := time.Now()
+	for m := owners(); len(m) != 1 || m[""] > 0; m = owners() {
+		if time.Since(killed) > 2*ttl+2*time.Second {
+			t.Fatalf("%s after the SIGKILL the partitions are still %v; want one live owner within about two TTLs (%s)", time.Since(killed).Round(time.Millisecond), m, 2*ttl)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("partitions moved %s after the SIGKILL (lease TTL %s)", time.Since(killed).Round(time.Millisecond), ttl)
+	// And they work: an event in any partition is delivered.
+	res, err := workload.Run(context.Background(), pool, s.tb, workload.Config{Aggregates: 64, Transactions: 200, Writers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.check(t, res, 0)
 }
