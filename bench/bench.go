@@ -1,7 +1,8 @@
 // Package bench measures the outbox against a real PostgreSQL: what it costs
-// the business transactions that write events, and (in later scenarios) how
-// fast a relay drains a backlog and how long an event takes to reach the
-// broker.
+// the business transactions that write events (the write scenario), how fast
+// a relay's SQL path drains a backlog under each retention mode and what
+// that leaves behind (the retention scenario), and (in later scenarios) how
+// long an event takes to reach the broker.
 //
 // A scenario is a function from a Config to Results, listed by Scenarios and
 // found by name with Lookup; the `outbox bench` command runs them. Every
@@ -61,8 +62,16 @@ type Config struct {
 	// round running all cells, in alternating order. Slow drift of the
 	// machine (storage that is fast for a few seconds, then slow) then
 	// touches every cell alike instead of favouring whichever ran in a
-	// fast phase. Defaults to 10.
+	// fast phase. Defaults to 10. The retention scenario drains each mode
+	// once a round, in alternating order, and defaults to
+	// DefaultRetentionRounds.
 	Rounds int
+	// Events is the backlog the retention scenario fills and drains for
+	// each mode in each round. Defaults to DefaultEvents.
+	Events int
+	// Batch is the relay's claim limit in the retention scenario. Defaults
+	// to DefaultBatch.
+	Batch int
 	// Progress receives one line per measured cell and round while the
 	// scenario runs. Nil means quiet.
 	Progress io.Writer
@@ -136,6 +145,7 @@ type Scenario struct {
 
 var scenarios = []Scenario{
 	{Name: "write", Summary: "business transactions/s and latency with and without outbox events, NOTIFY and the notify trigger", Run: WritePath},
+	{Name: "retention", Summary: "relay drain events/s (SQL only, no broker) with delete vs keep retention, table size and dead tuples left, cost of cleaning kept rows", Run: RetentionModes},
 }
 
 // Scenarios lists the available scenarios.

@@ -19,6 +19,9 @@ func TestLookup(t *testing.T) {
 	if err != nil || s.Name != "write" || s.Run == nil {
 		t.Fatalf("Lookup(write) = %+v, %v", s, err)
 	}
+	if s, err := bench.Lookup("retention"); err != nil || s.Name != "retention" || s.Run == nil {
+		t.Fatalf("Lookup(retention) = %+v, %v", s, err)
+	}
 	_, err = bench.Lookup("drain")
 	if err == nil || !strings.Contains(err.Error(), `unknown scenario "drain"`) || !strings.Contains(err.Error(), "available: write") {
 		t.Fatalf("Lookup(drain): %v", err)

@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,11 +58,17 @@ type Env struct {
 	// Checkpoint says whether a CHECKPOINT ran before every measurement
 	// (it needs superuser or pg_checkpoint; without, drift is larger).
 	Checkpoint bool `json:"checkpoint"`
+	// Events, Batch and CleanupLimit are the retention scenario's method:
+	// the backlog drained for each mode, the relay's claim limit, and the
+	// limit of each Cleanup call.
+	Events       int `json:"events,omitempty"`
+	Batch        int `json:"batch,omitempty"`
+	CleanupLimit int `json:"cleanup_limit,omitempty"`
 }
 
-// ReadEnv reads the server's version and settings and describes the
-// client.
-func ReadEnv(ctx context.Context, pool *pgxpool.Pool) (*Env, error) {
+// ReadEnv reads the server's version and settings (SettingNames, then
+// extra) and describes the client.
+func ReadEnv(ctx context.Context, pool *pgxpool.Pool, extra ...string) (*Env, error) {
 	e := &Env{
 		Settings:   map[string]string{},
 		Host:       pool.Config().ConnConfig.Host,
@@ -77,7 +85,7 @@ func ReadEnv(ctx context.Context, pool *pgxpool.Pool) (*Env, error) {
 	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&e.ServerVersion); err != nil {
 		return nil, fmt.Errorf("bench: read server version: %w", err)
 	}
-	rows, err := pool.Query(ctx, `SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1)`, SettingNames)
+	rows, err := pool.Query(ctx, `SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1)`, append(slices.Clone(SettingNames), extra...))
 	if err != nil {
 		return nil, fmt.Errorf("bench: read settings: %w", err)
 	}
@@ -91,10 +99,17 @@ func ReadEnv(ctx context.Context, pool *pgxpool.Pool) (*Env, error) {
 	return e, nil
 }
 
-// SettingsLine renders the settings in SettingNames order, name=value.
+// SettingsLine renders the settings in SettingNames order, then any other
+// in name order, name=value.
 func (e *Env) SettingsLine() string {
 	var b strings.Builder
-	for _, n := range SettingNames {
+	names := slices.Clone(SettingNames)
+	for _, n := range slices.Sorted(maps.Keys(e.Settings)) {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	for _, n := range names {
 		v, ok := e.Settings[n]
 		if !ok {
 			continue

@@ -351,7 +351,9 @@ type Result struct {
 	// Unit is what one operation is ("tx").
 	Unit string `json:"unit"`
 	// Ops operations completed in Seconds of measured time, pooled over
-	// the rounds: PerSecond.
+	// the rounds: PerSecond. The retention scenario, whose rounds each
+	// drain the same backlog, reports as PerSecond the median of
+	// RoundsPerSecond instead (with two rounds, their mean).
 	Ops       int64   `json:"ops"`
 	Seconds   float64 `json:"seconds"`
 	PerSecond float64 `json:"per_second"`
@@ -371,6 +373,9 @@ type Result struct {
 	// Counters are the scenario's own checks, summed over the rounds,
 	// such as rows written or notifications received.
 	Counters map[string]int64 `json:"counters,omitempty"`
+	// Retention holds the retention scenario's figures: table size, dead
+	// tuples and the cleanup of kept rows.
+	Retention *RetentionFigures `json:"retention,omitempty"`
 	// Env describes the conditions of the run.
 	Env *Env `json:"env,omitempty"`
 }

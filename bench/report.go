@@ -31,6 +31,9 @@ func WriteTable(w io.Writer, results []Result) error {
 		return err
 	}
 	first := results[0]
+	if first.Retention != nil {
+		return writeRetentionTable(w, results)
+	}
 	var b strings.Builder
 	if e := first.Env; e != nil {
 		rounds := "in one round"
@@ -43,19 +46,33 @@ func WriteTable(w io.Writer, results []Result) error {
 		if e.SchemaVersion > 0 {
 			fmt.Fprintf(&b, "outbox schema version %d\n", e.SchemaVersion)
 		}
-		fmt.Fprintf(&b, "client: %d CPUs (GOMAXPROCS %d), %s", e.CPUs, e.GOMAXPROCS, e.GoVersion)
-		if e.LoadAvg != "" {
-			fmt.Fprintf(&b, ", load average %s at start", e.LoadAvg)
-		}
-		if e.Checkpoint {
-			b.WriteString("; CHECKPOINT before every measurement")
-		}
-		b.WriteString("\n\n")
+		clientLine(&b, e, "measurement")
+		b.WriteString("\n")
 	}
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err
 	}
+	return writeCellTable(w, results)
+}
 
+// clientLine describes the client machine, and whether every measurement
+// began with a CHECKPOINT.
+func clientLine(b *strings.Builder, e *Env, what string) {
+	fmt.Fprintf(b, "client: %d CPUs (GOMAXPROCS %d), %s", e.CPUs, e.GOMAXPROCS, e.GoVersion)
+	if e.LoadAvg != "" {
+		fmt.Fprintf(b, ", load average %s at start", e.LoadAvg)
+	}
+	if e.Checkpoint {
+		b.WriteString("; CHECKPOINT before every " + what)
+	}
+	b.WriteString("\n")
+}
+
+// writeCellTable prints the rows and legend of WriteTable for scenarios
+// made of cells.
+func writeCellTable(w io.Writer, results []Result) error {
+	first := results[0]
+	var b strings.Builder
 	var counters []string
 	for _, r := range results {
 		for k := range r.Counters {
@@ -161,4 +178,101 @@ func signedMs(d time.Duration) string {
 
 func seconds(s float64) string {
 	return (time.Duration(s * float64(time.Second))).String()
+}
+
+// writeRetentionTable prints the retention scenario's results: a header
+// describing the method, one row per mode, then a legend.
+func writeRetentionTable(w io.Writer, results []Result) error {
+	first := results[0]
+	var b strings.Builder
+	if e := first.Env; e != nil {
+		fmt.Fprintf(&b, "scenario retention: a backlog of %d events drained per mode by one relay's SQL path (Claim + Finish as published, no broker), batches of %d",
+			e.Events, e.Batch)
+		if p := first.Retention.Partitions; p > 0 {
+			fmt.Fprintf(&b, ", all %d partitions leased", p)
+		}
+		fmt.Fprintf(&b, "; kept rows cleaned up %d a call\n", e.CleanupLimit)
+		switch e.Rounds {
+		case 1:
+			b.WriteString("one round: delete, then keep, each on a fresh backlog\n")
+		default:
+			fmt.Fprintf(&b, "%d rounds, each draining both modes on fresh backlogs in alternating order (delete first in odd rounds); figures are the median of the rounds", e.Rounds)
+			if e.Rounds == 2 {
+				b.WriteString(" (with two, their mean)")
+			}
+			b.WriteString(", every round's drain in \"rounds\"\n")
+		}
+		fmt.Fprintf(&b, "PostgreSQL %s at %s: %s\n", e.ServerVersion, e.Host, e.SettingsLine())
+		if e.SchemaVersion > 0 {
+			fmt.Fprintf(&b, "outbox schema version %d; autovacuum off for the scenario's tables, no VACUUM in between\n", e.SchemaVersion)
+		}
+		clientLine(&b, e, "drain and cleanup")
+		b.WriteString("\n")
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+
+	width := len("mode")
+	for _, r := range results {
+		width = max(width, len(r.Case))
+	}
+	left := func(s string) string { return s + strings.Repeat(" ", width-len(s)) }
+	dash := func(ok bool, s string) string {
+		if !ok {
+			return "-"
+		}
+		return s
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := []string{left("mode"), first.Unit + "s/s", "rounds", "vs delete", "batch p50 ms", "batch p99 ms", "cpu",
+		"filled MiB", "drained MiB", "dead after drain", "cleanup rows/s", "cleanup s", "cleaned MiB", "dead after cleanup"}
+	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+	for _, r := range results {
+		f := r.Retention
+		if f == nil {
+			f = &RetentionFigures{}
+		}
+		rounds := make([]string, len(r.RoundsPerSecond))
+		for i, v := range r.RoundsPerSecond {
+			rounds[i] = fmt.Sprintf("%.0f", v)
+		}
+		cleaned := f.CleanupRows > 0
+		vs := "-"
+		if c := r.VsBaseline; c != nil {
+			vs = fmt.Sprintf("%.2f", c.Ratio)
+		}
+		row := []string{
+			left(r.Case), fmt.Sprintf("%.0f", r.PerSecond), strings.Join(rounds, "/"),
+			vs,
+			fmtMs(r.Latency.P50), fmtMs(r.Latency.P99),
+			dash(r.CPUBusy > 0, fmt.Sprintf("%.0f%%", 100*r.CPUBusy)),
+			mibs(f.FilledBytes), mibs(f.BytesAfterDrain), fmt.Sprint(f.DeadTuplesAfterDrain),
+			dash(cleaned, fmt.Sprintf("%.0f", f.CleanupPerSecond)), dash(cleaned, fmt.Sprintf("%.2f", f.CleanupSeconds)),
+			dash(cleaned, mibs(f.BytesAfterCleanup)), dash(cleaned, fmt.Sprint(f.DeadTuplesAfterCleanup)),
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	b.Reset()
+	b.WriteString("\n")
+	for _, r := range results {
+		if r.Description != "" {
+			fmt.Fprintf(&b, "  %-*s  %s\n", width, r.Case, r.Description)
+		}
+	}
+	b.WriteString("  events/s: events drained per second, from the first claim to the empty one; rounds: each round's;\n")
+	b.WriteString("  vs delete: over delete's; batch p50/p99: one Claim + Finish; cpu: busy share of the machine's CPUs while draining;\n")
+	b.WriteString("  MiB: pg_total_relation_size of the outbox table (heap, indexes, TOAST) once filled, drained, cleaned up;\n")
+	b.WriteString("  dead after drain/cleanup: n_dead_tup of pg_stat_user_tables, all backends' statistics flushed\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// mibs renders a byte count in MiB, without the unit.
+func mibs(b int64) string {
+	return fmt.Sprintf("%.1f", float64(b)/(1<<20))
 }

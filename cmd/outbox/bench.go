@@ -19,11 +19,13 @@ func newBench() *cobra.Command {
 		warmup   time.Duration
 		writers  []int
 		rounds   int
+		events   int
+		batch    int
 		asJSON   bool
 	)
 	var list []string
 	for _, s := range bench.Scenarios() {
-		list = append(list, fmt.Sprintf("  %-8s %s", s.Name, s.Summary))
+		list = append(list, fmt.Sprintf("  %-10s %s", s.Name, s.Summary))
 	}
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -37,19 +39,30 @@ is real: do not point it at a production primary.
 Each cell is measured for --duration in all, split into --rounds short rounds;
 every round runs all cells, in alternating order, each after a --warmup, so
 that slow drift of the machine falls on every cell alike. A cell's rounds are
-pooled (all transactions over all measured time); the spread column shows how
-far its best and worst rounds differed.
+pooled (all transactions over all measured time); the ratio IQR column shows
+how well each comparison held from round to round.
+
+The retention scenario instead fills a backlog of --events events and drains
+it with one relay's SQL path (claims of --batch events, finished as
+published; no broker), once per retention mode (delete, keep) in each of
+--rounds rounds (default 2 here), in alternating order, on a fresh table each
+time; for keep it then cleans the published rows up in batches. It reports
+the median drain throughput, the table's size and dead tuples after the drain
+and after the cleanup, and the cleanup's rows/s. --duration, --warmup and
+--writers do not apply to it; --events and --batch apply only to it.
 
 Scenarios:
 ` + strings.Join(list, "\n"),
 		Example: `  outbox bench --db postgres://postgres@127.0.0.1:5432/test --scenario write
-  outbox bench --db $DB --scenario write --writers 1,4,16 --duration 10s --json`,
+  outbox bench --db $DB --scenario write --writers 1,4,16 --duration 10s --json
+  outbox bench --db $DB --scenario retention --events 100000 --batch 500`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := bench.Lookup(scenario)
 			if err != nil {
 				return fmt.Errorf("--scenario: %w", err)
 			}
+			retention := sc.Name == "retention"
 			if duration <= 0 {
 				return fmt.Errorf("--duration %s: must be positive", duration)
 			}
@@ -59,8 +72,14 @@ Scenarios:
 			if rounds < 1 || rounds > 100 {
 				return fmt.Errorf("--rounds %d: use 1 to 100", rounds)
 			}
-			if duration/time.Duration(rounds) < 10*time.Millisecond {
+			if !retention && duration/time.Duration(rounds) < 10*time.Millisecond {
 				return fmt.Errorf("--duration %s over --rounds %d: give each round at least 10ms", duration, rounds)
+			}
+			if events < 1 || events > bench.MaxEvents {
+				return fmt.Errorf("--events %d: use 1 to %d", events, bench.MaxEvents)
+			}
+			if batch < 1 || batch > bench.MaxBatch {
+				return fmt.Errorf("--batch %d: use 1 to %d", batch, bench.MaxBatch)
 			}
 			if len(writers) == 0 {
 				return fmt.Errorf("--writers: give at least one writer count")
@@ -82,7 +101,12 @@ Scenarios:
 				Warmup:   warmup,
 				Writers:  writers,
 				Rounds:   rounds,
+				Events:   events,
+				Batch:    batch,
 				Progress: cmd.ErrOrStderr(),
+			}
+			if retention && !cmd.Flags().Changed("rounds") {
+				cfg.Rounds = 0 // the scenario's own default
 			}
 			if warmup == 0 {
 				cfg.Warmup = -1 // none, rather than the default
@@ -102,7 +126,9 @@ Scenarios:
 	cmd.Flags().DurationVar(&duration, "duration", bench.DefaultDuration, "measured time per cell, split over the rounds")
 	cmd.Flags().DurationVar(&warmup, "warmup", bench.DefaultWarmup, "unmeasured load before each round of a cell")
 	cmd.Flags().IntSliceVar(&writers, "writers", bench.DefaultWriters, "concurrent writers to measure at, as a list: 1,8")
-	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, "interleaved rounds the measured time of each cell is split into")
+	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, fmt.Sprintf("interleaved rounds the measured time of each cell is split into (retention: drains of each mode, default %d)", bench.DefaultRetentionRounds))
+	cmd.Flags().IntVar(&events, "events", bench.DefaultEvents, "retention: events in the backlog drained for each mode and round")
+	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention: the relay's claim limit (events per batch)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
 	return cmd
 }
