@@ -12,10 +12,11 @@ import (
 
 func (r *Relay) loop(ctx, pubCtx context.Context) {
 	var (
-		wait      = minWait
-		idle      bool
-		idleSince time.Time
-		failures  int // consecutive whole-relay failures (database or broker)
+		wait           = minWait
+		idle           bool
+		idleSince      time.Time
+		failures       int // consecutive claims that failed (database)
+		brokerFailures int // consecutive batches that met a broker outage
 	)
 	for ctx.Err() == nil {
 		leases := r.leases.snapshot()
@@ -36,6 +37,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			sleep(ctx, d)
 			continue
 		}
+		failures = 0 // the database answered; a broker outage counts anew below
 		recs := b.Records()
 		r.metrics.Claimed(len(recs))
 		if len(recs) == 0 {
@@ -66,11 +68,11 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		outage := r.process(pubCtx, b, recs)
 		r.leases.inFlight.Unlock()
 		if outage == nil {
-			failures = 0
+			brokerFailures = 0
 			continue
 		}
-		failures++
-		d := backoff(failures, breakerBase, breakerMax)
+		brokerFailures++
+		d := backoff(brokerFailures, breakerBase, breakerMax)
 		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "err", outage)
 		sleep(ctx, d)
 	}

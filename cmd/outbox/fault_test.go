@@ -431,3 +431,43 @@ func TestFaultFailOverWithinTwoTTLs(t *testing.T) {
 	}
 	s.check(t, res, 0)
 }
+
+// TestFaultDatabaseConnectionsTerminated ends every database connection of
+// a running relay process (pg_terminate_backend), again and again, while
+// writers commit: it reconnects each time and loses nothing.
+func TestFaultDatabaseConnectionsTerminated(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t)
+	app := testenv.Name("relay")
+	sep := "?"
+	if strings.Contains(testenv.DatabaseURL(), "?") {
+		sep = "&"
+	}
+	args := s.args()
+	for i, a := range args {
+		if a == testenv.DatabaseURL() {
+			args[i] = a + sep + "application_name=" + app
+		}
+	}
+	startRelay(t, args...)
+	wait := writeAsync(t, s.tb, workload.Config{Aggregates: 40, Transactions: 1000, Writers: 4, RollbackPct: 5})
+	// Past start-up (where a failed check ends the process with an error, as
+	// it should), the relay is at work.
+	testenv.WaitStreamMsgs(t, s.stream, 20, 60*time.Second)
+	pool := testenv.Pool(t)
+	terminated := 0
+	for range 6 {
+		time.Sleep(300 * time.Millisecond)
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		terminated += n
+	}
+	if terminated == 0 {
+		t.Fatal("no connection of the relay was terminated; the test proves nothing")
+	}
+	res := wait()
+	s.check(t, res, 6*20)
+	t.Logf("%d relay connections terminated", terminated)
+}

@@ -108,6 +108,17 @@ func startRelayEnv(t *testing.T, env []string, args ...string) *relayProc {
 	}
 	go func() { p.done <- cmd.Wait() }()
 	t.Cleanup(func() {
+		if t.Failed() {
+			// A relay still running when the test failed prints every
+			// goroutine's stack on SIGQUIT: where it was stuck.
+			if p.cmd.Process.Signal(syscall.SIGQUIT) == nil {
+				select {
+				case err := <-p.done:
+					p.done <- err
+				case <-time.After(5 * time.Second):
+				}
+			}
+		}
 		p.kill()
 		if t.Failed() {
 			t.Logf("relay stderr:\n%s", p.stderr.String())

@@ -78,7 +78,9 @@ func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox"
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("invalid --db URL %s: %v", redact(raw), err)
