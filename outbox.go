@@ -110,6 +110,13 @@ func (o *Outbox[TTx]) WriteTx(ctx context.Context, tx TTx, events ...Event) erro
 	return nil
 }
 
+// Rows validates events and turns them into the rows WriteTx would insert
+// (ids generated, trace context of ctx attached). Drivers use it to offer
+// other ways of sending them, such as queueing the INSERT in a batch.
+func (o *Outbox[TTx]) Rows(ctx context.Context, events ...Event) ([]outboxdriver.Row, error) {
+	return o.rows(ctx, events)
+}
+
 // rows validates events and turns them into driver rows.
 func (o *Outbox[TTx]) rows(ctx context.Context, events []Event) ([]outboxdriver.Row, error) {
 	trace := o.traceContext(ctx)

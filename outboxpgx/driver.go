@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -83,6 +84,26 @@ func (d *Driver) Statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		ps[i], raws[i], hs[i], tcs[i] = text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))
 	}
 	return d.sql(t, n), []any{ids, ats, aids, tys, ps, raws, hs, tcs}
+}
+
+// Queue validates events and queues their INSERT on b, the pgx.Batch that
+// carries the business statements of the same transaction: the events cost
+// no round trip of their own. Send b inside the transaction
+// (tx.SendBatch) and commit as usual; the events exist for the relay if and
+// only if that transaction commits. ob must write through this Driver's
+// table; on an invalid event nothing is queued and the error wraps
+// outbox.ErrInvalidEvent.
+func (d *Driver) Queue(ctx context.Context, b *pgx.Batch, ob *outbox.Outbox[pgx.Tx], events ...outbox.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	rows, err := ob.Rows(ctx, events...)
+	if err != nil {
+		return err
+	}
+	sql, args := d.Statement(ob.Table(), rows)
+	b.Queue(sql, args...)
+	return nil
 }
 
 // text maps nil or empty to SQL NULL.

@@ -725,3 +725,51 @@ func TestCleanupDeletesKeptRowsInBatches(t *testing.T) {
 		t.Fatalf("after cleanup: %d published kept, backlog %d; want 0 and 2 (unpublished rows stay)", st.Published, st.Backlog)
 	}
 }
+
+func TestQueueRidesTheBusinessBatch(t *testing.T) {
+	t.Parallel()
+	pool, tb := setup(t)
+	drv := outboxpgx.New()
+	ob, err := outbox.New(drv, &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+tb.Qualified("_orders")+` (id int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	send := func(commit bool, orderID int, events ...outbox.Event) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		var b pgx.Batch
+		b.Queue(`INSERT INTO `+tb.Qualified("_orders")+` (id) VALUES ($1)`, orderID)
+		if err := drv.Queue(ctx, &b, ob, events...); err != nil {
+			t.Fatal(err)
+		}
+		if b.Len() != 2 {
+			t.Fatalf("batch holds %d statements, want the business one and one INSERT for all events", b.Len())
+		}
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	send(false, 1, ev("1", 1))
+	send(true, 2, ev("2", 1), ev("2", 2))
+	send(true, 3, ev("3", 1))
+	if n := count(t, pool, tb.Qualified("")); n != 3 {
+		t.Fatalf("%d events, want the 3 of committed transactions", n)
+	}
+	var b pgx.Batch
+	if err := drv.Queue(ctx, &b, ob, outbox.Event{AggregateType: "x"}); !errors.Is(err, outbox.ErrInvalidEvent) || b.Len() != 0 {
+		t.Fatalf("invalid event: err %v, %d statements queued", err, b.Len())
+	}
+}
