@@ -1,8 +1,9 @@
 // Package natssink is a [sink.Sink] that publishes to NATS JetStream.
 //
 // Each message is published to the subject named by its Destination, with its
-// Value as payload and its Headers as NATS headers; the message ID is sent as
-// the Nats-Msg-Id header so that JetStream drops duplicates within the
+// Value as payload and its Headers as NATS headers, plus a header "id"
+// holding the message ID when the message has none; the message ID is also
+// sent as the Nats-Msg-Id header so that JetStream drops duplicates within the
 // stream's duplicate window (two minutes by default). A message counts as
 // published once the stream answered with a PubAck; a PubAck that reports a
 // duplicate is a success too, because the stream already holds the message.
@@ -500,8 +501,11 @@ func (w *waiter) abandon(window []pending, head, n, next int) []error {
 // toNATS converts m to a NATS message.
 func toNATS(m *sink.Message) *nats.Msg {
 	nm := &nats.Msg{Subject: m.Destination, Data: m.Value}
-	if len(m.Headers) > 0 || len(m.Key) > 0 {
+	if len(m.Headers) > 0 || len(m.Key) > 0 || m.ID != "" {
 		nm.Header = make(nats.Header, len(m.Headers)+2)
+		if _, ok := m.Header("id"); !ok && m.ID != "" {
+			nm.Header.Set("id", m.ID)
+		}
 		for _, h := range m.Headers {
 			nm.Header.Add(h.Key, h.Value)
 		}

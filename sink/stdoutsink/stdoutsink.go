@@ -27,6 +27,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -38,9 +39,13 @@ import (
 // Sink writes messages as JSON lines. It implements sink.Sink and is safe
 // for concurrent use: lines from concurrent Publish calls never interleave.
 type Sink struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool // guarded by mu
 }
+
+// ErrClosed is the (transient) error Publish reports after Close.
+var ErrClosed = errors.New("stdoutsink: sink is closed")
 
 var _ sink.Sink = (*Sink)(nil)
 
@@ -100,11 +105,16 @@ func Line(m *sink.Message) ([]byte, error) {
 
 // Publish writes one line per message, in order. After a write error, that
 // message and the rest fail with it; when ctx ends, the unwritten rest fail
-// with ctx's error. All errors are transient.
+// with ctx's error; after Close, every message fails with ErrClosed. All
+// errors are transient.
 func (s *Sink) Publish(ctx context.Context, msgs []sink.Message) []error {
 	errs := make([]error, len(msgs))
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		fill(errs, ErrClosed)
+		return errs
+	}
 	for i := range msgs {
 		if err := ctx.Err(); err != nil {
 			fill(errs[i:], fmt.Errorf("stdoutsink: %w", err))
@@ -129,5 +139,11 @@ func fill(errs []error, err error) {
 	}
 }
 
-// Close does nothing: the writer belongs to the caller. It returns nil.
-func (s *Sink) Close() error { return nil }
+// Close makes later Publish calls fail with ErrClosed. It does not close the
+// writer, which belongs to the caller. It is idempotent and returns nil.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return nil
+}
