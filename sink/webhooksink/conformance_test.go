@@ -1,0 +1,113 @@
+package webhooksink
+
+import (
+	"encoding/base64"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox/internal/faultproxy"
+	"github.com/outboxkit/outbox/sink"
+	"github.com/outboxkit/outbox/sink/sinktest"
+)
+
+// conformanceLimit is the body size above which the conformance endpoint
+// answers 413 Content Too Large.
+const conformanceLimit = 1 << 20
+
+// endpointEnv is one conformance test's receiver: an HTTP server that
+// verifies and records webhooks, behind a fault proxy.
+type endpointEnv struct {
+	proxy *faultproxy.Proxy
+	mu    sync.Mutex
+	got   []sinktest.Received
+}
+
+func TestConformance(t *testing.T) {
+	env := sinktest.PerTest(func(t *testing.T) *endpointEnv {
+		e := &endpointEnv{}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return
+			}
+			if err := Verify([]string{secret1}, r.Header, body, 0, time.Time{}); err != nil {
+				t.Errorf("receiver: %v", err)
+				w.WriteHeader(http.StatusUnauthorized)
+				return
+			}
+			if len(body) > conformanceLimit {
+				w.WriteHeader(http.StatusRequestEntityTooLarge)
+				return
+			}
+			dest, err := url.PathUnescape(strings.TrimPrefix(r.URL.EscapedPath(), "/hooks/"))
+			if err != nil {
+				t.Errorf("receiver: path %s: %v", r.URL.EscapedPath(), err)
+			}
+			rec := sinktest.Received{ID: r.Header.Get(HeaderID), Destination: dest, Value: body, Headers: map[string][]string{}}
+			for k, vs := range r.Header {
+				rec.Headers[strings.ToLower(k)] = slices.Clone(vs)
+			}
+			if k := r.Header.Get(KeyBase64Header); k != "" {
+				b, err := base64.StdEncoding.DecodeString(k)
+				if err != nil {
+					t.Errorf("receiver: %s: %v", KeyBase64Header, err)
+				}
+				rec.Headers[strings.ToLower(KeyHeader)] = []string{string(b)}
+			}
+			e.mu.Lock()
+			e.got = append(e.got, rec)
+			e.mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+		}))
+		t.Cleanup(srv.Close)
+		p, err := faultproxy.Start(srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		e.proxy = p
+		return e
+	})
+	sinktest.Run(t, sinktest.Harness{
+		New: func(t *testing.T) sink.Sink {
+			return newSink(t, Config{URL: "http://" + env(t).proxy.Addr() + "/hooks/${destination}", Timeout: 5 * time.Second})
+		},
+		Dest: func(t *testing.T, name string) string { return "conformance." + name },
+		Read: func(t *testing.T, dests []string, want int) []sinktest.Received {
+			e := env(t)
+			read := func() []sinktest.Received {
+				e.mu.Lock()
+				defer e.mu.Unlock()
+				var out []sinktest.Received
+				for _, r := range e.got {
+					if slices.Contains(dests, r.Destination) {
+						out = append(out, r)
+					}
+				}
+				return out
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for len(read()) < want && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(50 * time.Millisecond) // let duplicates show
+			return read()
+		},
+		KeyHeader: strings.ToLower(KeyHeader),
+		TooLarge: func(t *testing.T, dest string) *sink.Message {
+			return &sink.Message{Destination: dest, Key: []byte("big"), Value: make([]byte, conformanceLimit+1)}
+		},
+		Outage: func(t *testing.T) func() {
+			p := env(t).proxy
+			p.Cut()
+			return p.Restore
+		},
+	})
+}
