@@ -154,6 +154,13 @@ stdout: (one JSON line per event).`,
 	cmd.Flags().StringVar(&sf.natsStream, "nats-stream", "OUTBOX", "JetStream stream the events go to")
 	cmd.Flags().StringSliceVar(&sf.natsSubjects, "nats-subjects", []string{"outbox.event.>"}, "subjects of the stream, when the relay creates it")
 	cmd.Flags().BoolVar(&sf.natsNoCreate, "nats-no-create-stream", false, "fail instead of creating a missing stream")
+	cmd.Flags().StringVar(&sf.amqpExchange, "amqp-exchange", "outbox", "RabbitMQ exchange the events go to (routing key = destination)")
+	cmd.Flags().BoolVar(&sf.amqpDeclare, "amqp-declare", false, "declare the exchange (durable, topic) at start-up")
+	cmd.Flags().Int64Var(&sf.redisMaxLen, "redis-maxlen", 0, "trim each Redis stream to about this many entries (0: never)")
+	cmd.Flags().IntVar(&sf.mqttQoS, "mqtt-qos", 1, "MQTT QoS: 1 or 2")
+	cmd.Flags().StringArrayVar(&sf.webhookSecrets, "webhook-secret", nil, "Standard Webhooks signing secret whsec_...; repeat to sign with several during rotation (or OUTBOX_WEBHOOK_SECRETS)")
+	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
+	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
 	return cmd
 }
 
