@@ -135,6 +135,7 @@ func (r *Router) Message(rec *outboxdriver.Record) (sink.Message, error) {
 		ID:          rec.ID,
 		Destination: dest,
 		Key:         []byte(rec.AggregateID),
+		Type:        rec.Type,
 		Value:       rec.Payload,
 		Headers:     make([]sink.Header, 0, 1+len(rec.Headers)+len(r.headers)+2),
 	}

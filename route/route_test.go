@@ -28,7 +28,7 @@ func TestDebeziumDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Destination != "outbox.event.order" || string(m.Key) != "42" || string(m.Value) != `{"id":42}` || m.ID != rec().ID {
+	if m.Destination != "outbox.event.order" || string(m.Key) != "42" || m.Type != "OrderPlaced" || string(m.Value) != `{"id":42}` || m.ID != rec().ID {
 		t.Fatalf("got %+v", m)
 	}
 	want := []sink.Header{

@@ -29,6 +29,9 @@ type Message struct {
 	Destination string
 	// Key is the partitioning key (the aggregate id by default).
 	Key []byte
+	// Type is the event type, for brokers with a field for it (the AMQP
+	// type property, the Redis entry's "type" field). May be empty.
+	Type string
 	// Value is the payload, published as is. Nil means no payload.
 	Value []byte
 	// Headers are published with the message, "id" first.

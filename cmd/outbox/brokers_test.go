@@ -88,8 +88,8 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 	go func() {
 		for d := range deliveries {
 			key, _ := d.Headers["key"].(string)
-			if d.MessageId == "" || d.Headers["id"] != d.MessageId || d.DeliveryMode != amqp.Persistent {
-				t.Errorf("message %q: id header %v, delivery mode %d", d.MessageId, d.Headers["id"], d.DeliveryMode)
+			if d.MessageId == "" || d.Headers["id"] != d.MessageId || d.DeliveryMode != amqp.Persistent || d.Type != "Changed" {
+				t.Errorf("message %q: id header %v, delivery mode %d, type %q", d.MessageId, d.Headers["id"], d.DeliveryMode, d.Type)
 			}
 			c.add(workload.Delivery{ID: d.MessageId, Key: key, Payload: d.Body})
 		}

@@ -438,6 +438,9 @@ func TestEndToEndRedis(t *testing.T) {
 		id, _ := e.Values["id"].(string)
 		key, _ := e.Values["key"].(string)
 		payload, _ := e.Values["payload"].(string)
+		if typ, _ := e.Values["type"].(string); typ != "Changed" {
+			t.Errorf("entry %s: type %q, want Changed", id, typ)
+		}
 		got = append(got, workload.Delivery{ID: id, Key: key, Payload: []byte(payload)})
 	}
 	if _, err := workload.Check(res, got); err != nil {

@@ -1093,6 +1093,7 @@ func (s *Sink) publishing(m *sink.Message) amqp.Publishing {
 		ContentType:  ct,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    m.ID,
+		Type:         m.Type,
 		Body:         m.Value,
 	}
 }

@@ -6,6 +6,7 @@
 //
 //   - "id": Message.ID;
 //   - "key": Message.Key (empty when the message has none);
+//   - "type": Message.Type, the event type (empty when unknown);
 //   - "headers": a JSON object mapping each header name to the array of its
 //     values in order, e.g. {"id":["e1"],"type":["order.created"]}; it
 //     holds "id" (Message.ID) unless the message has an "id" header of its
@@ -273,7 +274,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []sink.Message) []error {
 					MaxLen: s.cfg.MaxLen,
 					Approx: s.cfg.MaxLen > 0,
 					ID:     "*",
-					Values: []any{"id", m.ID, "key", m.Key, "headers", e.headers, "payload", m.Value},
+					Values: []any{"id", m.ID, "key", m.Key, "type", m.Type, "headers", e.headers, "payload", m.Value},
 				})
 			}
 			return nil

@@ -171,6 +171,7 @@ func TestFieldsAndOrderPerStream(t *testing.T) {
 		}
 		msgs = append(msgs, sink.Message{
 			ID: fmt.Sprint("e", i), Destination: dest, Key: fmt.Appendf(nil, "agg-%d", i%4),
+			Type:    fmt.Sprint("Type", i%2),
 			Value:   fmt.Appendf(nil, `{"i":%d}`, i),
 			Headers: []sink.Header{{Key: "id", Value: fmt.Sprint("e", i)}, {Key: "type", Value: "order.created"}},
 		})
@@ -198,8 +199,11 @@ func TestFieldsAndOrderPerStream(t *testing.T) {
 			for f := 0; f < len(r.fields); f += 2 {
 				names = append(names, r.fields[f])
 			}
-			if !slices.Equal(names, []string{"id", "key", "headers", "payload"}) {
-				t.Fatalf("entry %s has fields %v, want id key headers payload", r.id, names)
+			if !slices.Equal(names, []string{"id", "key", "type", "headers", "payload"}) {
+				t.Fatalf("entry %s has fields %v, want id key type headers payload", r.id, names)
+			}
+			if typ, _ := r.field("type"); typ != m.Type {
+				t.Errorf("stream %s entry %d: type %q, want %q", dest, k, typ, m.Type)
 			}
 			id, _ := r.field("id")
 			key, _ := r.field("key")
