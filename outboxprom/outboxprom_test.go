@@ -57,7 +57,9 @@ func TestEveryFamilyIsExportedFromTheStart(t *testing.T) {
 
 func TestStatusFailureIsVisible(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	if _, err := New(reg, func(context.Context) (outboxdriver.Status, error) { return outboxdriver.Status{}, errors.New("db down") }); err != nil {
+	if _, err := New(reg, func(context.Context) (outboxdriver.Status, error) {
+		return outboxdriver.Status{}, errors.New("db down")
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader("# HELP outbox_status_up 1 when the last status read from the database succeeded.\n# TYPE outbox_status_up gauge\noutbox_status_up 0\n"), "outbox_status_up"); err != nil {
