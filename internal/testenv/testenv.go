@@ -83,3 +83,20 @@ func Table(t testing.TB, pool *pgxpool.Pool) outboxdriver.Table {
 	})
 	return outboxdriver.Table{Schema: schema, Name: "outbox"}
 }
+
+// Hex returns 12 random hex digits, for names that must not collide.
+func Hex(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// Context returns a context that ends after d or when the test ends.
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -2,8 +2,6 @@ package amqpsink
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -18,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -35,21 +34,6 @@ func brokerURL() string {
 		return u
 	}
 	return "amqp://guest:guest@127.0.0.1:5672/"
-}
-
-func randHex(t testing.TB) string {
-	t.Helper()
-	b := make([]byte, 6)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // env is one test's connection to the broker and its own exchange; every
@@ -92,7 +76,7 @@ func newEnv(t testing.TB) *env {
 		conn.Close()
 		t.Fatal(err)
 	}
-	id := randHex(t)
+	id := testenv.Hex(t)
 	e := &env{conn: conn, ch: ch, exchange: "t.ex." + id, prefix: "t." + id}
 	t.Cleanup(func() {
 		e.mu.Lock()
@@ -170,7 +154,7 @@ func (e *env) newSink(t testing.TB, cfg *Config) *Sink {
 	if cfg == nil {
 		cfg = e.config()
 	}
-	s, err := Dial(ctxT(t), brokerURL(), cfg)
+	s, err := Dial(testenv.Context(t, 30*time.Second), brokerURL(), cfg)
 	if err != nil {
 		t.Fatalf("%v; %s", err, startHint)
 	}
@@ -204,7 +188,7 @@ func TestPublishRoutingHeadersAndProperties(t *testing.T) {
 		{ID: "e3", Destination: e.prefix + ".a.y", Value: nil, Headers: []sink.Header{{Key: "key", Value: "own-key"}}},
 		{ID: "e4", Destination: e.prefix + ".a.x", Key: []byte("agg-1"), Value: []byte(`"s"`)},
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), msgs), len(msgs))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs), len(msgs))
 
 	a := e.drain(t, qa)
 	b := e.drain(t, qb)
@@ -258,7 +242,7 @@ func TestCustomRouteAndKeyHeader(t *testing.T) {
 		Route:     func(dest string) (string, string) { return "", e.prefix + "." + dest },
 		KeyHeader: "x-aggregate",
 	})
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{{ID: "r1", Destination: "direct", Key: []byte("agg"), Value: []byte(`{}`)}}), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "r1", Destination: "direct", Key: []byte("agg"), Value: []byte(`{}`)}}), 1)
 	got := e.drain(t, q)
 	if len(got) != 1 || got[0].MessageId != "r1" || got[0].Headers["x-aggregate"] != "agg" || got[0].Headers["key"] != nil {
 		t.Fatalf("got %+v", got)
@@ -279,7 +263,7 @@ func TestUnroutableIsPermanentFailure(t *testing.T) {
 		}
 		msgs = append(msgs, sink.Message{ID: fmt.Sprint("u", i), Destination: dest, Value: []byte(`{}`)})
 	}
-	errs := s.Publish(ctxT(t), msgs)
+	errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 	routed := 0
 	for i, err := range errs {
 		if i%3 != 1 {
@@ -306,7 +290,7 @@ func TestUnroutableIsPermanentFailure(t *testing.T) {
 		t.Errorf("queue holds %d messages, want %d", len(got), routed)
 	}
 	// The channel is still fine.
-	requireNoErrors(t, s.Publish(ctxT(t), msgs[:1]), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs[:1]), 1)
 }
 
 func TestMissingExchangeIsPermanentAndSparesTheBatch(t *testing.T) {
@@ -326,7 +310,7 @@ func TestMissingExchangeIsPermanentAndSparesTheBatch(t *testing.T) {
 		{ID: "m3", Destination: "ok.2"},
 	}
 	for round := range 2 {
-		errs := s.Publish(ctxT(t), msgs)
+		errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 		if errs[0] != nil || errs[2] != nil {
 			t.Fatalf("round %d: messages to an existing exchange: %v, %v", round, errs[0], errs[2])
 		}
@@ -356,7 +340,7 @@ func TestMissingExchangeIsPermanentAndSparesTheBatch(t *testing.T) {
 		}
 		return e.exchange, dest
 	}})
-	requireNoErrors(t, s2.Publish(ctxT(t), []sink.Message{{ID: "o1", Destination: "other.1"}}), 1)
+	requireNoErrors(t, s2.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "o1", Destination: "other.1"}}), 1)
 	if err := e.ch.ExchangeDelete(other, false, false); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +352,7 @@ func TestMissingExchangeIsPermanentAndSparesTheBatch(t *testing.T) {
 		}
 		batch = append(batch, sink.Message{ID: fmt.Sprint("d", i), Destination: dest, Value: []byte(`{}`)})
 	}
-	errs := s2.Publish(ctxT(t), batch)
+	errs := s2.Publish(testenv.Context(t, 30*time.Second), batch)
 	for i, err := range errs {
 		if i == 7 {
 			if !sink.IsPermanent(err) || !isCode(err, amqp.NotFound) {
@@ -399,7 +383,7 @@ func TestNackIsTransient(t *testing.T) {
 	for i := range 5 {
 		msgs = append(msgs, sink.Message{ID: fmt.Sprint("n", i), Destination: e.prefix + ".full", Value: []byte(`{}`)})
 	}
-	errs := s.Publish(ctxT(t), msgs)
+	errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 	for i, err := range errs {
 		if i < 2 {
 			if err != nil {
@@ -415,7 +399,7 @@ func TestNackIsTransient(t *testing.T) {
 		t.Errorf("queue holds %d messages, want 2", len(got))
 	}
 	// Room again: the same messages go through.
-	requireNoErrors(t, s.Publish(ctxT(t), msgs[2:4]), 2)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs[2:4]), 2)
 }
 
 func TestTooLarge(t *testing.T) {
@@ -425,7 +409,7 @@ func TestTooLarge(t *testing.T) {
 
 	t.Run("ConfigLimit", func(t *testing.T) {
 		s := e.newSink(t, &Config{Exchange: e.exchange, MaxMessageSize: 10})
-		errs := s.Publish(ctxT(t), []sink.Message{
+		errs := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{
 			{ID: "s1", Destination: "x", Value: []byte("0123456789")},
 			{ID: "big", Destination: "x", Value: []byte("0123456789a")},
 			{ID: "s2", Destination: "x", Value: []byte("0")},
@@ -447,7 +431,7 @@ func TestTooLarge(t *testing.T) {
 			msgs = append(msgs, sink.Message{ID: fmt.Sprint("b", i), Destination: "x", Key: []byte("k"), Value: []byte(`{}`)})
 		}
 		msgs[2].Value = make([]byte, DefaultMaxMessageSize+1)
-		errs := s.Publish(ctxT(t), msgs)
+		errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 		for i, err := range errs {
 			if i == 2 {
 				if !sink.IsPermanent(err) || sink.IsUnavailable(err) || !isCode(err, amqp.PreconditionFailed) {
@@ -475,7 +459,7 @@ func TestInvalidMessagesArePermanent(t *testing.T) {
 	q := e.queue(t, "q", nil, "#")
 	s := e.newSink(t, nil)
 	long := strings.Repeat("x", 256)
-	errs := s.Publish(ctxT(t), []sink.Message{
+	errs := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{
 		{ID: "ok1", Destination: "a"},
 		{ID: "x1", Destination: ""},
 		{ID: "x2", Destination: long},
@@ -506,7 +490,7 @@ func TestBatchLargerThanMaxInFlightKeepsOrder(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = sink.Message{ID: fmt.Sprint("o", i), Destination: "orders", Key: []byte("k"), Value: fmt.Appendf(nil, `{"i":%d}`, i)}
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), msgs), len(msgs))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs), len(msgs))
 	got := e.drain(t, q)
 	if len(got) != len(msgs) {
 		t.Fatalf("queue holds %d messages, want %d", len(got), len(msgs))
@@ -532,7 +516,7 @@ func TestConcurrentPublish(t *testing.T) {
 				for i := range msgs {
 					msgs[i] = sink.Message{ID: fmt.Sprintf("w%d-%d-%d", w, b, i), Destination: fmt.Sprint("w", w), Value: []byte(`{}`)}
 				}
-				for i, err := range s.Publish(ctxT(t), msgs) {
+				for i, err := range s.Publish(testenv.Context(t, 30*time.Second), msgs) {
 					if err != nil {
 						t.Errorf("worker %d message %d: %v", w, i, err)
 					}
@@ -555,7 +539,7 @@ func TestSetup(t *testing.T) {
 
 	// Without Declare, a missing exchange is reported.
 	s := e.newSink(t, nil)
-	err := s.Setup(ctxT(t))
+	err := s.Setup(testenv.Context(t, 30*time.Second))
 	if err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), e.exchange) || !strings.Contains(err.Error(), "Config.Declare") {
 		t.Fatalf("Setup without Declare on a missing exchange: %v", err)
 	}
@@ -563,11 +547,11 @@ func TestSetup(t *testing.T) {
 	cfg := &Config{Exchange: e.exchange, Declare: true, Queues: []Queue{{Name: qName, BindingKeys: []string{"orders.#", "payments.*"}}}}
 	s = e.newSink(t, cfg)
 	for range 2 { // idempotent
-		if err := s.Setup(ctxT(t)); err != nil {
+		if err := s.Setup(testenv.Context(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	errs := s.Publish(ctxT(t), []sink.Message{
+	errs := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{
 		{ID: "s1", Destination: "orders.eu.created"},
 		{ID: "s2", Destination: "payments.done"},
 		{ID: "s3", Destination: "shipping.done"},
@@ -593,11 +577,11 @@ func TestSetup(t *testing.T) {
 	}
 
 	// Now it exists: Setup without Declare passes.
-	if err := e.newSink(t, nil).Setup(ctxT(t)); err != nil {
+	if err := e.newSink(t, nil).Setup(testenv.Context(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	// Another type for an existing exchange is reported.
-	err = e.newSink(t, &Config{Exchange: e.exchange, ExchangeType: "fanout", Declare: true}).Setup(ctxT(t))
+	err = e.newSink(t, &Config{Exchange: e.exchange, ExchangeType: "fanout", Declare: true}).Setup(testenv.Context(t, 30*time.Second))
 	if err == nil || !strings.Contains(err.Error(), "other settings") {
 		t.Fatalf("Setup with another exchange type: %v", err)
 	}
@@ -626,7 +610,7 @@ func TestConfigErrors(t *testing.T) {
 }
 
 func TestDialErrors(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 30*time.Second)
 	for _, tc := range []struct{ url, want string }{
 		{"", "empty URL"},
 		{"http://127.0.0.1:5672/", `scheme "http"`},
@@ -680,8 +664,8 @@ func TestNewLeavesConnectionOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{{ID: "n1", Destination: "a"}}), 1)
-	if err := s.Setup(ctxT(t)); err != nil {
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "n1", Destination: "a"}}), 1)
+	if err := s.Setup(testenv.Context(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -690,7 +674,7 @@ func TestNewLeavesConnectionOpen(t *testing.T) {
 	if conn.IsClosed() {
 		t.Fatal("Close closed the caller's connection")
 	}
-	for _, err := range s.Publish(ctxT(t), []sink.Message{{ID: "n2", Destination: "a"}}) {
+	for _, err := range s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "n2", Destination: "a"}}) {
 		if !errors.Is(err, ErrClosed) || sink.IsPermanent(err) {
 			t.Errorf("Publish after Close: %v", err)
 		}
@@ -706,7 +690,7 @@ func TestNewLeavesConnectionOpen(t *testing.T) {
 	}
 	defer s2.Close()
 	conn.Close()
-	for _, err := range s2.Publish(ctxT(t), []sink.Message{{ID: "n3", Destination: "a"}}) {
+	for _, err := range s2.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "n3", Destination: "a"}}) {
 		if !sink.IsUnavailable(err) || !strings.Contains(err.Error(), "New is closed") {
 			t.Errorf("Publish on a closed connection: %v", err)
 		}
@@ -726,7 +710,7 @@ func TestCancelledContext(t *testing.T) {
 			t.Errorf("got %v", err)
 		}
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), msgs), 2)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs), 2)
 }
 
 // TestOutageAndReconnect cuts the connection between the sink and the
@@ -746,7 +730,7 @@ func TestOutageAndReconnect(t *testing.T) {
 	}
 	defer p.Close()
 	u.Host = p.Addr()
-	s, err := Dial(ctxT(t), u.String(), &Config{Exchange: e.exchange, DialTimeout: 2 * time.Second})
+	s, err := Dial(testenv.Context(t, 30*time.Second), u.String(), &Config{Exchange: e.exchange, DialTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -754,12 +738,12 @@ func TestOutageAndReconnect(t *testing.T) {
 	msg := func(id string) []sink.Message {
 		return []sink.Message{{ID: id + "a", Destination: "x"}, {ID: id + "b", Destination: "x"}}
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), msg("before")), 2)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msg("before")), 2)
 
 	p.Cut()
 	for round := range 3 {
 		start := time.Now()
-		errs := s.Publish(ctxT(t), msg(fmt.Sprint("cut", round)))
+		errs := s.Publish(testenv.Context(t, 30*time.Second), msg(fmt.Sprint("cut", round)))
 		if el := time.Since(start); el > 5*time.Second {
 			t.Errorf("round %d: Publish during the outage took %v", round, el)
 		}
@@ -774,7 +758,7 @@ func TestOutageAndReconnect(t *testing.T) {
 		t.Logf("round %d: %v", round, errs[0])
 	}
 	p.Restore()
-	requireNoErrors(t, s.Publish(ctxT(t), msg("after")), 2)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msg("after")), 2)
 	var ids []string
 	for _, d := range e.drain(t, q) {
 		ids = append(ids, d.MessageId)
@@ -782,7 +766,7 @@ func TestOutageAndReconnect(t *testing.T) {
 	if !slices.Equal(ids, []string{"beforea", "beforeb", "aftera", "afterb"}) {
 		t.Errorf("queue holds %v", ids)
 	}
-	if err := s.Setup(ctxT(t)); err != nil {
+	if err := s.Setup(testenv.Context(t, 30*time.Second)); err != nil {
 		t.Errorf("Setup after reconnecting: %v", err)
 	}
 }
@@ -815,7 +799,7 @@ func TestPublishAbandonedByDeadline(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d failed with the deadline", len(failed), len(msgs))
-	requireNoErrors(t, s.Publish(ctxT(t), failed), len(failed))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), failed), len(failed))
 	ids := map[string]bool{}
 	for _, d := range e.drain(t, q) {
 		ids[d.MessageId] = true
@@ -838,7 +822,7 @@ func TestConfirmTimeoutIsUnavailable(t *testing.T) {
 		msgs[i] = sink.Message{ID: fmt.Sprint("t", i), Destination: "x"}
 	}
 	timeouts := 0
-	for i, err := range s.Publish(ctxT(t), msgs) {
+	for i, err := range s.Publish(testenv.Context(t, 30*time.Second), msgs) {
 		if err == nil {
 			continue
 		}
@@ -861,13 +845,13 @@ func TestBlockedConnectionIsUnavailable(t *testing.T) {
 	// broker (a memory or disk alarm).
 	reason := "low on memory"
 	s.cs.blocked.Store(&reason)
-	for _, err := range s.Publish(ctxT(t), []sink.Message{{ID: "b1", Destination: "x"}}) {
+	for _, err := range s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "b1", Destination: "x"}}) {
 		if !sink.IsUnavailable(err) || !strings.Contains(err.Error(), "low on memory") {
 			t.Errorf("Publish on a blocked connection: %v", err)
 		}
 	}
 	s.cs.blocked.Store(nil)
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{{ID: "b2", Destination: "x"}}), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "b2", Destination: "x"}}), 1)
 	if got := e.drain(t, q); len(got) != 1 {
 		t.Errorf("queue holds %d messages, want 1", len(got))
 	}
@@ -893,7 +877,7 @@ func TestCloseDuringPublish(t *testing.T) {
 			for i := range msgs {
 				msgs[i] = sink.Message{ID: fmt.Sprintf("c%d-%d", w, i), Destination: "x", Value: []byte(`{}`)}
 			}
-			errs := s.Publish(ctxT(t), msgs)
+			errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 			for i, err := range errs {
 				if err != nil && !errors.Is(err, ErrClosed) {
 					t.Errorf("worker %d message %d: %v", w, i, err)

@@ -3,11 +3,9 @@ package mqttsink
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -48,25 +47,10 @@ func requireBroker(t testing.TB) {
 	c.Close()
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func randHex(t testing.TB) string {
-	t.Helper()
-	b := make([]byte, 6)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
-
 // prefix returns a unique destination prefix ("outboxtest.<hex>") and the
 // topic filter that matches everything under it.
 func prefix(t testing.TB) (dest, filter string) {
-	id := randHex(t)
+	id := testenv.Hex(t)
 	return "outboxtest." + id, "outboxtest/" + id + "/#"
 }
 
@@ -74,7 +58,7 @@ func prefix(t testing.TB) (dest, filter string) {
 func dial(t testing.TB, url string, cfg *Config) *Sink {
 	t.Helper()
 	requireBroker(t)
-	s, err := Dial(ctxT(t), url, cfg)
+	s, err := Dial(testenv.Context(t, 30*time.Second), url, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +83,7 @@ func subscribe(t testing.TB, filter string, qos byte) *subscriber {
 	t.Helper()
 	requireBroker(t)
 	sub := &subscriber{}
-	o := mqtt.NewClientOptions().AddBroker(brokerURL).SetClientID("sub" + randHex(t)).
+	o := mqtt.NewClientOptions().AddBroker(brokerURL).SetClientID("sub" + testenv.Hex(t)).
 		SetCleanSession(true).SetAutoReconnect(false).SetOrderMatters(true)
 	c := mqtt.NewClient(o)
 	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
@@ -208,7 +192,7 @@ func TestRoundTripEnvelope(t *testing.T) {
 			msgs[6].Value = []byte(`"just a string"`)  // JSON string
 			msgs[7].Value = []byte(" [1, 2,\n 3] \n ") // JSON with spaces
 
-			requireNoErrors(t, s.Publish(ctxT(t), msgs), n)
+			requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs), n)
 			got := sub.wait(t, n, 10*time.Second)
 			if extra := sub.settle(100 * time.Millisecond); len(extra) != n {
 				t.Fatalf("subscriber received %d messages, want %d", len(extra), n)
@@ -266,7 +250,7 @@ func TestRawPayloadAndTopicReplacer(t *testing.T) {
 		{ID: "1", Destination: base + "/raw/a.b", Value: []byte{0, 1, 2}, Headers: []sink.Header{{Key: "id", Value: "1"}}},
 		{ID: "2", Destination: base + "/raw/empty"},
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), msgs), len(msgs))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs), len(msgs))
 	got := sub.wait(t, 2, 10*time.Second)
 	if got[0].Topic != base+"/raw/a.b" || !bytes.Equal(got[0].Payload, []byte{0, 1, 2}) {
 		t.Fatalf("got %q %q", got[0].Topic, got[0].Payload)
@@ -291,7 +275,7 @@ func TestInvalidTopicIsPermanent(t *testing.T) {
 			sink.Message{ID: fmt.Sprint("ok-", i), Destination: fmt.Sprintf("%s.ok.%d", dest, i), Value: []byte("{}")},
 			sink.Message{ID: fmt.Sprint("bad-", i), Destination: d, Value: []byte("{}")})
 	}
-	errs := s.Publish(ctxT(t), msgs)
+	errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 	for i, err := range errs {
 		if i%2 == 0 {
 			if err != nil {
@@ -319,7 +303,7 @@ func TestTooLargeIsPermanent(t *testing.T) {
 		{ID: "b", Destination: dest + ".b", Value: bytes.Repeat([]byte("x"), 1000)},
 		{ID: "c", Destination: dest + ".c", Value: []byte(`"small"`)},
 	}
-	errs := s.Publish(ctxT(t), msgs)
+	errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 	if errs[0] != nil || errs[2] != nil {
 		t.Fatalf("small messages failed: %v", errs)
 	}
@@ -348,13 +332,13 @@ func TestOutage(t *testing.T) {
 	m := func(id string) []sink.Message {
 		return []sink.Message{{ID: id, Destination: dest + ".x", Value: []byte(`{}`)}}
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), m("before")), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), m("before")), 1)
 
 	p.Cut()
 	start := time.Now()
 	var outage []error
 	for i := range 5 {
-		errs := s.Publish(ctxT(t), m(fmt.Sprint("during-", i)))
+		errs := s.Publish(testenv.Context(t, 30*time.Second), m(fmt.Sprint("during-", i)))
 		if errs[0] == nil { // nothing can acknowledge it: the proxy is cut
 			t.Fatalf("publish %d during the outage succeeded", i)
 		}
@@ -371,7 +355,7 @@ func TestOutage(t *testing.T) {
 	p.Restore()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		errs := s.Publish(ctxT(t), m("after"))
+		errs := s.Publish(testenv.Context(t, 30*time.Second), m("after"))
 		if errs[0] == nil {
 			break
 		}
@@ -524,12 +508,12 @@ func TestTLS(t *testing.T) {
 	addr := ln.Addr().String()
 
 	// Without the CA the handshake fails with a clear error.
-	_, err = Dial(ctxT(t), "mqtts://"+addr, &Config{ConnectTimeout: 2 * time.Second})
+	_, err = Dial(testenv.Context(t, 30*time.Second), "mqtts://"+addr, &Config{ConnectTimeout: 2 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("Dial without the CA: %v", err)
 	}
 	s := dial(t, "mqtts://"+addr, &Config{TLSConfig: &tls.Config{RootCAs: pool}, AckTimeout: 200 * time.Millisecond})
-	errs := s.Publish(ctxT(t), []sink.Message{{ID: "1", Destination: "t.x"}})
+	errs := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "1", Destination: "t.x"}})
 	if !strings.Contains(fmt.Sprint(errs[0]), "no acknowledgement") || b.count() != 1 {
 		t.Fatalf("publish over TLS: %v (broker saw %d publishes)", errs[0], b.count())
 	}
@@ -586,7 +570,7 @@ func TestNoAcknowledgement(t *testing.T) {
 		msgs[i] = sink.Message{ID: fmt.Sprint(i), Destination: "t.x", Value: []byte("{}")}
 	}
 	start := time.Now()
-	errs := s.Publish(ctxT(t), msgs)
+	errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("Publish took %v", d)
 	}
@@ -661,7 +645,7 @@ func TestDialErrors(t *testing.T) {
 		{"127.0.0.1:1883", "invalid MQTT URL"},
 		{"mqtt://user:s3cret@" + closedPort, "is the broker running"},
 	} {
-		_, err := Dial(ctxT(t), tc.url, &Config{ConnectTimeout: 2 * time.Second})
+		_, err := Dial(testenv.Context(t, 30*time.Second), tc.url, &Config{ConnectTimeout: 2 * time.Second})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Dial(%q): %v, want an error containing %q", tc.url, err, tc.want)
 			continue
@@ -718,7 +702,7 @@ func TestCloseAndBorrowedClient(t *testing.T) {
 	requireBroker(t)
 	dest, filter := prefix(t)
 	sub := subscribe(t, filter, 1)
-	o := mqtt.NewClientOptions().AddBroker(brokerURL).SetClientID("own" + randHex(t)).SetAutoReconnect(false)
+	o := mqtt.NewClientOptions().AddBroker(brokerURL).SetClientID("own" + testenv.Hex(t)).SetAutoReconnect(false)
 	c := mqtt.NewClient(o)
 	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatal(tok.Error())
@@ -729,7 +713,7 @@ func TestCloseAndBorrowedClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := []sink.Message{{ID: "1", Destination: dest + ".b", Value: []byte("{}")}}
-	requireNoErrors(t, s.Publish(ctxT(t), m), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), m), 1)
 	sub.wait(t, 1, 10*time.Second)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -740,7 +724,7 @@ func TestCloseAndBorrowedClient(t *testing.T) {
 	if !c.IsConnectionOpen() {
 		t.Fatal("Close disconnected the caller's client")
 	}
-	if errs := s.Publish(ctxT(t), m); !errors.Is(errs[0], ErrClosed) {
+	if errs := s.Publish(testenv.Context(t, 30*time.Second), m); !errors.Is(errs[0], ErrClosed) {
 		t.Fatalf("Publish after Close: %v", errs[0])
 	}
 
@@ -750,7 +734,7 @@ func TestCloseAndBorrowedClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Disconnect(100)
-	if errs := s2.Publish(ctxT(t), m); !sink.IsUnavailable(errs[0]) || !errors.Is(errs[0], ErrNotConnected) {
+	if errs := s2.Publish(testenv.Context(t, 30*time.Second), m); !sink.IsUnavailable(errs[0]) || !errors.Is(errs[0], ErrNotConnected) {
 		t.Fatalf("Publish on a disconnected client: %v", errs[0])
 	}
 
@@ -759,7 +743,7 @@ func TestCloseAndBorrowedClient(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if errs := d.Publish(ctxT(t), m); !errors.Is(errs[0], ErrClosed) {
+	if errs := d.Publish(testenv.Context(t, 30*time.Second), m); !errors.Is(errs[0], ErrClosed) {
 		t.Fatalf("Publish after Close: %v", errs[0])
 	}
 }

@@ -40,7 +40,7 @@ func newConformanceEnv(t *testing.T) *conformanceEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	id := randHex(t)
+	id := testenv.Hex(t)
 	e := &conformanceEnv{nc: nc, js: js, stream: "C_" + id, prefix: "c" + id, proxy: proxy}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

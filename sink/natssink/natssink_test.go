@@ -3,8 +3,6 @@ package natssink
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -35,15 +34,6 @@ type env struct {
 	js     jetstream.JetStream
 	stream string // unique stream name
 	prefix string // unique subject prefix; the stream listens on prefix.>
-}
-
-func randHex(t *testing.T) string {
-	t.Helper()
-	b := make([]byte, 6)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }
 
 // newEnv connects to the test server and reserves a unique stream name and
@@ -64,7 +54,7 @@ func newEnv(t *testing.T, jsOpts ...jetstream.JetStreamOpt) *env {
 	if _, err := js.AccountInfo(ctx); err != nil {
 		t.Fatalf("JetStream is not available on %s: %v; %s", serverURL, err, startHint)
 	}
-	id := randHex(t)
+	id := testenv.Hex(t)
 	e := &env{nc: nc, js: js, stream: "T_" + id, prefix: "t" + id}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -91,25 +81,19 @@ func (e *env) newSink(t *testing.T, cfg *Config) *Sink {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	if err := s.EnsureStream(ctxT(t)); err != nil {
+	if err := s.EnsureStream(testenv.Context(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func (e *env) streamMsgs(t *testing.T) uint64 {
 	t.Helper()
-	st, err := e.js.Stream(ctxT(t), e.stream)
+	st, err := e.js.Stream(testenv.Context(t, 10*time.Second), e.stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(ctxT(t))
+	info, err := st.Info(testenv.Context(t, 10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +145,7 @@ func TestPublishBatchRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			if err := s.EnsureStream(ctxT(t)); err != nil {
+			if err := s.EnsureStream(testenv.Context(t, 10*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 
@@ -185,17 +169,17 @@ func TestPublishBatchRoundTrip(t *testing.T) {
 			}
 			msgs[3].Value = nil // no payload is fine too
 
-			requireNoErrors(t, s.Publish(ctxT(t), msgs), n)
+			requireNoErrors(t, s.Publish(testenv.Context(t, 10*time.Second), msgs), n)
 
 			if maxPending > 0 && cjs.maxPending > maxPending {
 				t.Errorf("saw %d unacknowledged publishes, MaxPending is %d", cjs.maxPending, maxPending)
 			}
-			st, err := e.js.Stream(ctxT(t), e.stream)
+			st, err := e.js.Stream(testenv.Context(t, 10*time.Second), e.stream)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for i, m := range msgs {
-				got, err := st.GetMsg(ctxT(t), uint64(i+1))
+				got, err := st.GetMsg(testenv.Context(t, 10*time.Second), uint64(i+1))
 				if err != nil {
 					t.Fatalf("get seq %d: %v", i+1, err)
 				}
@@ -231,9 +215,9 @@ func TestPublishDuplicateIDIsSuccess(t *testing.T) {
 	s := e.newSink(t, nil)
 	m := msg("dup-"+e.prefix, e.prefix+".a", []byte("x"))
 
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{m}), 1)
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{m}), 1)    // duplicate PubAck
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{m, m}), 2) // twice in one batch
+	requireNoErrors(t, s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{m}), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{m}), 1)    // duplicate PubAck
+	requireNoErrors(t, s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{m, m}), 2) // twice in one batch
 	if got := e.streamMsgs(t); got != 1 {
 		t.Fatalf("stream holds %d messages, want 1", got)
 	}
@@ -249,7 +233,7 @@ func TestPublishOversizedIsPermanent(t *testing.T) {
 			msg("b-"+e.prefix, e.prefix+".b", big),
 			msg("c-"+e.prefix, e.prefix+".c", []byte("small")),
 		}
-		errs := s.Publish(ctxT(t), msgs)
+		errs := s.Publish(testenv.Context(t, 10*time.Second), msgs)
 		if errs[0] != nil || errs[2] != nil {
 			t.Fatalf("small messages failed: %v", errs)
 		}
@@ -265,13 +249,13 @@ func TestPublishOversizedIsPermanent(t *testing.T) {
 	})
 	t.Run("stream max_msg_size", func(t *testing.T) {
 		e := newEnv(t)
-		if _, err := e.js.CreateStream(ctxT(t), jetstream.StreamConfig{
+		if _, err := e.js.CreateStream(testenv.Context(t, 10*time.Second), jetstream.StreamConfig{
 			Name: e.stream, Subjects: []string{e.prefix + ".>"}, Storage: jetstream.MemoryStorage, MaxMsgSize: 1024,
 		}); err != nil {
 			t.Fatal(err)
 		}
 		s := e.newSink(t, nil)
-		errs := s.Publish(ctxT(t), []sink.Message{
+		errs := s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{
 			msg("a-"+e.prefix, e.prefix+".a", make([]byte, 2048)),
 			msg("b-"+e.prefix, e.prefix+".b", []byte("small")),
 		})
@@ -295,7 +279,7 @@ func TestPublishInvalidSubjectIsPermanent(t *testing.T) {
 		msgs = append(msgs, msg(fmt.Sprintf("bad-%d-%s", i, e.prefix), subj, []byte("x")))
 		msgs = append(msgs, msg(fmt.Sprintf("ok-%d-%s", i, e.prefix), e.prefix+".ok", []byte("x")))
 	}
-	errs := s.Publish(ctxT(t), msgs)
+	errs := s.Publish(testenv.Context(t, 10*time.Second), msgs)
 	for i, err := range errs {
 		if i%2 == 1 {
 			if err != nil {
@@ -317,7 +301,7 @@ func TestPublishInvalidHeaderNameIsPermanent(t *testing.T) {
 	s := e.newSink(t, nil)
 	bad := msg("h-"+e.prefix, e.prefix+".a", []byte("x"))
 	bad.Headers = append(bad.Headers, sink.Header{Key: "bad name:", Value: "v"})
-	errs := s.Publish(ctxT(t), []sink.Message{bad, msg("ok-"+e.prefix, e.prefix+".b", nil)})
+	errs := s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{bad, msg("ok-"+e.prefix, e.prefix+".b", nil)})
 	if !sink.IsPermanent(errs[0]) {
 		t.Fatalf("invalid header name: got %v, want permanent", errs[0])
 	}
@@ -330,7 +314,7 @@ func TestPublishNoStreamIsTransient(t *testing.T) {
 	e := newEnv(t)
 	s := e.newSink(t, nil)
 	subj := "nostream" + e.prefix + ".x"
-	errs := s.Publish(ctxT(t), []sink.Message{
+	errs := s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{
 		msg("a-"+e.prefix, subj, []byte("x")),
 		msg("b-"+e.prefix, e.prefix+".ok", []byte("x")),
 	})
@@ -357,10 +341,10 @@ func TestEnsureStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.EnsureStream(ctxT(t)); err != nil {
+		if err := s.EnsureStream(testenv.Context(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		st, err := e.js.Stream(ctxT(t), e.stream)
+		st, err := e.js.Stream(testenv.Context(t, 10*time.Second), e.stream)
 		if err != nil {
 			t.Fatalf("stream not created: %v", err)
 		}
@@ -368,26 +352,26 @@ func TestEnsureStream(t *testing.T) {
 		if !slices.Equal(c.Subjects, cfg.Subjects) || c.Storage != jetstream.FileStorage {
 			t.Fatalf("created stream has subjects %q storage %v", c.Subjects, c.Storage)
 		}
-		if err := s.EnsureStream(ctxT(t)); err != nil {
+		if err := s.EnsureStream(testenv.Context(t, 10*time.Second)); err != nil {
 			t.Fatalf("second call: %v", err)
 		}
-		requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{msg("1", e.prefix+".b.x", nil)}), 1)
+		requireNoErrors(t, s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{msg("1", e.prefix+".b.x", nil)}), 1)
 	})
 	t.Run("leaves existing stream alone", func(t *testing.T) {
 		e := newEnv(t)
 		want := jetstream.StreamConfig{Name: e.stream, Subjects: []string{e.prefix + ".other.>"},
 			Storage: jetstream.MemoryStorage, MaxMsgs: 42}
-		if _, err := e.js.CreateStream(ctxT(t), want); err != nil {
+		if _, err := e.js.CreateStream(testenv.Context(t, 10*time.Second), want); err != nil {
 			t.Fatal(err)
 		}
 		s, err := New(e.js, e.config())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.EnsureStream(ctxT(t)); err != nil {
+		if err := s.EnsureStream(testenv.Context(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		st, err := e.js.Stream(ctxT(t), e.stream)
+		st, err := e.js.Stream(testenv.Context(t, 10*time.Second), e.stream)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -404,12 +388,12 @@ func TestEnsureStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = s.EnsureStream(ctxT(t))
+		err = s.EnsureStream(testenv.Context(t, 10*time.Second))
 		if err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "NoCreateStream") ||
 			!strings.Contains(err.Error(), e.stream) {
 			t.Fatalf("got %v, want an error saying the stream is missing and NoCreateStream is set", err)
 		}
-		if _, err := e.js.Stream(ctxT(t), e.stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := e.js.Stream(testenv.Context(t, 10*time.Second), e.stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
 			t.Fatalf("stream was created anyway (%v)", err)
 		}
 	})
@@ -515,7 +499,7 @@ func TestAckTimeout(t *testing.T) {
 	cfg := e.config()
 	cfg.AckTimeout = 50 * time.Millisecond
 	s := e.newSink(t, cfg)
-	errs := s.Publish(ctxT(t), []sink.Message{msg("1", "nostream"+e.prefix+".x", nil)})
+	errs := s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{msg("1", "nostream"+e.prefix+".x", nil)})
 	if !errors.Is(errs[0], jetstream.ErrAsyncPublishTimeout) || sink.IsPermanent(errs[0]) {
 		t.Fatalf("got %v, want a transient ack timeout", errs[0])
 	}
@@ -524,7 +508,7 @@ func TestAckTimeout(t *testing.T) {
 func TestEmptyBatch(t *testing.T) {
 	e := newEnv(t)
 	s := e.newSink(t, nil)
-	if errs := s.Publish(ctxT(t), nil); len(errs) != 0 {
+	if errs := s.Publish(testenv.Context(t, 10*time.Second), nil); len(errs) != 0 {
 		t.Fatalf("got %v", errs)
 	}
 }
@@ -565,7 +549,7 @@ func TestCloseLeavesCallersConnectionOpen(t *testing.T) {
 	if e.nc.IsClosed() {
 		t.Fatal("Close closed the caller's connection")
 	}
-	for _, err := range s.Publish(ctxT(t), []sink.Message{msg("1", e.prefix+".a", nil)}) {
+	for _, err := range s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{msg("1", e.prefix+".a", nil)}) {
 		if !errors.Is(err, ErrClosed) {
 			t.Fatalf("Publish after Close: %v", err)
 		}
@@ -575,14 +559,14 @@ func TestCloseLeavesCallersConnectionOpen(t *testing.T) {
 func TestDial(t *testing.T) {
 	t.Run("publishes and owns the connection", func(t *testing.T) {
 		e := newEnv(t)
-		s, err := Dial(ctxT(t), serverURL, e.config())
+		s, err := Dial(testenv.Context(t, 10*time.Second), serverURL, e.config())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.EnsureStream(ctxT(t)); err != nil {
+		if err := s.EnsureStream(testenv.Context(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{msg("1", e.prefix+".a", []byte("x"))}), 1)
+		requireNoErrors(t, s.Publish(testenv.Context(t, 10*time.Second), []sink.Message{msg("1", e.prefix+".a", []byte("x"))}), 1)
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -604,7 +588,7 @@ func TestDial(t *testing.T) {
 			"nats://127.0.0.1:4222/x":     "unexpected path",
 			"nats://u:secret@host:1,ws:/": "invalid NATS URL",
 		} {
-			_, err := Dial(ctxT(t), url, nil)
+			_, err := Dial(testenv.Context(t, 10*time.Second), url, nil)
 			if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("Dial(%q): got %v, want a one-line error containing %q", url, err, want)
 			}
@@ -618,14 +602,14 @@ func TestDial(t *testing.T) {
 		addr := l.Addr().String()
 		l.Close()
 		url := "nats://" + addr
-		_, err = Dial(ctxT(t), url, nil)
+		_, err = Dial(testenv.Context(t, 10*time.Second), url, nil)
 		if err == nil || !strings.Contains(err.Error(), "cannot connect to "+url) ||
 			!strings.Contains(err.Error(), "is nats-server running with -js?") {
 			t.Fatalf("got %v, want a clear connect error", err)
 		}
 	})
 	t.Run("password is not shown", func(t *testing.T) {
-		_, err := Dial(ctxT(t), "http://user:hunter2@127.0.0.1:4222", nil)
+		_, err := Dial(testenv.Context(t, 10*time.Second), "http://user:hunter2@127.0.0.1:4222", nil)
 		if err == nil || strings.Contains(err.Error(), "hunter2") {
 			t.Fatalf("got %v", err)
 		}

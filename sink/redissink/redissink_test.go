@@ -2,8 +2,6 @@ package redissink
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -37,21 +36,6 @@ func serverURL() string {
 		return u
 	}
 	return "redis://127.0.0.1:6379/0"
-}
-
-func randHex(t testing.TB) string {
-	t.Helper()
-	b := make([]byte, 6)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // env is one test's client and key prefix; every key under the prefix is
@@ -82,7 +66,7 @@ func connect(t testing.TB) *redis.Client {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	rdb := connect(t)
-	e := &env{rdb: rdb, prefix: "t:" + randHex(t) + ":"}
+	e := &env{rdb: rdb, prefix: "t:" + testenv.Hex(t) + ":"}
 	t.Cleanup(func() {
 		defer rdb.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -106,7 +90,7 @@ func (e *env) newSink(t testing.TB, cfg *Config) *Sink {
 	if cfg == nil {
 		cfg = &Config{StreamPrefix: e.prefix}
 	}
-	s, err := Dial(ctxT(t), serverURL(), cfg)
+	s, err := Dial(testenv.Context(t, 30*time.Second), serverURL(), cfg)
 	if err != nil {
 		t.Fatalf("%v; %s", err, startHint)
 	}
@@ -132,7 +116,7 @@ func (r rawEntry) field(name string) (string, bool) {
 // xrange returns every entry of stream, fields in stored order.
 func (e *env) xrange(t testing.TB, stream string) []rawEntry {
 	t.Helper()
-	res, err := e.rdb.Do(ctxT(t), "XRANGE", stream, "-", "+").Slice()
+	res, err := e.rdb.Do(testenv.Context(t, 30*time.Second), "XRANGE", stream, "-", "+").Slice()
 	if err != nil {
 		t.Fatalf("XRANGE %s: %v", stream, err)
 	}
@@ -180,7 +164,7 @@ func TestFieldsAndOrderPerStream(t *testing.T) {
 	msgs[2].Value = nil
 	msgs[2].Key = nil
 	msgs[4].Headers = []sink.Header{{Key: "trace", Value: "t1"}, {Key: "x-empty", Value: ""}, {Key: "trace", Value: "t2 <&>"}}
-	requireNoErrors(t, s.Publish(ctxT(t), msgs), len(msgs))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs), len(msgs))
 
 	for _, dest := range []string{"orders", "payments"} {
 		got := e.xrange(t, e.prefix+dest)
@@ -239,14 +223,14 @@ func TestMaxLenTrimsApproximately(t *testing.T) {
 		for i := range msgs {
 			msgs[i] = sink.Message{ID: fmt.Sprint(b, "-", i), Destination: "capped", Value: []byte(`{}`)}
 		}
-		requireNoErrors(t, s.Publish(ctxT(t), msgs), len(msgs))
+		requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs), len(msgs))
 	}
-	n, err := e.rdb.XLen(ctxT(t), e.prefix+"capped").Result()
+	n, err := e.rdb.XLen(testenv.Context(t, 30*time.Second), e.prefix+"capped").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	node := int64(100)
-	if cfg, err := e.rdb.ConfigGet(ctxT(t), "stream-node-max-entries").Result(); err == nil {
+	if cfg, err := e.rdb.ConfigGet(testenv.Context(t, 30*time.Second), "stream-node-max-entries").Result(); err == nil {
 		if v, err := strconv.ParseInt(cfg["stream-node-max-entries"], 10, 64); err == nil && v > 0 {
 			node = v
 		}
@@ -255,7 +239,7 @@ func TestMaxLenTrimsApproximately(t *testing.T) {
 		t.Errorf("stream holds %d entries after 1000 appends with MaxLen 100; want at least 100 and fewer than %d", n, 100+node)
 	}
 	// The newest entry is the last one appended.
-	last, err := e.rdb.XRevRangeN(ctxT(t), e.prefix+"capped", "+", "-", 1).Result()
+	last, err := e.rdb.XRevRangeN(testenv.Context(t, 30*time.Second), e.prefix+"capped", "+", "-", 1).Result()
 	if err != nil || len(last) != 1 || last[0].Values["id"] != "9-99" {
 		t.Errorf("newest entry %v (%v), want id 9-99", last, err)
 	}
@@ -263,7 +247,7 @@ func TestMaxLenTrimsApproximately(t *testing.T) {
 
 func TestWrongTypeIsPermanentOthersSucceed(t *testing.T) {
 	e := newEnv(t)
-	if err := e.rdb.Set(ctxT(t), e.prefix+"not-a-stream", "x", 0).Err(); err != nil {
+	if err := e.rdb.Set(testenv.Context(t, 30*time.Second), e.prefix+"not-a-stream", "x", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	s := e.newSink(t, nil)
@@ -273,7 +257,7 @@ func TestWrongTypeIsPermanentOthersSucceed(t *testing.T) {
 		{ID: "w3", Destination: "ok"},
 		{ID: "w4", Destination: ""},
 	}
-	errs := s.Publish(ctxT(t), msgs)
+	errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 	if errs[0] != nil || errs[2] != nil {
 		t.Fatalf("messages to a stream: %v, %v", errs[0], errs[2])
 	}
@@ -291,11 +275,11 @@ func TestWrongTypeIsPermanentOthersSucceed(t *testing.T) {
 func TestOOMIsTransient(t *testing.T) {
 	e := newEnv(t)
 	s := e.newSink(t, nil)
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{{ID: "before", Destination: "s"}}), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "before", Destination: "s"}}), 1)
 
 	// maxmemory below what Redis uses makes every write fail with OOM
 	// (under the noeviction policy). Restore both settings afterwards.
-	old, err := e.rdb.ConfigGet(ctxT(t), "maxmemory*").Result()
+	old, err := e.rdb.ConfigGet(testenv.Context(t, 30*time.Second), "maxmemory*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,26 +291,26 @@ func TestOOMIsTransient(t *testing.T) {
 		}
 	}
 	defer restore()
-	if err := e.rdb.ConfigSet(ctxT(t), "maxmemory-policy", "noeviction").Err(); err != nil {
+	if err := e.rdb.ConfigSet(testenv.Context(t, 30*time.Second), "maxmemory-policy", "noeviction").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.rdb.ConfigSet(ctxT(t), "maxmemory", "1").Err(); err != nil {
+	if err := e.rdb.ConfigSet(testenv.Context(t, 30*time.Second), "maxmemory", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	errs := s.Publish(ctxT(t), []sink.Message{{ID: "o1", Destination: "s"}, {ID: "o2", Destination: "s"}})
+	errs := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "o1", Destination: "s"}, {ID: "o2", Destination: "s"}})
 	restore()
 	for i, err := range errs {
 		if err == nil || !redis.IsOOMError(err) || sink.IsPermanent(err) || sink.IsUnavailable(err) {
 			t.Errorf("message %d under OOM: %v; want a transient OOM error", i, err)
 		}
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{{ID: "after", Destination: "s"}}), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "after", Destination: "s"}}), 1)
 }
 
 func TestTooLargeAndInvalidHeaders(t *testing.T) {
 	e := newEnv(t)
 	s := e.newSink(t, &Config{StreamPrefix: e.prefix, MaxMessageSize: 16})
-	errs := s.Publish(ctxT(t), []sink.Message{
+	errs := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{
 		{ID: "ok", Destination: "s", Value: []byte("0123456789abcdef")},
 		{ID: "big", Destination: "s", Value: []byte("0123456789abcdefg")},
 		{ID: "bad-header", Destination: "s", Headers: []sink.Header{{Key: "h", Value: "\xff"}}},
@@ -383,7 +367,7 @@ func TestCancelledContextAndDeadline(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d failed with the deadline", failed, len(big))
-	requireNoErrors(t, s.Publish(ctxT(t), msgs), 2) // the sink still works
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs), 2) // the sink still works
 }
 
 // TestOutageAndRecovery cuts the connection between the sink and Redis:
@@ -401,7 +385,7 @@ func TestOutageAndRecovery(t *testing.T) {
 	}
 	defer p.Close()
 	u.Host = p.Addr()
-	s, err := Dial(ctxT(t), u.String(), &Config{StreamPrefix: e.prefix})
+	s, err := Dial(testenv.Context(t, 30*time.Second), u.String(), &Config{StreamPrefix: e.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,12 +393,12 @@ func TestOutageAndRecovery(t *testing.T) {
 	batch := func(tag string) []sink.Message {
 		return []sink.Message{{ID: tag + "a", Destination: "s"}, {ID: tag + "b", Destination: "s"}}
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), batch("before")), 2)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), batch("before")), 2)
 
 	p.Cut()
 	for round := range 3 {
 		start := time.Now()
-		errs := s.Publish(ctxT(t), batch(fmt.Sprint("cut", round)))
+		errs := s.Publish(testenv.Context(t, 30*time.Second), batch(fmt.Sprint("cut", round)))
 		if el := time.Since(start); el > 10*time.Second {
 			t.Errorf("round %d: Publish during the outage took %v", round, el)
 		}
@@ -426,7 +410,7 @@ func TestOutageAndRecovery(t *testing.T) {
 		t.Logf("round %d: %v", round, errs[0])
 	}
 	p.Restore()
-	requireNoErrors(t, s.Publish(ctxT(t), batch("after")), 2)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), batch("after")), 2)
 	var ids []string
 	for _, r := range e.xrange(t, e.prefix+"s") {
 		id, _ := r.field("id")
@@ -445,17 +429,17 @@ func TestNewLeavesClientOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{{ID: "n1", Destination: "s"}}), 1)
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "n1", Destination: "s"}}), 1)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := client.Ping(ctxT(t)).Err(); err != nil {
+	if err := client.Ping(testenv.Context(t, 30*time.Second)).Err(); err != nil {
 		t.Fatalf("Close closed the caller's client: %v", err)
 	}
-	for _, err := range s.Publish(ctxT(t), []sink.Message{{ID: "n2", Destination: "s"}}) {
+	for _, err := range s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "n2", Destination: "s"}}) {
 		if !errors.Is(err, ErrClosed) || sink.IsPermanent(err) {
 			t.Errorf("Publish after Close: %v", err)
 		}
@@ -467,7 +451,7 @@ func TestNewLeavesClientOpen(t *testing.T) {
 	}
 	defer s2.Close()
 	client.Close()
-	for _, err := range s2.Publish(ctxT(t), []sink.Message{{ID: "n3", Destination: "s"}}) {
+	for _, err := range s2.Publish(testenv.Context(t, 30*time.Second), []sink.Message{{ID: "n3", Destination: "s"}}) {
 		if !sink.IsUnavailable(err) {
 			t.Errorf("Publish on a closed client: %v", err)
 		}
@@ -488,7 +472,7 @@ func TestConcurrentPublish(t *testing.T) {
 				for i := range msgs {
 					msgs[i] = sink.Message{ID: fmt.Sprintf("w%d-%d-%d", w, b, i), Destination: fmt.Sprint("w", w), Value: []byte(`{}`)}
 				}
-				for i, err := range s.Publish(ctxT(t), msgs) {
+				for i, err := range s.Publish(testenv.Context(t, 30*time.Second), msgs) {
 					if err != nil {
 						t.Errorf("worker %d message %d: %v", w, i, err)
 					}
@@ -512,7 +496,7 @@ func TestConcurrentPublish(t *testing.T) {
 }
 
 func TestDialErrors(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 30*time.Second)
 	for _, tc := range []struct{ url, want string }{
 		{"", "empty URL"},
 		{"http://127.0.0.1:6379/0", `scheme "http"`},

@@ -23,6 +23,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -103,12 +104,6 @@ func newSink(t *testing.T, cfg Config) *Sink {
 	return s
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func msg(id, dest, key, value string, headers ...string) sink.Message {
 	m := sink.Message{ID: id, Destination: dest, Value: []byte(value)}
 	if key != "" {
@@ -143,7 +138,7 @@ func TestDeliverySignedWithRotatedSecrets(t *testing.T) {
 		msg("evt-3", "orders.created", "", ""),
 		msg("evt-4", "orders.created", "k", `"s"`, "content-type", "application/vnd.custom+json"),
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), msgs))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs))
 	reqs := srv.requests()
 	if len(reqs) != len(msgs) {
 		t.Fatalf("server received %d requests, want %d", len(reqs), len(msgs))
@@ -210,13 +205,13 @@ func TestDeliverySignedWithRotatedSecrets(t *testing.T) {
 func TestURLsOverride(t *testing.T) {
 	a, b := newServer(t, nil), newServer(t, nil)
 	s := newSink(t, Config{URL: a.URL + "/all?d=${destination}", URLs: map[string]string{"special": b.URL + "/fixed"}})
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{msg("1", "x y", "", "{}"), msg("2", "special", "", "{}")}))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "x y", "", "{}"), msg("2", "special", "", "{}")}))
 	if ra, rb := a.requests(), b.requests(); len(ra) != 1 || len(rb) != 1 || rb[0].Path != "/fixed" {
 		t.Fatalf("requests: %v / %v", ra, rb)
 	}
 
 	only := newSink(t, Config{URLs: map[string]string{"special": b.URL + "/fixed"}})
-	errs := only.Publish(ctxT(t), []sink.Message{msg("3", "other", "", "{}")})
+	errs := only.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("3", "other", "", "{}")})
 	if !sink.IsPermanent(errs[0]) || !strings.Contains(errs[0].Error(), `no endpoint for destination "other"`) {
 		t.Fatalf("unknown destination: %v", errs[0])
 	}
@@ -232,7 +227,7 @@ func TestRetryAfter500GetsSameIDAndFreshSignature(t *testing.T) {
 	})
 	s := newSink(t, Config{URL: srv.URL + "/${destination}"})
 	m := []sink.Message{msg("evt-retry", "orders", "k", `{"a":1}`)}
-	errs := s.Publish(ctxT(t), m)
+	errs := s.Publish(testenv.Context(t, 30*time.Second), m)
 	if errs[0] == nil || sink.IsPermanent(errs[0]) || sink.IsUnavailable(errs[0]) {
 		t.Fatalf("500: got %v, want a transient (not unavailable) error", errs[0])
 	}
@@ -241,7 +236,7 @@ func TestRetryAfter500GetsSameIDAndFreshSignature(t *testing.T) {
 		t.Fatalf("500: %v is not a *StatusError", errs[0])
 	}
 	time.Sleep(1100 * time.Millisecond) // a new second, so the timestamp changes
-	requireNoErrors(t, s.Publish(ctxT(t), m))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), m))
 	reqs := srv.requests()
 	if len(reqs) != 2 {
 		t.Fatalf("%d requests, want 2", len(reqs))
@@ -295,7 +290,7 @@ func TestStatusClassification(t *testing.T) {
 				fmt.Fprint(w, "response body that is discarded")
 			})
 			s := newSink(t, Config{URL: srv.URL + "/x"})
-			err := s.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")})[0]
+			err := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")})[0]
 			if err == nil || sink.IsPermanent(err) != tc.permanent || sink.IsUnavailable(err) {
 				t.Fatalf("got %v (permanent %v), want permanent=%v", err, sink.IsPermanent(err), tc.permanent)
 			}
@@ -321,7 +316,7 @@ func TestRedirectNotFollowed(t *testing.T) {
 		http.Redirect(w, r, "/new?token=secret", http.StatusMovedPermanently)
 	})
 	s := newSink(t, Config{URL: srv.URL + "/old"})
-	err := s.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")})[0]
+	err := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")})[0]
 	if !sink.IsPermanent(err) || !strings.Contains(err.Error(), "301") || !strings.Contains(err.Error(), "redirects are not followed") {
 		t.Fatalf("got %v, want a permanent redirect error", err)
 	}
@@ -341,7 +336,7 @@ func TestDefaultRefusesLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	err = s.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")})[0]
+	err = s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")})[0]
 	var be *BlockedAddressError
 	if !sink.IsPermanent(err) || !errors.As(err, &be) || be.Addr != netip.MustParseAddr("127.0.0.1") {
 		t.Fatalf("got %v, want a permanent *BlockedAddressError for 127.0.0.1", err)
@@ -359,7 +354,7 @@ func TestDefaultRefusesLoopback(t *testing.T) {
 	// AllowPrivate and an allow-list both let it through.
 	for _, cfg := range []Config{{AllowPrivate: true}, {Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}} {
 		cfg.URL = srv.URL + "/x"
-		requireNoErrors(t, newSink(t, cfg).Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")}))
+		requireNoErrors(t, newSink(t, cfg).Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")}))
 	}
 }
 
@@ -421,7 +416,7 @@ func TestHostnameResolvingToLoopbackRefusedAtConnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	err = s.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")})[0]
+	err = s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")})[0]
 	var be *BlockedAddressError
 	if !sink.IsPermanent(err) || !errors.As(err, &be) || be.Addr.String() != "127.0.0.1" {
 		t.Fatalf("got %v, want a permanent refusal of 127.0.0.1", err)
@@ -434,7 +429,7 @@ func TestHostnameResolvingToLoopbackRefusedAtConnect(t *testing.T) {
 	// The same resolver with loopback allowed: the name did resolve to the
 	// test server, so the refusal above happened at connect time.
 	ok := newSink(t, Config{URL: target, Resolver: res})
-	requireNoErrors(t, ok.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")}))
+	requireNoErrors(t, ok.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")}))
 	if n := len(srv.requests()); n != 1 {
 		t.Fatalf("server received %d requests, want 1", n)
 	}
@@ -445,7 +440,7 @@ func TestHostnameResolvingToLoopbackRefusedAtConnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := l.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")})[0]; !errors.As(err, &be) {
+	if err := l.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")})[0]; !errors.As(err, &be) {
 		t.Fatalf("localhost: %v", err)
 	}
 }
@@ -566,7 +561,7 @@ func TestTimeout(t *testing.T) {
 	defer close(release)
 	s := newSink(t, Config{URL: srv.URL + "/x", Timeout: 200 * time.Millisecond})
 	start := time.Now()
-	err := s.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")})[0]
+	err := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")})[0]
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("took %v", d)
 	}
@@ -585,7 +580,7 @@ func TestOrderPerKeyAndConcurrency(t *testing.T) {
 		key := fmt.Sprint("k", (i*7)%6)
 		msgs = append(msgs, msg(fmt.Sprint(i), "d", key, fmt.Sprintf(`{"i":%d}`, i)))
 	}
-	requireNoErrors(t, s.Publish(ctxT(t), msgs))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), msgs))
 	last := map[string]int{}
 	for _, r := range srv.requests() {
 		i, _ := strconv.Atoi(r.Header.Get(HeaderID))
@@ -611,7 +606,7 @@ func TestFailureStopsTheKey(t *testing.T) {
 	})
 	s := newSink(t, Config{URL: srv.URL + "/x", Concurrency: 1})
 	msgs := []sink.Message{msg("a1", "d", "A", "{}"), msg("b1", "d", "B", "{}"), msg("a2", "d", "A", "{}"), msg("b2", "d", "B", "{}")}
-	errs := s.Publish(ctxT(t), msgs)
+	errs := s.Publish(testenv.Context(t, 30*time.Second), msgs)
 	if errs[0] == nil || sink.IsPermanent(errs[0]) {
 		t.Fatalf("a1: %v", errs[0])
 	}
@@ -645,7 +640,7 @@ func TestInvalidMessagesArePermanent(t *testing.T) {
 		msg("1", "d", "", "{}", "host", "evil.example"),
 		msg("1", "d", "", "{}", "Outbox-Key", "other"),
 	} {
-		err := s.Publish(ctxT(t), []sink.Message{m})[0]
+		err := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{m})[0]
 		if !sink.IsPermanent(err) {
 			t.Errorf("%+v: got %v, want a permanent error", m, err)
 			continue
@@ -667,7 +662,7 @@ func TestLargeResponseDiscarded(t *testing.T) {
 		}
 	})
 	s := newSink(t, Config{URL: srv.URL + "/x"})
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}"), msg("2", "d", "", "{}")}))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}"), msg("2", "d", "", "{}")}))
 }
 
 func TestConfigErrors(t *testing.T) {
@@ -726,7 +721,7 @@ func TestClose(t *testing.T) {
 	})
 	defer close(release)
 	s := newSink(t, Config{URL: srv.URL + "/x"})
-	requireNoErrors(t, s.Publish(ctxT(t), []sink.Message{msg("1", "d", "", "{}")}))
+	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")}))
 	done := make(chan []error)
 	go func() { done <- s.Publish(context.Background(), []sink.Message{msg("2", "d", "", "{}")}) }()
 	for len(srv.requests()) < 2 {
@@ -741,7 +736,7 @@ func TestClose(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if errs := s.Publish(ctxT(t), []sink.Message{msg("3", "d", "", "{}")}); !errors.Is(errs[0], ErrClosed) {
+	if errs := s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("3", "d", "", "{}")}); !errors.Is(errs[0], ErrClosed) {
 		t.Fatalf("Publish after Close: %v", errs[0])
 	}
 }
