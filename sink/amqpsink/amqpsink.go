@@ -88,6 +88,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -224,23 +225,14 @@ func normalize(cfg *Config) (Config, error) {
 			return c, fmt.Errorf("amqpsink: invalid Config.Queues[%d] (%q) Args: %v", i, q.Name, err)
 		}
 	}
-	switch {
-	case c.MaxInFlight < 0:
-		return c, fmt.Errorf("amqpsink: invalid Config.MaxInFlight %d: must be positive (or 0 for the default %d)", c.MaxInFlight, DefaultMaxInFlight)
-	case c.MaxInFlight == 0:
-		c.MaxInFlight = DefaultMaxInFlight
+	if err := confval.PositiveOr("amqpsink", "MaxInFlight", &c.MaxInFlight, DefaultMaxInFlight); err != nil {
+		return c, err
 	}
-	switch {
-	case c.ConfirmTimeout < 0:
-		return c, fmt.Errorf("amqpsink: invalid Config.ConfirmTimeout %v: must be positive (or 0 for the default %v)", c.ConfirmTimeout, DefaultConfirmTimeout)
-	case c.ConfirmTimeout == 0:
-		c.ConfirmTimeout = DefaultConfirmTimeout
+	if err := confval.PositiveOr("amqpsink", "ConfirmTimeout", &c.ConfirmTimeout, DefaultConfirmTimeout); err != nil {
+		return c, err
 	}
-	switch {
-	case c.DialTimeout < 0:
-		return c, fmt.Errorf("amqpsink: invalid Config.DialTimeout %v: must be positive (or 0 for the default %v)", c.DialTimeout, DefaultDialTimeout)
-	case c.DialTimeout == 0:
-		c.DialTimeout = DefaultDialTimeout
+	if err := confval.PositiveOr("amqpsink", "DialTimeout", &c.DialTimeout, DefaultDialTimeout); err != nil {
+		return c, err
 	}
 	if c.MaxMessageSize == 0 {
 		c.MaxMessageSize = DefaultMaxMessageSize

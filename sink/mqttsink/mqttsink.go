@@ -95,6 +95,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -202,13 +203,13 @@ func normalize(cfg *Config) (Config, error) {
 	if c.TopicReplacer == nil {
 		c.TopicReplacer = strings.NewReplacer(".", "/")
 	}
-	if err := positive(&c.MaxInflight, DefaultMaxInflight, "MaxInflight"); err != nil {
+	if err := confval.PositiveOr("mqttsink", "MaxInflight", &c.MaxInflight, DefaultMaxInflight); err != nil {
 		return c, err
 	}
 	if c.MaxInflight > 65535 {
 		return c, fmt.Errorf("mqttsink: invalid Config.MaxInflight %d: MQTT allows at most 65535 unacknowledged publishes", c.MaxInflight)
 	}
-	if err := positive(&c.MaxMessageSize, MaxMessageSize, "MaxMessageSize"); err != nil {
+	if err := confval.PositiveOr("mqttsink", "MaxMessageSize", &c.MaxMessageSize, MaxMessageSize); err != nil {
 		return c, err
 	}
 	if c.MaxMessageSize > MaxMessageSize {
@@ -224,7 +225,7 @@ func normalize(cfg *Config) (Config, error) {
 		{&c.KeepAlive, DefaultKeepAlive, "KeepAlive"},
 		{&c.MaxReconnectInterval, DefaultMaxReconnectInterval, "MaxReconnectInterval"},
 	} {
-		if err := positive(d.p, d.def, d.name); err != nil {
+		if err := confval.PositiveOr("mqttsink", d.name, d.p, d.def); err != nil {
 			return c, err
 		}
 	}
@@ -242,17 +243,6 @@ func normalize(cfg *Config) (Config, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c, nil
-}
-
-// positive applies def to a zero *p and rejects a negative one.
-func positive[T int | time.Duration](p *T, def T, name string) error {
-	switch {
-	case *p < 0:
-		return fmt.Errorf("mqttsink: invalid Config.%s %v: must be positive (or 0 for the default %v)", name, *p, def)
-	case *p == 0:
-		*p = def
-	}
-	return nil
 }
 
 // conn is one connected Paho client of a sink made by Dial.

@@ -40,6 +40,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -113,17 +114,11 @@ func normalize(cfg *Config) (Config, error) {
 			return c, fmt.Errorf("natssink: invalid Config.Subjects entry %q: %v", s, err)
 		}
 	}
-	switch {
-	case c.MaxPending < 0:
-		return c, fmt.Errorf("natssink: invalid Config.MaxPending %d: must be positive (or 0 for the default %d)", c.MaxPending, DefaultMaxPending)
-	case c.MaxPending == 0:
-		c.MaxPending = DefaultMaxPending
+	if err := confval.PositiveOr("natssink", "MaxPending", &c.MaxPending, DefaultMaxPending); err != nil {
+		return c, err
 	}
-	switch {
-	case c.AckTimeout < 0:
-		return c, fmt.Errorf("natssink: invalid Config.AckTimeout %v: must be positive (or 0 for the default %v)", c.AckTimeout, DefaultAckTimeout)
-	case c.AckTimeout == 0:
-		c.AckTimeout = DefaultAckTimeout
+	if err := confval.PositiveOr("natssink", "AckTimeout", &c.AckTimeout, DefaultAckTimeout); err != nil {
+		return c, err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

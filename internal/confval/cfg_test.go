@@ -1,0 +1,22 @@
+package confval
+
+import (
+	"testing"
+	"time"
+)
+
+func TestPositiveOr(t *testing.T) {
+	var n int
+	if err := PositiveOr("p", "N", &n, 7); err != nil || n != 7 {
+		t.Fatalf("zero: %d, %v", n, err)
+	}
+	d := 3 * time.Second
+	if err := PositiveOr("p", "D", &d, time.Minute); err != nil || d != 3*time.Second {
+		t.Fatalf("positive kept: %v, %v", d, err)
+	}
+	n = -1
+	err := PositiveOr("p", "N", &n, 7)
+	if err == nil || err.Error() != "p: invalid Config.N -1: must be positive (or 0 for the default 7)" {
+		t.Fatalf("negative: %v", err)
+	}
+}
