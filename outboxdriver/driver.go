@@ -138,6 +138,8 @@ type Source interface {
 	// for a wake-up during the next ttl (ttl > 0), or that it is draining
 	// (ttl == 0). Writers send wake-ups only while a relay is idle.
 	SetIdle(ctx context.Context, ttl time.Duration) error
+	// RelayName is the name this source registers under.
+	RelayName() string
 	// Close releases the source's connections.
 	Close() error
 }

@@ -3,7 +3,6 @@ package outboxpgx
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,17 +12,7 @@ import (
 )
 
 // DeadLetter is one event in the dead-letter table.
-type DeadLetter struct {
-	ID             string    `json:"id"`
-	AggregateType  string    `json:"aggregatetype"`
-	AggregateID    string    `json:"aggregateid"`
-	Type           string    `json:"type"`
-	Attempts       int       `json:"attempts"`
-	LastError      string    `json:"last_error"`
-	DeadLetteredAt time.Time `json:"dead_lettered_at"`
-	// Held is true when the aggregate's later events wait for this one.
-	Held bool `json:"held"`
-}
+type DeadLetter = outboxdriver.DeadLetter
 
 // DeadLetters lists up to limit dead letters of t, oldest first.
 func DeadLetters(ctx context.Context, db Querier, t outboxdriver.Table, limit int) ([]DeadLetter, error) {
@@ -97,13 +86,7 @@ SELECT id::text FROM gone ORDER BY seq`, ids, actor)
 }
 
 // AuditEntry is one recorded operator action.
-type AuditEntry struct {
-	At      time.Time `json:"at"`
-	Actor   string    `json:"actor"`
-	Action  string    `json:"action"`
-	EventID string    `json:"event_id"`
-	Detail  string    `json:"detail"`
-}
+type AuditEntry = outboxdriver.AuditEntry
 
 // Audit lists the newest limit operator actions on t, newest first.
 func Audit(ctx context.Context, db Querier, t outboxdriver.Table, limit int) ([]AuditEntry, error) {

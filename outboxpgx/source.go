@@ -2,14 +2,11 @@ package outboxpgx
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,26 +23,17 @@ import (
 )
 
 // Retention says what happens to a row once the broker acknowledged it.
-type Retention int
+type Retention = outboxdriver.Retention
 
 const (
-	// RetentionDelete deletes published rows in the claim's transaction:
-	// the table stays small and no cleanup is needed. The default.
-	RetentionDelete Retention = iota
+	// RetentionDelete deletes published rows in the claim's transaction.
+	RetentionDelete = outboxdriver.RetentionDelete
 	// RetentionKeep sets published_at and keeps the row (for audit).
-	RetentionKeep
+	RetentionKeep = outboxdriver.RetentionKeep
 )
 
 // SourceConfig configures a Source.
-type SourceConfig struct {
-	// Retention of published rows. Defaults to RetentionDelete.
-	Retention Retention
-	// RelayName identifies this relay in the wake-up registry. Defaults to
-	// host-pid-random.
-	RelayName string
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-}
+type SourceConfig = outboxdriver.SourceConfig
 
 // Source is the relay's view of an outbox table in PostgreSQL.
 type Source struct {
@@ -174,7 +162,7 @@ func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *SourceConfig) (*So
 		return nil, fmt.Errorf("outboxpgx: unknown retention %d", c.Retention)
 	}
 	if c.RelayName == "" {
-		c.RelayName = defaultRelayName()
+		c.RelayName = outboxdriver.DefaultRelayName()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -188,13 +176,6 @@ func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *SourceConfig) (*So
 
 // defaultClaimIdle bounds a claim's transaction before any lease was taken.
 const defaultClaimIdle = 30 * time.Second
-
-func defaultRelayName() string {
-	host, _ := os.Hostname()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
-}
 
 // RelayName is the name this source registers under.
 func (s *Source) RelayName() string { return s.cfg.RelayName }

@@ -18,7 +18,7 @@ type Querier interface {
 }
 
 // ErrNotMigrated is returned by Status for a table that does not exist yet.
-var ErrNotMigrated = fmt.Errorf("outbox table not found: run `outbox migrate` (or outboxpgx.Migrate) first")
+var ErrNotMigrated = outboxdriver.ErrNotMigrated
 
 // Status reports the backlog, the age of the oldest unpublished event and
 // the dead letters of table t.

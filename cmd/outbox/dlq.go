@@ -11,11 +11,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 func newDLQ() *cobra.Command {
@@ -36,15 +34,15 @@ func newDLQList() *cobra.Command {
 		Short: "List dead letters, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
-				dls, err := outboxpgx.DeadLetters(ctx, pool, t, limit)
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
+				dls, err := st.DeadLetters(ctx, t, limit)
 				if err != nil {
 					return err
 				}
 				out := cmd.OutOrStdout()
 				if asJSON {
 					if dls == nil {
-						dls = []outboxpgx.DeadLetter{}
+						dls = []outboxdriver.DeadLetter{}
 					}
 					return json.NewEncoder(out).Encode(dls)
 				}
@@ -90,12 +88,12 @@ func newDLQAct(action string) *cobra.Command {
 			if actor == "" {
 				actor = defaultActor()
 			}
-			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
-				do := outboxpgx.RetryDeadLetters
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
+				do := st.RetryDeadLetters
 				if action == "discard" {
-					do = outboxpgx.DiscardDeadLetters
+					do = st.DiscardDeadLetters
 				}
-				done, err := do(ctx, pool, t, ids, actor)
+				done, err := do(ctx, t, ids, actor)
 				if err != nil {
 					return err
 				}
@@ -122,8 +120,8 @@ func newDLQAudit() *cobra.Command {
 		Short: "Show the newest operator actions on dead letters as JSON lines",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
-				entries, err := outboxpgx.Audit(ctx, pool, t, limit)
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
+				entries, err := st.Audit(ctx, t, limit)
 				if err != nil {
 					return err
 				}

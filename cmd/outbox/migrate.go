@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 func newMigrate() *cobra.Command {
@@ -24,27 +21,27 @@ versioned; a second run changes nothing. --down N reverts to version N
 (--down 0 drops the outbox tables and their data).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
 				out := cmd.OutOrStdout()
 				if cmd.Flags().Changed("down") {
-					if down < 0 || down > pgschema.Latest() {
-						return fmt.Errorf("--down %d: use a version between 0 and %d", down, pgschema.Latest())
+					if down < 0 || down > st.LatestVersion() {
+						return fmt.Errorf("--down %d: use a version between 0 and %d", down, st.LatestVersion())
 					}
-					vs, err := outboxpgx.MigrateDown(ctx, pool, t, down)
+					vs, err := st.MigrateDown(ctx, t, down)
 					if err != nil {
 						return err
 					}
 					fmt.Fprintf(out, "%s: reverted %d migration(s) %v, now at version %d\n", t, len(vs), vs, down)
 					return nil
 				}
-				vs, err := outboxpgx.Migrate(ctx, pool, t, &opts)
+				vs, err := st.Migrate(ctx, t, &opts)
 				if err != nil {
 					return err
 				}
 				if len(vs) == 0 {
-					fmt.Fprintf(out, "%s: already at version %d, nothing to do\n", t, pgschema.Latest())
+					fmt.Fprintf(out, "%s: already at version %d, nothing to do\n", t, st.LatestVersion())
 				} else {
-					fmt.Fprintf(out, "%s: applied migration(s) %v, now at version %d\n", t, vs, pgschema.Latest())
+					fmt.Fprintf(out, "%s: applied migration(s) %v, now at version %d\n", t, vs, st.LatestVersion())
 				}
 				return nil
 			})

@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
@@ -60,7 +59,7 @@ stdout: (one JSON line per event).`,
 			if err != nil {
 				return err
 			}
-			if ret == outboxpgx.RetentionDelete {
+			if ret == outboxdriver.RetentionDelete {
 				rcfg.CleanupAfter = 0 // nothing is kept
 			}
 			router, err := route.New(&rc)
@@ -89,12 +88,15 @@ stdout: (one JSON line per event).`,
 				defer ln.Close()
 			}
 			ctx := cmd.Context()
-			pool, err := f.connect(ctx, 4)
+			db, schema, err := f.open(ctx, 4)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			if _, err := outboxpgx.Status(ctx, pool, t); err != nil {
+			defer db.Close()
+			if t.Schema == "" {
+				t.Schema = schema
+			}
+			if _, err := db.Status(ctx, t); err != nil {
 				return err
 			}
 			snk, err := sf.open(ctx, log)
@@ -102,7 +104,7 @@ stdout: (one JSON line per event).`,
 				return err
 			}
 			defer snk.Close()
-			src, err := outboxpgx.NewSource(pool, t, &outboxpgx.SourceConfig{Retention: ret, Logger: log})
+			src, err := db.NewSource(t, &outboxdriver.SourceConfig{Retention: ret, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -114,7 +116,7 @@ stdout: (one JSON line per event).`,
 				reg := prometheus.NewRegistry()
 				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 				m, err := outboxprom.New(reg, func(ctx context.Context) (outboxdriver.Status, error) {
-					return outboxpgx.Status(ctx, pool, t)
+					return db.Status(ctx, t)
 				})
 				if err != nil {
 					return err
@@ -171,12 +173,12 @@ func sinkURL(sf sinkFlags) string {
 	return "$OUTBOX_SINK"
 }
 
-func parseRetention(s string) (outboxpgx.Retention, error) {
+func parseRetention(s string) (outboxdriver.Retention, error) {
 	switch s {
 	case "delete":
-		return outboxpgx.RetentionDelete, nil
+		return outboxdriver.RetentionDelete, nil
 	case "keep":
-		return outboxpgx.RetentionKeep, nil
+		return outboxdriver.RetentionKeep, nil
 	}
 	return 0, fmt.Errorf("--retention %q: use delete or keep", s)
 }

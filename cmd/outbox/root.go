@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 func newRoot() *cobra.Command {
@@ -34,42 +35,85 @@ type dbFlags struct {
 
 func (f *dbFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.db, "db", "", "PostgreSQL URL, e.g. postgres://user@host:5432/db (or OUTBOX_DB)")
-	cmd.Flags().StringVar(&f.schema, "schema", "public", "schema of the outbox table")
+	cmd.Flags().StringVar(&f.schema, "schema", "", "schema of the outbox table (default: public on PostgreSQL, the URL's database on MySQL/MariaDB, main on SQLite)")
 	cmd.Flags().StringVar(&f.table, "table", "outbox", "name of the outbox table")
 }
 
 func (f *dbFlags) tableName() (outboxdriver.Table, error) {
 	t := outboxdriver.Table{Schema: f.schema, Name: f.table}
-	if err := t.Validate(); err != nil {
+	// An empty schema is the driver's default; check the rest now.
+	check := t
+	if check.Schema == "" {
+		check.Schema = "default"
+	}
+	if err := check.Validate(); err != nil {
 		return t, fmt.Errorf("--schema/--table: %w", err)
 	}
 	return t, nil
 }
 
-// withDB validates the table flags, connects, and runs fn with the table
-// and a small pool that is closed afterwards.
-func (f *dbFlags) withDB(cmd *cobra.Command, fn func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error) error {
+// withDB validates the table flags, opens the database --db names, and
+// runs fn with the table and a Store that is closed afterwards.
+func (f *dbFlags) withDB(cmd *cobra.Command, fn func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error) error {
 	t, err := f.tableName()
 	if err != nil {
 		return err
 	}
 	ctx := cmd.Context()
-	pool, err := f.connect(ctx, 2)
+	st, schema, err := f.open(ctx, 2)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	return fn(ctx, t, pool)
+	defer st.Close()
+	if t.Schema == "" {
+		t.Schema = schema
+	}
+	return fn(ctx, t, st)
 }
 
-// connect opens a pool on --db (or OUTBOX_DB) and checks it answers.
-func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+// dbURL is --db, or OUTBOX_DB.
+func (f *dbFlags) dbURL() (string, error) {
 	raw := f.db
 	if raw == "" {
 		raw = os.Getenv("OUTBOX_DB")
 	}
 	if raw == "" {
-		return nil, errors.New("no database: pass --db postgres://user@host:5432/db or set OUTBOX_DB")
+		return "", errors.New("no database: pass --db postgres://user@host:5432/db or set OUTBOX_DB")
+	}
+	return raw, nil
+}
+
+// open opens the database --db names, chosen by the URL's scheme, with at
+// most maxConns connections. It also returns the schema a table lives in
+// when --schema is not given.
+func (f *dbFlags) open(ctx context.Context, maxConns int32) (_ outboxdriver.Store, defaultSchema string, _ error) {
+	raw, err := f.dbURL()
+	if err != nil {
+		return nil, "", err
+	}
+	scheme, _, _ := strings.Cut(raw, "://")
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		pool, err := f.connect(ctx, maxConns)
+		if err != nil {
+			return nil, "", err
+		}
+		return pgStore{outboxpgx.NewStore(pool)}, outboxdriver.DefaultTable.Schema, nil
+	default:
+		return nil, "", fmt.Errorf("--db %s: unknown database scheme %q; use postgres://", redact(raw), scheme)
+	}
+}
+
+// pgStore closes the pool the command opened.
+type pgStore struct{ *outboxpgx.Store }
+
+func (s pgStore) Close() error { s.Pool().Close(); return nil }
+
+// connect opens a pool on --db (or OUTBOX_DB) and checks it answers.
+func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	raw, err := f.dbURL()
+	if err != nil {
+		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {

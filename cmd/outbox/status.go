@@ -9,11 +9,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // statusJSON is the stable JSON shape of `outbox status --json`.
@@ -46,8 +44,8 @@ func newStatus() *cobra.Command {
 		Short: "Show the backlog, the age of the oldest unpublished event and the dead letters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, pool *pgxpool.Pool) error {
-				st, err := outboxpgx.Status(ctx, pool, t)
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, db outboxdriver.Store) error {
+				st, err := db.Status(ctx, t)
 				if err != nil {
 					return err
 				}

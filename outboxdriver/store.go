@@ -1,0 +1,104 @@
+package outboxdriver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Retention says what happens to a row once the broker acknowledged it.
+type Retention int
+
+const (
+	// RetentionDelete deletes published rows when the batch finishes: the
+	// table stays small and no cleanup is needed. The default.
+	RetentionDelete Retention = iota
+	// RetentionKeep sets published_at and keeps the row (for audit); the
+	// relay's cleanup deletes it later.
+	RetentionKeep
+)
+
+// SourceConfig configures a Source.
+type SourceConfig struct {
+	// Retention of published rows. Defaults to RetentionDelete.
+	Retention Retention
+	// RelayName identifies this relay in the lease and wake-up registries.
+	// Defaults to host-pid-random.
+	RelayName string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrNotMigrated is wrapped by Status (and by a relay's start) for a table
+// that does not exist yet.
+var ErrNotMigrated = errors.New("outbox table not found: run `outbox migrate` first")
+
+// DeadLetter is one event in the dead-letter table.
+type DeadLetter struct {
+	ID             string    `json:"id"`
+	AggregateType  string    `json:"aggregatetype"`
+	AggregateID    string    `json:"aggregateid"`
+	Type           string    `json:"type"`
+	Attempts       int       `json:"attempts"`
+	LastError      string    `json:"last_error"`
+	DeadLetteredAt time.Time `json:"dead_lettered_at"`
+	// Held is true when the aggregate's later events wait for this one.
+	Held bool `json:"held"`
+}
+
+// AuditEntry is one recorded operator action.
+type AuditEntry struct {
+	At      time.Time `json:"at"`
+	Actor   string    `json:"actor"`
+	Action  string    `json:"action"`
+	EventID string    `json:"event_id"`
+	Detail  string    `json:"detail"`
+}
+
+// Store is an outbox database as tools see it, whatever the driver: the
+// command line, the demo and the conformance suite work through it. The
+// write path stays with Writer, inside the application's own transaction.
+type Store interface {
+	// Migrate creates or upgrades t and returns the versions applied
+	// (none when it is current). It is idempotent and safe to run from
+	// several processes at once.
+	Migrate(ctx context.Context, t Table, opts *MigrateOptions) ([]int, error)
+	// MigrateDown reverts t to version target (0 drops its tables) and
+	// returns the versions reverted.
+	MigrateDown(ctx context.Context, t Table, target int) ([]int, error)
+	// LatestVersion is the newest schema version this driver knows.
+	LatestVersion() int
+	// NewSource returns a relay's view of t.
+	NewSource(t Table, cfg *SourceConfig) (Source, error)
+	// Status summarises t; it wraps ErrNotMigrated when t does not exist.
+	Status(ctx context.Context, t Table) (Status, error)
+	// DeadLetters lists up to limit dead letters of t, oldest first.
+	DeadLetters(ctx context.Context, t Table, limit int) ([]DeadLetter, error)
+	// RetryDeadLetters moves dead letters back into the outbox with their
+	// ids and original positions (nil ids: all), audited under actor, and
+	// returns the ids moved.
+	RetryDeadLetters(ctx context.Context, t Table, ids []string, actor string) ([]string, error)
+	// DiscardDeadLetters deletes dead letters for good and releases the
+	// aggregates held behind them (nil ids: all), audited under actor, and
+	// returns the ids deleted.
+	DiscardDeadLetters(ctx context.Context, t Table, ids []string, actor string) ([]string, error)
+	// Audit lists the newest limit operator actions on t, newest first.
+	Audit(ctx context.Context, t Table, limit int) ([]AuditEntry, error)
+	// Close releases what the Store opened itself; a connection pool the
+	// caller passed in stays open.
+	Close() error
+}
+
+// DefaultRelayName is host-pid-random: unique per process, readable in
+// status output.
+func DefaultRelayName() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}
