@@ -1,0 +1,73 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxdriver/drivertest"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// conformancePool returns a pool large enough for the suite's cases to run
+// in parallel (each holds open batches, a listener and relays), closed
+// when the test ends.
+func conformancePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	testenv.Pool(t) // fails with how to start PostgreSQL when it is down
+	url := testenv.DatabaseURL()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url+sep+"pool_max_conns=40")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestDriverConformance runs the shared driver suite with pgx writers and
+// the pgx Store.
+func TestDriverConformance(t *testing.T) {
+	t.Parallel()
+	pool := conformancePool(t)
+	drivertest.Run(t, drivertest.Harness{
+		Name:     "pgx",
+		Store:    outboxpgx.NewStore(pool),
+		NewTable: func(t testing.TB) outboxdriver.Table { return testenv.Table(t, pool) },
+		Write: func(ctx context.Context, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
+			ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+			if err != nil {
+				return err
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(context.WithoutCancel(ctx))
+			if err := ob.WriteTx(ctx, tx, events...); err != nil {
+				return err
+			}
+			if !commit {
+				return tx.Rollback(ctx)
+			}
+			return tx.Commit(ctx)
+		},
+		ExecInsert: func(ctx context.Context, tb outboxdriver.Table, id, aggregateType, aggregateID, typ, payload string) error {
+			_, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)
+				VALUES ($1, $2, $3, $4, $5)`, id, aggregateType, aggregateID, typ, payload)
+			return err
+		},
+		Parallel: true,
+	})
+}
