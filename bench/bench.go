@@ -72,6 +72,13 @@ type Config struct {
 	// Batch is the relay's claim limit in the retention scenario. Defaults
 	// to DefaultBatch.
 	Batch int
+	// Sink is the broker of the drain and latency scenarios: nats://...,
+	// kafka:// (an in-process cluster), kafka://host:port or stdout: (a
+	// null writer; drain only). Defaults to DefaultSink.
+	Sink string
+	// Rates are the offered loads of the latency scenario, in events/s.
+	// Defaults to DefaultRates.
+	Rates []int
 	// Progress receives one line per measured cell and round while the
 	// scenario runs. Nil means quiet.
 	Progress io.Writer
@@ -145,6 +152,8 @@ type Scenario struct {
 
 var scenarios = []Scenario{
 	{Name: "write", Summary: "business transactions/s and latency with and without outbox events, NOTIFY and the notify trigger", Run: WritePath},
+	{Name: "drain", Summary: "events/s of one relay draining a committed backlog to the broker, against the SQL path alone and the broker alone", Run: Drain},
+	{Name: "latency", Summary: "commit-to-consumer latency at steady offered loads, wake-up strategies, an open transaction, relay CPU idle and busy", Run: CommitToConsumer},
 	{Name: "retention", Summary: "relay drain events/s (SQL only, no broker) with delete vs keep retention, table size and dead tuples left, cost of cleaning kept rows", Run: RetentionModes},
 }
 

@@ -22,9 +22,9 @@ func TestLookup(t *testing.T) {
 	if s, err := bench.Lookup("retention"); err != nil || s.Name != "retention" || s.Run == nil {
 		t.Fatalf("Lookup(retention) = %+v, %v", s, err)
 	}
-	_, err = bench.Lookup("drain")
-	if err == nil || !strings.Contains(err.Error(), `unknown scenario "drain"`) || !strings.Contains(err.Error(), "available: write") {
-		t.Fatalf("Lookup(drain): %v", err)
+	_, err = bench.Lookup("nosuch")
+	if err == nil || !strings.Contains(err.Error(), `unknown scenario "nosuch"`) || !strings.Contains(err.Error(), "available: write, drain, latency, retention") {
+		t.Fatalf("Lookup(nosuch): %v", err)
 	}
 }
 

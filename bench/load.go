@@ -376,6 +376,8 @@ type Result struct {
 	// Retention holds the retention scenario's figures: table size, dead
 	// tuples and the cleanup of kept rows.
 	Retention *RetentionFigures `json:"retention,omitempty"`
+	// Delivery holds the figures of the drain and latency scenarios.
+	Delivery *DeliveryFigures `json:"delivery,omitempty"`
 	// Env describes the conditions of the run.
 	Env *Env `json:"env,omitempty"`
 }

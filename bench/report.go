@@ -34,6 +34,9 @@ func WriteTable(w io.Writer, results []Result) error {
 	if first.Retention != nil {
 		return writeRetentionTable(w, results)
 	}
+	if first.Delivery != nil {
+		return writeDeliveryTable(w, results)
+	}
 	var b strings.Builder
 	if e := first.Env; e != nil {
 		rounds := "in one round"

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -311,8 +312,9 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	parts, epochs := leaseArrays(b.fenced())
 	pb.Queue(q.fence, b.src.cfg.RelayName, parts, epochs)
 	if len(out.Published) > 0 {
-		pb.Queue(q.markPublished, out.Published)
-		pb.Queue(q.unhold, out.Published)
+		ids := uuidArray(out.Published)
+		pb.Queue(q.markPublished, ids)
+		pb.Queue(q.unhold, ids)
 	}
 	var retryIDs, retryErrs, dlIDs, dlErrs, holdIDs, flowIDs []string
 	var retryDelays []int64
@@ -359,6 +361,21 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	}
 	b.conn.Release()
 	return nil
+}
+
+// uuidArray returns ids as binary UUIDs, which pgx sends as a uuid[]
+// without first trying (and failing) other encodings of a string; ids
+// that do not parse are passed on as text for the server to judge.
+func uuidArray(ids []string) any {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		u, err := uuid.Parse(id)
+		if err != nil {
+			return ids
+		}
+		out[i] = u
+	}
+	return out
 }
 
 // fenced lists the leases of the partitions the batch holds records of.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -24,10 +25,10 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			r.waitForWork(ctx, r.cfg.PollInterval)
 			continue
 		}
-		r.leases.inFlight.Lock()
+		r.leases.inFlight.RLock()
 		b, err := r.src.Claim(ctx, leases, r.cfg.BatchSize)
 		if err != nil {
-			r.leases.inFlight.Unlock()
+			r.leases.inFlight.RUnlock()
 			if ctx.Err() != nil {
 				return
 			}
@@ -42,7 +43,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		r.metrics.Claimed(len(recs))
 		if len(recs) == 0 {
 			b.Release(ctx)
-			r.leases.inFlight.Unlock()
+			r.leases.inFlight.RUnlock()
 			if !idle || time.Since(idleSince) > r.cfg.PollInterval {
 				// Register as idle (writers then send a wake-up), then look
 				// once more: a row committed before the registration sent
@@ -66,7 +67,11 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			}
 		}
 		outage := r.process(pubCtx, b, recs)
-		r.leases.inFlight.Unlock()
+		r.leases.inFlight.RUnlock()
+		if outage == nil && len(recs) == r.cfg.BatchSize && r.cfg.Lanes > 1 {
+			// A backlog: work it off in lanes.
+			outage = r.lanes(ctx, pubCtx)
+		}
 		if outage == nil {
 			brokerFailures = 0
 			continue
@@ -76,6 +81,65 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "err", outage)
 		sleep(ctx, d)
 	}
+}
+
+// lanes works off a backlog: Config.Lanes goroutines each claim, publish
+// and record batches of their own disjoint share of the leased partitions
+// until a claim of theirs comes back short of a full batch. It returns
+// when every lane has stopped, with the first broker outage a lane met.
+// A lane whose claim fails stops too; the main loop's next claim meets
+// the failure and backs off.
+func (r *Relay) lanes(ctx, pubCtx context.Context) error {
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		outage error
+	)
+	n := r.cfg.Lanes
+	for lane := range n {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				var leases []outboxdriver.Lease
+				for _, l := range r.leases.snapshot() {
+					if l.Partition%n == lane {
+						leases = append(leases, l)
+					}
+				}
+				if len(leases) == 0 {
+					return
+				}
+				r.leases.inFlight.RLock()
+				b, err := r.src.Claim(ctx, leases, r.cfg.BatchSize)
+				if err != nil {
+					r.leases.inFlight.RUnlock()
+					return
+				}
+				recs := b.Records()
+				r.metrics.Claimed(len(recs))
+				if len(recs) == 0 {
+					b.Release(ctx)
+					r.leases.inFlight.RUnlock()
+					return
+				}
+				r.stage(StageClaimed, len(recs))
+				out := r.process(pubCtx, b, recs)
+				r.leases.inFlight.RUnlock()
+				if out != nil {
+					mu.Lock()
+					if outage == nil {
+						outage = out
+					}
+					mu.Unlock()
+					return
+				}
+				if len(recs) < r.cfg.BatchSize {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return outage
 }
 
 // waitForWork waits for a wake-up from the source, newly acquired

@@ -16,10 +16,10 @@ type leaseState struct {
 	owned  []outboxdriver.Lease
 	lastOK time.Time          // last successful upkeep
 	wake   context.CancelFunc // interrupts the loop's wait
-	// inFlight is held by the loop while a batch is claimed; the keeper
-	// takes it before releasing a lease, so a batch never loses its lease
-	// to a rebalance.
-	inFlight sync.Mutex
+	// inFlight is read-held by every batch from its claim to its outcome;
+	// the keeper takes it before releasing a lease, so a batch never
+	// loses its lease to a rebalance.
+	inFlight sync.RWMutex
 }
 
 func (s *leaseState) snapshot() []outboxdriver.Lease {

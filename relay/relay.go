@@ -63,6 +63,16 @@ type Config struct {
 	// BatchSize is the most events claimed and published at once.
 	// Defaults to 500.
 	BatchSize int
+	// Lanes is how many batches the relay keeps in flight while it works
+	// off a backlog. Once a claim comes back full, the relay's partitions
+	// are split into Lanes disjoint sets (partition mod Lanes), and each
+	// set is claimed, published and recorded on its own, so that one
+	// lane's database round trips overlap another's publishing; order
+	// holds because an aggregate lives in one partition. When every lane
+	// has caught up, the relay claims over all its partitions again.
+	// Each lane holds a database connection while its batch is in
+	// flight. Defaults to 4; 1 turns pipelining off.
+	Lanes int
 	// PollInterval is the longest the relay waits for a wake-up before it
 	// looks again. Defaults to 500ms.
 	PollInterval time.Duration
@@ -143,6 +153,9 @@ func (nopMetrics) Retried(string)                  {}
 func (nopMetrics) DeadLettered(string)             {}
 func (nopMetrics) PartitionsOwned(int)             {}
 
+// DefaultLanes is Config.Lanes' default.
+const DefaultLanes = 4
+
 // minWait is the first wait after the relay caught up. Waits then double up
 // to PollInterval, so a writer whose transaction committed just as the relay
 // went idle (and so sent no wake-up) waits milliseconds, not a poll interval.
@@ -193,6 +206,9 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if c.BatchSize == 0 {
 		c.BatchSize = 500
 	}
+	if c.Lanes == 0 {
+		c.Lanes = DefaultLanes
+	}
 	def(&c.PollInterval, 500*time.Millisecond)
 	def(&c.LeaseTTL, 10*time.Second)
 	def(&c.RetryBase, time.Second)
@@ -207,6 +223,8 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	switch {
 	case c.BatchSize < 0 || c.BatchSize > 100_000:
 		return nil, fmt.Errorf("relay: batch size %d must be between 1 and 100000", c.BatchSize)
+	case c.Lanes < 1 || c.Lanes > 64:
+		return nil, fmt.Errorf("relay: lanes %d must be between 1 and 64", c.Lanes)
 	case c.PollInterval < minWait:
 		return nil, fmt.Errorf("relay: poll interval %s must be at least %s", c.PollInterval, minWait)
 	case c.LeaseTTL < 300*time.Millisecond:

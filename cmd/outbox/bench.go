@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -22,6 +24,9 @@ func newBench() *cobra.Command {
 		events   int
 		batch    int
 		asJSON   bool
+		sinkURL  string
+		rates    []int
+		cpuProf  string
 	)
 	var list []string
 	for _, s := range bench.Scenarios() {
@@ -49,13 +54,29 @@ published; no broker), once per retention mode (delete, keep) in each of
 time; for keep it then cleans the published rows up in batches. It reports
 the median drain throughput, the table's size and dead tuples after the drain
 and after the cleanup, and the cleanup's rows/s. --duration, --warmup and
---writers do not apply to it; --events and --batch apply only to it.
+--writers do not apply to it.
+
+The drain scenario fills a backlog of --events events and drains it three
+ways: the relay's SQL path alone (raw_sql), the same messages published
+straight to the broker with asynchronous acks and no database (raw_broker),
+and one relay publishing to the broker (relay), counted by a consumer. It
+reports the relay's events/s over the lower of the two raw limits.
+
+The latency scenario runs one relay against the broker while writers commit
+one event per transaction at each offered rate of --rates (open loop), and a
+consumer on the broker side times each event from its Commit's return. It
+also measures the relay idle (CPU), polling against LISTEN/NOTIFY, and
+2000 events/s with an unrelated transaction held open. --sink picks the
+broker of both: nats://host:port (default: the local server),
+kafka:// (an in-process Kafka cluster) or kafka://host:port.
 
 Scenarios:
 ` + strings.Join(list, "\n"),
 		Example: `  outbox bench --db postgres://postgres@127.0.0.1:5432/test --scenario write
   outbox bench --db $DB --scenario write --writers 1,4,16 --duration 10s --json
-  outbox bench --db $DB --scenario retention --events 100000 --batch 500`,
+  outbox bench --db $DB --scenario retention --events 100000 --batch 500
+  outbox bench --db $DB --scenario drain --events 200000 --sink nats://127.0.0.1:4222
+  outbox bench --db $DB --scenario latency --sink kafka:// --rates 100,2000,5000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := bench.Lookup(scenario)
@@ -90,7 +111,7 @@ Scenarios:
 				}
 			}
 			ctx := cmd.Context()
-			pool, err := f.connect(ctx, int32(slices.Max(writers)))
+			pool, err := f.connect(ctx, int32(max(slices.Max(writers), bench.LatencyWriters+4)))
 			if err != nil {
 				return err
 			}
@@ -103,6 +124,8 @@ Scenarios:
 				Rounds:   rounds,
 				Events:   events,
 				Batch:    batch,
+				Sink:     sinkURL,
+				Rates:    rates,
 				Progress: cmd.ErrOrStderr(),
 			}
 			if retention && !cmd.Flags().Changed("rounds") {
@@ -110,6 +133,17 @@ Scenarios:
 			}
 			if warmup == 0 {
 				cfg.Warmup = -1 // none, rather than the default
+			}
+			if cpuProf != "" {
+				pf, err := os.Create(cpuProf)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %v", err)
+				}
+				defer pf.Close()
+				if err := pprof.StartCPUProfile(pf); err != nil {
+					return fmt.Errorf("--cpuprofile: %v", err)
+				}
+				defer pprof.StopCPUProfile()
 			}
 			results, err := sc.Run(ctx, cfg)
 			if err != nil {
@@ -127,8 +161,11 @@ Scenarios:
 	cmd.Flags().DurationVar(&warmup, "warmup", bench.DefaultWarmup, "unmeasured load before each round of a cell")
 	cmd.Flags().IntSliceVar(&writers, "writers", bench.DefaultWriters, "concurrent writers to measure at, as a list: 1,8")
 	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, fmt.Sprintf("interleaved rounds the measured time of each cell is split into (retention: drains of each mode, default %d)", bench.DefaultRetentionRounds))
-	cmd.Flags().IntVar(&events, "events", bench.DefaultEvents, "retention: events in the backlog drained for each mode and round")
-	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention: the relay's claim limit (events per batch)")
+	cmd.Flags().IntVar(&events, "events", bench.DefaultEvents, "retention, drain: events in the backlog")
+	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention, drain, latency: the relay's claim limit (events per batch)")
+	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency: the broker: nats://host:port, kafka:// (an in-process Kafka cluster), kafka://host:port, or stdout: (drain only; a null writer)")
+	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates, "latency: offered loads in events/s, as a list")
+	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
 	return cmd
 }

@@ -88,7 +88,12 @@ stdout: (one JSON line per event).`,
 				defer ln.Close()
 			}
 			ctx := cmd.Context()
-			db, schema, err := f.open(ctx, 4)
+			if rcfg.Lanes < 1 || rcfg.Lanes > 64 {
+				return fmt.Errorf("--lanes %d: use 1 to 64", rcfg.Lanes)
+			}
+			// A connection per lane, one for LISTEN, one for the lease
+			// keeper and one to spare.
+			db, schema, err := f.open(ctx, int32(rcfg.Lanes+3))
 			if err != nil {
 				return err
 			}
@@ -138,6 +143,7 @@ stdout: (one JSON line per event).`,
 	f.register(cmd)
 	cmd.Flags().StringVar(&sf.url, "sink", "", "broker URL: "+sinkSchemes+" (or OUTBOX_SINK)")
 	cmd.Flags().IntVar(&batch, "batch", 500, "most events claimed and published at once")
+	cmd.Flags().IntVar(&rcfg.Lanes, "lanes", relay.DefaultLanes, "batches kept in flight at once while working off a backlog (1 turns pipelining off)")
 	cmd.Flags().DurationVar(&poll, "poll-interval", 500*time.Millisecond, "longest wait for a wake-up before looking again")
 	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")

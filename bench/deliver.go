@@ -1,0 +1,770 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/metrics"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgschema"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink"
+)
+
+// Cases of the drain scenario.
+const (
+	// CaseDrainSQL is the relay's SQL path alone: Claim + Finish as
+	// published (delete), no broker.
+	CaseDrainSQL = "raw_sql"
+	// CaseDrainBroker is the broker alone: the same messages published
+	// straight through its client with asynchronous acknowledgements, no
+	// database.
+	CaseDrainBroker = "raw_broker"
+	// CaseDrainRelay is the relay draining the backlog to the broker.
+	CaseDrainRelay = "relay"
+)
+
+// DeliveryFigures are the figures of the delivery scenarios (drain and
+// latency) beyond a Result's throughput and latency.
+type DeliveryFigures struct {
+	// Broker describes the broker.
+	Broker string `json:"broker"`
+	// Events is how many events the cell moved (drained, or delivered).
+	Events int64 `json:"events"`
+	// VsLimit is, for the relay's drain, its events/s over the lower of
+	// the two raw limits measured in the same run.
+	VsLimit float64 `json:"vs_limit,omitempty"`
+	// ProcessCores is the CPU time of this process (relay, writers and
+	// consumer alike) over the measured time, in cores.
+	ProcessCores float64 `json:"process_cores"`
+	// PeakHeapMiB is the largest Go heap seen while the cell ran.
+	PeakHeapMiB float64 `json:"peak_heap_mib"`
+	// OfferedPerSecond is the latency cell's target rate; PerSecond of the
+	// result is what the writers achieved.
+	OfferedPerSecond int `json:"offered_per_second,omitempty"`
+	// Wakeup is the latency cell's wake-up strategy.
+	Wakeup string `json:"wakeup,omitempty"`
+	// LongTx says an unrelated transaction stayed open for the whole cell.
+	LongTx bool `json:"long_tx,omitempty"`
+}
+
+// DrainAggregates is the number of aggregates the drain's backlog spreads
+// over.
+const DrainAggregates = 1000
+
+// deliverSetup is what both delivery scenarios share: a fresh schema with
+// a migrated outbox table and the broker.
+type deliverSetup struct {
+	pool   *pgxpool.Pool
+	table  outboxdriver.Table
+	names  pgschema.Names
+	broker broker
+	router *route.Router
+	env    *Env
+}
+
+func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup func() error, err error) {
+	env, err := ReadEnv(ctx, cfg.Pool)
+	if err != nil {
+		return nil, nil, err
+	}
+	schema, drop, err := freshSchema(ctx, cfg.Pool, cfg.Schema)
+	if err != nil {
+		return nil, nil, err
+	}
+	t := outboxdriver.Table{Schema: schema, Name: "outbox"}
+	fail := func(err error) (*deliverSetup, func() error, error) {
+		return nil, nil, errors.Join(err, drop())
+	}
+	versions, err := outboxpgx.Migrate(ctx, cfg.Pool, t, nil)
+	if err != nil {
+		return fail(err)
+	}
+	if len(versions) > 0 {
+		env.SchemaVersion = versions[len(versions)-1]
+	}
+	tag := make([]byte, 4)
+	_, _ = rand.Read(tag)
+	b, err := openBroker(ctx, cfg.Sink, "outboxbench_"+hex.EncodeToString(tag))
+	if err != nil {
+		return fail(err)
+	}
+	router, err := route.New(&route.Config{Replacement: b.Destination()})
+	if err != nil {
+		b.Close()
+		return fail(err)
+	}
+	s := &deliverSetup{pool: cfg.Pool, table: t, names: pgschema.NamesOf(t), broker: b, router: router, env: env}
+	return s, func() error { return errors.Join(b.Close(), drop()) }, nil
+}
+
+// fill inserts n events over DrainAggregates aggregates with plain SQL,
+// every column but the Debezium ones left to its default.
+func (s *deliverSetup) fill(ctx context.Context, n int) error {
+	tag, err := s.pool.Exec(ctx, `INSERT INTO `+s.names.Table+` (id, aggregatetype, aggregateid, type, payload)
+SELECT gen_random_uuid(), 'order', 'order-' || (g % $2), 'OrderPlaced',
+       jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % $2), 'total', 42.5, 'sku', 'sku-1234', 'quantity', 1)
+FROM generate_series(1, $1::bigint) AS g ORDER BY g`, n, int64(DrainAggregates))
+	if err != nil {
+		return fmt.Errorf("bench: fill the backlog: %w", err)
+	}
+	if tag.RowsAffected() != int64(n) {
+		return fmt.Errorf("bench: fill the backlog: %d rows, want %d", tag.RowsAffected(), n)
+	}
+	if _, err := s.pool.Exec(ctx, `ANALYZE `+s.names.Table); err != nil {
+		return fmt.Errorf("bench: analyze: %w", err)
+	}
+	return nil
+}
+
+// newRelay returns a relay over the table with the given poll interval,
+// publishing to a fresh sink, and a counter of the events it recorded as
+// published.
+func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Duration) (*relay.Relay, *atomic.Int64, func(), error) {
+	src, err := outboxpgx.NewSource(s.pool, s.table, &outboxpgx.SourceConfig{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	snk, err := s.broker.Sink(ctx)
+	if err != nil {
+		src.Close()
+		return nil, nil, nil, err
+	}
+	var recorded atomic.Int64
+	r, err := relay.New(src, snk, &relay.Config{
+		BatchSize: batch, PollInterval: poll, Router: s.router, Logger: slog.New(slog.DiscardHandler),
+		OnStage: func(st relay.Stage, n int) {
+			if st == relay.StageRecorded {
+				recorded.Add(int64(n))
+			}
+		},
+	})
+	if err != nil {
+		snk.Close()
+		src.Close()
+		return nil, nil, nil, err
+	}
+	closeAll := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(sctx)
+		snk.Close()
+		src.Close()
+	}
+	return r, &recorded, closeAll, nil
+}
+
+// Drain measures how fast one relay drains a committed backlog of
+// cfg.Events events to the broker of cfg.Sink, against the two limits it
+// cannot beat, measured in the same run: the relay's SQL path alone
+// (CaseDrainSQL) and the broker alone (CaseDrainBroker). The relay's
+// result carries its events/s over the lower of the two (VsLimit), the
+// process's CPU and its peak Go heap. Every drained event is counted by a
+// consumer on the broker side before the cell counts as done.
+func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
+	if cfg, err = cfg.deliverDefaults(); err != nil {
+		return nil, err
+	}
+	s, cleanup, err := newDeliverSetup(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, cleanup()) }()
+	s.env.Rounds = 1
+	n := cfg.Events
+	fig := func() *DeliveryFigures { return &DeliveryFigures{Broker: s.broker.Describe(), Events: int64(n)} }
+	result := func(c, desc string, d time.Duration, f *DeliveryFigures) Result {
+		return Result{Scenario: "drain", Case: c, Description: desc, Workers: 1, Unit: "event", Ops: int64(n),
+			Seconds: d.Seconds(), PerSecond: float64(n) / d.Seconds(), Delivery: f, Env: s.env}
+	}
+
+	// (a) The SQL path alone.
+	fmt.Fprintf(cfg.Progress, "drain: filling %d events\n", n)
+	if err := s.fill(ctx, n); err != nil {
+		return nil, err
+	}
+	sqlRes, err := s.drainSQL(ctx, n, cfg.Batch)
+	if err != nil {
+		return nil, err
+	}
+	sqlRes.Delivery = fig()
+	sqlRes.Description = fmt.Sprintf("Claim(%d) + Finish as published (delete) with every partition leased, no broker", cfg.Batch)
+	results = append(results, sqlRes)
+	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s\n", CaseDrainSQL, sqlRes.PerSecond)
+
+	// (b) The broker alone.
+	msgs := make([]sink.Message, n)
+	for i := range msgs {
+		rec := outboxdriver.Record{ID: uuid.NewString(), AggregateType: "order", AggregateID: "order-" + strconv.Itoa(i%DrainAggregates), Type: "OrderPlaced",
+			Payload: []byte(`{"sku": "sku-1234", "total": 42.5, "customer": "customer-` + strconv.Itoa(i%DrainAggregates) + `", "order_id": ` + strconv.Itoa(i) + `, "quantity": 1}`)}
+		if msgs[i], err = s.router.Message(&rec); err != nil {
+			return nil, err
+		}
+		msgs[i].Destination += "_raw"
+	}
+	t0 := time.Now()
+	if err := s.broker.Raw(ctx, msgs); err != nil {
+		return nil, err
+	}
+	results = append(results, result(CaseDrainBroker, "the same messages through the broker's client, asynchronous acks, no database", time.Since(t0), fig()))
+	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s\n", CaseDrainBroker, results[1].PerSecond)
+	msgs = nil
+
+	// (c) The relay.
+	if err := s.fill(ctx, n); err != nil {
+		return nil, err
+	}
+	var seen sync.Map
+	var delivered atomic.Int64
+	stopConsume, err := s.broker.Consume(ctx, func(id string) {
+		if _, dup := seen.LoadOrStore(id, struct{}{}); !dup {
+			delivered.Add(1)
+		}
+	})
+	if err != nil && !errors.Is(err, errNoConsumer) {
+		return nil, err
+	}
+	r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	heap := startHeapSampler()
+	cpu0 := processCPU()
+	t0 = time.Now()
+	if err := r.Start(ctx); err != nil {
+		closeRelay()
+		return nil, err
+	}
+	err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
+	elapsed := time.Since(t0)
+	cores := (processCPU() - cpu0).Seconds() / elapsed.Seconds()
+	peak := heap.stop()
+	closeRelay()
+	if err != nil {
+		return nil, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
+	}
+	if stopConsume != nil {
+		err := waitFor(ctx, time.Minute, func() bool { return delivered.Load() >= int64(n) })
+		stopConsume()
+		if err != nil || delivered.Load() != int64(n) {
+			return nil, fmt.Errorf("check: the consumer saw %d distinct events of %d drained", delivered.Load(), n)
+		}
+	}
+	var left int64
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.names.Table).Scan(&left); err != nil {
+		return nil, err
+	}
+	if left != 0 {
+		return nil, fmt.Errorf("check: %d rows left after the relay's drain", left)
+	}
+	f := fig()
+	f.ProcessCores, f.PeakHeapMiB = cores, peak
+	limit := min(results[0].PerSecond, results[1].PerSecond)
+	if _, isNull := s.broker.(nullBroker); isNull {
+		limit = results[0].PerSecond
+	}
+	rr := result(CaseDrainRelay, fmt.Sprintf("one relay (batch %d) draining the backlog to the broker, counted by a consumer", cfg.Batch), elapsed, f)
+	f.VsLimit = rr.PerSecond / limit
+	results = append(results, rr)
+	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (%.2f of the lower limit)\n", CaseDrainRelay, rr.PerSecond, f.VsLimit)
+	return results, nil
+}
+
+// drainSQL drains the table with the relay's SQL path alone.
+func (s *deliverSetup) drainSQL(ctx context.Context, n, batch int) (Result, error) {
+	src, err := outboxpgx.NewSource(s.pool, s.table, &outboxpgx.SourceConfig{RelayName: "bench-raw-sql", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return Result{}, err
+	}
+	defer src.Close()
+	_, parts, err := src.Heartbeat(ctx, leaseTTL)
+	if err != nil {
+		return Result{}, err
+	}
+	leases, err := src.Acquire(ctx, parts, leaseTTL)
+	if err != nil {
+		return Result{}, err
+	}
+	defer src.Release(context.WithoutCancel(ctx), leases, true)
+	rec := &Recorder{}
+	t0 := time.Now()
+	events, _, err := drain(ctx, src, leases, batch, rec)
+	elapsed := time.Since(t0)
+	if err != nil {
+		return Result{}, err
+	}
+	if events != int64(n) {
+		return Result{}, fmt.Errorf("check: the SQL path drained %d of %d events", events, n)
+	}
+	return Result{Scenario: "drain", Case: CaseDrainSQL, Workers: 1, Unit: "event", Ops: events, Seconds: elapsed.Seconds(),
+		PerSecond: float64(events) / elapsed.Seconds(), Latency: rec.Summary(), Env: s.env}, nil
+}
+
+// latencyCell is one cell of the latency scenario.
+type latencyCell struct {
+	name   string
+	rate   int           // events/s offered; 0: idle
+	wakeup string        // "notify" or "poll"
+	poll   time.Duration // the relay's poll interval
+	longTx bool
+}
+
+// Wake-up strategies of the latency scenario.
+const (
+	// WakeupNotify is the default: LISTEN/NOTIFY while the relay is idle,
+	// the poll interval as a safety net.
+	WakeupNotify = "notify"
+	// WakeupPoll disables the notify trigger: the relay finds new events
+	// by polling alone.
+	WakeupPoll = "poll"
+)
+
+func latencyCells(rates []int) []latencyCell {
+	cells := []latencyCell{
+		{"idle", 0, WakeupNotify, 500 * time.Millisecond, false},
+		{"idle_poll_10ms", 0, WakeupPoll, 10 * time.Millisecond, false},
+		{"poll_500ms", 100, WakeupPoll, 500 * time.Millisecond, false},
+		{"poll_10ms", 100, WakeupPoll, 10 * time.Millisecond, false},
+	}
+	for _, r := range rates {
+		cells = append(cells, latencyCell{"notify", r, WakeupNotify, 500 * time.Millisecond, false})
+		if r == 2000 {
+			cells = append(cells, latencyCell{"notify_long_tx", r, WakeupNotify, 500 * time.Millisecond, true})
+		}
+	}
+	return cells
+}
+
+// DefaultRates are the offered loads of the latency scenario, events/s.
+var DefaultRates = []int{100, 1000, 2000, 5000}
+
+// LatencyWriters is the number of writers that share the offered load.
+const LatencyWriters = 8
+
+// CommitToConsumer measures commit-to-consumer latency: writers commit one event
+// per transaction at a steady offered rate (open loop: a transaction is
+// due at its time whether or not the earlier ones finished) while one
+// relay publishes to the broker of cfg.Sink, and a consumer on the broker
+// side takes the time each event arrives. The latency of an event is from
+// the return of its transaction's Commit to its arrival. Cells: the relay
+// idle (its CPU), the wake-up strategies side by side at 100 events/s, and
+// every rate of cfg.Rates with LISTEN/NOTIFY, 2000 events/s once more with
+// an unrelated transaction held open throughout. Every committed event
+// must arrive, or the scenario fails.
+func CommitToConsumer(ctx context.Context, cfg Config) (results []Result, err error) {
+	if cfg, err = cfg.deliverDefaults(); err != nil {
+		return nil, err
+	}
+	if int(cfg.Pool.Config().MaxConns) < LatencyWriters+4 {
+		return nil, fmt.Errorf("bench: the latency scenario needs a pool of at least %d connections", LatencyWriters+4)
+	}
+	s, cleanup, err := newDeliverSetup(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, cleanup()) }()
+	s.env.DurationSeconds, s.env.Rounds, s.env.WarmupSeconds = cfg.Duration.Seconds(), 1, cfg.Warmup.Seconds()
+
+	lt := &latencyRun{s: s, cfg: cfg}
+	stop, err := s.broker.Consume(ctx, lt.arrived)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	lt.ob, err = outbox.New(outboxpgx.New(), &outbox.Config{Schema: s.table.Schema, Table: s.table.Name})
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range latencyCells(cfg.Rates) {
+		res, err := lt.cell(ctx, c)
+		if err != nil {
+			return nil, fmt.Errorf("%s at %d events/s: %w", c.name, c.rate, err)
+		}
+		fmt.Fprintf(cfg.Progress, "latency: %s at %d events/s: p50 %s p99 %s, %.3f cores\n", c.name, c.rate,
+			fmtMs(res.Latency.P50), fmtMs(res.Latency.P99), res.Delivery.ProcessCores)
+		results = append(results, res)
+	}
+	return results, nil
+}
+
+type latencyRun struct {
+	s   *deliverSetup
+	cfg Config
+	ob  *outbox.Outbox[pgx.Tx]
+
+	mu        sync.Mutex
+	committed map[string]time.Time // the cell's events, by id: when Commit returned
+	arrivals  map[string]time.Time // when the consumer saw them
+
+	errMu sync.Mutex
+	err   error // the first failed write
+}
+
+func (lt *latencyRun) arrived(id string) {
+	now := time.Now()
+	lt.mu.Lock()
+	if lt.arrivals != nil {
+		if _, dup := lt.arrivals[id]; !dup {
+			lt.arrivals[id] = now
+		}
+	}
+	lt.mu.Unlock()
+}
+
+func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
+	s := lt.s
+	trigger := "ENABLE"
+	if c.wakeup == WakeupPoll {
+		trigger = "DISABLE"
+	}
+	if _, err := s.pool.Exec(ctx, `ALTER TABLE `+s.names.Table+` `+trigger+` TRIGGER `+outboxdriver.QuoteIdent(s.table.Name+"_notify")); err != nil {
+		return Result{}, err
+	}
+	lt.mu.Lock()
+	lt.committed, lt.arrivals = map[string]time.Time{}, map[string]time.Time{}
+	lt.mu.Unlock()
+
+	r, _, closeRelay, err := s.newRelay(ctx, lt.cfg.Batch, c.poll)
+	if err != nil {
+		return Result{}, err
+	}
+	defer closeRelay()
+	if err := r.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	if err := waitFor(ctx, time.Minute, r.Ready); err != nil {
+		return Result{}, fmt.Errorf("relay not ready: %w", err)
+	}
+	if c.longTx {
+		tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			return Result{}, err
+		}
+		// An xid and a snapshot, held until the cell ends: the oldest
+		// transaction the server must keep row versions for.
+		if _, err := tx.Exec(ctx, `SELECT txid_current(), count(*) FROM `+s.names.Leases); err != nil {
+			tx.Rollback(ctx)
+			return Result{}, err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+	}
+
+	from := time.Now().Add(lt.cfg.Warmup)
+	to := from.Add(lt.cfg.Duration)
+	heap := startHeapSampler()
+	var cpu0 time.Duration
+	var m0 CPUTime
+	var measuredFrom time.Time
+	if c.rate == 0 {
+		sleepUntil(ctx, from)
+		cpu0, measuredFrom = processCPU(), time.Now()
+		m0, _ = readCPU()
+		sleepUntil(ctx, to)
+	} else {
+		var ok bool
+		cpu0, m0, measuredFrom, ok = lt.offer(ctx, c.rate, from, to)
+		if !ok {
+			return Result{}, ctx.Err()
+		}
+	}
+	window := time.Since(measuredFrom)
+	cores := (processCPU() - cpu0).Seconds() / window.Seconds()
+	m1, _ := readCPU()
+	peak := heap.stop()
+	if err := lt.writeErr(); err != nil {
+		return Result{}, err
+	}
+
+	// Every committed event must arrive.
+	lt.mu.Lock()
+	want := len(lt.committed)
+	lt.mu.Unlock()
+	err = waitFor(ctx, time.Minute, func() bool {
+		lt.mu.Lock()
+		defer lt.mu.Unlock()
+		n := 0
+		for id := range lt.committed {
+			if _, ok := lt.arrivals[id]; ok {
+				n++
+			}
+		}
+		return n == want
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("check: not every committed event arrived within a minute: %w", err)
+	}
+	rec := &Recorder{}
+	var inWindow int64
+	lt.mu.Lock()
+	for id, at := range lt.committed {
+		if at.Before(from) || !at.Before(to) {
+			continue
+		}
+		inWindow++
+		rec.Record(max(lt.arrivals[id].Sub(at), 0))
+	}
+	lt.committed, lt.arrivals = nil, nil
+	lt.mu.Unlock()
+
+	desc := fmt.Sprintf("%s wake-up, poll interval %s", c.wakeup, c.poll)
+	if c.rate == 0 {
+		desc = "no load: the relay waits (" + desc + ")"
+	}
+	if c.longTx {
+		desc += ", an unrelated transaction open throughout"
+	}
+	res := Result{
+		Scenario: "latency", Case: c.name, Description: desc, Workers: LatencyWriters, Unit: "event",
+		Ops: inWindow, Seconds: lt.cfg.Duration.Seconds(), PerSecond: float64(inWindow) / lt.cfg.Duration.Seconds(),
+		Latency: rec.Summary(), CPUBusy: m1.Sub(m0).Fraction(), Env: s.env,
+		Delivery: &DeliveryFigures{Broker: s.broker.Describe(), Events: int64(want), ProcessCores: cores, PeakHeapMiB: peak,
+			OfferedPerSecond: c.rate, Wakeup: c.wakeup, LongTx: c.longTx},
+	}
+	if c.rate == 0 {
+		res.Workers = 0
+	}
+	return res, nil
+}
+
+// offer runs LatencyWriters writers committing one event per transaction
+// at rate events/s from now until to, and returns the process's and the
+// machine's CPU time at from, when the measured window began.
+func (lt *latencyRun) offer(ctx context.Context, rate int, from, to time.Time) (cpu0 time.Duration, m0 CPUTime, at time.Time, ok bool) {
+	due := make(chan time.Time, 1024)
+	var wg sync.WaitGroup
+	for range LatencyWriters {
+		wg.Go(func() {
+			for t := range due {
+				if err := lt.write(ctx, t); err != nil {
+					lt.setWriteErr(err)
+				}
+			}
+		})
+	}
+	start := time.Now()
+	interval := time.Second / time.Duration(rate)
+	measured := false
+	for k := 0; ; k++ {
+		t := start.Add(time.Duration(k) * interval)
+		if !t.Before(to) {
+			break
+		}
+		if !measured && !t.Before(from) {
+			sleepUntil(ctx, from)
+			cpu0, at, measured = processCPU(), time.Now(), true
+			m0, _ = readCPU()
+		}
+		if d := time.Until(t); d > 0 {
+			if !sleepUntil(ctx, t) {
+				break
+			}
+		}
+		select {
+		case due <- t:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil || lt.writeErr() != nil {
+			break
+		}
+	}
+	close(due)
+	wg.Wait()
+	return cpu0, m0, at, ctx.Err() == nil
+}
+
+// write commits one transaction with one event and notes when Commit
+// returned.
+func (lt *latencyRun) write(ctx context.Context, _ time.Time) error {
+	id := uuid.Must(uuid.NewV7()).String()
+	ev := outbox.Event{ID: id, AggregateType: "order", AggregateID: "order-" + id[len(id)-3:], Type: "OrderPlaced",
+		Payload: []byte(`{"order_id": "` + id + `", "total": 42.5}`)}
+	err := pgx.BeginFunc(ctx, lt.s.pool, func(tx pgx.Tx) error { return lt.ob.WriteTx(ctx, tx, ev) })
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	lt.mu.Lock()
+	lt.committed[id] = now
+	lt.mu.Unlock()
+	return nil
+}
+
+func (lt *latencyRun) setWriteErr(err error) {
+	lt.errMu.Lock()
+	defer lt.errMu.Unlock()
+	if lt.err == nil {
+		lt.err = err
+	}
+}
+
+func (lt *latencyRun) writeErr() error {
+	lt.errMu.Lock()
+	defer lt.errMu.Unlock()
+	return lt.err
+}
+
+// errNoConsumer is returned by a broker without a consumer.
+var errNoConsumer = errors.New("bench: no consumer")
+
+// waitFor polls cond every 5ms until it holds, timeout passes or ctx ends.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s", timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// processCPU is the CPU time this process used so far, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// heapSampler samples the Go heap every 20ms and keeps the peak.
+type heapSampler struct {
+	stopc chan struct{}
+	done  chan float64
+}
+
+func startHeapSampler() *heapSampler {
+	h := &heapSampler{stopc: make(chan struct{}), done: make(chan float64, 1)}
+	go func() {
+		sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		var peak uint64
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			metrics.Read(sample)
+			peak = max(peak, sample[0].Value.Uint64())
+			select {
+			case <-h.stopc:
+				h.done <- float64(peak) / (1 << 20)
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return h
+}
+
+func (h *heapSampler) stop() float64 { close(h.stopc); return <-h.done }
+
+// deliverDefaults fills in the defaults of the delivery scenarios.
+func (c Config) deliverDefaults() (Config, error) {
+	c, err := c.withDefaults()
+	if err != nil {
+		return c, err
+	}
+	if c.Sink == "" {
+		c.Sink = DefaultSink
+	}
+	if c.Events == 0 {
+		c.Events = DefaultEvents
+	}
+	if c.Events < 1 || c.Events > MaxEvents {
+		return c, fmt.Errorf("bench: events %d: use 1 to %d", c.Events, MaxEvents)
+	}
+	if c.Batch == 0 {
+		c.Batch = DefaultBatch
+	}
+	if len(c.Rates) == 0 {
+		c.Rates = DefaultRates
+	}
+	for _, r := range c.Rates {
+		if r < 1 || r > 100_000 {
+			return c, fmt.Errorf("bench: rate %d events/s: use 1 to 100000", r)
+		}
+	}
+	return c, nil
+}
+
+// writeDeliveryTable prints the results of the drain and latency
+// scenarios.
+func writeDeliveryTable(w io.Writer, results []Result) error {
+	first := results[0]
+	var b strings.Builder
+	if e := first.Env; e != nil {
+		switch first.Scenario {
+		case "drain":
+			fmt.Fprintf(&b, "scenario drain: a committed backlog of %d events over %d aggregates, drained once per case\n", first.Delivery.Events, DrainAggregates)
+		default:
+			fmt.Fprintf(&b, "scenario latency: each cell offers its rate for %s after a %s warm-up (open loop, %d writers, one event per transaction); latency from Commit's return to the consumer\n",
+				seconds(e.DurationSeconds), seconds(e.WarmupSeconds), LatencyWriters)
+		}
+		fmt.Fprintf(&b, "PostgreSQL %s at %s: %s\n", e.ServerVersion, e.Host, e.SettingsLine())
+		fmt.Fprintf(&b, "broker: %s\n", first.Delivery.Broker)
+		clientLine(&b, e, "")
+		b.WriteString("\n")
+	}
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if first.Scenario == "drain" {
+		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tprocess cores\tpeak heap MiB\t")
+		for _, r := range results {
+			vs := "-"
+			if r.Delivery.VsLimit > 0 {
+				vs = fmt.Sprintf("%.2f", r.Delivery.VsLimit)
+			}
+			cores, heap := "-", "-"
+			if r.Case == CaseDrainRelay {
+				cores, heap = fmt.Sprintf("%.2f", r.Delivery.ProcessCores), fmt.Sprintf("%.1f", r.Delivery.PeakHeapMiB)
+			}
+			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, cores, heap)
+		}
+	} else {
+		fmt.Fprintln(tw, "case\toffered/s\tachieved/s\tp50 ms\tp99 ms\tmax ms\tprocess cores\tmachine cpu\tpeak heap MiB\t")
+		for _, r := range results {
+			d := r.Delivery
+			p50, p99, mx := "-", "-", "-"
+			if r.Latency.Count > 0 {
+				p50, p99, mx = fmtMs(r.Latency.P50), fmtMs(r.Latency.P99), fmtMs(r.Latency.Max)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%.3f\t%.0f%%\t%.1f\t\n", r.Case, d.OfferedPerSecond, r.PerSecond, p50, p99, mx, d.ProcessCores, 100*r.CPUBusy, d.PeakHeapMiB)
+		}
+	}
+	tw.Flush()
+	b.WriteString("\n")
+	seen := map[string]bool{}
+	for _, r := range results {
+		if !seen[r.Case] {
+			seen[r.Case] = true
+			fmt.Fprintf(&b, "  %-15s %s\n", r.Case, r.Description)
+		}
+	}
+	if first.Scenario == "drain" {
+		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; process cores: CPU time of the bench process\n  (relay and consumer) over the drain; peak heap: the largest Go heap seen during it\n")
+	} else {
+		b.WriteString("  process cores: CPU time of the bench process (relay, writers and consumer) over the window; machine cpu: busy share of\n  all CPUs (PostgreSQL and the broker included); every committed event was seen by the consumer\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
