@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -24,10 +25,22 @@ const (
 	// CaseBaseline is the business transaction alone: BEGIN; INSERT an
 	// order; COMMIT.
 	CaseBaseline = "baseline"
+	// CasePlainInsert adds one plain INSERT of a uuid and a jsonb payload
+	// into a table with nothing but a primary key: one more statement and
+	// round trip, the floor of any approach that writes its event with a
+	// statement of its own.
+	CasePlainInsert = "plain_insert"
 	// CaseOutbox adds one event through WriteTx, with the notify trigger
 	// in place but no relay registered idle, so no NOTIFY: the normal case
 	// under load.
 	CaseOutbox = "outbox"
+	// CaseOutboxQueue adds one event queued with outboxpgx.Driver.Queue in
+	// the pgx.Batch that carries the order's INSERT, sent with
+	// tx.SendBatch: no round trip of its own. The event's aggregate id
+	// cannot come from the order's RETURNING id inside the same batch, so
+	// this case generates the order id in the client and inserts it
+	// explicitly (no RETURNING). Trigger on, no relay idle.
+	CaseOutboxQueue = "outbox_queue"
 	// CaseOutboxNotify is CaseOutbox with a relay registered idle for the
 	// whole run, so that every commit sends a NOTIFY: the worst case of
 	// notifying on every commit.
@@ -48,25 +61,40 @@ const (
 	// CounterOutboxRows counts the rows found in the outbox table after
 	// each round: committed times the events per transaction.
 	CounterOutboxRows = "outbox_rows"
+	// CounterPlainRows counts the rows found in CasePlainInsert's table
+	// after each round: committed in that case, 0 in every other.
+	CounterPlainRows = "plain_rows"
 	// CounterNotifications counts the notifications a LISTEN connection
 	// on the table's channel received: committed in CaseOutboxNotify, 0
 	// in every other case.
 	CounterNotifications = "notifications"
 )
 
+// How a write case adds its extra rows to the business transaction.
+type writeMode int
+
+const (
+	viaWriteTx writeMode = iota // WriteTx after the order's INSERT
+	viaQueue                    // Driver.Queue in the order's pgx.Batch
+	viaPlain                    // one plain INSERT into the plain table
+)
+
 type writeCase struct {
 	name, desc string
-	events     int  // outbox events per transaction
+	events     int // outbox events per transaction
+	mode       writeMode
 	trigger    bool // the notify trigger is enabled
 	idle       bool // a relay is registered idle
 }
 
 var writeCases = []writeCase{
-	{CaseBaseline, "BEGIN; INSERT an order; COMMIT (no outbox)", 0, true, false},
-	{CaseOutbox, "+ 1 event via WriteTx; trigger on, no relay idle: no NOTIFY", 1, true, false},
-	{CaseOutboxNotify, "+ 1 event; a relay registered idle: every commit NOTIFYs", 1, true, true},
-	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled", 1, false, false},
-	{CaseOutbox10, "+ 10 events in one WriteTx; trigger on, no relay idle", 10, true, false},
+	{CaseBaseline, "BEGIN; INSERT an order; COMMIT (no outbox)", 0, viaWriteTx, true, false},
+	{CasePlainInsert, "+ 1 plain INSERT (uuid PK, jsonb) of its own: the floor of any extra statement", 0, viaPlain, true, false},
+	{CaseOutbox, "+ 1 event via WriteTx; trigger on, no relay idle: no NOTIFY", 1, viaWriteTx, true, false},
+	{CaseOutboxQueue, "+ 1 event via Driver.Queue in the order's pgx.Batch: no round trip of its own; order id made client-side", 1, viaQueue, true, false},
+	{CaseOutboxNotify, "+ 1 event; a relay registered idle: every commit NOTIFYs", 1, viaWriteTx, true, true},
+	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled", 1, viaWriteTx, false, false},
+	{CaseOutbox10, "+ 10 events in one WriteTx; trigger on, no relay idle", 10, viaWriteTx, true, false},
 }
 
 // idleRelay is the name the scenario registers in the wake-up table to
@@ -74,20 +102,24 @@ var writeCases = []writeCase{
 const idleRelay = "bench-idle-relay"
 
 // WritePath measures what the outbox costs the business transactions that
-// write events: transactions/s and latency of each write case (CaseBaseline
-// and the outbox cases, see their doc) at each writer count of cfg.
+// write events: transactions/s and latency of each write case
+// (CaseBaseline, CasePlainInsert and the outbox cases, see their doc) at
+// each writer count of cfg.
 //
-// It creates a fresh schema with an orders table and a migrated outbox
-// table, and drops it at the end. Every writer repeats one transaction on
-// its own pooled connection: BEGIN; INSERT INTO orders ... RETURNING id;
-// WriteTx with the case's events; COMMIT. Before each measurement the
-// tables are truncated, the trigger and the idle registration set for the
-// case, and a CHECKPOINT run when the role may. A LISTEN connection, like
-// an idle relay's, stays open on the table's channel for the whole run and
-// counts the notifications of each cell, and a WaitSampler samples what
-// the writers' backends wait on. After each measurement the
-// scenario checks that the tables hold exactly the rows of the committed
-// transactions and that only CaseOutboxNotify notified, once per commit,
+// It creates a fresh schema with an orders table, the plain table of
+// CasePlainInsert and a migrated outbox table, and drops it at the end.
+// Every writer repeats one transaction on its own pooled connection: BEGIN;
+// INSERT INTO orders ... RETURNING id; WriteTx with the case's events (or
+// the plain INSERT); COMMIT. CaseOutboxQueue instead sends the order's
+// INSERT, with an id made by the client, and the events' INSERT in one
+// pgx.Batch. Before each measurement the tables are truncated, the
+// trigger and the idle registration set for the case, and a CHECKPOINT run
+// when the role may. A LISTEN connection, like an idle relay's, stays open
+// on the table's channel for the whole run and counts the notifications of
+// each cell, and a WaitSampler samples what the writers' backends wait on.
+// After each measurement the scenario checks that the tables hold exactly
+// the rows of the committed transactions, that every event names an order
+// that exists, and that only CaseOutboxNotify notified, once per commit,
 // and reports these numbers as counters.
 func WritePath(ctx context.Context, cfg Config) (results []Result, err error) {
 	cfg, err = cfg.withDefaults()
@@ -130,7 +162,7 @@ func WritePath(ctx context.Context, cfg Config) (results []Result, err error) {
 				Workers:     n,
 				Baseline:    c.name == CaseBaseline,
 				Prepare:     wb.prepare(c),
-				Op:          wb.op(c.events),
+				Op:          wb.op(c),
 				Collect:     wb.collect(c),
 			})
 		}
@@ -145,11 +177,16 @@ func WritePath(ctx context.Context, cfg Config) (results []Result, err error) {
 
 // writeBench holds what the write cells share.
 type writeBench struct {
-	pool       *pgxpool.Pool
-	table      outboxdriver.Table
-	names      pgschema.Names
-	orders     string // qualified orders table
-	ob         *outbox.Outbox[pgx.Tx]
+	pool   *pgxpool.Pool
+	table  outboxdriver.Table
+	names  pgschema.Names
+	orders string // qualified orders table
+	plain  string // qualified table of CasePlainInsert
+	drv    *outboxpgx.Driver
+	ob     *outbox.Outbox[pgx.Tx]
+	// nextOrder numbers the orders whose id the client makes
+	// (CaseOutboxQueue), far above what the orders' sequence hands out.
+	nextOrder  atomic.Int64
 	lis        *listener
 	waits      *WaitSampler
 	checkpoint bool
@@ -164,13 +201,19 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 		table:  t,
 		names:  pgschema.NamesOf(t),
 		orders: outboxdriver.QuoteIdent(schema) + ".orders",
+		plain:  outboxdriver.QuoteIdent(schema) + ".plain",
+		drv:    outboxpgx.New(),
 	}
+	wb.nextOrder.Store(clientOrderIDs)
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+wb.orders+` (
     id         bigserial   PRIMARY KEY,
     customer   text        NOT NULL,
     total      numeric     NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return nil, fmt.Errorf("bench: create orders table: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+wb.plain+` (id uuid PRIMARY KEY, payload jsonb)`); err != nil {
+		return nil, fmt.Errorf("bench: create plain table: %w", err)
 	}
 	versions, err := outboxpgx.Migrate(ctx, pool, t, nil)
 	if err != nil {
@@ -179,7 +222,7 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 	if len(versions) > 0 {
 		wb.schemaVersion = slices.Max(versions)
 	}
-	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: t.Schema, Table: t.Name})
+	ob, err := outbox.New(wb.drv, &outbox.Config{Schema: t.Schema, Table: t.Name})
 	if err != nil {
 		return nil, err
 	}
@@ -193,6 +236,9 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 	}
 	return wb, nil
 }
+
+// clientOrderIDs is the first order id the client makes.
+const clientOrderIDs = 1 << 62
 
 // waitSampleInterval spaces the wait-event samples: often enough for a
 // few hundred per cell, rarely enough to cost the server little.
@@ -213,7 +259,7 @@ func (wb *writeBench) prepare(c writeCase) func(context.Context) error {
 	stmts := []string{
 		`ALTER TABLE ` + wb.names.Table + ` ` + trigger + ` TRIGGER ` + outboxdriver.QuoteIdent(wb.table.Name+"_notify"),
 		`DELETE FROM ` + wb.names.Wakeup,
-		`TRUNCATE ` + wb.orders + `, ` + wb.names.Table,
+		`TRUNCATE ` + wb.orders + `, ` + wb.plain + `, ` + wb.names.Table,
 	}
 	if c.idle {
 		stmts = append(stmts, `INSERT INTO `+wb.names.Wakeup+` (relay, expires_at) VALUES (`+
@@ -241,9 +287,11 @@ func (wb *writeBench) prepare(c writeCase) func(context.Context) error {
 	}
 }
 
-// op returns one business transaction with events outbox events.
-func (wb *writeBench) op(events int) Op {
+// op returns one business transaction of case c.
+func (wb *writeBench) op(c writeCase) Op {
 	insert := `INSERT INTO ` + wb.orders + ` (customer, total) VALUES ($1, $2) RETURNING id`
+	insertWithID := `INSERT INTO ` + wb.orders + ` (id, customer, total) VALUES ($1, $2, $3)`
+	insertPlain := `INSERT INTO ` + wb.plain + ` (id, payload) VALUES ($1::uuid, $2::jsonb)`
 	return func(ctx context.Context, worker int) error {
 		customer := "customer-" + strconv.Itoa(worker)
 		tx, err := wb.pool.Begin(ctx)
@@ -252,12 +300,33 @@ func (wb *writeBench) op(events int) Op {
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op after Commit
 		wb.waits.Track(tx.Conn().PgConn().PID())
+		if c.mode == viaQueue {
+			id := wb.nextOrder.Add(1)
+			b := &pgx.Batch{}
+			b.Queue(insertWithID, id, customer, 42.5)
+			if err := wb.drv.Queue(ctx, b, wb.ob, orderEvents(id, customer, c.events)...); err != nil {
+				return err
+			}
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return fmt.Errorf("batch of order and events: %w", err)
+			}
+			return tx.Commit(ctx)
+		}
 		var id int64
 		if err := tx.QueryRow(ctx, insert, customer, 42.5).Scan(&id); err != nil {
 			return fmt.Errorf("insert order: %w", err)
 		}
-		if events > 0 {
-			if err := wb.ob.WriteTx(ctx, tx, orderEvents(id, customer, events)...); err != nil {
+		switch {
+		case c.mode == viaPlain:
+			u, err := uuid.NewV7()
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, insertPlain, u.String(), string(orderEvents(id, customer, 1)[0].Payload)); err != nil {
+				return fmt.Errorf("plain insert: %w", err)
+			}
+		case c.events > 0:
+			if err := wb.ob.WriteTx(ctx, tx, orderEvents(id, customer, c.events)...); err != nil {
 				return err
 			}
 		}
@@ -284,16 +353,16 @@ func orderEvents(id int64, customer string, n int) []outbox.Event {
 }
 
 // collect checks that the tables hold exactly what the committed
-// transactions wrote and that only the idle case notified, and returns the
-// counters.
+// transactions wrote, that every event names an order that exists, and
+// that only the idle case notified, and returns the counters.
 func (wb *writeBench) collect(c writeCase) func(context.Context, Measurement) (map[string]int64, error) {
 	return func(ctx context.Context, m Measurement) (map[string]int64, error) {
 		notified, err := wb.lis.settle(ctx)
 		if err != nil {
 			return nil, err
 		}
-		var orders, rows int64
-		if err := wb.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+wb.orders+`), (SELECT count(*) FROM `+wb.names.Table+`)`).Scan(&orders, &rows); err != nil {
+		var orders, rows, plain int64
+		if err := wb.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+wb.orders+`), (SELECT count(*) FROM `+wb.names.Table+`), (SELECT count(*) FROM `+wb.plain+`)`).Scan(&orders, &rows, &plain); err != nil {
 			return nil, fmt.Errorf("count rows: %w", err)
 		}
 		if orders != m.Completed {
@@ -302,6 +371,21 @@ func (wb *writeBench) collect(c writeCase) func(context.Context, Measurement) (m
 		if want := m.Completed * int64(c.events); rows != want {
 			return nil, fmt.Errorf("check: %d outbox rows for %d committed transactions of %d event(s)", rows, m.Completed, c.events)
 		}
+		var orphans int64
+		if err := wb.pool.QueryRow(ctx, `SELECT count(*) FROM `+wb.names.Table+` o
+WHERE NOT EXISTS (SELECT 1 FROM `+wb.orders+` r WHERE r.id::text = o.aggregateid)`).Scan(&orphans); err != nil {
+			return nil, fmt.Errorf("count events without their order: %w", err)
+		}
+		if orphans != 0 {
+			return nil, fmt.Errorf("check: %d outbox rows name an order that does not exist", orphans)
+		}
+		var wantPlain int64
+		if c.mode == viaPlain {
+			wantPlain = m.Completed
+		}
+		if plain != wantPlain {
+			return nil, fmt.Errorf("check: %d rows in the plain table for %d committed transactions, want %d", plain, m.Completed, wantPlain)
+		}
 		var want int64
 		if c.idle && c.trigger && c.events > 0 {
 			want = m.Completed
@@ -309,7 +393,7 @@ func (wb *writeBench) collect(c writeCase) func(context.Context, Measurement) (m
 		if notified != want {
 			return nil, fmt.Errorf("check: %d notifications for %d committed transactions, want %d", notified, m.Completed, want)
 		}
-		return map[string]int64{CounterCommitted: m.Completed, CounterOutboxRows: rows, CounterNotifications: notified}, nil
+		return map[string]int64{CounterCommitted: m.Completed, CounterOutboxRows: rows, CounterNotifications: notified, CounterPlainRows: plain}, nil
 	}
 }
 

@@ -132,8 +132,8 @@ func TestWritePath(t *testing.T) {
 		t.Errorf("schema %s still exists after the run", schema)
 	}
 
-	cases := []string{bench.CaseBaseline, bench.CaseOutbox, bench.CaseOutboxNotify, bench.CaseOutboxNoTrigger, bench.CaseOutbox10}
-	events := map[string]int64{bench.CaseBaseline: 0, bench.CaseOutbox: 1, bench.CaseOutboxNotify: 1, bench.CaseOutboxNoTrigger: 1, bench.CaseOutbox10: 10}
+	cases := []string{bench.CaseBaseline, bench.CasePlainInsert, bench.CaseOutbox, bench.CaseOutboxQueue, bench.CaseOutboxNotify, bench.CaseOutboxNoTrigger, bench.CaseOutbox10}
+	events := map[string]int64{bench.CaseBaseline: 0, bench.CasePlainInsert: 0, bench.CaseOutbox: 1, bench.CaseOutboxQueue: 1, bench.CaseOutboxNotify: 1, bench.CaseOutboxNoTrigger: 1, bench.CaseOutbox10: 10}
 	if len(results) != len(writers)*len(cases) {
 		t.Fatalf("%d results, want %d", len(results), len(writers)*len(cases))
 	}
@@ -184,6 +184,13 @@ func TestWritePath(t *testing.T) {
 		}
 		if r.Case == bench.CaseBaseline && r.Counters[bench.CounterOutboxRows] != 0 {
 			t.Errorf("%s: the baseline wrote outbox rows", name)
+		}
+		wantPlain := int64(0)
+		if r.Case == bench.CasePlainInsert {
+			wantPlain = committed
+		}
+		if got, ok := r.Counters[bench.CounterPlainRows]; !ok || got != wantPlain {
+			t.Errorf("%s: %d plain rows (counted: %v), want %d", name, got, ok, wantPlain)
 		}
 		wantNotified := int64(0)
 		if r.Case == bench.CaseOutboxNotify {
