@@ -15,6 +15,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,7 +60,9 @@ const MaxHeaderLen = 255
 
 // Config configures an Outbox.
 type Config struct {
-	// Schema holds the outbox table. Defaults to "public".
+	// Schema holds the outbox table. Defaults to the driver's default:
+	// "public" on PostgreSQL, the connection's database on MySQL/MariaDB,
+	// "main" on SQLite.
 	Schema string
 	// Table is the outbox table's name. Defaults to "outbox".
 	Table string
@@ -81,7 +84,21 @@ func New[TTx any](drv outboxdriver.Writer[TTx], cfg *Config) (*Outbox[TTx], erro
 	if cfg == nil {
 		cfg = &Config{}
 	}
-	t := outboxdriver.Table{Schema: cfg.Schema, Name: cfg.Table}.WithDefaults()
+	t := outboxdriver.Table{Schema: cfg.Schema, Name: cfg.Table}
+	if d, ok := drv.(outboxdriver.SchemaDefaulter); ok && t.Schema == "" {
+		t.Schema = d.DefaultSchema()
+		if t.Schema == "" {
+			// The connection's own schema (MySQL's current database): check
+			// the table name alone.
+			t.Name = cmp.Or(t.Name, outboxdriver.DefaultTable.Name)
+			check := outboxdriver.Table{Schema: "current", Name: t.Name}
+			if err := check.Validate(); err != nil {
+				return nil, fmt.Errorf("outbox: %w", err)
+			}
+			return &Outbox[TTx]{drv: drv, table: t}, nil
+		}
+	}
+	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}

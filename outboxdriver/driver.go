@@ -37,6 +37,14 @@ type Writer[TTx any] interface {
 	InsertTx(ctx context.Context, tx TTx, table Table, rows []Row) error
 }
 
+// SchemaDefaulter is implemented by a Writer whose database does not call
+// its default schema "public": outbox.New then uses DefaultSchema when the
+// configuration names none. An empty result means the connection's own
+// (MySQL's current database).
+type SchemaDefaulter interface {
+	DefaultSchema() string
+}
+
 // Record is one claimed event as the relay sees it.
 type Record struct {
 	ID            string

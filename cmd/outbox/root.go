@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxsqlite"
 )
 
 func newRoot() *cobra.Command {
@@ -24,7 +25,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newMigrate(), newRelay(), newStatus(), newDLQ(), newBench())
+	root.AddCommand(newDemo(), newMigrate(), newRelay(), newStatus(), newDLQ(), newBench())
 	return root
 }
 
@@ -34,7 +35,7 @@ type dbFlags struct {
 }
 
 func (f *dbFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.db, "db", "", "PostgreSQL URL, e.g. postgres://user@host:5432/db (or OUTBOX_DB)")
+	cmd.Flags().StringVar(&f.db, "db", "", "database URL: postgres://user@host:5432/db, mysql://user:pass@host:3306/db, or sqlite://path/to/file.db (or OUTBOX_DB)")
 	cmd.Flags().StringVar(&f.schema, "schema", "", "schema of the outbox table (default: public on PostgreSQL, the URL's database on MySQL/MariaDB, main on SQLite)")
 	cmd.Flags().StringVar(&f.table, "table", "outbox", "name of the outbox table")
 }
@@ -99,8 +100,16 @@ func (f *dbFlags) open(ctx context.Context, maxConns int32) (_ outboxdriver.Stor
 			return nil, "", err
 		}
 		return pgStore{outboxpgx.NewStore(pool)}, outboxdriver.DefaultTable.Schema, nil
+	case "sqlite":
+		st, err := openSQLite(ctx, raw)
+		if err != nil {
+			return nil, "", err
+		}
+		return st, outboxsqlite.Schema, nil
+	case "mysql":
+		return openMySQL(ctx, raw, maxConns)
 	default:
-		return nil, "", fmt.Errorf("--db %s: unknown database scheme %q; use postgres://", redact(raw), scheme)
+		return nil, "", fmt.Errorf("--db %s: unknown database scheme %q; use postgres://, mysql:// or sqlite://", redact(raw), scheme)
 	}
 }
 

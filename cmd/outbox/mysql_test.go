@@ -1,0 +1,453 @@
+package main
+
+// The command line against MySQL/MariaDB: migrate, status, dlq and the
+// relay to NATS JetStream, and the fault tests of the PostgreSQL suite
+// (SIGKILL mid-stream, rolled-back transactions, two relays at once)
+// against the local MariaDB.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/workload"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxmysql"
+	"github.com/outboxkit/outbox/relay"
+)
+
+// envMySQLURL points the tests at another MySQL or MariaDB: a
+// mysql://user:pass@host:port/db URL of a user that may create databases.
+const envMySQLURL = "OUTBOX_TEST_MYSQL_URL"
+
+// inFlight bounds the events a killed relay published but did not record:
+// a batch of 20 (faultArgs) in each of its lanes.
+const inFlight = 20 * relay.DefaultLanes
+
+const startMariaDB = "start it with: start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd"
+
+func mysqlServerURL() string {
+	if u := os.Getenv(envMySQLURL); u != "" {
+		return u
+	}
+	return "mysql://root@127.0.0.1:3306/test"
+}
+
+// mysqlURL is the server's URL with the database replaced by db.
+func mysqlURL(t testing.TB, db string) string {
+	t.Helper()
+	u := mysqlServerURL()
+	base, query, _ := strings.Cut(u, "?")
+	i := strings.LastIndex(base, "/")
+	if i < len("mysql://") {
+		t.Fatalf("%s=%q has no database path", envMySQLURL, u)
+	}
+	out := base[:i+1] + db
+	if query != "" {
+		out += "?" + query
+	}
+	return out
+}
+
+// mysqlDB opens the database of url, closed when the test ends; it fails
+// saying how to start MariaDB when the server does not answer.
+func mysqlDB(t testing.TB, url string) *sql.DB {
+	t.Helper()
+	cfg, err := mysqlConfig(url)
+	if err != nil {
+		t.Fatalf("%s: %v", envMySQLURL, err)
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(16)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		t.Fatalf("cannot reach MySQL/MariaDB at %s (set %s to use another): %v; %s", cfg.Addr, envMySQLURL, err, startMariaDB)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// mysqlTarget is a fresh database with an outbox table migrated by the
+// CLI, dropped when the test ends.
+type mysqlTarget struct {
+	db    *sql.DB
+	tb    outboxdriver.Table
+	flags []string // --db (and --table)
+}
+
+func mysqlMigrated(t *testing.T) *mysqlTarget {
+	t.Helper()
+	admin := mysqlDB(t, mysqlServerURL())
+	name := testenv.Name("t")
+	ctx := context.Background()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
+			t.Logf("drop database %s: %v", name, err)
+		}
+	})
+	url := mysqlURL(t, name)
+	m := &mysqlTarget{db: mysqlDB(t, url), tb: outboxdriver.Table{Schema: name, Name: "outbox"}, flags: []string{"--db", url}}
+	if out, stderr, code := run(t, nil, append([]string{"migrate"}, m.flags...)...); code != 0 || !strings.Contains(out, "applied migration(s) [1 2]") {
+		t.Fatalf("migrate: code %d out %q err %q", code, out, stderr)
+	}
+	return m
+}
+
+func (m *mysqlTarget) status(t *testing.T) outboxdriver.Status {
+	t.Helper()
+	st, err := outboxmysql.NewStore(m.db).Status(context.Background(), m.tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (m *mysqlTarget) waitBacklogZero(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st := m.status(t)
+		if st.Backlog == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backlog still %d after %s", st.Backlog, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// mysqlWorkload writes the way internal/workload does on PostgreSQL, with
+// plain SQL only: each transaction locks its aggregate's row, bumps its
+// version and inserts one event per version with only Debezium's columns,
+// so commit order per aggregate is version order; some roll back, some
+// commit late.
+func mysqlWorkload(ctx context.Context, db *sql.DB, tb outboxdriver.Table, cfg workload.Config) (*workload.Result, error) {
+	if cfg.PerTx == 0 {
+		cfg.PerTx = 1
+	}
+	aggs := "`" + tb.Schema + "`.`" + tb.Name + "_workload_aggs`"
+	table := "`" + tb.Schema + "`.`" + tb.Name + "`"
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+aggs+` (id VARCHAR(64) PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB`); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Aggregates {
+		if _, err := db.ExecContext(ctx, `INSERT IGNORE INTO `+aggs+` VALUES (?, 0)`, fmt.Sprint("agg-", i)); err != nil {
+			return nil, err
+		}
+	}
+	res := &workload.Result{Versions: map[string]int{}, IDs: map[string]workload.Payload{}}
+	var mu sync.Mutex
+	jobs := make(chan int)
+	errs := make(chan error, cfg.Writers)
+	var wg sync.WaitGroup
+	for range cfg.Writers {
+		wg.Go(func() {
+			for i := range jobs {
+				agg := fmt.Sprint("agg-", rand.IntN(cfg.Aggregates))
+				rollback := rand.IntN(100) < cfg.RollbackPct
+				late := rand.IntN(100) < cfg.LatePct
+				ids, payloads, err := func() ([]string, []workload.Payload, error) {
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
+						return nil, nil, err
+					}
+					defer tx.Rollback()
+					var v int
+					if err := tx.QueryRowContext(ctx, `SELECT v FROM `+aggs+` WHERE id = ? FOR UPDATE`, agg).Scan(&v); err != nil {
+						return nil, nil, err
+					}
+					if _, err := tx.ExecContext(ctx, `UPDATE `+aggs+` SET v = v + ? WHERE id = ?`, cfg.PerTx, agg); err != nil {
+						return nil, nil, err
+					}
+					var ids []string
+					var ps []workload.Payload
+					for k := 1; k <= cfg.PerTx; k++ {
+						p := workload.Payload{Agg: agg, V: v + k}
+						b, _ := json.Marshal(p)
+						id := uuid.NewString()
+						if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (id, aggregatetype, aggregateid, type, payload)
+VALUES (?, 'order', ?, 'Changed', ?)`, id, agg, string(b)); err != nil {
+							return nil, nil, err
+						}
+						ids, ps = append(ids, id), append(ps, p)
+					}
+					if late {
+						time.Sleep(cfg.LateDelay)
+					}
+					if rollback {
+						return nil, nil, tx.Rollback()
+					}
+					return ids, ps, tx.Commit()
+				}()
+				if err != nil {
+					errs <- fmt.Errorf("transaction %d: %w", i, err)
+					return
+				}
+				mu.Lock()
+				if rollback {
+					res.RolledBack += cfg.PerTx
+				}
+				for k, id := range ids {
+					res.IDs[id] = payloads[k]
+					res.Versions[agg] = max(res.Versions[agg], payloads[k].V)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	var err error
+feed:
+	for i := range cfg.Transactions {
+		select {
+		case jobs <- i:
+		case err = <-errs:
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errs:
+		default:
+		}
+	}
+	return res, err
+}
+
+// writeMySQLAsync runs mysqlWorkload in the background; the returned func
+// waits for it.
+func writeMySQLAsync(t *testing.T, m *mysqlTarget, cfg workload.Config) func() *workload.Result {
+	t.Helper()
+	var res *workload.Result
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res, err = mysqlWorkload(context.Background(), m.db, m.tb, cfg)
+	}()
+	return func() *workload.Result {
+		<-done
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+}
+
+// mysqlScenario is a migrated MariaDB table and a stream of its own with a
+// raw tap on every publish.
+type mysqlScenario struct {
+	*mysqlTarget
+	sinkFlags []string
+	scenario  *scenario // stream and tap
+}
+
+func newMySQLScenario(t *testing.T) *mysqlScenario {
+	t.Helper()
+	m := mysqlMigrated(t)
+	nc, js := testenv.JetStream(t)
+	st, prefix := testenv.Stream(t, js)
+	return &mysqlScenario{
+		mysqlTarget: m,
+		sinkFlags:   []string{"--sink", testenv.NATSURL(), "--nats-stream", prefix, "--nats-no-create-stream", "--route-replacement", prefix + ".${routedByValue}"},
+		scenario:    &scenario{stream: st, raw: newTap(t, nc, prefix+".>")},
+	}
+}
+
+func (s *mysqlScenario) args(extra ...string) []string {
+	return append(append(append(append([]string{}, s.flags...), s.sinkFlags...), faultArgs...), extra...)
+}
+
+// check asserts, once the backlog drained: no loss, no phantom (nothing of
+// a rolled-back transaction), per-aggregate first deliveries in commit
+// order, identical copies, and at most maxDups duplicates.
+func (s *mysqlScenario) check(t *testing.T, res *workload.Result, maxDups int) {
+	t.Helper()
+	s.waitBacklogZero(t, 90*time.Second)
+	testenv.WaitStreamMsgs(t, s.scenario.stream, uint64(res.Committed()), 30*time.Second)
+	if _, err := workload.Check(res, natsDeliveries(t, s.scenario.stream)); err != nil {
+		t.Fatal(err)
+	}
+	d := s.scenario.raw.duplicates()
+	if d > maxDups {
+		t.Fatalf("the broker received %d duplicate copies, more than the %d these faults explain", d, maxDups)
+	}
+	t.Logf("%d events committed, %d rolled back; the broker received %d duplicate copies (bound %d)", res.Committed(), res.RolledBack, d, maxDups)
+}
+
+// TestMySQLMigrateStatusAndRelayToNATS is the user's path on MariaDB:
+// migrate (twice), status --json, a relay to NATS while concurrent
+// plain-SQL transactions commit and roll back, then every committed event
+// is in the stream in commit order per aggregate, none rolled back, and
+// status shows a backlog of 0.
+func TestMySQLMigrateStatusAndRelayToNATS(t *testing.T) {
+	t.Parallel()
+	s := newMySQLScenario(t)
+	if out, stderr, code := run(t, nil, append([]string{"migrate"}, s.flags...)...); code != 0 || !strings.Contains(out, "nothing to do") {
+		t.Fatalf("second migrate: code %d out %q err %q", code, out, stderr)
+	}
+	out, stderr, code := run(t, nil, append([]string{"status", "--json"}, s.flags...)...)
+	if code != 0 {
+		t.Fatalf("status: %s", stderr)
+	}
+	var st struct {
+		Schema     string `json:"schema"`
+		Backlog    *int   `json:"backlog"`
+		Partitions []any  `json:"partitions"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Backlog == nil || *st.Backlog != 0 || st.Schema != s.tb.Schema || len(st.Partitions) != 64 {
+		t.Fatalf("status --json printed %q (%v): want backlog 0, schema %s, 64 partitions", out, err, s.tb.Schema)
+	}
+	startRelay(t, s.args()...)
+	res, err := mysqlWorkload(context.Background(), s.db, s.tb, workload.Config{
+		Aggregates: 50, Transactions: 800, Writers: 8, RollbackPct: 10, LatePct: 2, LateDelay: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.check(t, res, 0)
+	out, _, code = run(t, nil, append([]string{"status", "--json"}, s.flags...)...)
+	if code != 0 || !strings.Contains(out, `"backlog":0`) {
+		t.Fatalf("status --json = %s", out)
+	}
+}
+
+// TestMySQLCLIErrorsAreClearOneLiners checks the errors of a bad mysql://
+// URL, an unreachable server and hostile names.
+func TestMySQLCLIErrorsAreClearOneLiners(t *testing.T) {
+	t.Parallel()
+	mysqlDB(t, mysqlServerURL()) // fails with how to start MariaDB when it is down
+	db := mysqlServerURL()
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unparsable url", []string{"status", "--db", "mysql://u:secret@%zz/x"}, "invalid --db URL"},
+		{"no database", []string{"status", "--db", "mysql://root:secret@127.0.0.1:3306/"}, "no database"},
+		{"hostile database", []string{"status", "--db", "mysql://root:secret@127.0.0.1:3306/a%60b"}, "not a valid identifier"},
+		{"bad parameter", []string{"status", "--db", "mysql://root:secret@127.0.0.1:3306/test?timeout=soon"}, "invalid --db URL"},
+		{"unreachable server", []string{"status", "--db", "mysql://root:secret@127.0.0.1:1/test"}, `cannot connect to MySQL/MariaDB at 127.0.0.1:1 (database "test")`},
+		{"hostile table", []string{"migrate", "--db", db, "--table", "x`; DROP TABLE y; --"}, "not a valid identifier"},
+		{"not migrated", []string{"status", "--db", db, "--table", "nothing_here"}, "run `outbox migrate`"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, stderr, code := run(t, []string{"OUTBOX_DB=", "OUTBOX_SINK="}, c.args...)
+			if code == 0 {
+				t.Fatalf("exit code 0, want failure")
+			}
+			line := strings.TrimRight(stderr, "\n")
+			if strings.Contains(line, "\n") || !strings.HasPrefix(line, "outbox: ") || !strings.Contains(line, c.want) {
+				t.Fatalf("stderr = %q; want one line starting with \"outbox: \" containing %q", stderr, c.want)
+			}
+			if strings.Contains(line, ":secret@") {
+				t.Fatalf("password leaked: %q", line)
+			}
+		})
+	}
+}
+
+// TestMariaDBRelayKilledMidStreamLosesNothing SIGKILLs the relay three
+// times while writers commit and roll back, restarts it each time, and
+// checks that every committed event reached the stream, in order, and
+// nothing rolled back did.
+func TestMariaDBRelayKilledMidStreamLosesNothing(t *testing.T) {
+	t.Parallel()
+	s := newMySQLScenario(t)
+	wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 40, Transactions: 1500, Writers: 6, RollbackPct: 10})
+	kills := 0
+	for round := range 3 {
+		p := startRelay(t, s.args()...)
+		testenv.WaitStreamMsgs(t, s.scenario.stream, uint64(100*(round+1)), 60*time.Second)
+		p.kill()
+		kills++
+	}
+	startRelay(t, s.args()...)
+	res := wait()
+	s.check(t, res, kills*inFlight)
+}
+
+// TestMariaDBKillAtNamedPoints kills the relay with SIGKILL right after it
+// claimed a batch and after the broker acknowledged one but before it was
+// recorded; a fresh relay then finishes the job.
+func TestMariaDBKillAtNamedPoints(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		point   string
+		minDups int
+	}{
+		{"claimed:3", 0},
+		{"published:3", 1}, // acknowledged, not recorded: republished
+	} {
+		t.Run(strings.Split(c.point, ":")[0], func(t *testing.T) {
+			t.Parallel()
+			s := newMySQLScenario(t)
+			wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 30, Transactions: 400, Writers: 4, RollbackPct: 10})
+			p := startRelayEnv(t, []string{"OUTBOX_FAULT=" + c.point}, s.args()...)
+			p.killedBySignal(t, 60*time.Second)
+			startRelay(t, s.args()...)
+			res := wait()
+			s.check(t, res, inFlight)
+			if d := s.scenario.raw.duplicates(); d < c.minDups {
+				t.Fatalf("%d duplicate copies: the fault did not happen where it should", d)
+			}
+		})
+	}
+}
+
+// TestMariaDBTwoRelaysKeepOrder runs two relays at once on one table while
+// writers commit, SIGKILLs one mid-stream and starts another: per-aggregate
+// order holds across them and nothing is lost.
+func TestMariaDBTwoRelaysKeepOrder(t *testing.T) {
+	t.Parallel()
+	s := newMySQLScenario(t)
+	wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 100, Transactions: 2000, Writers: 6, RollbackPct: 10, LatePct: 2, LateDelay: 50 * time.Millisecond})
+	a := startRelay(t, s.args()...)
+	startRelay(t, s.args()...)
+	// Both own partitions before one dies.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		owners := map[string]bool{}
+		for _, p := range s.status(t).Partitions {
+			owners[p.Owner] = true
+		}
+		if len(owners) == 2 && !owners[""] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("two relays never shared the partitions: %v", owners)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	testenv.WaitStreamMsgs(t, s.scenario.stream, 200, 60*time.Second)
+	a.kill()
+	startRelay(t, s.args()...)
+	res := wait()
+	s.check(t, res, 3*inFlight)
+}

@@ -1,0 +1,115 @@
+// Package outboxmysql is the MySQL 8 / MariaDB 10.6+ driver of the outbox
+// on database/sql with github.com/go-sql-driver/mysql: it writes events
+// inside the caller's *sql.Tx, migrates the schema, and is the relay's
+// Source (claim with FOR UPDATE SKIP LOCKED, leases judged by the
+// database clock, fenced by epochs) and the command line's Store.
+//
+// The outbox table's schema is the MySQL database; an empty schema means
+// the connection's current database. MySQL has no LISTEN/NOTIFY, so an
+// idle relay looks for new events every poll interval: that interval is
+// the latency floor when the outbox is quiet. Use interpolateParams=true
+// in the DSN: without it every statement with arguments costs a prepare
+// and a close round trip more.
+package outboxmysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Driver writes events through database/sql on MySQL or MariaDB.
+type Driver struct{}
+
+// New returns a Driver. It holds no connection: WriteTx uses the caller's
+// transaction.
+func New() *Driver { return &Driver{} }
+
+var _ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
+
+// maxTextLen is the length, in characters, of the VARCHAR columns
+// aggregatetype, aggregateid and type.
+const maxTextLen = 255
+
+// maxRowsPerInsert bounds one INSERT's rows, so that its placeholders stay
+// under the 65,535 a prepared statement may have.
+const maxRowsPerInsert = 5000
+
+// InsertTx inserts rows within tx with one multi-row INSERT (one round trip;
+// more than 5,000 rows go in INSERTs of 5,000). A row whose aggregate type,
+// aggregate id or type is longer than the 255 characters the columns hold
+// is refused before any SQL runs, with an error wrapping
+// outbox.ErrInvalidEvent, so a server not in strict mode never truncates
+// one (which would merge two aggregates).
+func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if tx == nil {
+		return errors.New("transaction is nil")
+	}
+	if err := validate(t); err != nil {
+		return err
+	}
+	for i, r := range rows {
+		for _, f := range []struct{ name, v string }{{"AggregateType", r.AggregateType}, {"AggregateID", r.AggregateID}, {"Type", r.Type}} {
+			if utf8.RuneCountInString(f.v) > maxTextLen {
+				return fmt.Errorf("%w: event %d: %s has more than the %d characters MySQL stores", outbox.ErrInvalidEvent, i, f.name, maxTextLen)
+			}
+		}
+	}
+	table := namesOf(t).Table
+	for len(rows) > 0 {
+		n := min(len(rows), maxRowsPerInsert)
+		q, args := insertStatement(table, rows[:n])
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
+}
+
+// insertStatement returns one multi-row INSERT of rows into table.
+func insertStatement(table string, rows []outboxdriver.Row) (string, []any) {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO `)
+	b.WriteString(table)
+	b.WriteString(` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext) VALUES `)
+	args := make([]any, 0, 8*len(rows))
+	for i, r := range rows {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
+		headers := "{}"
+		if len(r.Headers) > 0 {
+			headers = string(r.Headers)
+		}
+		args = append(args, r.ID, r.AggregateType, r.AggregateID, r.Type, nullText(r.Payload), nullBytes(r.RawPayload), headers, nullText([]byte(r.TraceContext)))
+	}
+	return b.String(), args
+}
+
+// nullText passes JSON and text as a string (MySQL refuses JSON from a
+// binary string), nil or empty as NULL.
+func nullText(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return string(b)
+}
+
+func nullBytes(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+// DefaultSchema implements outboxdriver.SchemaDefaulter: with no schema
+// configured, the outbox table is in the connection's current database.
+func (d *Driver) DefaultSchema() string { return "" }

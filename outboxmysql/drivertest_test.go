@@ -1,0 +1,32 @@
+package outboxmysql_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxdriver/drivertest"
+	"github.com/outboxkit/outbox/outboxmysql"
+)
+
+// TestConformance runs the driver conformance suite against MariaDB (or
+// the MySQL that OUTBOX_TEST_MYSQL_DSN names), each case in a fresh
+// database.
+func TestConformance(t *testing.T) {
+	db := openDB(t, "")
+	drivertest.Run(t, drivertest.Harness{
+		Name:  "mysql",
+		Store: outboxmysql.NewStore(db),
+		NewTable: func(t testing.TB) outboxdriver.Table {
+			return outboxdriver.Table{Schema: newDatabase(t, db), Name: "outbox"}
+		},
+		Write: func(ctx context.Context, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
+			return write(ctx, db, tb, commit, events...)
+		},
+		ExecInsert: func(ctx context.Context, tb outboxdriver.Table, id, aggregateType, aggregateID, typ, payloadJSON string) error {
+			return execInsert(ctx, db, tb, id, aggregateType, aggregateID, typ, payloadJSON)
+		},
+		Parallel: true,
+	})
+}

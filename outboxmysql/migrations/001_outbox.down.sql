@@ -1,0 +1,3 @@
+DROP TABLE IF EXISTS {{table}};
+DROP TABLE IF EXISTS {{claims}};
+DROP TABLE IF EXISTS {{leases}};

@@ -1,0 +1,4 @@
+DROP TABLE IF EXISTS {{audit}};
+DROP TABLE IF EXISTS {{held}};
+DROP TABLE IF EXISTS {{relays}};
+DROP TABLE IF EXISTS {{dead_letter}};

@@ -1,0 +1,382 @@
+package outboxmysql
+
+import (
+	"context"
+	"crypto/sha1"
+	"database/sql"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+//go:embed migrations/*.sql
+var files embed.FS
+
+// migration is one numbered schema change.
+type migration struct {
+	version  int
+	name     string
+	up, down string
+}
+
+// migrations reads the embedded migrations; they are small.
+func migrations() []migration {
+	entries, err := fs.ReadDir(files, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	byVersion := map[int]*migration{}
+	for _, e := range entries {
+		name := e.Name()
+		num, rest, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("outboxmysql: bad migration file name " + name)
+		}
+		body, err := files.ReadFile("migrations/" + name)
+		if err != nil {
+			panic(err)
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &migration{version: v}
+			byVersion[v] = m
+		}
+		switch {
+		case strings.HasSuffix(rest, ".up.sql"):
+			m.name = strings.TrimSuffix(rest, ".up.sql")
+			m.up = string(body)
+		case strings.HasSuffix(rest, ".down.sql"):
+			m.down = string(body)
+		default:
+			panic("outboxmysql: bad migration file name " + name)
+		}
+	}
+	out := make([]migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out
+}
+
+// LatestVersion is the newest schema version this package knows.
+func LatestVersion() int {
+	ms := migrations()
+	return ms[len(ms)-1].version
+}
+
+// Partitioning bounds. The count is fixed when migration 1 runs.
+const (
+	DefaultPartitions = 64
+	MaxPartitions     = 4096
+)
+
+// quoteIdent quotes a validated identifier with backticks.
+func quoteIdent(s string) string {
+	return "`" + strings.ReplaceAll(s, "`", "``") + "`"
+}
+
+// validate checks t's names. An empty schema is allowed: it means the
+// connection's current database. MySQL's identifiers have at most 64
+// characters; outboxdriver's limits (63, and 51 for the table so that
+// <table>_dead_letter fits) are stricter, so every derived name fits.
+func validate(t outboxdriver.Table) error {
+	check := t
+	if check.Schema == "" {
+		check.Schema = "current_database"
+	}
+	if err := check.Validate(); err != nil {
+		return fmt.Errorf("outboxmysql: %w", err)
+	}
+	return nil
+}
+
+// names are the rendered SQL names that belong to one outbox table.
+type names struct {
+	Table, DeadLetter, Migrations, Leases, Claims, Relays, Held, Audit string
+}
+
+// namesOf returns the quoted names of t's tables, qualified by the schema
+// (the MySQL database) unless it is empty.
+func namesOf(t outboxdriver.Table) names {
+	q := func(suffix string) string {
+		if t.Schema == "" {
+			return quoteIdent(t.Name + suffix)
+		}
+		return quoteIdent(t.Schema) + "." + quoteIdent(t.Name+suffix)
+	}
+	return names{
+		Table:      q(""),
+		DeadLetter: q("_dead_letter"),
+		Migrations: q("_migrations"),
+		Leases:     q("_leases"),
+		Claims:     q("_claims"),
+		Relays:     q("_relays"),
+		Held:       q("_held"),
+		Audit:      q("_audit"),
+	}
+}
+
+// render replaces the {{...}} placeholders of a migration.
+func render(sqlText string, t outboxdriver.Table, partitions int) string {
+	n := namesOf(t)
+	var rows strings.Builder
+	for p := range partitions {
+		if p > 0 {
+			rows.WriteString(",")
+		}
+		rows.WriteString("(" + strconv.Itoa(p) + ")")
+	}
+	return strings.NewReplacer(
+		"{{table}}", n.Table,
+		"{{dead_letter}}", n.DeadLetter,
+		"{{leases}}", n.Leases,
+		"{{claims}}", n.Claims,
+		"{{relays}}", n.Relays,
+		"{{held}}", n.Held,
+		"{{audit}}", n.Audit,
+		"{{partitions}}", strconv.Itoa(partitions),
+		"{{partition_rows}}", rows.String(),
+	).Replace(sqlText)
+}
+
+// statements splits a migration into its statements (database/sql runs
+// one at a time): comment lines are dropped, statements end with ";" at
+// the end of a line.
+func statements(sqlText string) []string {
+	var out []string
+	var cur strings.Builder
+	for line := range strings.SplitSeq(sqlText, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteString("\n")
+		if strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
+}
+
+// migrator runs migrations of one table on one connection, under a named
+// lock (GET_LOCK) that serialises migrators across processes.
+type migrator struct {
+	conn *sql.Conn
+	t    outboxdriver.Table
+	n    names
+}
+
+// lockName is the GET_LOCK name of t's migrations: at most 64 characters.
+func lockName(schema, table string) string {
+	h := sha1.Sum([]byte(schema + "." + table))
+	return "outbox.migrate." + hex.EncodeToString(h[:])
+}
+
+// withMigrator takes a connection, resolves an empty schema to the current
+// database for the lock's name, takes the migration lock and runs fn.
+func withMigrator(ctx context.Context, db *sql.DB, t outboxdriver.Table, fn func(m *migrator) ([]int, error)) ([]int, error) {
+	if err := validate(t); err != nil {
+		return nil, err
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outboxmysql: migrate %s: %w", t, err)
+	}
+	defer conn.Close()
+	schema := t.Schema
+	if schema == "" {
+		var cur sql.NullString
+		if err := conn.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&cur); err != nil {
+			return nil, fmt.Errorf("outboxmysql: migrate %s: %w", t, err)
+		}
+		if !cur.Valid {
+			return nil, fmt.Errorf("outboxmysql: migrate %s: no schema given and the connection has no current database: name one in the DSN", t)
+		}
+		schema = cur.String
+	}
+	name := lockName(schema, t.Name)
+	for {
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 1)`, name).Scan(&got); err != nil {
+			return nil, fmt.Errorf("outboxmysql: migrate %s: take the migration lock: %w", t, err)
+		}
+		if got.Valid && got.Int64 == 1 {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("outboxmysql: migrate %s: wait for another migration: %w", t, err)
+		}
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = conn.ExecContext(rctx, `DO RELEASE_LOCK(?)`, name)
+	}()
+	m := &migrator{conn: conn, t: t, n: namesOf(t)}
+	vs, err := fn(m)
+	if err != nil {
+		return vs, fmt.Errorf("outboxmysql: migrate %s: %w", t, err)
+	}
+	return vs, nil
+}
+
+// applied creates the bookkeeping table if needed and returns the applied
+// versions.
+func (m *migrator) applied(ctx context.Context) (map[int]bool, error) {
+	if _, err := m.conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+m.n.Migrations+` (
+    version    INT          NOT NULL PRIMARY KEY,
+    name       VARCHAR(255) NOT NULL,
+    applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+) ENGINE=InnoDB`); err != nil {
+		return nil, fmt.Errorf("create migrations table: %w", err)
+	}
+	rows, err := m.conn.QueryContext(ctx, `SELECT version FROM `+m.n.Migrations)
+	if err != nil {
+		return nil, fmt.Errorf("read applied migrations: %w", err)
+	}
+	defer rows.Close()
+	done := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
+}
+
+// exec runs every statement of a rendered migration.
+func (m *migrator) exec(ctx context.Context, sqlText string) error {
+	for _, st := range statements(sqlText) {
+		if _, err := m.conn.ExecContext(ctx, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// up applies every migration not yet applied and returns their versions.
+func (m *migrator) up(ctx context.Context, partitions int) ([]int, error) {
+	done, err := m.applied(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ran []int
+	for _, mg := range migrations() {
+		if done[mg.version] {
+			continue
+		}
+		if mg.version == 1 {
+			if err := m.checkHalfDone(ctx, partitions); err != nil {
+				return ran, err
+			}
+		}
+		if err := m.exec(ctx, render(mg.up, m.t, partitions)); err != nil {
+			return ran, fmt.Errorf("migration %03d_%s (its steps are idempotent: run migrate again once the cause is fixed): %w", mg.version, mg.name, err)
+		}
+		if _, err := m.conn.ExecContext(ctx, `INSERT INTO `+m.n.Migrations+` (version, name) VALUES (?, ?)`, mg.version, mg.name); err != nil {
+			return ran, fmt.Errorf("record migration %d: %w", mg.version, err)
+		}
+		ran = append(ran, mg.version)
+	}
+	return ran, nil
+}
+
+// checkHalfDone refuses to finish a first migration that an earlier run
+// left half-done with another number of partitions.
+func (m *migrator) checkHalfDone(ctx context.Context, partitions int) error {
+	var n int
+	err := m.conn.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+m.n.Leases).Scan(&n)
+	if isNoSuchTable(err) {
+		return nil // nothing was done
+	}
+	if err != nil {
+		return err
+	}
+	if n != partitions {
+		return fmt.Errorf("an earlier migration stopped half-way with %d partitions: migrate again with %d partitions, or migrate down to 0 first", n, n)
+	}
+	return nil
+}
+
+// down reverts every applied migration newer than target, newest first.
+func (m *migrator) down(ctx context.Context, target int) ([]int, error) {
+	done, err := m.applied(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ms := migrations()
+	var ran []int
+	for i := len(ms) - 1; i >= 0; i-- {
+		mg := ms[i]
+		if mg.version <= target || !done[mg.version] {
+			continue
+		}
+		if err := m.exec(ctx, render(mg.down, m.t, 0)); err != nil {
+			return ran, fmt.Errorf("revert migration %03d_%s: %w", mg.version, mg.name, err)
+		}
+		if _, err := m.conn.ExecContext(ctx, `DELETE FROM `+m.n.Migrations+` WHERE version = ?`, mg.version); err != nil {
+			return ran, err
+		}
+		ran = append(ran, mg.version)
+	}
+	if target == 0 {
+		if _, err := m.conn.ExecContext(ctx, `DROP TABLE IF EXISTS `+m.n.Migrations); err != nil {
+			return ran, err
+		}
+	}
+	return ran, nil
+}
+
+// Migrate creates or upgrades the outbox table t and its companions (dead
+// letters, leases, partition claims, live relays, held aggregates, audit,
+// migration bookkeeping) and returns the versions it applied; a second
+// run applies none. t.Schema is the MySQL database; empty means the
+// connection's current one. opts may be nil.
+//
+// Migrators are serialised across processes by a named lock (GET_LOCK).
+// MySQL commits every DDL statement at once, so a migration is not one
+// transaction: instead every step is idempotent, and a migration cut short
+// (a crash, a lost connection) is completed by running Migrate again.
+func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	if db == nil {
+		return nil, errors.New("outboxmysql: db is nil")
+	}
+	partitions := DefaultPartitions
+	if opts != nil && opts.Partitions != 0 {
+		partitions = opts.Partitions
+	}
+	if partitions < 1 || partitions > MaxPartitions {
+		return nil, fmt.Errorf("outboxmysql: partitions %d: use 1 to %d", partitions, MaxPartitions)
+	}
+	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.up(ctx, partitions) })
+}
+
+// MigrateDown reverts migrations of t newer than target; target 0 drops
+// the outbox tables and everything in them. Like Migrate, it runs under
+// the migration lock and can be repeated if it was cut short.
+func MigrateDown(ctx context.Context, db *sql.DB, t outboxdriver.Table, target int) ([]int, error) {
+	if db == nil {
+		return nil, errors.New("outboxmysql: db is nil")
+	}
+	if target < 0 || target > LatestVersion() {
+		return nil, fmt.Errorf("outboxmysql: migrate down to %d: use 0 to %d", target, LatestVersion())
+	}
+	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.down(ctx, target) })
+}

@@ -1,0 +1,738 @@
+package outboxmysql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Retention says what happens to a row once the broker acknowledged it.
+type Retention = outboxdriver.Retention
+
+const (
+	// RetentionDelete deletes published rows in the claim's transaction.
+	RetentionDelete = outboxdriver.RetentionDelete
+	// RetentionKeep sets published_at and keeps the row (for audit).
+	RetentionKeep = outboxdriver.RetentionKeep
+)
+
+// SourceConfig configures a Source.
+type SourceConfig = outboxdriver.SourceConfig
+
+// Source is the relay's view of an outbox table in MySQL or MariaDB.
+type Source struct {
+	db    *sql.DB
+	table outboxdriver.Table
+	n     names
+	cfg   SourceConfig
+	log   *slog.Logger
+
+	ttlMS   atomic.Int64 // the lease TTL last used, bounds a claim's idle time
+	idleVar atomic.Value // string: the server variable that bounds it ("" until known)
+}
+
+var _ outboxdriver.Source = (*Source)(nil)
+
+// NewSource returns a Source over table t, using db for every query. It
+// does no I/O. t.Schema is the MySQL database; empty means the
+// connection's current one.
+func NewSource(db *sql.DB, t outboxdriver.Table, cfg *SourceConfig) (*Source, error) {
+	if db == nil {
+		return nil, errors.New("outboxmysql: db is nil")
+	}
+	if err := validate(t); err != nil {
+		return nil, err
+	}
+	c := SourceConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Retention != RetentionDelete && c.Retention != RetentionKeep {
+		return nil, fmt.Errorf("outboxmysql: unknown retention %d", c.Retention)
+	}
+	if c.RelayName == "" {
+		c.RelayName = outboxdriver.DefaultRelayName()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	s := &Source{db: db, table: t, n: namesOf(t), cfg: c, log: c.Logger}
+	s.ttlMS.Store(int64(defaultClaimIdle / time.Millisecond))
+	return s, nil
+}
+
+// defaultClaimIdle bounds a claim's transaction before any lease was taken.
+const defaultClaimIdle = 30 * time.Second
+
+// chunk bounds the ids of one IN list.
+const chunk = 1000
+
+// RelayName is the name this source registers under.
+func (s *Source) RelayName() string { return s.cfg.RelayName }
+
+// placeholders returns "?, ?, ..." for n arguments.
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+// ints converts to []any.
+func ints[T int | int64](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+func strs(xs []string) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// querier is a *sql.Tx, *sql.Conn or *sql.DB.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// heldLeases returns the partitions of leases that the relay still holds,
+// by the database clock, at the epoch it acquired them.
+func (s *Source) heldLeases(ctx context.Context, q querier, leases []outboxdriver.Lease) (map[int]bool, error) {
+	out := map[int]bool{}
+	if len(leases) == 0 {
+		return out, nil
+	}
+	want := make(map[int]int64, len(leases))
+	parts := make([]int, len(leases))
+	for i, l := range leases {
+		want[l.Partition], parts[i] = l.Epoch, l.Partition
+	}
+	rows, err := q.QueryContext(ctx, `SELECT `+"`partition`"+`, epoch FROM `+s.n.Leases+`
+WHERE owner = ? AND expires_at > UTC_TIMESTAMP(6) AND `+"`partition`"+` IN (`+placeholders(len(parts))+`)`,
+		append([]any{s.cfg.RelayName}, ints(parts)...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p int
+		var e int64
+		if err := rows.Scan(&p, &e); err != nil {
+			return nil, err
+		}
+		if we, ok := want[p]; ok && we == e {
+			out[p] = true
+		}
+	}
+	return out, rows.Err()
+}
+
+// idleVariable returns the session variable that makes the server end a
+// claim's transaction left idle: idle_transaction_timeout on MariaDB, and
+// wait_timeout (which ends the idle connection) on MySQL, which has no
+// transaction-level one.
+func (s *Source) idleVariable(ctx context.Context, conn *sql.Conn) (string, error) {
+	if v, ok := s.idleVar.Load().(string); ok && v != "" {
+		return v, nil
+	}
+	var version string
+	if err := conn.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
+		return "", err
+	}
+	v := "wait_timeout"
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		v = "idle_transaction_timeout"
+	}
+	s.idleVar.Store(v)
+	return v, nil
+}
+
+// batch is a claim: an open transaction on its own connection holding the
+// claimed rows and the partitions' claim rows locked.
+type batch struct {
+	src     *Source
+	conn    *sql.Conn
+	tx      *sql.Tx
+	idleVar string
+	leases  []outboxdriver.Lease
+	records []outboxdriver.Record
+	done    bool
+}
+
+// Claim opens a READ COMMITTED transaction, locks the claim row of every
+// leased partition no other transaction is relaying (FOR UPDATE SKIP
+// LOCKED on <table>_claims: a stale owner's batch keeps its partitions
+// until it ends), and reads up to limit due, unpublished rows of those
+// partitions in seq order, skipping held aggregates. The claim rows make
+// the batch the only one of its partitions in the whole cluster, so the
+// outbox rows themselves are read without locks, as of the statement's
+// start: uncommitted rows are invisible, and no row is ever skipped
+// because another claim's scan locked it for a moment. (InnoDB locks a
+// row before it filters it, so FOR UPDATE SKIP LOCKED on the outbox rows
+// would let one relay skip an earlier event of an aggregate that a
+// concurrent claim on other partitions had just scanned, and take a later
+// one: out of order.) A plain SELECT ... LIMIT n never returns more than
+// n rows (MySQL does not even allow LIMIT in an IN subquery). The
+// transaction may stay idle while the batch is published at most one
+// lease TTL: on MariaDB the server then ends it (idle_transaction_timeout);
+// on MySQL it closes the idle connection (wait_timeout). Either releases a
+// paused relay's claim.
+func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("outboxmysql: claim limit %d must be positive", limit)
+	}
+	b := &batch{src: s, leases: leases, done: true}
+	if len(leases) == 0 {
+		return b, nil
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outboxmysql: claim: %w", err)
+	}
+	b.conn = conn
+	records, err := b.claim(ctx, limit)
+	if err != nil {
+		b.done = false
+		b.Release(ctx)
+		return nil, fmt.Errorf("outboxmysql: claim from %s: %w", s.table, err)
+	}
+	b.records, b.done = records, false
+	return b, nil
+}
+
+func (b *batch) claim(ctx context.Context, limit int) ([]outboxdriver.Record, error) {
+	s := b.src
+	v, err := s.idleVariable(ctx, b.conn)
+	if err != nil {
+		return nil, err
+	}
+	secs := max(1, (s.ttlMS.Load()+999)/1000)
+	if _, err := b.conn.ExecContext(ctx, `SET SESSION `+v+` = `+strconv.FormatInt(secs, 10)); err != nil {
+		return nil, err
+	}
+	b.idleVar = v
+	// The transaction outlives ctx: a relay that stops claiming still
+	// finishes (or releases) the batch in flight.
+	tx, err := b.conn.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, err
+	}
+	b.tx = tx
+	held, err := s.heldLeases(ctx, tx, b.leases)
+	if err != nil {
+		return nil, err
+	}
+	if len(held) == 0 {
+		return nil, nil
+	}
+	parts := make([]int, 0, len(held))
+	for p := range held {
+		parts = append(parts, p)
+	}
+	sort.Ints(parts)
+	rows, err := tx.QueryContext(ctx, `SELECT `+"`partition`"+` FROM `+s.n.Claims+`
+WHERE `+"`partition`"+` IN (`+placeholders(len(parts))+`) FOR UPDATE SKIP LOCKED`, ints(parts)...)
+	if err != nil {
+		return nil, err
+	}
+	locked := parts[:0]
+	for rows.Next() {
+		var p int
+		if err := rows.Scan(&p); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		locked = append(locked, p)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, err
+	}
+	if len(locked) == 0 {
+		return nil, nil
+	}
+	rows, err = tx.QueryContext(ctx, `SELECT o.id, o.seq, o.`+"`partition`"+`, o.aggregatetype, o.aggregateid, o.type, o.payload, o.payload_raw,
+       o.headers, COALESCE(o.tracingspancontext, ''), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at), o.attempts
+FROM `+s.n.Table+` AS o
+WHERE o.`+"`partition`"+` IN (`+placeholders(len(locked))+`)
+  AND o.published_at IS NULL
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))
+  AND NOT EXISTS (SELECT 1 FROM `+s.n.Held+` AS h
+                  WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
+ORDER BY o.seq
+LIMIT ?`, append(ints(locked), limit)...)
+	if err != nil {
+		return nil, err
+	}
+	return scanRecords(rows, limit)
+}
+
+func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
+	defer rows.Close()
+	out := make([]outboxdriver.Record, 0, min(limit, 1024))
+	for rows.Next() {
+		var (
+			r       outboxdriver.Record
+			payload []byte
+			raw     []byte
+			headers []byte
+			micros  int64
+		)
+		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &micros, &r.Attempts); err != nil {
+			return nil, err
+		}
+		switch {
+		case payload != nil:
+			r.Payload = payload
+		case raw != nil:
+			r.Payload = raw
+		}
+		r.Headers = parseHeaders(headers)
+		r.CreatedAt = time.UnixMicro(micros).UTC()
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// parseHeaders reads the headers column. Rows written by plain SQL may hold
+// any JSON object: non-string values are kept as their JSON text, so one
+// odd row never blocks the relay.
+func parseHeaders(b []byte) map[string]string {
+	var m map[string]json.RawMessage
+	if len(b) == 0 || json.Unmarshal(b, &m) != nil || len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		var str string
+		if err := json.Unmarshal(v, &str); err == nil {
+			out[k] = str
+		} else if string(v) != "null" {
+			out[k] = string(v)
+		}
+	}
+	return out
+}
+
+func (b *batch) Records() []outboxdriver.Record { return b.records }
+
+// Finish checks the batch's leases (the fence), records the outcome and
+// commits, in the claim's transaction. If a lease was lost, it rolls back
+// and nothing is recorded.
+func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
+	if b.done {
+		if len(b.records) == 0 {
+			return nil
+		}
+		return errors.New("outboxmysql: batch already finished")
+	}
+	if len(b.records) == 0 {
+		b.Release(ctx)
+		return nil
+	}
+	err := b.record(ctx, out)
+	if err == nil {
+		err = b.tx.Commit()
+		b.tx = nil
+		if err == nil {
+			b.done = true
+			b.closeConn(ctx, false)
+			return nil
+		}
+	}
+	b.done = true
+	// Never return a connection in an unknown transaction state.
+	if b.tx != nil {
+		_ = b.tx.Rollback()
+	}
+	b.closeConn(ctx, !errors.Is(err, outboxdriver.ErrLeaseLost))
+	return fmt.Errorf("outboxmysql: finish batch of %d: %w", len(b.records), err)
+}
+
+// record runs the fence and the outcome's statements in the transaction.
+func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
+	s, tx, n := b.src, b.tx, &b.src.n
+	fenced := b.fenced()
+	held, err := s.heldLeases(ctx, tx, fenced)
+	if err != nil {
+		return err
+	}
+	if len(held) != len(fenced) {
+		return fmt.Errorf("%w: relay %s no longer holds the leases this batch was claimed under", outboxdriver.ErrLeaseLost, s.cfg.RelayName)
+	}
+	exec := func(q string, args ...any) error {
+		_, err := tx.ExecContext(ctx, q, args...)
+		return err
+	}
+	for ids := range chunks(out.Published) {
+		in := placeholders(len(ids))
+		if s.cfg.Retention == RetentionKeep {
+			err = exec(`UPDATE `+n.Table+` SET published_at = UTC_TIMESTAMP(6), last_error = NULL, next_attempt_at = NULL WHERE id IN (`+in+`)`, strs(ids)...)
+		} else {
+			err = exec(`DELETE FROM `+n.Table+` WHERE id IN (`+in+`)`, strs(ids)...)
+		}
+		if err != nil {
+			return err
+		}
+		if err := exec(`DELETE FROM `+n.Held+` WHERE event_id IN (`+in+`)`, strs(ids)...); err != nil {
+			return err
+		}
+	}
+	var retries, dead []outboxdriver.Failure
+	var holdIDs, flowIDs []string
+	for _, f := range out.Failed {
+		if f.DeadLetter {
+			dead = append(dead, f)
+			if f.Hold {
+				holdIDs = append(holdIDs, f.ID)
+			} else {
+				flowIDs = append(flowIDs, f.ID)
+			}
+		} else {
+			retries = append(retries, f)
+		}
+	}
+	for fs := range chunks(retries) {
+		ids := failureIDs(fs)
+		in := placeholders(len(ids))
+		var errCase, delayCase strings.Builder
+		var args []any
+		for _, f := range fs {
+			errCase.WriteString(" WHEN ? THEN ?")
+			args = append(args, f.ID, errorText(f.Err))
+		}
+		for _, f := range fs {
+			delayCase.WriteString(" WHEN ? THEN ?")
+			args = append(args, f.ID, max(0, f.RetryAfter.Microseconds()))
+		}
+		args = append(args, strs(ids)...)
+		if err := exec(`UPDATE `+n.Table+` SET attempts = attempts + 1,
+    last_error = CASE id`+errCase.String()+` END,
+    next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL (CASE id`+delayCase.String()+` END) MICROSECOND
+WHERE id IN (`+in+`)`, args...); err != nil {
+			return err
+		}
+		if err := exec(`INSERT INTO `+n.Held+` (aggregatetype, aggregateid, seq, event_id, reason)
+SELECT aggregatetype, aggregateid, seq, id, 'retrying' FROM `+n.Table+` WHERE id IN (`+in+`)
+ON DUPLICATE KEY UPDATE event_id = event_id`, strs(ids)...); err != nil {
+			return err
+		}
+	}
+	for fs := range chunks(dead) {
+		ids := failureIDs(fs)
+		in := placeholders(len(ids))
+		var errCase, holdCase strings.Builder
+		var args []any
+		for _, f := range fs {
+			errCase.WriteString(" WHEN ? THEN ?")
+			args = append(args, f.ID, errorText(f.Err))
+		}
+		for _, f := range fs {
+			holdCase.WriteString(" WHEN ? THEN ?")
+			args = append(args, f.ID, f.Hold)
+		}
+		args = append(args, strs(ids)...)
+		if err := exec(`INSERT INTO `+n.DeadLetter+` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
+    headers, tracingspancontext, payload_raw, attempts, last_error, held)
+SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at,
+    headers, tracingspancontext, payload_raw, attempts + 1, CASE id`+errCase.String()+` END, CASE id`+holdCase.String()+` END
+FROM `+n.Table+` WHERE id IN (`+in+`) ORDER BY seq`, args...); err != nil {
+			return err
+		}
+		if err := exec(`DELETE FROM `+n.Table+` WHERE id IN (`+in+`)`, strs(ids)...); err != nil {
+			return err
+		}
+	}
+	for ids := range chunks(holdIDs) {
+		if err := exec(`INSERT INTO `+n.Held+` (aggregatetype, aggregateid, seq, event_id, reason)
+SELECT aggregatetype, aggregateid, seq, id, 'dead-lettered' FROM `+n.DeadLetter+` WHERE id IN (`+placeholders(len(ids))+`)
+ON DUPLICATE KEY UPDATE
+    held_at = IF(event_id = VALUES(event_id), UTC_TIMESTAMP(6), held_at),
+    reason = IF(event_id = VALUES(event_id), VALUES(reason), reason)`, strs(ids)...); err != nil {
+			return err
+		}
+	}
+	for ids := range chunks(flowIDs) {
+		if err := exec(`DELETE FROM `+n.Held+` WHERE event_id IN (`+placeholders(len(ids))+`)`, strs(ids)...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chunks yields xs in slices of at most chunk elements.
+func chunks[T any](xs []T) func(yield func([]T) bool) {
+	return func(yield func([]T) bool) {
+		for len(xs) > 0 {
+			n := min(len(xs), chunk)
+			if !yield(xs[:n]) {
+				return
+			}
+			xs = xs[n:]
+		}
+	}
+}
+
+func failureIDs(fs []outboxdriver.Failure) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = f.ID
+	}
+	return out
+}
+
+// fenced lists the leases of the partitions the batch holds records of.
+func (b *batch) fenced() []outboxdriver.Lease {
+	in := map[int]bool{}
+	for _, r := range b.records {
+		in[r.Partition] = true
+	}
+	out := make([]outboxdriver.Lease, 0, len(in))
+	for _, l := range b.leases {
+		if in[l.Partition] {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// Release rolls the claim back.
+func (b *batch) Release(ctx context.Context) {
+	if b.done {
+		return
+	}
+	b.done = true
+	bad := false
+	if b.tx != nil {
+		bad = b.tx.Rollback() != nil
+		b.tx = nil
+	}
+	b.closeConn(ctx, bad)
+}
+
+// closeConn resets the idle timeout the claim set and returns the
+// connection to the pool, or discards it when bad or when the reset fails:
+// a connection of the caller's pool must not keep the relay's settings.
+func (b *batch) closeConn(ctx context.Context, bad bool) {
+	if b.conn == nil {
+		return
+	}
+	if !bad && b.idleVar != "" {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, err := b.conn.ExecContext(rctx, `SET SESSION `+b.idleVar+` = DEFAULT`)
+		cancel()
+		bad = err != nil
+	}
+	if bad {
+		_ = b.conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	_ = b.conn.Close()
+	b.conn = nil
+}
+
+// errorText bounds the stored error text.
+func errorText(err error) string {
+	if err == nil {
+		return "unknown error"
+	}
+	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
+	if len(s) > 2000 {
+		s = strings.ToValidUTF8(s[:2000], "") + "..."
+	}
+	return s
+}
+
+// Wait sleeps until d has passed or ctx is done: MySQL has no
+// LISTEN/NOTIFY, so the poll interval is the latency floor of an idle
+// relay.
+func (s *Source) Wait(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// SetIdle does nothing: writers have no way to wake a MySQL relay.
+func (s *Source) SetIdle(context.Context, time.Duration) error { return nil }
+
+// Close does nothing: db belongs to the caller.
+func (s *Source) Close() error { return nil }
+
+// Heartbeat registers the relay as alive for ttl and counts the live relays
+// and the partitions.
+func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
+	s.ttlMS.Store(ttl.Milliseconds())
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO `+s.n.Relays+` (relay, expires_at)
+VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`, s.cfg.RelayName, ttl.Microseconds()); err != nil {
+		return 0, 0, fmt.Errorf("outboxmysql: heartbeat: %w", err)
+	}
+	err = s.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+s.n.Relays+` WHERE expires_at > UTC_TIMESTAMP(6)),
+       (SELECT COUNT(*) FROM `+s.n.Leases+`)`).Scan(&relays, &partitions)
+	if err != nil {
+		return 0, 0, fmt.Errorf("outboxmysql: heartbeat: %w", err)
+	}
+	return relays, partitions, nil
+}
+
+// Acquire takes up to n free or expired partitions, lowest first, each
+// with a new epoch.
+func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	out, err := s.inTx(ctx, func(tx *sql.Tx) ([]outboxdriver.Lease, error) {
+		rows, err := tx.QueryContext(ctx, `SELECT `+"`partition`"+` FROM `+s.n.Leases+`
+WHERE owner IS NULL OR expires_at <= UTC_TIMESTAMP(6)
+ORDER BY `+"`partition`"+` LIMIT ? FOR UPDATE SKIP LOCKED`, n)
+		if err != nil {
+			return nil, err
+		}
+		var parts []int
+		for rows.Next() {
+			var p int
+			if err := rows.Scan(&p); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			parts = append(parts, p)
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil || len(parts) == 0 {
+			return nil, err
+		}
+		in := placeholders(len(parts))
+		if _, err := tx.ExecContext(ctx, `UPDATE `+s.n.Leases+`
+SET owner = ?, epoch = epoch + 1, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE `+"`partition`"+` IN (`+in+`)`, append([]any{s.cfg.RelayName, ttl.Microseconds()}, ints(parts)...)...); err != nil {
+			return nil, err
+		}
+		return s.leaseRows(ctx, tx, `SELECT `+"`partition`"+`, epoch FROM `+s.n.Leases+` WHERE `+"`partition`"+` IN (`+in+`)`, ints(parts)...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxmysql: acquire leases: %w", err)
+	}
+	return out, nil
+}
+
+// inTx runs fn in a READ COMMITTED transaction.
+func (s *Source) inTx(ctx context.Context, fn func(tx *sql.Tx) ([]outboxdriver.Lease, error)) ([]outboxdriver.Lease, error) {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, err
+	}
+	out, err := fn(tx)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	return out, tx.Commit()
+}
+
+func (s *Source) leaseRows(ctx context.Context, q querier, query string, args ...any) ([]outboxdriver.Lease, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []outboxdriver.Lease
+	for rows.Next() {
+		var l outboxdriver.Lease
+		if err := rows.Scan(&l.Partition, &l.Epoch); err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	return out, rows.Err()
+}
+
+// leaseMatch returns the WHERE condition, and its arguments, that selects
+// the relay's rows of leases at their epochs.
+func (s *Source) leaseMatch(leases []outboxdriver.Lease) (string, []any) {
+	var b strings.Builder
+	args := []any{s.cfg.RelayName}
+	parts := make([]any, len(leases))
+	b.WriteString("owner = ? AND (")
+	for i, l := range leases {
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(`partition` = ? AND epoch = ?)")
+		args = append(args, l.Partition, l.Epoch)
+		parts[i] = l.Partition
+	}
+	b.WriteString(") AND `partition` IN (" + placeholders(len(leases)) + ")")
+	return b.String(), append(args, parts...)
+}
+
+// Renew extends leases by ttl and returns those the relay still holds.
+func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	where, args := s.leaseMatch(leases)
+	if _, err := s.db.ExecContext(ctx, `UPDATE `+s.n.Leases+` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE `+where,
+		append([]any{ttl.Microseconds()}, args...)...); err != nil {
+		return nil, fmt.Errorf("outboxmysql: renew leases: %w", err)
+	}
+	out, err := s.leaseRows(ctx, s.db, `SELECT `+"`partition`"+`, epoch FROM `+s.n.Leases+` WHERE `+where, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outboxmysql: renew leases: %w", err)
+	}
+	return out, nil
+}
+
+// Release gives leases up; with all, it also unregisters the relay.
+func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
+	if len(leases) > 0 {
+		where, args := s.leaseMatch(leases)
+		if _, err := s.db.ExecContext(ctx, `UPDATE `+s.n.Leases+` SET owner = NULL, expires_at = '1970-01-01 00:00:00' WHERE `+where, args...); err != nil {
+			return fmt.Errorf("outboxmysql: release leases: %w", err)
+		}
+	}
+	if all {
+		if _, err := s.db.ExecContext(ctx, `DELETE FROM `+s.n.Relays+` WHERE relay = ?`, s.cfg.RelayName); err != nil {
+			return fmt.Errorf("outboxmysql: unregister relay: %w", err)
+		}
+	}
+	return nil
+}
+
+// Cleanup deletes up to limit published rows of the leased partitions that
+// are older than olderThan, oldest first, in one short statement. Call it
+// repeatedly: one giant DELETE would hold locks for long.
+func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
+	if len(leases) == 0 || limit <= 0 {
+		return 0, nil
+	}
+	parts := make([]int, len(leases))
+	for i, l := range leases {
+		parts[i] = l.Partition
+	}
+	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.n.Table+`
+WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND `+"`partition`"+` IN (`+placeholders(len(parts))+`)
+ORDER BY published_at LIMIT ?`, append(append([]any{olderThan.Microseconds()}, ints(parts)...), limit)...)
+	if err != nil {
+		return 0, fmt.Errorf("outboxmysql: clean up published rows: %w", err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}

@@ -1,0 +1,96 @@
+package outboxsqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Driver writes events into an outbox table through database/sql on
+// modernc.org/sqlite. It holds no connection: InsertTx uses the caller's
+// transaction.
+type Driver struct{}
+
+// New returns a Driver. Write with it through outbox.New; with no schema
+// configured, the table is in SQLite's "main" database:
+//
+//	ob, err := outbox.New(outboxsqlite.New(), nil) // main.outbox
+func New() *Driver { return &Driver{} }
+
+var _ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
+
+const insertCols = `(id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext)`
+
+// maxRowsPerInsert keeps one INSERT's bound parameters (8 per row) well
+// under SQLite's limit of 32766.
+const maxRowsPerInsert = 1000
+
+// InsertTx inserts rows within tx with one multi-row INSERT (a call with
+// more than maxRowsPerInsert rows takes one INSERT per thousand). The rows
+// exist for the relay if and only if tx commits.
+func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if tx == nil {
+		return errors.New("transaction is nil")
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	t, err := table(t)
+	if err != nil {
+		return err
+	}
+	for len(rows) > 0 {
+		n := min(len(rows), maxRowsPerInsert)
+		sql, args := statement(t, rows[:n])
+		if _, err := tx.ExecContext(ctx, sql, args...); err != nil {
+			if t.Schema == "public" {
+				// PostgreSQL's default schema, configured by habit.
+				return fmt.Errorf("%w (SQLite's database is %q: set outbox.Config.Schema to outboxsqlite.Schema)", err, Schema)
+			}
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
+}
+
+// statement returns the INSERT of rows into t and its arguments.
+func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO `)
+	b.WriteString(namesOf(t).Table)
+	b.WriteString(` ` + insertCols + ` VALUES `)
+	args := make([]any, 0, 8*len(rows))
+	for i, r := range rows {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(`(?, ?, ?, ?, ?, ?, coalesce(?, '{}'), ?)`)
+		args = append(args, r.ID, r.AggregateType, r.AggregateID, r.Type, text(r.Payload), blob(r.RawPayload), text(r.Headers), text([]byte(r.TraceContext)))
+	}
+	return b.String(), args
+}
+
+// text maps nil or empty to SQL NULL, anything else to TEXT.
+func text(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return string(b)
+}
+
+// blob maps nil to SQL NULL, anything else (even empty) to a BLOB.
+func blob(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}
+
+// DefaultSchema implements outboxdriver.SchemaDefaulter: with no schema
+// configured, the outbox table is in SQLite's main database.
+func (d *Driver) DefaultSchema() string { return Schema }

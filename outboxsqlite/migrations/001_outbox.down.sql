@@ -1,0 +1,7 @@
+DROP TABLE IF EXISTS {{audit}};
+DROP TABLE IF EXISTS {{held}};
+DROP TABLE IF EXISTS {{relays}};
+DROP TABLE IF EXISTS {{leases}};
+DROP TABLE IF EXISTS {{dead_letter}};
+DROP TABLE IF EXISTS {{table}};
+DROP TABLE IF EXISTS {{hash}};

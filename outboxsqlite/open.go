@@ -1,0 +1,108 @@
+// Package outboxsqlite is the SQLite driver of the outbox, in pure Go on
+// modernc.org/sqlite (driver name "sqlite"): it writes events inside a
+// *sql.Tx, migrates the schema, and is the relay's Source and the command
+// line's Store.
+//
+// SQLite serves one writer at a time and many readers. The outbox keeps
+// that promise honest:
+//
+//   - Open sets WAL journal mode (readers never block the writer, nor the
+//     writer the readers), a busy timeout (a writer waits for the lock
+//     instead of failing), foreign keys, synchronous=FULL and
+//     _txlock=immediate (every read-write transaction takes the write lock
+//     at BEGIN, so none fails half-way with SQLITE_BUSY while upgrading a
+//     read lock).
+//   - The relay claims a batch in one short transaction and marks the
+//     claimed partitions in the leases table; it holds no transaction open
+//     while the batch is published, so the application's writers wait at
+//     most for a claim or a finish, never for the broker.
+//   - Run one relay process per database file. Leases still work (two
+//     Sources in one process never claim the same partition), but the
+//     partitions of one file are served by one writer anyway, so a second
+//     process adds no throughput.
+//   - There is no LISTEN/NOTIFY: a waiting relay reads PRAGMA data_version
+//     on a dedicated connection every WatchInterval (10ms), which notices a
+//     commit by any connection or process without reading a table.
+package outboxsqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+)
+
+// Schema is the name SQLite gives the database file a connection opened:
+// the default schema of an outbox table. Pass it as outbox.Config.Schema.
+const Schema = "main"
+
+// BusyTimeoutMS is how long, in milliseconds, a connection opened by Open
+// waits for the write lock before it fails with SQLITE_BUSY.
+const BusyTimeoutMS = 5000
+
+// DSN returns the data source name Open uses for the database file at
+// path, for callers that call sql.Open("sqlite", ...) themselves:
+//
+//   - _journal_mode=WAL: readers and the one writer do not block each other.
+//   - _busy_timeout: a writer waits up to BusyTimeoutMS for the lock.
+//   - _foreign_keys=1: the application's foreign keys are enforced.
+//   - _synchronous=FULL: a commit is on disk when it returns. With NORMAL, a
+//     power loss may undo the last commits in WAL mode; the relay could
+//     have published their events already, and the broker would hold
+//     events of business changes that no longer exist. An outbox row
+//     must be as durable as the change it reports (G1, G2).
+//   - _txlock=immediate: BEGIN takes the write lock at once (a read-only
+//     transaction, sql.TxOptions{ReadOnly: true}, does not), so a
+//     transaction never fails half-way with SQLITE_BUSY while upgrading
+//     its read lock to a write lock.
+func DSN(path string) string {
+	esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
+	return "file:" + esc + fmt.Sprintf("?_journal_mode=WAL&_busy_timeout=%d&_foreign_keys=1&_synchronous=FULL&_txlock=immediate", BusyTimeoutMS)
+}
+
+// Open opens (creating it when missing) the SQLite database file at path
+// with the settings DSN lists, checks that it answers and runs in WAL
+// mode, and returns the pool. The directory must exist. The pool is the
+// caller's to close.
+//
+// Use one pool per file in a process, with no MaxOpenConns below 4: a
+// relay keeps one connection for its wake-ups and needs others to claim
+// and record.
+func Open(ctx context.Context, path string) (*sql.DB, error) {
+	if path == "" || strings.HasPrefix(path, ":memory:") || strings.HasPrefix(path, "file::memory:") {
+		return nil, fmt.Errorf("outboxsqlite: open %q: the outbox needs a database file that the application and the relay share", path)
+	}
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("outboxsqlite: open %s: directory %s does not exist", path, dir)
+		}
+		return nil, fmt.Errorf("outboxsqlite: open %s: %v", path, err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("outboxsqlite: open %s: %s is not a directory", path, dir)
+	}
+	db, err := sql.Open("sqlite", DSN(path))
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: open %s: %w", path, err)
+	}
+	var mode string
+	if err := db.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("outboxsqlite: open %s: %s", path, oneLine(err))
+	}
+	if !strings.EqualFold(mode, "wal") {
+		db.Close()
+		return nil, fmt.Errorf("outboxsqlite: open %s: journal mode is %q, want wal (WAL needs a local file system with shared memory)", path, mode)
+	}
+	return db, nil
+}
+
+// oneLine keeps an error's text on one line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}

@@ -1,0 +1,306 @@
+package outboxsqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+//go:embed migrations/*.sql
+var files embed.FS
+
+// migration is one numbered schema change.
+type migration struct {
+	version  int
+	name     string
+	up, down string
+}
+
+// migrations reads the embedded migrations; they are small.
+func migrations() []migration {
+	entries, err := fs.ReadDir(files, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	byVersion := map[int]*migration{}
+	for _, e := range entries {
+		name := e.Name()
+		num, rest, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("outboxsqlite: bad migration file name " + name)
+		}
+		body, err := files.ReadFile("migrations/" + name)
+		if err != nil {
+			panic(err)
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &migration{version: v}
+			byVersion[v] = m
+		}
+		switch {
+		case strings.HasSuffix(rest, ".up.sql"):
+			m.name = strings.TrimSuffix(rest, ".up.sql")
+			m.up = string(body)
+		case strings.HasSuffix(rest, ".down.sql"):
+			m.down = string(body)
+		default:
+			panic("outboxsqlite: bad migration file name " + name)
+		}
+	}
+	out := make([]migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out
+}
+
+// LatestVersion is the newest schema version this package knows.
+func LatestVersion() int {
+	ms := migrations()
+	return ms[len(ms)-1].version
+}
+
+// Partitioning bounds. The count is fixed when the table is created.
+const (
+	DefaultPartitions = 64
+	MaxPartitions     = 4096
+)
+
+// nowSQL is the database clock in the format of every time column.
+const nowSQL = `strftime('%Y-%m-%d %H:%M:%f', 'now')`
+
+// nowPlusSQL is the database clock plus the milliseconds of parameter ?n.
+func nowPlusSQL(n int) string {
+	return fmt.Sprintf(`strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', printf('%%+.3f seconds', ?%d / 1000.0))`, n)
+}
+
+// timeLayout parses the time columns (always UTC).
+const timeLayout = "2006-01-02 15:04:05.999"
+
+// table checks t and fills in the defaults: schema "main", table "outbox".
+// The "temp" schema is refused: a table there is private to one
+// connection, and the relay would never see its events.
+func table(t outboxdriver.Table) (outboxdriver.Table, error) {
+	if t.Schema == "" {
+		t.Schema = Schema
+	}
+	if t.Name == "" {
+		t.Name = outboxdriver.DefaultTable.Name
+	}
+	if err := t.Validate(); err != nil {
+		return t, fmt.Errorf("outboxsqlite: %w", err)
+	}
+	if strings.EqualFold(t.Schema, "temp") {
+		return t, fmt.Errorf("outboxsqlite: schema %q: a temp table is private to one connection; use %q or an attached database", t.Schema, Schema)
+	}
+	return t, nil
+}
+
+// names are the rendered SQL names that belong to one outbox table.
+type names struct {
+	Table, DeadLetter, Migrations, Leases, Relays, Held, Audit string
+}
+
+func namesOf(t outboxdriver.Table) names {
+	return names{
+		Table:      t.Qualified(""),
+		DeadLetter: t.Qualified("_dead_letter"),
+		Migrations: t.Qualified("_migrations"),
+		Leases:     t.Qualified("_leases"),
+		Relays:     t.Qualified("_relays"),
+		Held:       t.Qualified("_held"),
+		Audit:      t.Qualified("_audit"),
+	}
+}
+
+// The partition hash (see the trigger in the first migration): the
+// weighted sum of the code points of the first hashChars characters of
+// the aggregate id and of its length, modulo hashMod, mixed (times
+// hashMix modulo hashMod, without the low 8 bits, so that sequential ids
+// spread), modulo the partition count. Every product of a code point (below 2^21) and a weight (below
+// 2^31) stays below 2^52, and the sum of hashChars of them below 2^62, so
+// SQLite's integer sum never overflows. Ids that differ only after
+// hashChars characters share a partition: that costs spread, never order.
+const (
+	hashChars    = 1024
+	hashMod      = 2147483647 // 2^31-1, a prime
+	lengthWeight = 1000003
+	hashMix      = 40503
+)
+
+// weightSQL is the weight of character position n (from 1), as SQL.
+const weightSQL = `((n * 2654435761 + 40503) % 2147483647) | 1`
+
+// weight is weightSQL in Go.
+func weight(pos int64) int64 { return ((pos*2654435761 + 40503) % hashMod) | 1 }
+
+// partitionOf computes in Go what the trigger computes in the database,
+// for valid UTF-8 ids.
+func partitionOf(aggregateID string, partitions int) int {
+	h, pos := int64(0), int64(0)
+	for _, r := range aggregateID {
+		pos++
+		if pos <= hashChars {
+			h += weight(pos) * int64(r)
+		}
+	}
+	h += pos * lengthWeight
+	return int((h % hashMod * hashMix % hashMod >> 8) % int64(partitions))
+}
+
+// render replaces the {{...}} placeholders of a migration with t's quoted
+// names. t must be valid.
+func render(sql string, t outboxdriver.Table, partitions int) string {
+	n := namesOf(t)
+	q := outboxdriver.QuoteIdent
+	return strings.NewReplacer(
+		"{{table}}", n.Table,
+		"{{table_name}}", q(t.Name),
+		"{{dead_letter}}", n.DeadLetter,
+		"{{leases}}", n.Leases,
+		"{{relays}}", n.Relays,
+		"{{held}}", n.Held,
+		"{{held_name}}", q(t.Name+"_held"),
+		"{{audit}}", n.Audit,
+		"{{pending_idx}}", t.Qualified("_pending"),
+		"{{by_part_idx}}", t.Qualified("_by_part"),
+		"{{published_idx}}", t.Qualified("_published"),
+		"{{held_event_idx}}", t.Qualified("_held_event"),
+		"{{hash}}", t.Qualified("_hash"),
+		"{{hash_name}}", q(t.Name+"_hash"),
+		"{{partition_trg}}", t.Qualified("_partition"),
+		"{{hash_chars}}", strconv.Itoa(hashChars),
+		"{{hash_mod}}", strconv.Itoa(hashMod),
+		"{{length_weight}}", strconv.Itoa(lengthWeight),
+		"{{mix}}", strconv.Itoa(hashMix),
+		"{{weight_expr}}", weightSQL,
+		"{{now}}", nowSQL,
+		"{{partitions}}", strconv.Itoa(partitions),
+	).Replace(sql)
+}
+
+// Migrate creates or upgrades the outbox table t and its companions (dead
+// letters, leases, relays, held aggregates, audit, migration bookkeeping)
+// in one transaction: SQLite's DDL is transactional, so a failed migration
+// leaves nothing behind. It returns the versions it applied; a second run
+// applies none. Concurrent migrators queue on the write lock, and the
+// later ones find the work done. opts may be nil.
+func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	o := outboxdriver.MigrateOptions{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Partitions == 0 {
+		o.Partitions = DefaultPartitions
+	}
+	if o.Partitions < 1 || o.Partitions > MaxPartitions {
+		return nil, fmt.Errorf("outboxsqlite: partitions %d: use 1 to %d", o.Partitions, MaxPartitions)
+	}
+	return inTx(ctx, db, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
+		var ran []int
+		for _, m := range migrations() {
+			if done[m.version] {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, render(m.up, t, o.Partitions)); err != nil {
+				return nil, fmt.Errorf("migration %03d_%s: %s", m.version, m.name, oneLine(err))
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+namesOf(t).Migrations+` (version, name) VALUES (?, ?)`, m.version, m.name); err != nil {
+				return nil, fmt.Errorf("record migration %d: %w", m.version, err)
+			}
+			ran = append(ran, m.version)
+		}
+		return ran, nil
+	})
+}
+
+// MigrateDown reverts the migrations of t newer than target in one
+// transaction, newest first; target 0 removes the outbox tables and
+// everything in them. It returns the versions it reverted.
+func MigrateDown(ctx context.Context, db *sql.DB, t outboxdriver.Table, target int) ([]int, error) {
+	if target < 0 {
+		return nil, fmt.Errorf("outboxsqlite: migrate down to %d: the target must be 0 or more", target)
+	}
+	return inTx(ctx, db, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
+		ms := migrations()
+		var ran []int
+		for i := len(ms) - 1; i >= 0; i-- {
+			m := ms[i]
+			if m.version <= target || !done[m.version] {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, render(m.down, t, 0)); err != nil {
+				return nil, fmt.Errorf("revert migration %03d_%s: %s", m.version, m.name, oneLine(err))
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+namesOf(t).Migrations+` WHERE version = ?`, m.version); err != nil {
+				return nil, err
+			}
+			ran = append(ran, m.version)
+		}
+		if target == 0 {
+			if _, err := tx.ExecContext(ctx, `DROP TABLE `+namesOf(t).Migrations); err != nil {
+				return nil, err
+			}
+		}
+		return ran, nil
+	})
+}
+
+// inTx runs fn in one write transaction (BEGIN IMMEDIATE: it holds the
+// write lock from the start, so concurrent migrators run one after the
+// other) with the applied versions of t.
+func inTx(ctx context.Context, db *sql.DB, t outboxdriver.Table, fn func(*sql.Tx, outboxdriver.Table, map[int]bool) ([]int, error)) ([]int, error) {
+	t, err := table(t)
+	if err != nil {
+		return nil, err
+	}
+	if db == nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: db is nil", t)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: %s", t, oneLine(err))
+	}
+	defer tx.Rollback()
+	n := namesOf(t)
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+n.Migrations+` (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at TEXT    NOT NULL DEFAULT (`+nowSQL+`))`); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: create the migrations table: %s", t, oneLine(err))
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT version FROM `+n.Migrations)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: read applied migrations: %s", t, oneLine(err))
+	}
+	done := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("outboxsqlite: migrate %s: %w", t, err)
+		}
+		done[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: %w", t, err)
+	}
+	vs, err := fn(tx, t, done)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: %w", t, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: commit: %s", t, oneLine(err))
+	}
+	return vs, nil
+}

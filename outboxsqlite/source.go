@@ -1,0 +1,675 @@
+package outboxsqlite
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// SourceConfig configures a Source.
+type SourceConfig = outboxdriver.SourceConfig
+
+// WatchInterval is how often a waiting Source looks at PRAGMA
+// data_version for a commit by another connection.
+const WatchInterval = 10 * time.Millisecond
+
+// defaultClaimTTL is how long a batch keeps its partitions before any
+// heartbeat told the Source the lease TTL.
+const defaultClaimTTL = 30 * time.Second
+
+// Source is the relay's view of an outbox table in SQLite.
+//
+// A claim is one short write transaction: it selects the due records of
+// the leased partitions that no batch holds, and marks their partitions
+// with the batch's token (claimed_by in the leases table) for one lease
+// TTL. Finish checks the leases and the marks (the fence), records the
+// outcome and clears the marks in a second short transaction. Between the
+// two, while the batch is published, no lock is held.
+type Source struct {
+	db    *sql.DB
+	table outboxdriver.Table
+	cfg   SourceConfig
+	log   *slog.Logger
+	q     queries
+
+	ttlMS atomic.Int64 // the lease TTL last used: how long a claim's marks last
+
+	// seen is the data_version that Wait compares against: read before
+	// every claim, so a commit after it ends the next Wait at once.
+	seen   atomic.Int64
+	seenOK atomic.Bool
+
+	wmu    sync.Mutex // guards the watcher
+	wconn  *sql.Conn
+	wstmt  *sql.Stmt
+	closed bool
+}
+
+var _ outboxdriver.Source = (*Source)(nil)
+
+type queries struct {
+	claim, mark, unclaim, fence, claimedByMe                                 string
+	markPublished, unhold, retry, holdRetry, deadLetter, deleteOne, holdDead string
+	heartbeat, relays, acquire, renew, release, unregister, cleanup          string
+}
+
+// leasePairs matches the rows of a leases table l against the JSON object
+// {"partition": epoch, ...} in parameter ?n. The subquery is not
+// correlated: SQLite reads the JSON once per statement.
+func leasePairs(n int) string {
+	return fmt.Sprintf(`(l.partition, l.epoch) IN (SELECT CAST(key AS INTEGER), value FROM json_each(?%d))`, n)
+}
+
+func newQueries(t outboxdriver.Table, r outboxdriver.Retention) queries {
+	n := namesOf(t)
+	q := queries{
+		claim: `SELECT o.id, o.seq, o.partition, o.aggregatetype, o.aggregateid, o.type, o.payload, o.payload_raw,
+       o.headers, coalesce(o.tracingspancontext, ''), o.created_at, o.attempts
+FROM ` + n.Table + ` AS o
+WHERE o.partition IN (
+        SELECT l.partition FROM ` + n.Leases + ` AS l
+        WHERE l.owner = ?2 AND l.expires_at > ` + nowSQL + ` AND ` + leasePairs(1) + `
+          AND (l.claimed_by IS NULL OR l.claim_expires_at <= ` + nowSQL + `))
+  AND o.published_at IS NULL
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ` + nowSQL + `)
+  AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` AS h
+                  WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
+ORDER BY o.seq
+LIMIT ?3`,
+		mark: `UPDATE ` + n.Leases + ` SET claimed_by = ?1, claim_expires_at = ` + nowPlusSQL(2) + `
+WHERE partition IN (SELECT value FROM json_each(?3))`,
+		unclaim: `UPDATE ` + n.Leases + ` SET claimed_by = NULL, claim_expires_at = NULL WHERE claimed_by = ?1`,
+		fence: `SELECT count(*) FROM ` + n.Leases + ` AS l
+WHERE l.owner = ?2 AND l.expires_at > ` + nowSQL + ` AND ` + leasePairs(1),
+		claimedByMe: `SELECT count(*) FROM ` + n.Leases + ` WHERE claimed_by = ?1`,
+		unhold:      `DELETE FROM ` + n.Held + ` WHERE event_id IN (SELECT value FROM json_each(?1))`,
+		retry: `UPDATE ` + n.Table + ` SET attempts = attempts + 1, last_error = ?2, next_attempt_at = ` + nowPlusSQL(3) + `
+WHERE id = ?1`,
+		holdRetry: `INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
+SELECT aggregatetype, aggregateid, seq, id, 'retrying' FROM ` + n.Table + ` WHERE id = ?1
+ON CONFLICT (aggregatetype, aggregateid) DO NOTHING`,
+		deadLetter: `INSERT INTO ` + n.DeadLetter + ` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
+    headers, tracingspancontext, payload_raw, attempts, last_error, held)
+SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at,
+    headers, tracingspancontext, payload_raw, attempts + 1, ?2, ?3
+FROM ` + n.Table + ` WHERE id = ?1`,
+		deleteOne: `DELETE FROM ` + n.Table + ` WHERE id = ?1`,
+		holdDead: `INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
+SELECT aggregatetype, aggregateid, seq, id, 'dead-lettered' FROM ` + n.DeadLetter + ` WHERE id = ?1
+ON CONFLICT (aggregatetype, aggregateid) DO UPDATE SET reason = excluded.reason, held_at = ` + nowSQL + `
+WHERE event_id = excluded.event_id`,
+		heartbeat: `INSERT INTO ` + n.Relays + ` (relay, expires_at) VALUES (?1, ` + nowPlusSQL(2) + `)
+ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at`,
+		relays: `SELECT (SELECT count(*) FROM ` + n.Relays + ` WHERE expires_at > ` + nowSQL + `),
+       (SELECT count(*) FROM ` + n.Leases + `)`,
+		acquire: `UPDATE ` + n.Leases + ` SET owner = ?1, epoch = epoch + 1, expires_at = ` + nowPlusSQL(3) + `
+WHERE partition IN (
+    SELECT partition FROM ` + n.Leases + `
+    WHERE owner IS NULL OR expires_at IS NULL OR expires_at <= ` + nowSQL + `
+    ORDER BY partition
+    LIMIT ?2)
+RETURNING partition, epoch`,
+		renew: `UPDATE ` + n.Leases + ` AS l SET expires_at = ` + nowPlusSQL(3) + `
+WHERE l.owner = ?1 AND ` + leasePairs(2) + `
+RETURNING partition, epoch`,
+		release: `UPDATE ` + n.Leases + ` AS l SET owner = NULL, expires_at = NULL
+WHERE l.owner = ?1 AND ` + leasePairs(2),
+		unregister: `DELETE FROM ` + n.Relays + ` WHERE relay = ?1`,
+		cleanup: `DELETE FROM ` + n.Table + ` WHERE seq IN (
+    SELECT seq FROM ` + n.Table + `
+    WHERE published_at IS NOT NULL AND published_at < ` + nowPlusSQL(2) + `
+      AND partition IN (SELECT value FROM json_each(?1))
+    ORDER BY published_at
+    LIMIT ?3)`,
+	}
+	if r == outboxdriver.RetentionKeep {
+		q.markPublished = `UPDATE ` + n.Table + ` SET published_at = ` + nowSQL + `, last_error = NULL, next_attempt_at = NULL
+WHERE id IN (SELECT value FROM json_each(?1))`
+	} else {
+		q.markPublished = `DELETE FROM ` + n.Table + ` WHERE id IN (SELECT value FROM json_each(?1))`
+	}
+	return q
+}
+
+// NewSource returns a Source over table t in db. It does no I/O.
+func NewSource(db *sql.DB, t outboxdriver.Table, cfg *SourceConfig) (*Source, error) {
+	if db == nil {
+		return nil, errors.New("outboxsqlite: db is nil")
+	}
+	t, err := table(t)
+	if err != nil {
+		return nil, err
+	}
+	c := SourceConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Retention != outboxdriver.RetentionDelete && c.Retention != outboxdriver.RetentionKeep {
+		return nil, fmt.Errorf("outboxsqlite: unknown retention %d", c.Retention)
+	}
+	if c.RelayName == "" {
+		c.RelayName = outboxdriver.DefaultRelayName()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	s := &Source{db: db, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention)}
+	s.ttlMS.Store(defaultClaimTTL.Milliseconds())
+	return s, nil
+}
+
+// RelayName is the name this source registers under.
+func (s *Source) RelayName() string { return s.cfg.RelayName }
+
+// batch is a claim: records whose partitions carry the batch's token.
+type batch struct {
+	src     *Source
+	token   string
+	leases  []outboxdriver.Lease
+	records []outboxdriver.Record
+	done    bool
+}
+
+// Claim selects up to limit due, unpublished records of the leased
+// partitions that no other batch holds, in seq order, skipping held
+// aggregates, and marks their partitions as this batch's, all in one
+// short write transaction. Marks last one lease TTL: a relay that died
+// with a batch in flight blocks its partitions no longer than that.
+func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("outboxsqlite: claim limit %d must be positive", limit)
+	}
+	b := &batch{src: s, leases: leases, done: true}
+	if len(leases) == 0 {
+		return b, nil
+	}
+	s.noteVersion(ctx)
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.table, oneLine(err))
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, s.q.claim, leasesJSON(leases), s.cfg.RelayName, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.table, oneLine(err))
+	}
+	recs, err := scanRecords(rows, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.table, oneLine(err))
+	}
+	if len(recs) == 0 {
+		return b, nil
+	}
+	token := newToken()
+	if _, err := tx.ExecContext(ctx, s.q.mark, token, s.ttlMS.Load(), intsJSON(partitionsOf(recs))); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.table, oneLine(err))
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: commit: %s", s.table, oneLine(err))
+	}
+	b.token, b.records, b.done = token, recs, false
+	return b, nil
+}
+
+func newToken() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// leasesJSON renders leases as the JSON object {"partition": epoch, ...}.
+func leasesJSON(leases []outboxdriver.Lease) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, l := range leases {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		b.WriteString(strconv.Itoa(l.Partition))
+		b.WriteString(`":`)
+		b.WriteString(strconv.FormatInt(l.Epoch, 10))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func intsJSON(v []int) string {
+	out, _ := json.Marshal(v)
+	return string(out)
+}
+
+func stringsJSON(v []string) string {
+	if v == nil {
+		v = []string{}
+	}
+	out, _ := json.Marshal(v)
+	return string(out)
+}
+
+// partitionsOf lists the distinct partitions of recs.
+func partitionsOf(recs []outboxdriver.Record) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, r := range recs {
+		if !seen[r.Partition] {
+			seen[r.Partition] = true
+			out = append(out, r.Partition)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
+	defer rows.Close()
+	out := make([]outboxdriver.Record, 0, min(limit, 1024))
+	for rows.Next() {
+		var (
+			r       outboxdriver.Record
+			payload sql.NullString
+			raw     []byte
+			headers sql.NullString
+			created string
+		)
+		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &created, &r.Attempts); err != nil {
+			return nil, err
+		}
+		switch {
+		case payload.Valid:
+			r.Payload = []byte(payload.String)
+		case raw != nil:
+			r.Payload = raw
+		}
+		if headers.Valid {
+			r.Headers = parseHeaders(headers.String)
+		}
+		r.CreatedAt = parseTime(created)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// parseTime reads a time column; a value some other program wrote in
+// another format reads as the zero time rather than failing the claim.
+func parseTime(s string) time.Time {
+	if t, err := time.ParseInLocation(timeLayout, s, time.UTC); err == nil {
+		return t
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t
+	}
+	return time.Time{}
+}
+
+// parseHeaders reads the headers column. Rows written by plain SQL may hold
+// any JSON object: non-string values are kept as their JSON text, so one
+// odd row never blocks the relay.
+func parseHeaders(s string) map[string]string {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &m); err != nil || len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		var str string
+		if err := json.Unmarshal(v, &str); err == nil {
+			out[k] = str
+		} else if string(v) != "null" {
+			out[k] = string(v)
+		}
+	}
+	return out
+}
+
+func (b *batch) Records() []outboxdriver.Record { return b.records }
+
+// Finish checks, in one write transaction, that the relay still holds
+// every lease the batch was claimed under and that no other claim took
+// its partitions over (the fence), then records the outcome and clears the
+// batch's marks. If the fence fails, nothing is recorded, the marks are
+// cleared, and the error wraps outboxdriver.ErrLeaseLost.
+func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
+	if b.done {
+		if len(b.records) == 0 {
+			return nil
+		}
+		return errors.New("outboxsqlite: batch already finished")
+	}
+	b.done = true
+	s := b.src
+	err := b.finish(ctx, out)
+	if err != nil {
+		b.unclaim(ctx)
+		if errors.Is(err, outboxdriver.ErrLeaseLost) {
+			return fmt.Errorf("outboxsqlite: finish batch of %d: %w", len(b.records), err)
+		}
+		return fmt.Errorf("outboxsqlite: finish batch of %d from %s: %s", len(b.records), s.table, oneLine(err))
+	}
+	return nil
+}
+
+func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
+	s, q := b.src, &b.src.q
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	fenced := b.fenced()
+	var held, marked int
+	if err := tx.QueryRowContext(ctx, q.fence, leasesJSON(fenced), s.cfg.RelayName).Scan(&held); err != nil {
+		return err
+	}
+	if held != len(fenced) {
+		return fmt.Errorf("%w: relay %s no longer holds the leases this batch was claimed under", outboxdriver.ErrLeaseLost, s.cfg.RelayName)
+	}
+	if err := tx.QueryRowContext(ctx, q.claimedByMe, b.token).Scan(&marked); err != nil {
+		return err
+	}
+	if marked != len(fenced) {
+		return fmt.Errorf("%w: the batch's claim expired and another batch took its partitions", outboxdriver.ErrLeaseLost)
+	}
+	exec := func(query string, args ...any) error {
+		_, err := tx.ExecContext(ctx, query, args...)
+		return err
+	}
+	if len(out.Published) > 0 {
+		ids := stringsJSON(out.Published)
+		if err := exec(q.markPublished, ids); err != nil {
+			return err
+		}
+		if err := exec(q.unhold, ids); err != nil {
+			return err
+		}
+	}
+	var flow []string
+	for _, f := range out.Failed {
+		msg := errorText(f.Err)
+		if !f.DeadLetter {
+			if err := exec(q.retry, f.ID, msg, f.RetryAfter.Milliseconds()); err != nil {
+				return err
+			}
+			if err := exec(q.holdRetry, f.ID); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := exec(q.deadLetter, f.ID, msg, f.Hold); err != nil {
+			return err
+		}
+		if err := exec(q.deleteOne, f.ID); err != nil {
+			return err
+		}
+		if f.Hold {
+			if err := exec(q.holdDead, f.ID); err != nil {
+				return err
+			}
+		} else {
+			flow = append(flow, f.ID)
+		}
+	}
+	if len(flow) > 0 {
+		if err := exec(q.unhold, stringsJSON(flow)); err != nil {
+			return err
+		}
+	}
+	if err := exec(q.unclaim, b.token); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// fenced lists the leases of the partitions the batch holds records of.
+func (b *batch) fenced() []outboxdriver.Lease {
+	in := map[int]bool{}
+	for _, r := range b.records {
+		in[r.Partition] = true
+	}
+	out := make([]outboxdriver.Lease, 0, len(in))
+	for _, l := range b.leases {
+		if in[l.Partition] {
+			out = append(out, l)
+			in[l.Partition] = false
+		}
+	}
+	return out
+}
+
+// Release clears the batch's marks without recording anything.
+func (b *batch) Release(ctx context.Context) {
+	if b.done {
+		return
+	}
+	b.done = true
+	b.unclaim(ctx)
+}
+
+// unclaim clears the batch's marks; if that fails, they expire after one
+// lease TTL.
+func (b *batch) unclaim(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := b.src.db.ExecContext(ctx, b.src.q.unclaim, b.token); err != nil {
+		b.src.log.Warn("outboxsqlite: cannot release a claim; its partitions wait until it expires",
+			"table", b.src.table.String(), "err", oneLine(err))
+	}
+}
+
+// errorText bounds the stored error text.
+func errorText(err error) string {
+	if err == nil {
+		return "unknown error"
+	}
+	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
+	if len(s) > 2000 {
+		s = strings.ToValidUTF8(s[:2000], "") + "..."
+	}
+	return s
+}
+
+// noteVersion records the current data_version as the one Wait compares
+// against. It is best effort: without it, Wait reads its own.
+func (s *Source) noteVersion(ctx context.Context) {
+	if v, err := s.dataVersion(ctx); err == nil {
+		s.seen.Store(v)
+		s.seenOK.Store(true)
+	}
+}
+
+// dataVersion reads PRAGMA data_version on the Source's own connection: it
+// changes whenever another connection (of this process or another)
+// commits to the file.
+func (s *Source) dataVersion(ctx context.Context) (int64, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.closed {
+		return 0, errors.New("outboxsqlite: source is closed")
+	}
+	if s.wconn == nil {
+		c, err := s.db.Conn(ctx)
+		if err != nil {
+			return 0, err
+		}
+		st, err := c.PrepareContext(ctx, `PRAGMA data_version`)
+		if err != nil {
+			c.Close()
+			return 0, err
+		}
+		s.wconn, s.wstmt = c, st
+	}
+	var v int64
+	if err := s.wstmt.QueryRowContext(ctx).Scan(&v); err != nil {
+		s.dropWatcher()
+		return 0, err
+	}
+	return v, nil
+}
+
+func (s *Source) dropWatcher() {
+	if s.wconn == nil {
+		return
+	}
+	s.wstmt.Close()
+	s.wconn.Close()
+	s.wconn, s.wstmt = nil, nil
+}
+
+// Wait returns when another connection committed to the database since
+// the last claim (a wake-up: the relay looks again), after d, or when ctx
+// is done. It looks at PRAGMA data_version every WatchInterval; a commit
+// that touched no outbox row makes a spurious return, which is allowed.
+func (s *Source) Wait(ctx context.Context, d time.Duration) error {
+	base, ok := s.seen.Load(), s.seenOK.Load()
+	if !ok {
+		v, err := s.dataVersion(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("outboxsqlite: wait: %s", oneLine(err))
+		}
+		base = v
+		s.seen.Store(v)
+		s.seenOK.Store(true)
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	tick := time.NewTicker(WatchInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+			return nil
+		case <-tick.C:
+		}
+		v, err := s.dataVersion(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("outboxsqlite: wait: %s", oneLine(err))
+		}
+		if v != base {
+			s.seen.Store(v)
+			return nil
+		}
+	}
+}
+
+// SetIdle does nothing: writers send no wake-ups to SQLite relays; Wait
+// watches data_version instead, which costs the writers nothing.
+func (s *Source) SetIdle(ctx context.Context, ttl time.Duration) error { return nil }
+
+// Close returns the Source's watcher connection to the pool. The pool
+// stays open: it belongs to the caller.
+func (s *Source) Close() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.dropWatcher()
+	s.closed = true
+	return nil
+}
+
+// Heartbeat registers the relay as alive for ttl and counts the live relays
+// and the partitions. ttl also becomes the life of a claim's marks.
+func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
+	s.ttlMS.Store(ttl.Milliseconds())
+	if _, err := s.db.ExecContext(ctx, s.q.heartbeat, s.cfg.RelayName, ttl.Milliseconds()); err != nil {
+		return 0, 0, fmt.Errorf("outboxsqlite: heartbeat: %s", oneLine(err))
+	}
+	if err := s.db.QueryRowContext(ctx, s.q.relays).Scan(&relays, &partitions); err != nil {
+		return 0, 0, fmt.Errorf("outboxsqlite: heartbeat: %s", oneLine(err))
+	}
+	return relays, partitions, nil
+}
+
+// Acquire takes up to n free or expired partitions, lowest first, each
+// with a new epoch, in one statement: two Sources never get the same one.
+func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	return s.leaseQuery(ctx, "acquire", s.q.acquire, s.cfg.RelayName, n, ttl.Milliseconds())
+}
+
+// Renew extends leases by ttl and returns those the relay still holds.
+func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	return s.leaseQuery(ctx, "renew", s.q.renew, s.cfg.RelayName, leasesJSON(leases), ttl.Milliseconds())
+}
+
+func (s *Source) leaseQuery(ctx context.Context, what, query string, args ...any) ([]outboxdriver.Lease, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: %s leases: %s", what, oneLine(err))
+	}
+	defer rows.Close()
+	var out []outboxdriver.Lease
+	for rows.Next() {
+		var l outboxdriver.Lease
+		if err := rows.Scan(&l.Partition, &l.Epoch); err != nil {
+			return nil, fmt.Errorf("outboxsqlite: %s leases: %w", what, err)
+		}
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: %s leases: %s", what, oneLine(err))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	return out, nil
+}
+
+// Release gives leases up; with all, it also unregisters the relay. A
+// batch still in flight keeps its partitions marked until it ends.
+func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
+	if len(leases) > 0 {
+		if _, err := s.db.ExecContext(ctx, s.q.release, s.cfg.RelayName, leasesJSON(leases)); err != nil {
+			return fmt.Errorf("outboxsqlite: release leases: %s", oneLine(err))
+		}
+	}
+	if all {
+		if _, err := s.db.ExecContext(ctx, s.q.unregister, s.cfg.RelayName); err != nil {
+			return fmt.Errorf("outboxsqlite: release leases: %s", oneLine(err))
+		}
+	}
+	return nil
+}
+
+// Cleanup deletes up to limit published rows of the leased partitions that
+// are older than olderThan, oldest first, in one short statement.
+func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
+	if len(leases) == 0 || limit <= 0 {
+		return 0, nil
+	}
+	parts := make([]int, len(leases))
+	for i, l := range leases {
+		parts[i] = l.Partition
+	}
+	res, err := s.db.ExecContext(ctx, s.q.cleanup, intsJSON(parts), -olderThan.Milliseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("outboxsqlite: clean up published rows: %s", oneLine(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("outboxsqlite: clean up published rows: %w", err)
+	}
+	return int(n), nil
+}
