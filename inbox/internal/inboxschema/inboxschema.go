@@ -1,0 +1,423 @@
+// Package inboxschema holds the inbox's SQL for every database it supports:
+// embedded, numbered migrations rendered for a validated schema and table
+// name, the runner the drivers share, and the statements they run.
+//
+// On MySQL and MariaDB every DDL statement commits at once, so a migration
+// cannot be one transaction: its statements are idempotent instead, run
+// one at a time, and the caller serialises migrators with a named lock
+// (GET_LOCK).
+package inboxschema
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+//go:embed postgres/*.sql sqlite/*.sql mysql/*.sql
+var files embed.FS
+
+// Dialect is the SQL flavour of a database.
+type Dialect int
+
+const (
+	// Postgres is PostgreSQL.
+	Postgres Dialect = iota + 1
+	// SQLite is SQLite 3.35 or newer.
+	SQLite
+	// MySQL is MySQL 8.0.13 or newer, or MariaDB 10.6 or newer, with
+	// InnoDB tables.
+	MySQL
+)
+
+// String returns postgres, sqlite or mysql.
+func (d Dialect) String() string {
+	switch d {
+	case Postgres:
+		return "postgres"
+	case SQLite:
+		return "sqlite"
+	case MySQL:
+		return "mysql"
+	}
+	return "Dialect(" + strconv.Itoa(int(d)) + ")"
+}
+
+// Valid reports whether d is a known dialect.
+func (d Dialect) Valid() bool { return d == Postgres || d == SQLite || d == MySQL }
+
+// DefaultSchema is the schema a table lives in when none is named: on
+// MySQL the empty string, the connection's current database.
+func (d Dialect) DefaultSchema() string {
+	switch d {
+	case SQLite:
+		return "main"
+	case MySQL:
+		return ""
+	}
+	return "public"
+}
+
+// param returns the i-th (1-based) placeholder.
+func (d Dialect) param(i int) string {
+	if d == SQLite || d == MySQL {
+		return "?"
+	}
+	return "$" + strconv.Itoa(i)
+}
+
+// Validate checks t's names. On MySQL an empty schema is allowed: it means
+// the connection's current database.
+func (d Dialect) Validate(t outboxdriver.Table) error {
+	if d == MySQL && t.Schema == "" {
+		t.Schema = "current_database"
+	}
+	return t.Validate()
+}
+
+// quote quotes a validated identifier: with backticks on MySQL, double
+// quotes elsewhere.
+func (d Dialect) quote(s string) string {
+	if d == MySQL {
+		return "`" + strings.ReplaceAll(s, "`", "``") + "`"
+	}
+	return outboxdriver.QuoteIdent(s)
+}
+
+// qualified returns t's companion named t.Name+suffix, quoted and
+// qualified by the schema (unless it is empty, on MySQL).
+func (d Dialect) qualified(t outboxdriver.Table, suffix string) string {
+	if d == MySQL && t.Schema == "" {
+		return d.quote(t.Name + suffix)
+	}
+	return d.quote(t.Schema) + "." + d.quote(t.Name+suffix)
+}
+
+// Migration is one numbered schema change.
+type Migration struct {
+	Version  int
+	Name     string
+	Up, Down string
+}
+
+// migrations reads the embedded migrations of d.
+func migrations(d Dialect) []Migration {
+	dir := d.String()
+	entries, err := fs.ReadDir(files, dir)
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		name := e.Name()
+		num, rest, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("inboxschema: bad migration file name " + name)
+		}
+		body, err := files.ReadFile(dir + "/" + name)
+		if err != nil {
+			panic(err)
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &Migration{Version: v}
+			byVersion[v] = m
+		}
+		switch {
+		case strings.HasSuffix(rest, ".up.sql"):
+			m.Name = strings.TrimSuffix(rest, ".up.sql")
+			m.Up = string(body)
+		case strings.HasSuffix(rest, ".down.sql"):
+			m.Down = string(body)
+		default:
+			panic("inboxschema: bad migration file name " + name)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// Latest is the newest schema version of d.
+func Latest(d Dialect) int {
+	ms := migrations(d)
+	return ms[len(ms)-1].Version
+}
+
+// Names are the quoted, qualified names of an inbox table's companions.
+type Names struct {
+	Table, Versions, DeadLetter, Migrations string
+}
+
+// NamesOf returns the names belonging to t in dialect d; t must be valid.
+func NamesOf(d Dialect, t outboxdriver.Table) Names {
+	return Names{
+		Table:      d.qualified(t, ""),
+		Versions:   d.qualified(t, "_versions"),
+		DeadLetter: d.qualified(t, "_dead_letter"),
+		Migrations: d.qualified(t, "_migrations"),
+	}
+}
+
+// Render replaces the {{...}} placeholders of a migration with t's quoted
+// names in dialect d. t must be valid.
+func Render(d Dialect, sql string, t outboxdriver.Table) string {
+	n := NamesOf(d, t)
+	q := d.quote
+	return strings.NewReplacer(
+		"{{schema}}", q(t.Schema),
+		"{{table}}", n.Table,
+		"{{table_name}}", q(t.Name),
+		"{{versions}}", n.Versions,
+		"{{dead_letter}}", n.DeadLetter,
+		"{{dead_letter_name}}", q(t.Name+"_dead_letter"),
+		"{{processed_idx}}", q(t.Name+"_processed"),
+		"{{dead_letter_idx}}", q(t.Name+"_dl_consumer"),
+	).Replace(sql)
+}
+
+// Tx is the part of a database transaction the runner needs.
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) error
+	// Versions returns the first column of every row of sql as ints.
+	Versions(ctx context.Context, sql string, args ...any) ([]int, error)
+}
+
+// statements splits a MySQL migration into its statements (the driver
+// runs one at a time): comment lines are dropped, statements end with ";"
+// at the end of a line.
+func statements(sqlText string) []string {
+	var out []string
+	var cur strings.Builder
+	for line := range strings.SplitSeq(sqlText, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteString("\n")
+		if strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
+}
+
+// run executes a rendered migration: in one call, or on MySQL statement by
+// statement.
+func run(ctx context.Context, tx Tx, d Dialect, sqlText string) error {
+	if d != MySQL {
+		return tx.Exec(ctx, sqlText)
+	}
+	for _, st := range statements(sqlText) {
+		if err := tx.Exec(ctx, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// prepare validates t, serialises concurrent migrations of it (on SQLite
+// the write transaction does; on MySQL the caller holds a GET_LOCK),
+// creates the bookkeeping table and returns the applied versions.
+func prepare(ctx context.Context, tx Tx, d Dialect, t outboxdriver.Table) (map[int]bool, error) {
+	if !d.Valid() {
+		return nil, fmt.Errorf("unknown dialect %v", d)
+	}
+	if err := d.Validate(t); err != nil {
+		return nil, err
+	}
+	n := NamesOf(d, t)
+	if d == Postgres {
+		if err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "outbox.inbox.migrate:"+t.String()); err != nil {
+			return nil, err
+		}
+		if err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+outboxdriver.QuoteIdent(t.Schema)); err != nil {
+			return nil, fmt.Errorf("create schema %s: %w", t.Schema, err)
+		}
+	}
+	bookkeeping := `CREATE TABLE IF NOT EXISTS ` + n.Migrations + ` (
+		version    integer NOT NULL PRIMARY KEY,
+		name       text    NOT NULL,
+		applied_at text    NOT NULL DEFAULT CURRENT_TIMESTAMP)`
+	if d == MySQL {
+		bookkeeping = `CREATE TABLE IF NOT EXISTS ` + n.Migrations + ` (
+		version    INT          NOT NULL PRIMARY KEY,
+		name       VARCHAR(255) NOT NULL,
+		applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))) ENGINE=InnoDB`
+	}
+	if err := tx.Exec(ctx, bookkeeping); err != nil {
+		return nil, fmt.Errorf("create migrations table: %w", err)
+	}
+	vs, err := tx.Versions(ctx, `SELECT version FROM `+n.Migrations)
+	if err != nil {
+		return nil, fmt.Errorf("read applied migrations: %w", err)
+	}
+	done := map[int]bool{}
+	for _, v := range vs {
+		done[v] = true
+	}
+	return done, nil
+}
+
+// Up applies, inside tx, every migration of d not yet applied to t and
+// returns the versions it applied (none on a second run). The caller
+// commits. On MySQL tx is a connection holding the migration lock: each
+// statement commits at once, and a run cut short is completed by running
+// Up again.
+func Up(ctx context.Context, tx Tx, d Dialect, t outboxdriver.Table) ([]int, error) {
+	done, err := prepare(ctx, tx, d, t)
+	if err != nil {
+		return nil, err
+	}
+	var ran []int
+	for _, m := range migrations(d) {
+		if done[m.Version] {
+			continue
+		}
+		if err := run(ctx, tx, d, Render(d, m.Up, t)); err != nil {
+			if d == MySQL {
+				return nil, fmt.Errorf("migration %03d_%s (its steps are idempotent: run migrate again once the cause is fixed): %w", m.Version, m.Name, err)
+			}
+			return nil, fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if err := tx.Exec(ctx, `INSERT INTO `+NamesOf(d, t).Migrations+` (version, name) VALUES (`+d.param(1)+`, `+d.param(2)+`)`, m.Version, m.Name); err != nil {
+			return nil, fmt.Errorf("record migration %d: %w", m.Version, err)
+		}
+		ran = append(ran, m.Version)
+	}
+	return ran, nil
+}
+
+// Down reverts, inside tx, every applied migration newer than target (0
+// removes the inbox tables and their data) and returns the versions it
+// reverted, newest first.
+func Down(ctx context.Context, tx Tx, d Dialect, t outboxdriver.Table, target int) ([]int, error) {
+	if target < 0 || (d.Valid() && target > Latest(d)) {
+		return nil, fmt.Errorf("target version %d: use 0 to %d", target, Latest(d))
+	}
+	done, err := prepare(ctx, tx, d, t)
+	if err != nil {
+		return nil, err
+	}
+	ms := migrations(d)
+	var ran []int
+	for i := len(ms) - 1; i >= 0; i-- {
+		m := ms[i]
+		if m.Version <= target || !done[m.Version] {
+			continue
+		}
+		if err := run(ctx, tx, d, Render(d, m.Down, t)); err != nil {
+			return nil, fmt.Errorf("revert migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if err := tx.Exec(ctx, `DELETE FROM `+NamesOf(d, t).Migrations+` WHERE version = `+d.param(1), m.Version); err != nil {
+			return nil, err
+		}
+		ran = append(ran, m.Version)
+	}
+	if target == 0 {
+		if err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+NamesOf(d, t).Migrations); err != nil {
+			return nil, err
+		}
+	}
+	return ran, nil
+}
+
+// Queries are the statements a driver runs, rendered for one table. The
+// parameters of each are listed in its comment, in order.
+type Queries struct {
+	// Claim inserts a dedupe record; one row affected means it was new.
+	// consumer, event id.
+	Claim string
+	// Advance raises a version if lower; one row affected means it did
+	// (on MySQL: one or two rows). consumer, aggregatetype, aggregateid,
+	// version; on MySQL then version twice more.
+	Advance string
+	// DeadLetter inserts a dead letter. consumer, event id, aggregatetype,
+	// aggregateid, type, destination, headers (JSON text), payload, error.
+	DeadLetter string
+	// DeadLetters lists dead letters, oldest first. consumer, limit.
+	// Columns: id, consumer, event_id, aggregatetype, aggregateid, type,
+	// destination, headers (JSON text), payload, error, dead_lettered_at.
+	DeadLetters string
+	// Cleanup deletes old records. Postgres: consumer, seconds (float),
+	// limit. SQLite: consumer, consumer, SQLite date modifier
+	// ("-3600.000 seconds"), limit. MySQL: consumer, microseconds, limit.
+	Cleanup string
+	// FoundRows (MySQL only) sets a claimed record to itself: one row
+	// affected means the connection counts found rows instead of changed
+	// ones (CLIENT_FOUND_ROWS), and Claim cannot tell a duplicate.
+	// consumer, event id.
+	FoundRows string
+}
+
+// QueriesFor renders the statements of d for t, which must be valid.
+func QueriesFor(d Dialect, t outboxdriver.Table) Queries {
+	n := NamesOf(d, t)
+	p := d.param
+	q := Queries{
+		Claim: `INSERT INTO ` + n.Table + ` (consumer, event_id) VALUES (` + p(1) + `, ` + p(2) + `)
+			ON CONFLICT (consumer, event_id) DO NOTHING`,
+		DeadLetters: `SELECT id, consumer, event_id, aggregatetype, aggregateid, type, destination, headers, payload, error, dead_lettered_at
+			FROM ` + n.DeadLetter + ` WHERE consumer = ` + p(1) + ` ORDER BY id LIMIT ` + p(2),
+	}
+	switch d {
+	case Postgres:
+		q.Advance = `INSERT INTO ` + n.Versions + ` AS cur (consumer, aggregatetype, aggregateid, version) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (consumer, aggregatetype, aggregateid)
+			DO UPDATE SET version = excluded.version, updated_at = now() WHERE cur.version < excluded.version`
+		q.DeadLetter = `INSERT INTO ` + n.DeadLetter + ` (consumer, event_id, aggregatetype, aggregateid, type, destination, headers, payload, error)
+			VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)`
+		q.DeadLetters = strings.Replace(q.DeadLetters, "headers,", "headers::text,", 1)
+		q.Cleanup = `DELETE FROM ` + n.Table + ` WHERE consumer = $1 AND event_id IN (
+			SELECT event_id FROM ` + n.Table + ` WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2) LIMIT $3)`
+	case SQLite:
+		q.Advance = `INSERT INTO ` + n.Versions + ` AS cur (consumer, aggregatetype, aggregateid, version) VALUES (?, ?, ?, ?)
+			ON CONFLICT (consumer, aggregatetype, aggregateid)
+			DO UPDATE SET version = excluded.version, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE cur.version < excluded.version`
+		q.DeadLetter = `INSERT INTO ` + n.DeadLetter + ` (consumer, event_id, aggregatetype, aggregateid, type, destination, headers, payload, error)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`
+		q.Cleanup = `DELETE FROM ` + n.Table + ` WHERE consumer = ? AND event_id IN (
+			SELECT event_id FROM ` + n.Table + ` WHERE consumer = ? AND processed_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) LIMIT ?)`
+	case MySQL:
+		// A duplicate key makes the INSERT a no-op UPDATE: 0 rows affected
+		// (unless the connection counts found rows; see FoundRows). Unlike
+		// INSERT IGNORE it turns no other error into a warning. The
+		// statement waits on a concurrent transaction's uncommitted record.
+		q.Claim = `INSERT INTO ` + n.Table + ` (consumer, event_id) VALUES (?, ?)
+			ON DUPLICATE KEY UPDATE event_id = event_id`
+		q.FoundRows = `UPDATE ` + n.Table + ` SET event_id = event_id WHERE consumer = ? AND event_id = ?`
+		// Assignments run left to right: updated_at is judged on the old
+		// version. 1 row affected: inserted; 2: raised; 0: not newer.
+		q.Advance = `INSERT INTO ` + n.Versions + ` (consumer, aggregatetype, aggregateid, version) VALUES (?, ?, ?, ?)
+			ON DUPLICATE KEY UPDATE updated_at = IF(version < ?, UTC_TIMESTAMP(6), updated_at), version = GREATEST(version, ?)`
+		q.DeadLetter = `INSERT INTO ` + n.DeadLetter + ` (consumer, event_id, aggregatetype, aggregateid, type, destination, headers, payload, error)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`
+		q.Cleanup = `DELETE FROM ` + n.Table + ` WHERE consumer = ? AND processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+			ORDER BY processed_at LIMIT ?`
+	}
+	return q
+}
+
+// SQLiteModifier renders "d ago" as an SQLite date modifier.
+func SQLiteModifier(d time.Duration) string {
+	return fmt.Sprintf("-%.3f seconds", d.Seconds())
+}
+
+// SQLiteTimeLayout is the layout of the times the SQLite schema stores.
+const SQLiteTimeLayout = "2006-01-02T15:04:05.000Z"

@@ -1,0 +1,3 @@
+DROP TABLE {{dead_letter}};
+DROP TABLE {{versions}};
+DROP TABLE {{table}};
