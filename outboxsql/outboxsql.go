@@ -93,21 +93,31 @@ func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outbox
 	if opts != nil {
 		o = *opts
 	}
+	return inTx(ctx, db, t, "migrate", func(tx pgschema.Tx, t outboxdriver.Table) ([]int, error) { return pgschema.Up(ctx, tx, t, o) })
+}
+
+// MigrateDown reverts t to version target in one transaction (0 drops its
+// tables and their data) and returns the versions it reverted.
+func MigrateDown(ctx context.Context, db *sql.DB, t outboxdriver.Table, target int) ([]int, error) {
+	return inTx(ctx, db, t, "revert", func(tx pgschema.Tx, t outboxdriver.Table) ([]int, error) { return pgschema.Down(ctx, tx, t, target) })
+}
+
+func inTx(ctx context.Context, db *sql.DB, t outboxdriver.Table, what string, fn func(pgschema.Tx, outboxdriver.Table) ([]int, error)) ([]int, error) {
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("outboxsql: %w", err)
 	}
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t, err)
+		return nil, fmt.Errorf("outboxsql: %s %s: %w", what, t, err)
 	}
 	defer tx.Rollback()
-	vs, err := pgschema.Up(ctx, migrateTx{tx}, t, o)
+	vs, err := fn(migrateTx{tx}, t)
 	if err != nil {
-		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t, err)
+		return nil, fmt.Errorf("outboxsql: %s %s: %w", what, t, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("outboxsql: migrate %s: commit: %w", t, err)
+		return nil, fmt.Errorf("outboxsql: %s %s: commit: %w", what, t, err)
 	}
 	return vs, nil
 }

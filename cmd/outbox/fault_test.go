@@ -26,6 +26,7 @@ import (
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
 )
 
 // faultArgs are relay flags that make faults heal quickly.
@@ -165,7 +166,7 @@ func TestFaultKillAtNamedPoints(t *testing.T) {
 			p.killedBySignal(t, 60*time.Second)
 			startRelay(t, s.args()...)
 			res := wait()
-			s.check(t, res, 20) // one batch of 20 at most
+			s.check(t, res, 20*relay.DefaultLanes) // a batch of 20 in flight per lane at most
 			if d := s.raw.duplicates(); d < c.minDups {
 				t.Fatalf("%d duplicate copies: the fault did not happen where it should", d)
 			}
@@ -212,7 +213,7 @@ func TestFaultPausedOwnerIsFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := wait()
-	s.check(t, res, 60)
+	s.check(t, res, 60*relay.DefaultLanes)
 }
 
 // TestFaultBrokerUnreachable cuts the relay from NATS (a TCP proxy drops
@@ -382,7 +383,7 @@ func TestFaultThreeRelaysChurn(t *testing.T) {
 		relays[k] = startRelay(t, s.args()...)
 	}
 	res := wait()
-	s.check(t, res, kills*20*3)
+	s.check(t, res, kills*20*3*relay.DefaultLanes)
 }
 
 // TestFaultFailOverWithinTwoTTLs SIGKILLs one of two relays and measures
@@ -468,6 +469,6 @@ func TestFaultDatabaseConnectionsTerminated(t *testing.T) {
 		t.Fatal("no connection of the relay was terminated; the test proves nothing")
 	}
 	res := wait()
-	s.check(t, res, 6*20)
+	s.check(t, res, 6*20*relay.DefaultLanes)
 	t.Logf("%d relay connections terminated", terminated)
 }
