@@ -76,6 +76,9 @@ type Config struct {
 	// kafka:// (an in-process cluster), kafka://host:port or stdout: (a
 	// null writer; drain only). Defaults to DefaultSink.
 	Sink string
+	// Lanes is the relay's Lanes in the drain and latency scenarios.
+	// Defaults to relay.DefaultLanes.
+	Lanes int
 	// Rates are the offered loads of the latency scenario, in events/s.
 	// Defaults to DefaultRates.
 	Rates []int

@@ -40,13 +40,15 @@ type broker interface {
 	// Destination is the routing replacement that lands events in the
 	// bench destination ("${routedByValue}" is the aggregate type).
 	Destination() string
+	// RawDestination is where the raw publishes of destination go, out of
+	// the consumer's sight.
+	RawDestination(destination string) string
 	// Raw publishes msgs straight through the broker's client, with
 	// asynchronous acknowledgements and no database, and returns once
 	// every message was acknowledged.
 	Raw(ctx context.Context, msgs []sink.Message) error
-	// Consume calls fn with the event id of every message that reaches
-	// the bench destination, until stop. It may also report messages that
-	// arrived before it started: fn ignores ids it does not know.
+	// Consume calls fn with the event id of every message the relay
+	// published to the bench destination, from the first, until stop.
 	Consume(ctx context.Context, fn func(id string)) (stop func(), err error)
 	Close() error
 }
@@ -101,6 +103,10 @@ func (b *natsBroker) Describe() string {
 
 func (b *natsBroker) Destination() string { return strings.ToLower(b.stream) + ".${routedByValue}" }
 
+func (b *natsBroker) RawDestination(d string) string {
+	return strings.Replace(d, strings.ToLower(b.stream)+".", strings.ToLower(b.stream)+".raw.", 1)
+}
+
 func (b *natsBroker) Sink(ctx context.Context) (sink.Sink, error) {
 	s, err := natssink.Dial(ctx, b.url, &natssink.Config{Stream: b.stream, Subjects: []string{strings.ToLower(b.stream) + ".>"}, NoCreateStream: true})
 	if err != nil {
@@ -149,7 +155,9 @@ func (b *natsBroker) Raw(ctx context.Context, msgs []sink.Message) error {
 }
 
 func (b *natsBroker) Consume(ctx context.Context, fn func(id string)) (func(), error) {
-	cons, err := b.js.OrderedConsumer(ctx, b.stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	// The relay's subjects (<tag>.<aggregate type>), not the raw
+	// publishes (<tag>.raw.<aggregate type>).
+	cons, err := b.js.OrderedConsumer(ctx, b.stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{strings.ToLower(b.stream) + ".*"}})
 	if err != nil {
 		return nil, fmt.Errorf("bench: consumer: %w", err)
 	}
@@ -212,6 +220,8 @@ func (b *kafkaBroker) Describe() string {
 
 // Destination is the topic: every event goes to the one topic.
 func (b *kafkaBroker) Destination() string { return b.topic }
+
+func (b *kafkaBroker) RawDestination(d string) string { return d + "_raw" }
 
 func (b *kafkaBroker) Sink(ctx context.Context) (sink.Sink, error) {
 	return kafkasink.Dial(ctx, "kafka://"+strings.Join(b.seeds, ","), nil, kgo.AllowAutoTopicCreation())
@@ -291,6 +301,7 @@ func (nullBroker) Sink(context.Context) (sink.Sink, error) {
 	return stdoutsink.New(discard{}), nil
 }
 func (nullBroker) Raw(context.Context, []sink.Message) error { return nil }
+func (nullBroker) RawDestination(d string) string            { return d }
 func (nullBroker) Consume(context.Context, func(string)) (func(), error) {
 	return nil, fmt.Errorf("%w: the stdout sink has none; latency needs nats:// or kafka://", errNoConsumer)
 }

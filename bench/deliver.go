@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"runtime/metrics"
 	"strconv"
 	"strings"
@@ -53,10 +55,20 @@ type DeliveryFigures struct {
 	// VsLimit is, for the relay's drain, its events/s over the lower of
 	// the two raw limits measured in the same run.
 	VsLimit float64 `json:"vs_limit,omitempty"`
+	// CPUMicrosPerEvent is the machine's busy CPU time (every process:
+	// PostgreSQL, the broker, this one) per event moved, in microseconds.
+	CPUMicrosPerEvent float64 `json:"cpu_us_per_event,omitempty"`
+	// CPULimit is, for the relay's drain, the events/s the machine's CPUs
+	// could sustain if the two raw paths' CPU per event had to be paid
+	// together (the SQL path's plus the broker's), with nothing else to
+	// do; VsCPULimit is the relay's events/s over it.
+	CPULimit   float64 `json:"cpu_limit,omitempty"`
+	VsCPULimit float64 `json:"vs_cpu_limit,omitempty"`
 	// ProcessCores is the CPU time of this process (relay, writers and
 	// consumer alike) over the measured time, in cores.
 	ProcessCores float64 `json:"process_cores"`
-	// PeakHeapMiB is the largest Go heap seen while the cell ran.
+	// PeakHeapMiB is the largest live Go heap (measured at each garbage
+	// collection) seen while the cell ran.
 	PeakHeapMiB float64 `json:"peak_heap_mib"`
 	// OfferedPerSecond is the latency cell's target rate; PerSecond of the
 	// result is what the writers achieved.
@@ -80,6 +92,7 @@ type deliverSetup struct {
 	broker broker
 	router *route.Router
 	env    *Env
+	lanes  int
 }
 
 func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup func() error, err error) {
@@ -113,7 +126,7 @@ func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup 
 		b.Close()
 		return fail(err)
 	}
-	s := &deliverSetup{pool: cfg.Pool, table: t, names: pgschema.NamesOf(t), broker: b, router: router, env: env}
+	s := &deliverSetup{pool: cfg.Pool, table: t, names: pgschema.NamesOf(t), broker: b, router: router, env: env, lanes: cfg.Lanes}
 	return s, func() error { return errors.Join(b.Close(), drop()) }, nil
 }
 
@@ -151,7 +164,7 @@ func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Durati
 	}
 	var recorded atomic.Int64
 	r, err := relay.New(src, snk, &relay.Config{
-		BatchSize: batch, PollInterval: poll, Router: s.router, Logger: slog.New(slog.DiscardHandler),
+		BatchSize: batch, PollInterval: poll, Lanes: s.lanes, Router: s.router, Logger: slog.New(slog.DiscardHandler),
 		OnStage: func(st relay.Stage, n int) {
 			if st == relay.StageRecorded {
 				recorded.Add(int64(n))
@@ -178,8 +191,8 @@ func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Durati
 // cannot beat, measured in the same run: the relay's SQL path alone
 // (CaseDrainSQL) and the broker alone (CaseDrainBroker). The relay's
 // result carries its events/s over the lower of the two (VsLimit), the
-// process's CPU and its peak Go heap. Every drained event is counted by a
-// consumer on the broker side before the cell counts as done.
+// process's CPU and its peak Go heap. After the drain, a consumer on the
+// broker side must find every event, or the scenario fails.
 func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	if cfg, err = cfg.deliverDefaults(); err != nil {
 		return nil, err
@@ -202,11 +215,13 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	if err := s.fill(ctx, n); err != nil {
 		return nil, err
 	}
+	m0, _ := readCPU()
 	sqlRes, err := s.drainSQL(ctx, n, cfg.Batch)
 	if err != nil {
 		return nil, err
 	}
 	sqlRes.Delivery = fig()
+	sqlRes.Delivery.CPUMicrosPerEvent = cpuPerEvent(m0, n)
 	sqlRes.Description = fmt.Sprintf("Claim(%d) + Finish as published (delete) with every partition leased, no broker", cfg.Batch)
 	results = append(results, sqlRes)
 	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s\n", CaseDrainSQL, sqlRes.PerSecond)
@@ -219,19 +234,44 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		if msgs[i], err = s.router.Message(&rec); err != nil {
 			return nil, err
 		}
-		msgs[i].Destination += "_raw"
+		msgs[i].Destination = s.broker.RawDestination(msgs[i].Destination)
 	}
+	m0, _ = readCPU()
 	t0 := time.Now()
 	if err := s.broker.Raw(ctx, msgs); err != nil {
 		return nil, err
 	}
-	results = append(results, result(CaseDrainBroker, "the same messages through the broker's client, asynchronous acks, no database", time.Since(t0), fig()))
+	bf := fig()
+	bf.CPUMicrosPerEvent = cpuPerEvent(m0, n)
+	results = append(results, result(CaseDrainBroker, "the same messages through the broker's client, asynchronous acks, no database", time.Since(t0), bf))
 	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s\n", CaseDrainBroker, results[1].PerSecond)
 	msgs = nil
 
 	// (c) The relay.
 	if err := s.fill(ctx, n); err != nil {
 		return nil, err
+	}
+	r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	runtime.GC() // the raw publishes' garbage must not count as the relay's heap
+	heap := startHeapSampler()
+	cpu0 := processCPU()
+	m0, _ = readCPU()
+	t0 = time.Now()
+	if err := r.Start(ctx); err != nil {
+		closeRelay()
+		return nil, err
+	}
+	err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
+	elapsed := time.Since(t0)
+	cores := (processCPU() - cpu0).Seconds() / elapsed.Seconds()
+	relayCPU := cpuPerEvent(m0, n)
+	peak := heap.stop()
+	closeRelay()
+	if err != nil {
+		return nil, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
 	}
 	var seen sync.Map
 	var delivered atomic.Int64
@@ -243,27 +283,8 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	if err != nil && !errors.Is(err, errNoConsumer) {
 		return nil, err
 	}
-	r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond)
-	if err != nil {
-		return nil, err
-	}
-	heap := startHeapSampler()
-	cpu0 := processCPU()
-	t0 = time.Now()
-	if err := r.Start(ctx); err != nil {
-		closeRelay()
-		return nil, err
-	}
-	err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
-	elapsed := time.Since(t0)
-	cores := (processCPU() - cpu0).Seconds() / elapsed.Seconds()
-	peak := heap.stop()
-	closeRelay()
-	if err != nil {
-		return nil, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
-	}
 	if stopConsume != nil {
-		err := waitFor(ctx, time.Minute, func() bool { return delivered.Load() >= int64(n) })
+		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= int64(n) })
 		stopConsume()
 		if err != nil || delivered.Load() != int64(n) {
 			return nil, fmt.Errorf("check: the consumer saw %d distinct events of %d drained", delivered.Load(), n)
@@ -277,13 +298,17 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		return nil, fmt.Errorf("check: %d rows left after the relay's drain", left)
 	}
 	f := fig()
-	f.ProcessCores, f.PeakHeapMiB = cores, peak
+	f.ProcessCores, f.PeakHeapMiB, f.CPUMicrosPerEvent = cores, peak, relayCPU
 	limit := min(results[0].PerSecond, results[1].PerSecond)
 	if _, isNull := s.broker.(nullBroker); isNull {
 		limit = results[0].PerSecond
 	}
-	rr := result(CaseDrainRelay, fmt.Sprintf("one relay (batch %d) draining the backlog to the broker, counted by a consumer", cfg.Batch), elapsed, f)
+	rr := result(CaseDrainRelay, fmt.Sprintf("one relay (batch %d, %d lanes) draining the backlog to the broker, counted by a consumer afterwards", cfg.Batch, cmp.Or(cfg.Lanes, relay.DefaultLanes)), elapsed, f)
 	f.VsLimit = rr.PerSecond / limit
+	if both := results[0].Delivery.CPUMicrosPerEvent + results[1].Delivery.CPUMicrosPerEvent; both > 0 {
+		f.CPULimit = float64(runtime.NumCPU()) * 1e6 / both
+		f.VsCPULimit = rr.PerSecond / f.CPULimit
+	}
 	results = append(results, rr)
 	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (%.2f of the lower limit)\n", CaseDrainRelay, rr.PerSecond, f.VsLimit)
 	return results, nil
@@ -641,6 +666,18 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error
 	return nil
 }
 
+// cpuPerEvent is the machine's busy CPU time since m0, in microseconds
+// per event for n events; 0 where it cannot be read.
+func cpuPerEvent(m0 CPUTime, n int) float64 {
+	m1, ok := readCPU()
+	if !ok || m0.Total == 0 {
+		return 0
+	}
+	// /proc/stat counts in USER_HZ ticks, 100 a second on Linux, summed
+	// over the CPUs.
+	return float64(m1.Sub(m0).Busy) / 100 * 1e6 / float64(n)
+}
+
 // processCPU is the CPU time this process used so far, user and system.
 func processCPU() time.Duration {
 	var ru syscall.Rusage
@@ -650,7 +687,8 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// heapSampler samples the Go heap every 20ms and keeps the peak.
+// heapSampler samples the live Go heap (as of the last collection) every
+// 20ms and keeps the peak.
 type heapSampler struct {
 	stopc chan struct{}
 	done  chan float64
@@ -659,7 +697,7 @@ type heapSampler struct {
 func startHeapSampler() *heapSampler {
 	h := &heapSampler{stopc: make(chan struct{}), done: make(chan float64, 1)}
 	go func() {
-		sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 		var peak uint64
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
@@ -728,17 +766,17 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if first.Scenario == "drain" {
-		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tprocess cores\tpeak heap MiB\t")
+		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tmachine CPU µs/event\tCPU limit/s\tvs CPU limit\tprocess cores\tpeak heap MiB\t")
 		for _, r := range results {
-			vs := "-"
-			if r.Delivery.VsLimit > 0 {
-				vs = fmt.Sprintf("%.2f", r.Delivery.VsLimit)
-			}
-			cores, heap := "-", "-"
+			d := r.Delivery
+			vs, cpuLim, vsCPU, cores, heap := "-", "-", "-", "-", "-"
 			if r.Case == CaseDrainRelay {
-				cores, heap = fmt.Sprintf("%.2f", r.Delivery.ProcessCores), fmt.Sprintf("%.1f", r.Delivery.PeakHeapMiB)
+				vs, cores, heap = fmt.Sprintf("%.2f", d.VsLimit), fmt.Sprintf("%.2f", d.ProcessCores), fmt.Sprintf("%.1f", d.PeakHeapMiB)
+				if d.CPULimit > 0 {
+					cpuLim, vsCPU = fmt.Sprintf("%.0f", d.CPULimit), fmt.Sprintf("%.2f", d.VsCPULimit)
+				}
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, cores, heap)
+			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, d.CPUMicrosPerEvent, cpuLim, vsCPU, cores, heap)
 		}
 	} else {
 		fmt.Fprintln(tw, "case\toffered/s\tachieved/s\tp50 ms\tp99 ms\tmax ms\tprocess cores\tmachine cpu\tpeak heap MiB\t")
@@ -761,7 +799,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 		}
 	}
 	if first.Scenario == "drain" {
-		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; process cores: CPU time of the bench process\n  (relay and consumer) over the drain; peak heap: the largest Go heap seen during it\n")
+		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; process cores: CPU time of the bench process (the relay) over\n  the drain; peak heap: the largest Go heap seen during it\n")
 	} else {
 		b.WriteString("  process cores: CPU time of the bench process (relay, writers and consumer) over the window; machine cpu: busy share of\n  all CPUs (PostgreSQL and the broker included); every committed event was seen by the consumer\n")
 	}

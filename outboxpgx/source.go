@@ -279,6 +279,9 @@ func scanRecords(rows pgx.Rows, limit int) ([]outboxdriver.Record, error) {
 // any JSON object: non-string values are kept as their JSON text, so one
 // odd row never blocks the relay.
 func parseHeaders(s string) map[string]string {
+	if s == "" || s == "{}" {
+		return nil // the common case, without the JSON decoder
+	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(s), &m); err != nil || len(m) == 0 {
 		return nil

@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/sink"
@@ -69,6 +71,9 @@ type Router struct {
 	re          *regexp.Regexp
 	replacement string
 	headers     []headerColumn
+
+	cache  sync.Map // routed value -> destination
+	cached atomic.Int64
 }
 
 // New validates cfg and returns a Router.
@@ -115,12 +120,27 @@ func New(cfg *Config) (*Router, error) {
 // Destination returns the destination of rec.
 func (r *Router) Destination(rec *outboxdriver.Record) (string, error) {
 	v := r.by(rec)
+	// Routed values repeat (an aggregate type, say): remember what the
+	// regex made of the last few rather than run it for every event.
+	if d, ok := r.cache.Load(v); ok {
+		return d.(string), nil
+	}
 	m := r.re.FindStringSubmatchIndex(v)
 	if m == nil {
 		return "", fmt.Errorf("route: %s %q does not match %s", r.byName, v, r.re)
 	}
-	return string(r.re.ExpandString(nil, r.replacement, v, m)), nil
+	d := string(r.re.ExpandString(nil, r.replacement, v, m))
+	if r.cached.Load() < maxCached {
+		if _, loaded := r.cache.LoadOrStore(v, d); !loaded {
+			r.cached.Add(1)
+		}
+	}
+	return d, nil
 }
+
+// maxCached bounds the remembered destinations: routing by a column with
+// many values (the aggregate id) must not grow memory without end.
+const maxCached = 4096
 
 // Message maps rec to a message: the routed destination, key = aggregate
 // id, value = payload, headers "id", the event's own headers (sorted by

@@ -2,6 +2,7 @@ package route
 
 import (
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -75,5 +76,32 @@ func TestConfigErrors(t *testing.T) {
 		if _, err := New(&c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+}
+
+// TestDestinationIsTheSameFromTheCache routes more distinct values than
+// the router remembers, twice, with a regex that refuses some: every
+// destination must be what the regex makes of its value, the first time
+// and from memory alike.
+func TestDestinationIsTheSameFromTheCache(t *testing.T) {
+	r, err := New(&Config{RouteBy: "aggregateid", Regex: `(?P<n>[0-9]+)`, Replacement: "agg.${n}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pass := range 2 {
+		for i := range maxCached + 100 {
+			rec := outboxdriver.Record{AggregateID: strconv.Itoa(i)}
+			d, err := r.Destination(&rec)
+			if err != nil || d != "agg."+strconv.Itoa(i) {
+				t.Fatalf("pass %d: %d -> %q, %v", pass, i, d, err)
+			}
+			bad := outboxdriver.Record{AggregateID: "x" + strconv.Itoa(i)}
+			if _, err := r.Destination(&bad); err == nil {
+				t.Fatalf("pass %d: %q routed", pass, bad.AggregateID)
+			}
+		}
+	}
+	if n := r.cached.Load(); n != maxCached {
+		t.Fatalf("%d destinations remembered, want the bound %d", n, maxCached)
 	}
 }

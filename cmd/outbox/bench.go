@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/bench"
+	"github.com/outboxkit/outbox/relay"
 )
 
 func newBench() *cobra.Command {
@@ -27,6 +28,7 @@ func newBench() *cobra.Command {
 		sinkURL  string
 		rates    []int
 		cpuProf  string
+		lanes    int
 	)
 	var list []string
 	for _, s := range bench.Scenarios() {
@@ -126,6 +128,7 @@ Scenarios:
 				Batch:    batch,
 				Sink:     sinkURL,
 				Rates:    rates,
+				Lanes:    lanes,
 				Progress: cmd.ErrOrStderr(),
 			}
 			if retention && !cmd.Flags().Changed("rounds") {
@@ -165,6 +168,7 @@ Scenarios:
 	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention, drain, latency: the relay's claim limit (events per batch)")
 	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency: the broker: nats://host:port, kafka:// (an in-process Kafka cluster), kafka://host:port, or stdout: (drain only; a null writer)")
 	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates, "latency: offered loads in events/s, as a list")
+	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency: the relay's lanes (batches in flight under a backlog)")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
 	return cmd

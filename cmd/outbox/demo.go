@@ -26,10 +26,10 @@ commit-to-consumer latency. It exits with status 1 if anything was lost,
 invented, applied twice or reordered.
 
 With no flags it uses a SQLite file in a temporary directory and an embedded
-NATS server. --db postgres://... and --sink nats://host:port run the same
-story on real services (in tables of its own, dropped at the end). --serve
-keeps the relay running afterwards, with its metrics on --metrics-addr, so
-that /metrics and outbox status can be tried against it.`,
+NATS server. --db postgres://... or mysql://... and --sink nats://host:port
+run the same story on real services (in tables of its own, dropped at the
+end). --serve keeps the relay running afterwards, with its metrics on
+--metrics-addr, so that /metrics and outbox status can be tried against it.`,
 		Example: `  outbox demo
   outbox demo --orders 2000
   outbox demo --db postgres://postgres@127.0.0.1:5432/test --sink nats://127.0.0.1:4222
@@ -64,7 +64,7 @@ that /metrics and outbox status can be tried against it.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&cfg.DB, "db", "", "database: postgres://user@host:5432/db or sqlite://path (default: a SQLite file in a temporary directory)")
+	cmd.Flags().StringVar(&cfg.DB, "db", "", "database: postgres://user@host:5432/db, mysql://user:pass@host:3306/db or sqlite://path (default: a SQLite file in a temporary directory)")
 	cmd.Flags().StringVar(&cfg.Sink, "sink", "", "NATS server with JetStream, nats://host:port (default: an embedded server)")
 	cmd.Flags().IntVar(&cfg.Orders, "orders", 200, "orders to place (three events each)")
 	cmd.Flags().IntVar(&cfg.Writers, "writers", 4, "orders written at once")

@@ -71,3 +71,9 @@ func TestDemoOnPostgreSQLAndNATS(t *testing.T) {
 		t.Errorf("the demo left %d table(s) behind", after-before)
 	}
 }
+
+func TestDemoOnMariaDB(t *testing.T) {
+	mysqlDB(t, mysqlServerURL()) // fails clearly when MariaDB is down
+	out, errOut, code := run(t, nil, "demo", "--orders", "40", "--rate", "200", "--db", mysqlServerURL(), "--sink", testenv.NATSURL())
+	checkDemo(t, out, errOut, code)
+}

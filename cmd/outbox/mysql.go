@@ -3,9 +3,8 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -15,54 +14,16 @@ import (
 )
 
 // mysqlConfig turns --db mysql://user:pass@host:port/db?params into a
-// go-sql-driver configuration. Query parameters are the driver's DSN
-// parameters (tls, timeout, ...); parseTime and interpolateParams are on.
+// go-sql-driver configuration (outboxmysql.ParseURL): query parameters are
+// the driver's DSN parameters (tls, timeout, ...); parseTime and
+// interpolateParams are on.
 func mysqlConfig(raw string) (*mysql.Config, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("invalid --db URL %s: %v", redact(raw), unwrapAll(err))
+	cfg, err := outboxmysql.ParseURL(raw)
+	var ue *outboxmysql.URLError
+	if errors.As(err, &ue) {
+		return nil, fmt.Errorf("invalid --db URL %s: %s", ue.URL, ue.Reason)
 	}
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("invalid --db URL %s: %s", redact(raw), fmt.Sprintf(format, args...))
-	}
-	host, port := u.Hostname(), u.Port()
-	if host == "" {
-		return nil, bad("no host; use mysql://user:password@host:3306/database")
-	}
-	if port == "" {
-		port = "3306"
-	}
-	db := u.Path
-	if len(db) > 0 && db[0] == '/' {
-		db = db[1:]
-	}
-	if db == "" {
-		return nil, bad("no database; use mysql://user:password@host:3306/database")
-	}
-	if err := outboxdriver.ValidateIdent("database", db); err != nil {
-		return nil, bad("%v", err)
-	}
-	// Parse the query as DSN parameters, so the driver checks them.
-	cfg, err := mysql.ParseDSN("/?" + u.RawQuery)
-	if err != nil {
-		return nil, bad("%v", err)
-	}
-	cfg.Net, cfg.Addr, cfg.DBName = "tcp", net.JoinHostPort(host, port), db
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	q := u.Query()
-	if !q.Has("parseTime") {
-		cfg.ParseTime = true
-	}
-	if !q.Has("interpolateParams") {
-		cfg.InterpolateParams = true // one round trip per statement
-	}
-	if !q.Has("timeout") {
-		cfg.Timeout = 10 * time.Second
-	}
-	return cfg, nil
+	return cfg, err
 }
 
 // openMySQL connects to the MySQL or MariaDB that --db names, with at

@@ -36,14 +36,16 @@ import (
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/inboxsql"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxsql"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
 
 // Config configures a run.
 type Config struct {
-	// DB is the database URL: postgres://..., or sqlite://path. Empty
-	// means a SQLite file in a new temporary directory.
+	// DB is the database URL: postgres://..., mysql://... or
+	// sqlite://path. Empty means a SQLite file in a new temporary
+	// directory.
 	DB string
 	// Sink is the NATS server (nats://host:port) with JetStream. Empty
 	// means an embedded server.
@@ -236,8 +238,27 @@ func (d *run) openDB(ctx context.Context) error {
 		d.db, d.dialect, d.writer = db, inboxsql.Postgres, outboxsql.New()
 		d.table.Schema = "public"
 		d.rep.DB = "PostgreSQL " + redact(raw)
+	case "mysql":
+		cfg, err := outboxmysql.ParseURL(raw)
+		if err != nil {
+			return fmt.Errorf("demo: --db: %w", err)
+		}
+		db, err := sql.Open("mysql", cfg.FormatDSN())
+		if err != nil {
+			return fmt.Errorf("demo: --db: %w", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := db.PingContext(pctx); err != nil {
+			db.Close()
+			return fmt.Errorf("demo: cannot connect to MySQL/MariaDB at %s: %v; check --db and that MySQL/MariaDB is running", cfg.Addr, err)
+		}
+		db.SetMaxOpenConns(d.cfg.Writers + 4)
+		d.db, d.dialect, d.writer = db, inboxsql.MySQL, outboxmysql.New()
+		d.table.Schema = cfg.DBName
+		d.rep.DB = "MySQL/MariaDB " + redact(raw)
 	default:
-		return fmt.Errorf("demo: --db %s: use sqlite://path or postgres://...", redact(raw))
+		return fmt.Errorf("demo: --db %s: use sqlite://path, postgres://... or mysql://...", redact(raw))
 	}
 	d.onClose(func() { d.db.Close() })
 	d.dbURL = raw
@@ -314,6 +335,8 @@ func (d *run) migrate(ctx context.Context) error {
 	switch d.dialect {
 	case inboxsql.SQLite:
 		_, err = outboxsqlite.Migrate(ctx, d.db, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
+	case inboxsql.MySQL:
+		_, err = outboxmysql.Migrate(ctx, d.db, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
 	default:
 		_, err = outboxsql.Migrate(ctx, d.db, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
 	}
@@ -326,7 +349,8 @@ func (d *run) migrate(ctx context.Context) error {
 	}
 	orders, billing := d.biz("orders"), d.biz("billing")
 	for _, stmt := range []string{
-		`CREATE TABLE IF NOT EXISTS ` + orders + ` (id TEXT PRIMARY KEY, customer TEXT NOT NULL, status TEXT NOT NULL)`,
+		// VARCHAR, not TEXT: MySQL keys no TEXT column.
+		`CREATE TABLE IF NOT EXISTS ` + orders + ` (id VARCHAR(64) PRIMARY KEY, customer TEXT NOT NULL, status TEXT NOT NULL)`,
 		// One row per applied event: a second effect of one event would
 		// show as a second row.
 		`CREATE TABLE IF NOT EXISTS ` + billing + ` (event_id TEXT NOT NULL, order_id TEXT NOT NULL, step INTEGER NOT NULL, in_order INTEGER NOT NULL)`,
@@ -342,7 +366,14 @@ func (d *run) migrate(ctx context.Context) error {
 			d.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+orders)
 			d.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+billing)
 			inboxsql.MigrateDown(ctx, d.db, d.dialect, it, 0)
-			outboxsql.MigrateDown(ctx, d.db, d.table, 0)
+			switch d.dialect {
+			case inboxsql.SQLite:
+				outboxsqlite.MigrateDown(ctx, d.db, d.table, 0)
+			case inboxsql.MySQL:
+				outboxmysql.MigrateDown(ctx, d.db, d.table, 0)
+			default:
+				outboxsql.MigrateDown(ctx, d.db, d.table, 0)
+			}
 		})
 	}
 	d.ob, err = outbox.New(d.writer, &outbox.Config{Schema: d.table.Schema, Table: d.table.Name})
@@ -359,7 +390,15 @@ func (d *run) migrate(ctx context.Context) error {
 
 // biz names a business table of the run.
 func (d *run) biz(name string) string {
-	return outboxdriver.QuoteIdent(d.table.Schema) + "." + outboxdriver.QuoteIdent(strings.Replace(d.table.Name, "outbox", name, 1))
+	return d.quote(d.table.Schema) + "." + d.quote(strings.Replace(d.table.Name, "outbox", name, 1))
+}
+
+// quote quotes a validated identifier in the dialect: backticks on MySQL.
+func (d *run) quote(s string) string {
+	if d.dialect == inboxsql.MySQL {
+		return "`" + s + "`"
+	}
+	return outboxdriver.QuoteIdent(s)
 }
 
 type dupCounter struct{ n *atomic.Int64 }
@@ -723,7 +762,7 @@ func (d *run) startRelay(ctx context.Context) error {
 
 // waitRelayOwns waits until a relay holds partition leases: the relay is up.
 func (d *run) waitRelayOwns(ctx context.Context) error {
-	leases := outboxdriver.QuoteIdent(d.table.Schema) + "." + outboxdriver.QuoteIdent(d.table.Name+"_leases")
+	leases := d.quote(d.table.Schema) + "." + d.quote(d.table.Name+"_leases")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var n int
