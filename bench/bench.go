@@ -76,6 +76,14 @@ type Config struct {
 	// kafka:// (an in-process cluster), kafka://host:port or stdout: (a
 	// null writer; drain only). Defaults to DefaultSink.
 	Sink string
+	// RelayBinary, when set, is the outbox command the latency scenario
+	// runs the relay as (`RelayBinary relay ...`, a child process), so that
+	// the relay's own CPU time is measured apart from the writers' and the
+	// consumer's. Empty runs the relay in this process.
+	RelayBinary string
+	// DatabaseURL is the database as the child relay dials it; required
+	// with RelayBinary.
+	DatabaseURL string
 	// Lanes is the relay's Lanes in the drain and latency scenarios.
 	// Defaults to relay.DefaultLanes.
 	Lanes int

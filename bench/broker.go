@@ -43,6 +43,9 @@ type broker interface {
 	// RawDestination is where the raw publishes of destination go, out of
 	// the consumer's sight.
 	RawDestination(destination string) string
+	// RelayArgs are the `outbox relay` flags that publish to the bench
+	// destination.
+	RelayArgs() []string
 	// Raw publishes msgs straight through the broker's client, with
 	// asynchronous acknowledgements and no database, and returns once
 	// every message was acknowledged.
@@ -105,6 +108,10 @@ func (b *natsBroker) Destination() string { return strings.ToLower(b.stream) + "
 
 func (b *natsBroker) RawDestination(d string) string {
 	return strings.Replace(d, strings.ToLower(b.stream)+".", strings.ToLower(b.stream)+".raw.", 1)
+}
+
+func (b *natsBroker) RelayArgs() []string {
+	return []string{"--sink", b.url, "--nats-stream", b.stream, "--nats-subjects", strings.ToLower(b.stream) + ".>", "--nats-no-create-stream"}
 }
 
 func (b *natsBroker) Sink(ctx context.Context) (sink.Sink, error) {
@@ -223,6 +230,10 @@ func (b *kafkaBroker) Destination() string { return b.topic }
 
 func (b *kafkaBroker) RawDestination(d string) string { return d + "_raw" }
 
+func (b *kafkaBroker) RelayArgs() []string {
+	return []string{"--sink", "kafka://" + strings.Join(b.seeds, ",")}
+}
+
 func (b *kafkaBroker) Sink(ctx context.Context) (sink.Sink, error) {
 	return kafkasink.Dial(ctx, "kafka://"+strings.Join(b.seeds, ","), nil, kgo.AllowAutoTopicCreation())
 }
@@ -302,6 +313,7 @@ func (nullBroker) Sink(context.Context) (sink.Sink, error) {
 }
 func (nullBroker) Raw(context.Context, []sink.Message) error { return nil }
 func (nullBroker) RawDestination(d string) string            { return d }
+func (nullBroker) RelayArgs() []string                       { return []string{"--sink", "stdout:"} }
 func (nullBroker) Consume(context.Context, func(string)) (func(), error) {
 	return nil, fmt.Errorf("%w: the stdout sink has none; latency needs nats:// or kafka://", errNoConsumer)
 }

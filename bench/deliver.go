@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"runtime"
 	"runtime/metrics"
 	"strconv"
@@ -67,6 +69,10 @@ type DeliveryFigures struct {
 	// ProcessCores is the CPU time of this process (relay, writers and
 	// consumer alike) over the measured time, in cores.
 	ProcessCores float64 `json:"process_cores"`
+	// RelayCores is the CPU time of the relay process over the measured
+	// time, in cores, when the relay ran as a process of its own
+	// (Config.RelayBinary); 0 otherwise.
+	RelayCores float64 `json:"relay_cores,omitempty"`
 	// PeakHeapMiB is the largest live Go heap (measured at each garbage
 	// collection) seen while the cell ran.
 	PeakHeapMiB float64 `json:"peak_heap_mib"`
@@ -408,6 +414,7 @@ func CommitToConsumer(ctx context.Context, cfg Config) (results []Result, err er
 	}
 	defer func() { err = errors.Join(err, cleanup()) }()
 	s.env.DurationSeconds, s.env.Rounds, s.env.WarmupSeconds = cfg.Duration.Seconds(), 1, cfg.Warmup.Seconds()
+	s.env.RelayProcess = cfg.RelayBinary != ""
 
 	lt := &latencyRun{s: s, cfg: cfg}
 	stop, err := s.broker.Consume(ctx, lt.arrived)
@@ -468,16 +475,26 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 	lt.committed, lt.arrivals = map[string]time.Time{}, map[string]time.Time{}
 	lt.mu.Unlock()
 
-	r, _, closeRelay, err := s.newRelay(ctx, lt.cfg.Batch, c.poll)
-	if err != nil {
-		return Result{}, err
-	}
-	defer closeRelay()
-	if err := r.Start(ctx); err != nil {
-		return Result{}, err
-	}
-	if err := waitFor(ctx, time.Minute, r.Ready); err != nil {
-		return Result{}, fmt.Errorf("relay not ready: %w", err)
+	relayCPU := func() time.Duration { return 0 }
+	if lt.cfg.RelayBinary != "" {
+		child, err := s.startRelayProcess(ctx, lt.cfg, c.poll)
+		if err != nil {
+			return Result{}, err
+		}
+		defer child.stop()
+		relayCPU = child.cpu
+	} else {
+		r, _, closeRelay, err := s.newRelay(ctx, lt.cfg.Batch, c.poll)
+		if err != nil {
+			return Result{}, err
+		}
+		defer closeRelay()
+		if err := r.Start(ctx); err != nil {
+			return Result{}, err
+		}
+		if err := waitFor(ctx, time.Minute, r.Ready); err != nil {
+			return Result{}, fmt.Errorf("relay not ready: %w", err)
+		}
 	}
 	if c.longTx {
 		tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
@@ -496,23 +513,24 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 	from := time.Now().Add(lt.cfg.Warmup)
 	to := from.Add(lt.cfg.Duration)
 	heap := startHeapSampler()
-	var cpu0 time.Duration
+	var cpu0, relay0 time.Duration
 	var m0 CPUTime
 	var measuredFrom time.Time
 	if c.rate == 0 {
 		sleepUntil(ctx, from)
-		cpu0, measuredFrom = processCPU(), time.Now()
+		cpu0, relay0, measuredFrom = processCPU(), relayCPU(), time.Now()
 		m0, _ = readCPU()
 		sleepUntil(ctx, to)
 	} else {
 		var ok bool
-		cpu0, m0, measuredFrom, ok = lt.offer(ctx, c.rate, from, to)
+		cpu0, relay0, m0, measuredFrom, ok = lt.offer(ctx, c.rate, from, to, relayCPU)
 		if !ok {
 			return Result{}, ctx.Err()
 		}
 	}
 	window := time.Since(measuredFrom)
 	cores := (processCPU() - cpu0).Seconds() / window.Seconds()
+	relayCores := (relayCPU() - relay0).Seconds() / window.Seconds()
 	m1, _ := readCPU()
 	peak := heap.stop()
 	if err := lt.writeErr(); err != nil {
@@ -523,7 +541,7 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 	lt.mu.Lock()
 	want := len(lt.committed)
 	lt.mu.Unlock()
-	err = waitFor(ctx, time.Minute, func() bool {
+	err := waitFor(ctx, time.Minute, func() bool {
 		lt.mu.Lock()
 		defer lt.mu.Unlock()
 		n := 0
@@ -561,7 +579,7 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 		Scenario: "latency", Case: c.name, Description: desc, Workers: LatencyWriters, Unit: "event",
 		Ops: inWindow, Seconds: lt.cfg.Duration.Seconds(), PerSecond: float64(inWindow) / lt.cfg.Duration.Seconds(),
 		Latency: rec.Summary(), CPUBusy: m1.Sub(m0).Fraction(), Env: s.env,
-		Delivery: &DeliveryFigures{Broker: s.broker.Describe(), Events: int64(want), ProcessCores: cores, PeakHeapMiB: peak,
+		Delivery: &DeliveryFigures{Broker: s.broker.Describe(), Events: int64(want), ProcessCores: cores, RelayCores: relayCores, PeakHeapMiB: peak,
 			OfferedPerSecond: c.rate, Wakeup: c.wakeup, LongTx: c.longTx},
 	}
 	if c.rate == 0 {
@@ -573,7 +591,7 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 // offer runs LatencyWriters writers committing one event per transaction
 // at rate events/s from now until to, and returns the process's and the
 // machine's CPU time at from, when the measured window began.
-func (lt *latencyRun) offer(ctx context.Context, rate int, from, to time.Time) (cpu0 time.Duration, m0 CPUTime, at time.Time, ok bool) {
+func (lt *latencyRun) offer(ctx context.Context, rate int, from, to time.Time, relayCPU func() time.Duration) (cpu0, relay0 time.Duration, m0 CPUTime, at time.Time, ok bool) {
 	due := make(chan time.Time, 1024)
 	var wg sync.WaitGroup
 	for range LatencyWriters {
@@ -595,7 +613,7 @@ func (lt *latencyRun) offer(ctx context.Context, rate int, from, to time.Time) (
 		}
 		if !measured && !t.Before(from) {
 			sleepUntil(ctx, from)
-			cpu0, at, measured = processCPU(), time.Now(), true
+			cpu0, relay0, at, measured = processCPU(), relayCPU(), time.Now(), true
 			m0, _ = readCPU()
 		}
 		if d := time.Until(t); d > 0 {
@@ -613,7 +631,7 @@ func (lt *latencyRun) offer(ctx context.Context, rate int, from, to time.Time) (
 	}
 	close(due)
 	wg.Wait()
-	return cpu0, m0, at, ctx.Err() == nil
+	return cpu0, relay0, m0, at, ctx.Err() == nil
 }
 
 // write commits one transaction with one event and notes when Commit
@@ -746,6 +764,82 @@ func (c Config) deliverDefaults() (Config, error) {
 	return c, nil
 }
 
+// relayProcess is `outbox relay` running as a child process.
+type relayProcess struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startRelayProcess starts the relay as a child process and waits until it
+// holds the table's partitions.
+func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll time.Duration) (*relayProcess, error) {
+	if cfg.DatabaseURL == "" {
+		return nil, errors.New("bench: Config.RelayBinary needs Config.DatabaseURL")
+	}
+	args := append([]string{"relay", "--db", cfg.DatabaseURL, "--schema", s.table.Schema, "--table", s.table.Name,
+		"--route-replacement", s.broker.Destination(), "--poll-interval", poll.String(),
+		"--batch", strconv.Itoa(cfg.Batch), "--lanes", strconv.Itoa(cmp.Or(cfg.Lanes, relay.DefaultLanes)), "--log-level", "error"},
+		s.broker.RelayArgs()...)
+	cmd := exec.Command(cfg.RelayBinary, args...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("bench: start the relay process: %w", err)
+	}
+	p := &relayProcess{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	err := waitFor(ctx, time.Minute, func() bool {
+		select {
+		case <-p.done:
+			return true
+		default:
+		}
+		var n int
+		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.names.Leases+` WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`).Scan(&n)
+		return err == nil && n > 0
+	})
+	select {
+	case <-p.done:
+		return nil, errors.New("bench: the relay process exited at start")
+	default:
+	}
+	if err != nil {
+		p.stop()
+		return nil, fmt.Errorf("bench: the relay process took no partition: %w", err)
+	}
+	return p, nil
+}
+
+// cpu is the relay process's CPU time so far (user and system), from
+// /proc/<pid>/stat; 0 where it cannot be read.
+func (p *relayProcess) cpu() time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name, which is in parentheses: utime and
+	// stime are the 12th and 13th of them, in USER_HZ ticks (100/s).
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// stop stops the relay with SIGTERM, as an operator would.
+func (p *relayProcess) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
 // writeDeliveryTable prints the results of the drain and latency
 // scenarios.
 func writeDeliveryTable(w io.Writer, results []Result) error {
@@ -779,14 +873,18 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, d.CPUMicrosPerEvent, cpuLim, vsCPU, cores, heap)
 		}
 	} else {
-		fmt.Fprintln(tw, "case\toffered/s\tachieved/s\tp50 ms\tp99 ms\tmax ms\tprocess cores\tmachine cpu\tpeak heap MiB\t")
+		fmt.Fprintln(tw, "case\toffered/s\tachieved/s\tp50 ms\tp99 ms\tmax ms\trelay cores\tprocess cores\tmachine cpu\tpeak heap MiB\t")
 		for _, r := range results {
 			d := r.Delivery
 			p50, p99, mx := "-", "-", "-"
 			if r.Latency.Count > 0 {
 				p50, p99, mx = fmtMs(r.Latency.P50), fmtMs(r.Latency.P99), fmtMs(r.Latency.Max)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%.3f\t%.0f%%\t%.1f\t\n", r.Case, d.OfferedPerSecond, r.PerSecond, p50, p99, mx, d.ProcessCores, 100*r.CPUBusy, d.PeakHeapMiB)
+			rc := "-"
+			if d.RelayCores > 0 || first.Env != nil && first.Env.RelayProcess {
+				rc = fmt.Sprintf("%.3f", d.RelayCores)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%.3f\t%.0f%%\t%.1f\t\n", r.Case, d.OfferedPerSecond, r.PerSecond, p50, p99, mx, rc, d.ProcessCores, 100*r.CPUBusy, d.PeakHeapMiB)
 		}
 	}
 	tw.Flush()
@@ -801,7 +899,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	if first.Scenario == "drain" {
 		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; process cores: CPU time of the bench process (the relay) over\n  the drain; peak heap: the largest Go heap seen during it\n")
 	} else {
-		b.WriteString("  process cores: CPU time of the bench process (relay, writers and consumer) over the window; machine cpu: busy share of\n  all CPUs (PostgreSQL and the broker included); every committed event was seen by the consumer\n")
+		b.WriteString("  relay cores: CPU time of the relay process (--relay-process) over the window; process cores: CPU time of the bench\n  process (writers and consumer, and the relay unless it runs apart) over the window; machine cpu: busy share of all CPUs\n  (PostgreSQL and the broker included); every committed event was seen by the consumer\n")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

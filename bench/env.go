@@ -55,6 +55,8 @@ type Env struct {
 	// SchemaVersion is the outbox schema version the scenario migrated
 	// its table to, when it has one.
 	SchemaVersion int `json:"schema_version,omitempty"`
+	// RelayProcess says the relay ran as a process of its own.
+	RelayProcess bool `json:"relay_process,omitempty"`
 	// Checkpoint says whether a CHECKPOINT ran before every measurement
 	// (it needs superuser or pg_checkpoint; without, drift is larger).
 	Checkpoint bool `json:"checkpoint"`

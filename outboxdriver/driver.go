@@ -152,6 +152,14 @@ type Source interface {
 	Close() error
 }
 
+// Waker is implemented by a Source whose Wait returns soon after a commit
+// to the table (LISTEN/NOTIFY, a change counter), so that a relay that has
+// caught up can wait the whole poll interval instead of looking again
+// after growing waits.
+type Waker interface {
+	WakesOnCommit() bool
+}
+
 // Status summarises an outbox table.
 type Status struct {
 	Table Table

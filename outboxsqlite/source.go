@@ -673,3 +673,7 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 	}
 	return int(n), nil
 }
+
+// WakesOnCommit implements outboxdriver.Waker: Wait watches PRAGMA
+// data_version, which changes with every commit to the file.
+func (s *Source) WakesOnCommit() bool { return true }

@@ -19,6 +19,8 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		failures       int // consecutive claims that failed (database)
 		brokerFailures int // consecutive batches that met a broker outage
 	)
+	w, ok := r.src.(outboxdriver.Waker)
+	wakes := ok && w.WakesOnCommit()
 	for ctx.Err() == nil {
 		leases := r.leases.snapshot()
 		if len(leases) == 0 {
@@ -54,23 +56,47 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 				idle, idleSince = true, time.Now()
 				continue
 			}
+			if wakes {
+				// A commit wakes the wait: no need to look again sooner
+				// than the poll interval.
+				wait = r.cfg.PollInterval
+			}
 			r.waitForWork(ctx, wait)
 			wait = min(wait*2, r.cfg.PollInterval)
 			continue
 		}
 		r.stage(StageClaimed, len(recs))
 		wait = minWait
-		if idle {
+		// Stay registered for wake-ups while batches come back short: the
+		// load is light, and leaving and rejoining would cost two round
+		// trips a wake-up. A full batch means a backlog: leave, so that
+		// busy writers are spared the NOTIFY.
+		if idle && len(recs) == r.cfg.BatchSize {
 			idle = false
 			if err := r.src.SetIdle(ctx, 0); err != nil && ctx.Err() == nil {
 				r.log.Warn("relay: cannot leave idle state", "err", err)
 			}
 		}
-		outage := r.process(pubCtx, b, recs)
+		clean, outage := r.process(pubCtx, b, recs)
 		r.leases.inFlight.RUnlock()
 		if outage == nil && len(recs) == r.cfg.BatchSize && r.cfg.Lanes > 1 {
 			// A backlog: work it off in lanes.
 			outage = r.lanes(ctx, pubCtx)
+		}
+		if clean && idle && len(recs) < r.cfg.BatchSize && wakes {
+			// Caught up as of the claim, and still registered for
+			// wake-ups: whatever committed since has sent one, so wait
+			// for it rather than spend a claim on finding nothing.
+			if time.Since(idleSince) > r.cfg.PollInterval {
+				if err := r.src.SetIdle(ctx, 3*r.cfg.PollInterval); err != nil && ctx.Err() == nil {
+					r.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
+				}
+				idleSince = time.Now()
+				continue // look once more: the registration had lapsed
+			}
+			brokerFailures = 0
+			r.waitForWork(ctx, r.cfg.PollInterval)
+			continue
 		}
 		if outage == nil {
 			brokerFailures = 0
@@ -122,7 +148,7 @@ func (r *Relay) lanes(ctx, pubCtx context.Context) error {
 					return
 				}
 				r.stage(StageClaimed, len(recs))
-				out := r.process(pubCtx, b, recs)
+				_, out := r.process(pubCtx, b, recs)
 				r.leases.inFlight.RUnlock()
 				if out != nil {
 					mu.Lock()
@@ -173,7 +199,7 @@ type aggregate struct {
 // aggregate stops for this batch. So does every failure when nothing at all
 // succeeded. process then returns the outage so the relay backs off as a
 // whole; otherwise it returns nil.
-func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) (outage error) {
+func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) (clean bool, outage error) {
 	// The claim's transaction sits idle while the batch is published, and
 	// the server ends it after one lease TTL: publishing must finish well
 	// before. Messages without an answer by then count as an outage.
@@ -226,7 +252,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		results := r.snk.Publish(pctx, msgs)
 		if len(results) != len(msgs) {
 			b.Release(ctx)
-			return fmt.Errorf("relay: the sink returned %d results for %d messages", len(results), len(msgs))
+			return false, fmt.Errorf("relay: the sink returned %d results for %d messages", len(results), len(msgs))
 		}
 		now := time.Now()
 		for j, err := range results {
@@ -263,7 +289,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	}
 	if len(out.Published) == 0 && len(out.Failed) == 0 {
 		b.Release(ctx)
-		return outage
+		return false, outage
 	}
 	r.stage(StagePublished, len(out.Published))
 	for _, f := range out.Failed {
@@ -283,7 +309,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		} else {
 			r.log.Error("relay: recording the outcome failed; acknowledged events will be republished", "events", len(out.Published), "err", err)
 		}
-		return outage
+		return false, outage
 	}
 	r.stage(StageRecorded, len(recs))
 	for i, f := range out.Failed {
@@ -293,7 +319,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			r.metrics.Retried(failedDest[i])
 		}
 	}
-	return outage
+	return outage == nil && len(out.Published) == len(recs), outage
 }
 
 // failure turns a publish error into a retry or a dead letter.

@@ -29,6 +29,7 @@ func newBench() *cobra.Command {
 		rates    []int
 		cpuProf  string
 		lanes    int
+		relayOut bool
 	)
 	var list []string
 	for _, s := range bench.Scenarios() {
@@ -137,6 +138,16 @@ Scenarios:
 			if warmup == 0 {
 				cfg.Warmup = -1 // none, rather than the default
 			}
+			if relayOut {
+				exe, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("--relay-process: %v", err)
+				}
+				cfg.RelayBinary = exe
+				if cfg.DatabaseURL, err = f.dbURL(); err != nil {
+					return err
+				}
+			}
 			if cpuProf != "" {
 				pf, err := os.Create(cpuProf)
 				if err != nil {
@@ -169,6 +180,7 @@ Scenarios:
 	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency: the broker: nats://host:port, kafka:// (an in-process Kafka cluster), kafka://host:port, or stdout: (drain only; a null writer)")
 	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates, "latency: offered loads in events/s, as a list")
 	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency: the relay's lanes (batches in flight under a backlog)")
+	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "latency: run the relay as a child process (this binary's `relay`), to measure its CPU apart")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
 	return cmd
