@@ -84,6 +84,8 @@ type Config struct {
 	// DatabaseURL is the database as the child relay dials it; required
 	// with RelayBinary.
 	DatabaseURL string
+	// Linger is the relay's Linger in the latency scenario.
+	Linger time.Duration
 	// Lanes is the relay's Lanes in the drain and latency scenarios.
 	// Defaults to relay.DefaultLanes.
 	Lanes int

@@ -99,6 +99,7 @@ type deliverSetup struct {
 	router *route.Router
 	env    *Env
 	lanes  int
+	linger time.Duration
 }
 
 func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup func() error, err error) {
@@ -132,7 +133,7 @@ func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup 
 		b.Close()
 		return fail(err)
 	}
-	s := &deliverSetup{pool: cfg.Pool, table: t, names: pgschema.NamesOf(t), broker: b, router: router, env: env, lanes: cfg.Lanes}
+	s := &deliverSetup{pool: cfg.Pool, table: t, names: pgschema.NamesOf(t), broker: b, router: router, env: env, lanes: cfg.Lanes, linger: cfg.Linger}
 	return s, func() error { return errors.Join(b.Close(), drop()) }, nil
 }
 
@@ -170,7 +171,7 @@ func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Durati
 	}
 	var recorded atomic.Int64
 	r, err := relay.New(src, snk, &relay.Config{
-		BatchSize: batch, PollInterval: poll, Lanes: s.lanes, Router: s.router, Logger: slog.New(slog.DiscardHandler),
+		BatchSize: batch, PollInterval: poll, Lanes: s.lanes, Linger: s.linger, Router: s.router, Logger: slog.New(slog.DiscardHandler),
 		OnStage: func(st relay.Stage, n int) {
 			if st == relay.StageRecorded {
 				recorded.Add(int64(n))
@@ -778,7 +779,7 @@ func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll t
 	}
 	args := append([]string{"relay", "--db", cfg.DatabaseURL, "--schema", s.table.Schema, "--table", s.table.Name,
 		"--route-replacement", s.broker.Destination(), "--poll-interval", poll.String(),
-		"--batch", strconv.Itoa(cfg.Batch), "--lanes", strconv.Itoa(cmp.Or(cfg.Lanes, relay.DefaultLanes)), "--log-level", "error"},
+		"--batch", strconv.Itoa(cfg.Batch), "--lanes", strconv.Itoa(cmp.Or(cfg.Lanes, relay.DefaultLanes)), "--linger", cfg.Linger.String(), "--log-level", "error"},
 		s.broker.RelayArgs()...)
 	cmd := exec.Command(cfg.RelayBinary, args...)
 	cmd.Stderr = os.Stderr

@@ -28,6 +28,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			continue
 		}
 		r.leases.inFlight.RLock()
+		claimed := time.Now()
 		b, err := r.src.Claim(ctx, leases, r.cfg.BatchSize)
 		if err != nil {
 			r.leases.inFlight.RUnlock()
@@ -95,6 +96,10 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 				continue // look once more: the registration had lapsed
 			}
 			brokerFailures = 0
+			if d := r.cfg.Linger - time.Since(claimed); d > 0 {
+				// Let a few more events gather: fewer, fuller batches.
+				sleep(ctx, d)
+			}
 			r.waitForWork(ctx, r.cfg.PollInterval)
 			continue
 		}

@@ -390,7 +390,7 @@ func TestLifecycle(t *testing.T) {
 	if _, err := relay.New(nil, snk, nil); err == nil {
 		t.Fatal("nil source accepted")
 	}
-	for _, c := range []relay.Config{{BatchSize: -1}, {PollInterval: time.Microsecond}, {RetryBase: time.Second, RetryMax: time.Millisecond}} {
+	for _, c := range []relay.Config{{BatchSize: -1}, {PollInterval: time.Microsecond}, {RetryBase: time.Second, RetryMax: time.Millisecond}, {Linger: -time.Millisecond}, {Lanes: -1}, {Lanes: 65}} {
 		if _, err := relay.New(src, snk, &c); err == nil {
 			t.Fatalf("config %+v accepted", c)
 		}

@@ -30,6 +30,7 @@ func newBench() *cobra.Command {
 		cpuProf  string
 		lanes    int
 		relayOut bool
+		linger   time.Duration
 	)
 	var list []string
 	for _, s := range bench.Scenarios() {
@@ -130,6 +131,7 @@ Scenarios:
 				Sink:     sinkURL,
 				Rates:    rates,
 				Lanes:    lanes,
+				Linger:   linger,
 				Progress: cmd.ErrOrStderr(),
 			}
 			if retention && !cmd.Flags().Changed("rounds") {
@@ -180,6 +182,7 @@ Scenarios:
 	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency: the broker: nats://host:port, kafka:// (an in-process Kafka cluster), kafka://host:port, or stdout: (drain only; a null writer)")
 	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates, "latency: offered loads in events/s, as a list")
 	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency: the relay's lanes (batches in flight under a backlog)")
+	cmd.Flags().DurationVar(&linger, "linger", 0, "latency: the relay's --linger")
 	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "latency: run the relay as a child process (this binary's `relay`), to measure its CPU apart")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")

@@ -143,6 +143,7 @@ stdout: (one JSON line per event).`,
 	f.register(cmd)
 	cmd.Flags().StringVar(&sf.url, "sink", "", "broker URL: "+sinkSchemes+" (or OUTBOX_SINK)")
 	cmd.Flags().IntVar(&batch, "batch", 500, "most events claimed and published at once")
+	cmd.Flags().DurationVar(&rcfg.Linger, "linger", 0, "while traffic is light, wait this long between claims so events gather into fuller batches (less CPU, up to this much more latency)")
 	cmd.Flags().IntVar(&rcfg.Lanes, "lanes", relay.DefaultLanes, "batches kept in flight at once while working off a backlog (1 turns pipelining off)")
 	cmd.Flags().DurationVar(&poll, "poll-interval", 500*time.Millisecond, "longest wait for a wake-up before looking again")
 	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
