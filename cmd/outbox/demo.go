@@ -48,15 +48,19 @@ end). --serve keeps the relay running afterwards, with its metrics on
 					cfg.Live = true // a terminal: redraw the status line in place
 				}
 			}
+			if cfg.Serve {
+				cfg.OnReport = func(rep *demo.Report) {
+					rep.Print(cfg.Out)
+					fmt.Fprintf(cfg.Out, "\nthe relay keeps running: metrics at http://%s/metrics; try\n  outbox status --db %s --schema %s --table %s\nCtrl-C to stop (the demo's tables and files are removed then).\n",
+						cfg.MetricsAddr, rep.DBURL, rep.Schema, rep.TableName)
+				}
+			}
 			rep, err := demo.Run(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			rep.Print(cfg.Out)
-			if cfg.Serve {
-				fmt.Fprintf(cfg.Out, "\nthe relay keeps running: metrics at http://%s/metrics; try\n  outbox status --db %s --schema %s --table %s\nCtrl-C to stop.\n",
-					cfg.MetricsAddr, rep.DBURL, rep.Schema, rep.TableName)
-				<-cmd.Context().Done()
+			if !cfg.Serve {
+				rep.Print(cfg.Out)
 			}
 			if !rep.OK() {
 				return errors.New("demo: the report shows a violation")

@@ -1,9 +1,17 @@
 package main
 
 import (
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
 )
@@ -27,9 +35,15 @@ func checkDemo(t *testing.T, out, errOut string, code int) {
 	if code != 0 {
 		t.Fatalf("demo exited %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
+	checkDemoCounts(t, out, 40)
+}
+
+// checkDemoCounts asserts the report of a demo of orders orders.
+func checkDemoCounts(t *testing.T, out string, orders int) {
+	t.Helper()
 	committed := reportLine(t, out, "events committed")
-	if committed != 40*3 {
-		t.Errorf("events committed = %d, want 120", committed)
+	if committed != orders*3 {
+		t.Errorf("events committed = %d, want %d", committed, orders*3)
 	}
 	for _, c := range []string{"events published", "events consumed"} {
 		if n := reportLine(t, out, c); n != committed {
@@ -76,4 +90,53 @@ func TestDemoOnMariaDB(t *testing.T) {
 	mysqlDB(t, mysqlServerURL()) // fails clearly when MariaDB is down
 	out, errOut, code := run(t, nil, "demo", "--orders", "40", "--rate", "200", "--db", mysqlServerURL(), "--sink", testenv.NATSURL())
 	checkDemo(t, out, errOut, code)
+}
+
+// TestDemoServeKeepsTheRelayUp runs the demo with --serve: after the report
+// the relay must keep serving /metrics and `outbox status` must work against
+// the demo's database; SIGINT then ends it with status 0 and removes the
+// demo's files.
+func TestDemoServeKeepsTheRelayUp(t *testing.T) {
+	addr := freeAddr(t)
+	cmd := exec.Command(bin, "demo", "--orders", "20", "--rate", "200", "--serve", "--metrics-addr", addr)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	statusCmd := regexp.MustCompile(`outbox (status --db (\S+) --schema (\S+) --table (\S+))`)
+	var m []string
+	deadline := time.Now().Add(2 * time.Minute)
+	for m == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no report and serve notice within 2 minutes:\n%s", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+		m = statusCmd.FindStringSubmatch(out.String())
+	}
+	checkDemoCounts(t, out.String(), 20)
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics while serving: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "outbox_published_total") {
+		t.Fatalf("metrics without outbox_published_total:\n%s", body)
+	}
+	stdout, stderr, code := run(t, nil, "status", "--db", m[2], "--schema", m[3], "--table", m[4], "--json")
+	if code != 0 || !strings.Contains(stdout, `"backlog":0,`) {
+		t.Fatalf("status against the served demo: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("demo --serve after SIGINT: %v\n%s", err, out.String())
+	}
+	dbFile := strings.TrimPrefix(m[2], "sqlite://")
+	if _, err := os.Stat(filepath.Dir(dbFile)); !os.IsNotExist(err) {
+		t.Fatalf("the demo's directory %s is still there (%v)", filepath.Dir(dbFile), err)
+	}
 }

@@ -62,8 +62,10 @@ type Config struct {
 	// so that it can be killed for real). Defaults to this executable.
 	Binary string
 	// Serve keeps the relay running after the report, with its metrics on
-	// MetricsAddr, until ctx ends.
+	// MetricsAddr, until ctx ends; OnReport, if set, gets the report when
+	// the story is over, before the wait.
 	Serve       bool
+	OnReport    func(*Report)
 	MetricsAddr string
 	// Out receives the progress and the report.
 	Out io.Writer
@@ -149,6 +151,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	d.rep.Elapsed = time.Since(start)
+	if cfg.Serve {
+		if cfg.OnReport != nil {
+			cfg.OnReport(d.rep)
+		}
+		<-ctx.Done()
+	}
 	return d.rep, nil
 }
 
@@ -206,9 +214,7 @@ func (d *run) openDB(ctx context.Context) error {
 			return fmt.Errorf("demo: temporary directory: %w", err)
 		}
 		d.tmpDir = dir
-		if !d.cfg.Serve {
-			d.onClose(func() { os.RemoveAll(dir) })
-		}
+		d.onClose(func() { os.RemoveAll(dir) })
 		raw = "sqlite://" + filepath.Join(dir, "demo.db")
 		suffix = ""
 	}
@@ -319,13 +325,11 @@ func (d *run) openBroker(ctx context.Context) error {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: d.stream, Subjects: []string{d.subject + ".>"}}); err != nil {
 		return fmt.Errorf("demo: create stream %s: %w", d.stream, err)
 	}
-	if !d.cfg.Serve {
-		d.onClose(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = js.DeleteStream(ctx, d.stream)
-		})
-	}
+	d.onClose(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, d.stream)
+	})
 	return nil
 }
 
@@ -359,7 +363,7 @@ func (d *run) migrate(ctx context.Context) error {
 			return fmt.Errorf("demo: create tables: %w", err)
 		}
 	}
-	if !d.cfg.Serve && d.tmpDir == "" {
+	if d.tmpDir == "" {
 		d.onClose(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -428,7 +432,11 @@ func (d *run) story(ctx context.Context) error {
 	if err := d.startRelay(ctx); err != nil {
 		return err
 	}
-	defer d.stopRelay()
+	if d.cfg.Serve {
+		d.onClose(d.stopRelay) // it keeps relaying while the run is served
+	} else {
+		defer d.stopRelay()
+	}
 	if err := d.waitRelayOwns(ctx); err != nil {
 		return err
 	}
@@ -807,7 +815,7 @@ func (d *run) crashRelay(ctx context.Context) error {
 
 // stopRelay stops the relay with SIGTERM (a graceful stop).
 func (d *run) stopRelay() {
-	if d.relay == nil || d.cfg.Serve {
+	if d.relay == nil {
 		return
 	}
 	_ = d.relay.Process.Signal(syscall.SIGTERM)
