@@ -62,41 +62,13 @@ func openDB(t testing.TB, db string) *sql.DB {
 // returns its name.
 func newDatabase(t testing.TB, admin *sql.DB) string {
 	t.Helper()
-	name := testenv.Name("t")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
-		t.Fatalf("create database %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
-			t.Logf("drop database %s: %v", name, err)
-		}
-	})
-	return name
+	return testenv.MySQLDatabase(t, admin, "t")
 }
 
 // write inserts events through the driver in one transaction, committed
 // or rolled back.
 func write(ctx context.Context, db *sql.DB, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
-	ob, err := outbox.New(outboxmysql.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
-	if err != nil {
-		return err
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if err := ob.WriteTx(ctx, tx, events...); err != nil {
-		return err
-	}
-	if !commit {
-		return tx.Rollback()
-	}
-	return tx.Commit()
+	return testenv.WriteSQL(ctx, db, outboxmysql.New(), tb, commit, events...)
 }
 
 // execInsert inserts one event with plain SQL, only the contract's columns.

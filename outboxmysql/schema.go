@@ -8,71 +8,22 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 //go:embed migrations/*.sql
 var files embed.FS
 
-// migration is one numbered schema change.
-type migration struct {
-	version  int
-	name     string
-	up, down string
-}
-
-// migrations reads the embedded migrations; they are small.
-func migrations() []migration {
-	entries, err := fs.ReadDir(files, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time
-	}
-	byVersion := map[int]*migration{}
-	for _, e := range entries {
-		name := e.Name()
-		num, rest, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			panic("outboxmysql: bad migration file name " + name)
-		}
-		body, err := files.ReadFile("migrations/" + name)
-		if err != nil {
-			panic(err)
-		}
-		m := byVersion[v]
-		if m == nil {
-			m = &migration{version: v}
-			byVersion[v] = m
-		}
-		switch {
-		case strings.HasSuffix(rest, ".up.sql"):
-			m.name = strings.TrimSuffix(rest, ".up.sql")
-			m.up = string(body)
-		case strings.HasSuffix(rest, ".down.sql"):
-			m.down = string(body)
-		default:
-			panic("outboxmysql: bad migration file name " + name)
-		}
-	}
-	out := make([]migration, 0, len(byVersion))
-	for _, m := range byVersion {
-		out = append(out, *m)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
-	return out
-}
+// all reads the embedded migrations; they are small.
+func all() []migrations.Migration { return migrations.MustLoad(files, "migrations") }
 
 // LatestVersion is the newest schema version this package knows.
-func LatestVersion() int {
-	ms := migrations()
-	return ms[len(ms)-1].version
-}
+func LatestVersion() int { return migrations.Latest(all()) }
 
 // Partitioning bounds. The count is fixed when migration 1 runs.
 const (
@@ -147,30 +98,6 @@ func render(sqlText string, t outboxdriver.Table, partitions int) string {
 		"{{partitions}}", strconv.Itoa(partitions),
 		"{{partition_rows}}", rows.String(),
 	).Replace(sqlText)
-}
-
-// statements splits a migration into its statements (database/sql runs
-// one at a time): comment lines are dropped, statements end with ";" at
-// the end of a line.
-func statements(sqlText string) []string {
-	var out []string
-	var cur strings.Builder
-	for line := range strings.SplitSeq(sqlText, "\n") {
-		trimmed := strings.TrimSpace(line)
-		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
-			continue
-		}
-		cur.WriteString(line)
-		cur.WriteString("\n")
-		if strings.HasSuffix(trimmed, ";") {
-			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
-			cur.Reset()
-		}
-	}
-	if s := strings.TrimSpace(cur.String()); s != "" {
-		out = append(out, s)
-	}
-	return out
 }
 
 // migrator runs migrations of one table on one connection, under a named
@@ -263,7 +190,7 @@ func (m *migrator) applied(ctx context.Context) (map[int]bool, error) {
 
 // exec runs every statement of a rendered migration.
 func (m *migrator) exec(ctx context.Context, sqlText string) error {
-	for _, st := range statements(sqlText) {
+	for _, st := range migrations.Statements(sqlText) {
 		if _, err := m.conn.ExecContext(ctx, st); err != nil {
 			return err
 		}
@@ -277,25 +204,20 @@ func (m *migrator) up(ctx context.Context, partitions int) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ran []int
-	for _, mg := range migrations() {
-		if done[mg.version] {
-			continue
-		}
-		if mg.version == 1 {
+	return migrations.Up(all(), done, func(mg migrations.Migration) error {
+		if mg.Version == 1 {
 			if err := m.checkHalfDone(ctx, partitions); err != nil {
-				return ran, err
+				return err
 			}
 		}
-		if err := m.exec(ctx, render(mg.up, m.t, partitions)); err != nil {
-			return ran, fmt.Errorf("migration %03d_%s (its steps are idempotent: run migrate again once the cause is fixed): %w", mg.version, mg.name, err)
+		if err := m.exec(ctx, render(mg.Up, m.t, partitions)); err != nil {
+			return fmt.Errorf("migration %03d_%s (its steps are idempotent: run migrate again once the cause is fixed): %w", mg.Version, mg.Name, err)
 		}
-		if _, err := m.conn.ExecContext(ctx, `INSERT INTO `+m.n.Migrations+` (version, name) VALUES (?, ?)`, mg.version, mg.name); err != nil {
-			return ran, fmt.Errorf("record migration %d: %w", mg.version, err)
+		if _, err := m.conn.ExecContext(ctx, `INSERT INTO `+m.n.Migrations+` (version, name) VALUES (?, ?)`, mg.Version, mg.Name); err != nil {
+			return fmt.Errorf("record migration %d: %w", mg.Version, err)
 		}
-		ran = append(ran, mg.version)
-	}
-	return ran, nil
+		return nil
+	})
 }
 
 // checkHalfDone refuses to finish a first migration that an earlier run
@@ -321,20 +243,15 @@ func (m *migrator) down(ctx context.Context, target int) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	ms := migrations()
-	var ran []int
-	for i := len(ms) - 1; i >= 0; i-- {
-		mg := ms[i]
-		if mg.version <= target || !done[mg.version] {
-			continue
+	ran, err := migrations.Down(all(), done, target, func(mg migrations.Migration) error {
+		if err := m.exec(ctx, render(mg.Down, m.t, 0)); err != nil {
+			return fmt.Errorf("revert migration %03d_%s: %w", mg.Version, mg.Name, err)
 		}
-		if err := m.exec(ctx, render(mg.down, m.t, 0)); err != nil {
-			return ran, fmt.Errorf("revert migration %03d_%s: %w", mg.version, mg.name, err)
-		}
-		if _, err := m.conn.ExecContext(ctx, `DELETE FROM `+m.n.Migrations+` WHERE version = ?`, mg.version); err != nil {
-			return ran, err
-		}
-		ran = append(ran, mg.version)
+		_, err := m.conn.ExecContext(ctx, `DELETE FROM `+m.n.Migrations+` WHERE version = ?`, mg.Version)
+		return err
+	})
+	if err != nil {
+		return ran, err
 	}
 	if target == 0 {
 		if _, err := m.conn.ExecContext(ctx, `DROP TABLE IF EXISTS `+m.n.Migrations); err != nil {

@@ -2,11 +2,7 @@ package outboxpgx_test
 
 import (
 	"context"
-	"strings"
 	"testing"
-	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
@@ -15,32 +11,11 @@ import (
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
-// conformancePool returns a pool large enough for the suite's cases to run
-// in parallel (each holds open batches, a listener and relays), closed
-// when the test ends.
-func conformancePool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	testenv.Pool(t) // fails with how to start PostgreSQL when it is down
-	url := testenv.DatabaseURL()
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, url+sep+"pool_max_conns=40")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
 // TestDriverConformance runs the shared driver suite with pgx writers and
 // the pgx Store.
 func TestDriverConformance(t *testing.T) {
 	t.Parallel()
-	pool := conformancePool(t)
+	pool := testenv.PoolMax(t, 40) // the cases run in parallel, each holding open batches, a listener and relays
 	drivertest.Run(t, drivertest.Harness{
 		Name:     "pgx",
 		Store:    outboxpgx.NewStore(pool),

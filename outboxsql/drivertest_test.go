@@ -3,11 +3,7 @@ package outboxsql_test
 import (
 	"context"
 	"database/sql"
-	"strings"
 	"testing"
-	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
@@ -22,20 +18,8 @@ import (
 // Store, which outboxsql relies on.
 func TestDriverConformance(t *testing.T) {
 	t.Parallel()
-	testenv.Pool(t) // fails with how to start PostgreSQL when it is down
-	url := testenv.DatabaseURL()
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, url+sep+"pool_max_conns=40")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	db, err := sql.Open("pgx", url)
+	pool := testenv.PoolMax(t, 40) // the cases run in parallel
+	db, err := sql.Open("pgx", testenv.DatabaseURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,22 +29,7 @@ func TestDriverConformance(t *testing.T) {
 		Store:    outboxpgx.NewStore(pool),
 		NewTable: func(t testing.TB) outboxdriver.Table { return testenv.Table(t, pool) },
 		Write: func(ctx context.Context, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
-			ob, err := outbox.New(outboxsql.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
-			if err != nil {
-				return err
-			}
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			if err := ob.WriteTx(ctx, tx, events...); err != nil {
-				return err
-			}
-			if !commit {
-				return tx.Rollback()
-			}
-			return tx.Commit()
+			return testenv.WriteSQL(ctx, db, outboxsql.New(), tb, commit, events...)
 		},
 		ExecInsert: func(ctx context.Context, tb outboxdriver.Table, id, aggregateType, aggregateID, typ, payload string) error {
 			_, err := db.ExecContext(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)

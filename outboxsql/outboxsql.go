@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -61,30 +62,6 @@ func nullBytes(b []byte) any {
 	return b
 }
 
-type migrateTx struct{ tx *sql.Tx }
-
-func (m migrateTx) Exec(ctx context.Context, q string, args ...any) error {
-	_, err := m.tx.ExecContext(ctx, q, args...)
-	return err
-}
-
-func (m migrateTx) Versions(ctx context.Context, q string, args ...any) ([]int, error) {
-	rows, err := m.tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []int
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
-}
-
 // Migrate creates or upgrades the outbox table t in one transaction and
 // returns the versions it applied; a second run applies none. opts may be
 // nil.
@@ -112,7 +89,7 @@ func inTx(ctx context.Context, db *sql.DB, t outboxdriver.Table, what string, fn
 		return nil, fmt.Errorf("outboxsql: %s %s: %w", what, t, err)
 	}
 	defer tx.Rollback()
-	vs, err := fn(migrateTx{tx}, t)
+	vs, err := fn(migrations.SQLTx(tx), t)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsql: %s %s: %w", what, t, err)
 	}

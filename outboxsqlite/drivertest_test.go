@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxdriver/drivertest"
 	"github.com/outboxkit/outbox/outboxsqlite"
@@ -60,20 +61,5 @@ func newTableName() string {
 // write inserts events through the Writer in one transaction of db, and
 // commits it or rolls it back.
 func write(ctx context.Context, db *sql.DB, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
-	ob, err := outbox.New(outboxsqlite.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
-	if err != nil {
-		return err
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if err := ob.WriteTx(ctx, tx, events...); err != nil {
-		return err
-	}
-	if !commit {
-		return tx.Rollback()
-	}
-	return tx.Commit()
+	return testenv.WriteSQL(ctx, db, outboxsqlite.New(), tb, commit, events...)
 }

@@ -5,70 +5,21 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 //go:embed migrations/*.sql
 var files embed.FS
 
-// migration is one numbered schema change.
-type migration struct {
-	version  int
-	name     string
-	up, down string
-}
-
-// migrations reads the embedded migrations; they are small.
-func migrations() []migration {
-	entries, err := fs.ReadDir(files, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time
-	}
-	byVersion := map[int]*migration{}
-	for _, e := range entries {
-		name := e.Name()
-		num, rest, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			panic("outboxsqlite: bad migration file name " + name)
-		}
-		body, err := files.ReadFile("migrations/" + name)
-		if err != nil {
-			panic(err)
-		}
-		m := byVersion[v]
-		if m == nil {
-			m = &migration{version: v}
-			byVersion[v] = m
-		}
-		switch {
-		case strings.HasSuffix(rest, ".up.sql"):
-			m.name = strings.TrimSuffix(rest, ".up.sql")
-			m.up = string(body)
-		case strings.HasSuffix(rest, ".down.sql"):
-			m.down = string(body)
-		default:
-			panic("outboxsqlite: bad migration file name " + name)
-		}
-	}
-	out := make([]migration, 0, len(byVersion))
-	for _, m := range byVersion {
-		out = append(out, *m)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
-	return out
-}
+// all reads the embedded migrations; they are small.
+func all() []migrations.Migration { return migrations.MustLoad(files, "migrations") }
 
 // LatestVersion is the newest schema version this package knows.
-func LatestVersion() int {
-	ms := migrations()
-	return ms[len(ms)-1].version
-}
+func LatestVersion() int { return migrations.Latest(all()) }
 
 // Partitioning bounds. The count is fixed when the table is created.
 const (
@@ -207,18 +158,17 @@ func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outbox
 		return nil, fmt.Errorf("outboxsqlite: partitions %d: use 1 to %d", o.Partitions, MaxPartitions)
 	}
 	return inTx(ctx, db, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
-		var ran []int
-		for _, m := range migrations() {
-			if done[m.version] {
-				continue
+		ran, err := migrations.Up(all(), done, func(m migrations.Migration) error {
+			if _, err := tx.ExecContext(ctx, render(m.Up, t, o.Partitions)); err != nil {
+				return fmt.Errorf("migration %03d_%s: %s", m.Version, m.Name, oneLine(err))
 			}
-			if _, err := tx.ExecContext(ctx, render(m.up, t, o.Partitions)); err != nil {
-				return nil, fmt.Errorf("migration %03d_%s: %s", m.version, m.name, oneLine(err))
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+namesOf(t).Migrations+` (version, name) VALUES (?, ?)`, m.Version, m.Name); err != nil {
+				return fmt.Errorf("record migration %d: %w", m.Version, err)
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+namesOf(t).Migrations+` (version, name) VALUES (?, ?)`, m.version, m.name); err != nil {
-				return nil, fmt.Errorf("record migration %d: %w", m.version, err)
-			}
-			ran = append(ran, m.version)
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
 		return ran, nil
 	})
@@ -232,20 +182,15 @@ func MigrateDown(ctx context.Context, db *sql.DB, t outboxdriver.Table, target i
 		return nil, fmt.Errorf("outboxsqlite: migrate down to %d: the target must be 0 or more", target)
 	}
 	return inTx(ctx, db, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
-		ms := migrations()
-		var ran []int
-		for i := len(ms) - 1; i >= 0; i-- {
-			m := ms[i]
-			if m.version <= target || !done[m.version] {
-				continue
+		ran, err := migrations.Down(all(), done, target, func(m migrations.Migration) error {
+			if _, err := tx.ExecContext(ctx, render(m.Down, t, 0)); err != nil {
+				return fmt.Errorf("revert migration %03d_%s: %s", m.Version, m.Name, oneLine(err))
 			}
-			if _, err := tx.ExecContext(ctx, render(m.down, t, 0)); err != nil {
-				return nil, fmt.Errorf("revert migration %03d_%s: %s", m.version, m.name, oneLine(err))
-			}
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+namesOf(t).Migrations+` WHERE version = ?`, m.version); err != nil {
-				return nil, err
-			}
-			ran = append(ran, m.version)
+			_, err := tx.ExecContext(ctx, `DELETE FROM `+namesOf(t).Migrations+` WHERE version = ?`, m.Version)
+			return err
+		})
+		if err != nil {
+			return nil, err
 		}
 		if target == 0 {
 			if _, err := tx.ExecContext(ctx, `DROP TABLE `+namesOf(t).Migrations); err != nil {

@@ -84,19 +84,7 @@ func inboxOnSQLite(t *testing.T) inboxTarget {
 
 func inboxOnMySQL(t *testing.T) inboxTarget {
 	admin := mysqlDB(t, mysqlServerURL()) // fails with a hint when MariaDB is down
-	name := testenv.Name("t")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
-			t.Logf("drop database %s: %v", name, err)
-		}
-	})
+	name := testenv.MySQLDatabase(t, admin, "t")
 	return inboxTarget{
 		flags:  []string{"--db", mysqlURL(t, name)}, // the schema is the URL's database
 		db:     admin,

@@ -68,6 +68,24 @@ func run(t *testing.T, env []string, args ...string) (stdout, stderr string, cod
 	return out.String(), errb.String(), 0
 }
 
+// failsWithOneLine runs the CLI and fails t unless it exits with an error
+// and writes one line to stderr that starts with "outbox: ", contains
+// want and does not show the password "secret" of a URL.
+func failsWithOneLine(t *testing.T, env []string, want string, args ...string) {
+	t.Helper()
+	_, stderr, code := run(t, env, args...)
+	if code == 0 {
+		t.Fatalf("exit code 0, want failure")
+	}
+	line := strings.TrimRight(stderr, "\n")
+	if strings.Contains(line, "\n") || !strings.HasPrefix(line, "outbox: ") || !strings.Contains(line, want) {
+		t.Fatalf("stderr = %q; want one line starting with \"outbox: \" containing %q", stderr, want)
+	}
+	if strings.Contains(line, ":secret@") {
+		t.Fatalf("password leaked: %q", line)
+	}
+}
+
 // relayProc is a running `outbox relay`.
 type relayProc struct {
 	cmd    *exec.Cmd
@@ -201,17 +219,7 @@ func TestCLIErrorsAreClearOneLiners(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			_, stderr, code := run(t, append([]string{"OUTBOX_DB=", "OUTBOX_SINK="}, c.env...), c.args...)
-			if code == 0 {
-				t.Fatalf("exit code 0, want failure")
-			}
-			line := strings.TrimRight(stderr, "\n")
-			if strings.Contains(line, "\n") || !strings.HasPrefix(line, "outbox: ") || !strings.Contains(line, c.want) {
-				t.Fatalf("stderr = %q; want one line starting with \"outbox: \" containing %q", stderr, c.want)
-			}
-			if strings.Contains(line, ":secret@") {
-				t.Fatalf("password leaked: %q", line)
-			}
+			failsWithOneLine(t, append([]string{"OUTBOX_DB=", "OUTBOX_SINK="}, c.env...), c.want, c.args...)
 		})
 	}
 }

@@ -35,6 +35,7 @@ import (
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/internal/inboxschema"
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -281,36 +282,6 @@ func (d *dbTime) parse(s string) error {
 	return err
 }
 
-// execQuerier is a *sql.Tx or, on MySQL, a *sql.Conn.
-type execQuerier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-type migrateTx struct{ tx execQuerier }
-
-func (m migrateTx) Exec(ctx context.Context, q string, args ...any) error {
-	_, err := m.tx.ExecContext(ctx, q, args...)
-	return err
-}
-
-func (m migrateTx) Versions(ctx context.Context, q string, args ...any) ([]int, error) {
-	rows, err := m.tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []int
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
-}
-
 // Migrate creates or upgrades the inbox table t (default name "inbox" in
 // the dialect's default schema) and its companions <t>_versions,
 // <t>_dead_letter and <t>_migrations in one transaction, and returns the
@@ -363,7 +334,7 @@ func inTx(ctx context.Context, db *sql.DB, dialect Dialect, t outboxdriver.Table
 		return nil, fmt.Errorf("inboxsql: migrate %s: %w", t, err)
 	}
 	defer tx.Rollback()
-	vs, err := fn(migrateTx{tx}, t)
+	vs, err := fn(migrations.SQLTx(tx), t)
 	if err != nil {
 		return nil, fmt.Errorf("inboxsql: migrate %s: %w", t, err)
 	}
@@ -414,7 +385,7 @@ func withMySQLLock(ctx context.Context, db *sql.DB, t outboxdriver.Table, fn fun
 		defer cancel()
 		_, _ = conn.ExecContext(rctx, `DO RELEASE_LOCK(?)`, lock)
 	}()
-	vs, err := fn(migrateTx{conn}, t)
+	vs, err := fn(migrations.SQLTx(conn), t)
 	if err != nil {
 		return vs, fmt.Errorf("inboxsql: migrate %s: %w", t, err)
 	}

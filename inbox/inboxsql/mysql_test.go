@@ -64,17 +64,7 @@ func openMySQL(t testing.TB, edit func(*mysql.Config)) (*sql.DB, string) {
 	if err := admin.PingContext(ctx); err != nil {
 		t.Fatalf("cannot reach MySQL/MariaDB at %s (set %s to use another): %v; %s", cfg.Addr, envMySQL, err, startMariaDB)
 	}
-	name := testenv.Name("inbox")
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
-		t.Fatalf("create database %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
-			t.Logf("drop database %s: %v", name, err)
-		}
-	})
+	name := testenv.MySQLDatabase(t, admin, "inbox")
 	cfg = cfg.Clone()
 	cfg.DBName = name
 	if edit != nil {

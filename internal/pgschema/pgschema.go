@@ -7,71 +7,21 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 //go:embed migrations/*.sql
 var files embed.FS
 
-// Migration is one numbered schema change.
-type Migration struct {
-	Version int
-	Name    string
-	Up      string
-	Down    string
-}
-
 // all reads the embedded migrations once per call; they are small.
-func all() []Migration {
-	entries, err := fs.ReadDir(files, "migrations")
-	if err != nil {
-		panic(err) // embedded at build time
-	}
-	byVersion := map[int]*Migration{}
-	for _, e := range entries {
-		name := e.Name()
-		num, rest, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			panic("pgschema: bad migration file name " + name)
-		}
-		body, err := files.ReadFile("migrations/" + name)
-		if err != nil {
-			panic(err)
-		}
-		m := byVersion[v]
-		if m == nil {
-			m = &Migration{Version: v}
-			byVersion[v] = m
-		}
-		switch {
-		case strings.HasSuffix(rest, ".up.sql"):
-			m.Name = strings.TrimSuffix(rest, ".up.sql")
-			m.Up = string(body)
-		case strings.HasSuffix(rest, ".down.sql"):
-			m.Down = string(body)
-		default:
-			panic("pgschema: bad migration file name " + name)
-		}
-	}
-	out := make([]Migration, 0, len(byVersion))
-	for _, m := range byVersion {
-		out = append(out, *m)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out
-}
+func all() []migrations.Migration { return migrations.MustLoad(files, "migrations") }
 
 // Latest is the newest schema version.
-func Latest() int {
-	ms := all()
-	return ms[len(ms)-1].Version
-}
+func Latest() int { return migrations.Latest(all()) }
 
 // QuoteLiteral quotes s as an SQL string literal.
 func QuoteLiteral(s string) string {
@@ -144,11 +94,7 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 }
 
 // Tx is the part of a database transaction the runner needs.
-type Tx interface {
-	Exec(ctx context.Context, sql string, args ...any) error
-	// Versions returns the first column of every row of sql as ints.
-	Versions(ctx context.Context, sql string, args ...any) ([]int, error)
-}
+type Tx = migrations.Tx
 
 // lock serialises concurrent migrations of one table.
 func lock(ctx context.Context, tx Tx, t outboxdriver.Table) error {
@@ -203,18 +149,17 @@ func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, err
 	if err != nil {
 		return nil, err
 	}
-	var ran []int
-	for _, m := range all() {
-		if done[m.Version] {
-			continue
-		}
+	ran, err := migrations.Up(all(), done, func(m migrations.Migration) error {
 		if err := tx.Exec(ctx, Render(m.Up, t, o)); err != nil {
-			return nil, fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
+			return fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
 		}
 		if err := tx.Exec(ctx, `INSERT INTO `+NamesOf(t).Migrations+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-			return nil, fmt.Errorf("record migration %d: %w", m.Version, err)
+			return fmt.Errorf("record migration %d: %w", m.Version, err)
 		}
-		ran = append(ran, m.Version)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return ran, nil
 }
@@ -226,20 +171,14 @@ func Down(ctx context.Context, tx Tx, t outboxdriver.Table, target int) ([]int, 
 	if err != nil {
 		return nil, err
 	}
-	ms := all()
-	var ran []int
-	for i := len(ms) - 1; i >= 0; i-- {
-		m := ms[i]
-		if m.Version <= target || !done[m.Version] {
-			continue
-		}
+	ran, err := migrations.Down(all(), done, target, func(m migrations.Migration) error {
 		if err := tx.Exec(ctx, Render(m.Down, t, Options{})); err != nil {
-			return nil, fmt.Errorf("revert migration %03d_%s: %w", m.Version, m.Name, err)
+			return fmt.Errorf("revert migration %03d_%s: %w", m.Version, m.Name, err)
 		}
-		if err := tx.Exec(ctx, `DELETE FROM `+NamesOf(t).Migrations+` WHERE version = $1`, m.Version); err != nil {
-			return nil, err
-		}
-		ran = append(ran, m.Version)
+		return tx.Exec(ctx, `DELETE FROM `+NamesOf(t).Migrations+` WHERE version = $1`, m.Version)
+	})
+	if err != nil {
+		return nil, err
 	}
 	if target == 0 {
 		if err := tx.Exec(ctx, `DROP TABLE `+NamesOf(t).Migrations); err != nil {

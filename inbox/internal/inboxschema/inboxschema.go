@@ -12,12 +12,11 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -101,59 +100,13 @@ func (d Dialect) qualified(t outboxdriver.Table, suffix string) string {
 }
 
 // Migration is one numbered schema change.
-type Migration struct {
-	Version  int
-	Name     string
-	Up, Down string
-}
+type Migration = migrations.Migration
 
-// migrations reads the embedded migrations of d.
-func migrations(d Dialect) []Migration {
-	dir := d.String()
-	entries, err := fs.ReadDir(files, dir)
-	if err != nil {
-		panic(err) // embedded at build time
-	}
-	byVersion := map[int]*Migration{}
-	for _, e := range entries {
-		name := e.Name()
-		num, rest, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			panic("inboxschema: bad migration file name " + name)
-		}
-		body, err := files.ReadFile(dir + "/" + name)
-		if err != nil {
-			panic(err)
-		}
-		m := byVersion[v]
-		if m == nil {
-			m = &Migration{Version: v}
-			byVersion[v] = m
-		}
-		switch {
-		case strings.HasSuffix(rest, ".up.sql"):
-			m.Name = strings.TrimSuffix(rest, ".up.sql")
-			m.Up = string(body)
-		case strings.HasSuffix(rest, ".down.sql"):
-			m.Down = string(body)
-		default:
-			panic("inboxschema: bad migration file name " + name)
-		}
-	}
-	out := make([]Migration, 0, len(byVersion))
-	for _, m := range byVersion {
-		out = append(out, *m)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out
-}
+// all reads the embedded migrations of d.
+func all(d Dialect) []Migration { return migrations.MustLoad(files, d.String()) }
 
 // Latest is the newest schema version of d.
-func Latest(d Dialect) int {
-	ms := migrations(d)
-	return ms[len(ms)-1].Version
-}
+func Latest(d Dialect) int { return migrations.Latest(all(d)) }
 
 // Names are the quoted, qualified names of an inbox table's companions.
 type Names struct {
@@ -188,35 +141,7 @@ func Render(d Dialect, sql string, t outboxdriver.Table) string {
 }
 
 // Tx is the part of a database transaction the runner needs.
-type Tx interface {
-	Exec(ctx context.Context, sql string, args ...any) error
-	// Versions returns the first column of every row of sql as ints.
-	Versions(ctx context.Context, sql string, args ...any) ([]int, error)
-}
-
-// statements splits a MySQL migration into its statements (the driver
-// runs one at a time): comment lines are dropped, statements end with ";"
-// at the end of a line.
-func statements(sqlText string) []string {
-	var out []string
-	var cur strings.Builder
-	for line := range strings.SplitSeq(sqlText, "\n") {
-		trimmed := strings.TrimSpace(line)
-		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
-			continue
-		}
-		cur.WriteString(line)
-		cur.WriteString("\n")
-		if strings.HasSuffix(trimmed, ";") {
-			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
-			cur.Reset()
-		}
-	}
-	if s := strings.TrimSpace(cur.String()); s != "" {
-		out = append(out, s)
-	}
-	return out
-}
+type Tx = migrations.Tx
 
 // run executes a rendered migration: in one call, or on MySQL statement by
 // statement.
@@ -224,7 +149,7 @@ func run(ctx context.Context, tx Tx, d Dialect, sqlText string) error {
 	if d != MySQL {
 		return tx.Exec(ctx, sqlText)
 	}
-	for _, st := range statements(sqlText) {
+	for _, st := range migrations.Statements(sqlText) {
 		if err := tx.Exec(ctx, st); err != nil {
 			return err
 		}
@@ -285,21 +210,20 @@ func Up(ctx context.Context, tx Tx, d Dialect, t outboxdriver.Table) ([]int, err
 	if err != nil {
 		return nil, err
 	}
-	var ran []int
-	for _, m := range migrations(d) {
-		if done[m.Version] {
-			continue
-		}
+	ran, err := migrations.Up(all(d), done, func(m Migration) error {
 		if err := run(ctx, tx, d, Render(d, m.Up, t)); err != nil {
 			if d == MySQL {
-				return nil, fmt.Errorf("migration %03d_%s (its steps are idempotent: run migrate again once the cause is fixed): %w", m.Version, m.Name, err)
+				return fmt.Errorf("migration %03d_%s (its steps are idempotent: run migrate again once the cause is fixed): %w", m.Version, m.Name, err)
 			}
-			return nil, fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
+			return fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
 		}
 		if err := tx.Exec(ctx, `INSERT INTO `+NamesOf(d, t).Migrations+` (version, name) VALUES (`+d.param(1)+`, `+d.param(2)+`)`, m.Version, m.Name); err != nil {
-			return nil, fmt.Errorf("record migration %d: %w", m.Version, err)
+			return fmt.Errorf("record migration %d: %w", m.Version, err)
 		}
-		ran = append(ran, m.Version)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return ran, nil
 }
@@ -315,20 +239,14 @@ func Down(ctx context.Context, tx Tx, d Dialect, t outboxdriver.Table, target in
 	if err != nil {
 		return nil, err
 	}
-	ms := migrations(d)
-	var ran []int
-	for i := len(ms) - 1; i >= 0; i-- {
-		m := ms[i]
-		if m.Version <= target || !done[m.Version] {
-			continue
-		}
+	ran, err := migrations.Down(all(d), done, target, func(m Migration) error {
 		if err := run(ctx, tx, d, Render(d, m.Down, t)); err != nil {
-			return nil, fmt.Errorf("revert migration %03d_%s: %w", m.Version, m.Name, err)
+			return fmt.Errorf("revert migration %03d_%s: %w", m.Version, m.Name, err)
 		}
-		if err := tx.Exec(ctx, `DELETE FROM `+NamesOf(d, t).Migrations+` WHERE version = `+d.param(1), m.Version); err != nil {
-			return nil, err
-		}
-		ran = append(ran, m.Version)
+		return tx.Exec(ctx, `DELETE FROM `+NamesOf(d, t).Migrations+` WHERE version = `+d.param(1), m.Version)
+	})
+	if err != nil {
+		return nil, err
 	}
 	if target == 0 {
 		if err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+NamesOf(d, t).Migrations); err != nil {

@@ -1,0 +1,161 @@
+package migrations_test
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/outboxkit/outbox/internal/migrations"
+)
+
+func file(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+
+func TestLoadSortsByVersionAndPairsFiles(t *testing.T) {
+	fsys := fstest.MapFS{
+		"m/010_ten.up.sql":     file("up 10"),
+		"m/010_ten.down.sql":   file("down 10"),
+		"m/002_two.down.sql":   file("down 2"),
+		"m/002_two.up.sql":     file("up 2"),
+		"m/001_first.up.sql":   file("up 1"),
+		"m/001_first.down.sql": file("down 1"),
+		"other/003_x.up.sql":   file("not read"),
+	}
+	got, err := migrations.Load(fsys, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []migrations.Migration{
+		{Version: 1, Name: "first", Up: "up 1", Down: "down 1"},
+		{Version: 2, Name: "two", Up: "up 2", Down: "down 2"},
+		{Version: 10, Name: "ten", Up: "up 10", Down: "down 10"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Load = %+v, want %+v", got, want)
+	}
+	if v := migrations.Latest(got); v != 10 {
+		t.Fatalf("Latest = %d, want 10", v)
+	}
+}
+
+func TestLoadAllowsAMissingDownFile(t *testing.T) {
+	got, err := migrations.Load(fstest.MapFS{"m/001_only_up.up.sql": file("up")}, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []migrations.Migration{{Version: 1, Name: "only_up", Up: "up"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Load = %+v, want %+v", got, want)
+	}
+}
+
+func TestLoadRefusesBadFiles(t *testing.T) {
+	cases := map[string]struct {
+		fsys fstest.MapFS
+		want string
+	}{
+		"no number":         {fstest.MapFS{"m/init.up.sql": file("")}, "bad migration file name init.up.sql"},
+		"number not digits": {fstest.MapFS{"m/one_init.up.sql": file("")}, "bad migration file name one_init.up.sql"},
+		"negative":          {fstest.MapFS{"m/-1_init.up.sql": file("")}, "bad migration file name -1_init.up.sql"},
+		"no direction":      {fstest.MapFS{"m/001_init.sql": file("")}, "bad migration file name 001_init.sql"},
+		"other extension":   {fstest.MapFS{"m/001_init.up.txt": file("")}, "bad migration file name 001_init.up.txt"},
+		"two up files": {fstest.MapFS{
+			"m/001_a.up.sql": file(""),
+			"m/01_b.up.sql":  file(""),
+		}, "version 1 is there twice"},
+		"two down files": {fstest.MapFS{
+			"m/001_a.up.sql":   file(""),
+			"m/001_a.down.sql": file(""),
+			"m/1_a.down.sql":   file(""),
+		}, "version 1 is there twice"},
+		"down without up": {fstest.MapFS{"m/002_b.down.sql": file("")}, "migration 2 has a down file but no up file"},
+		"missing dir":     {fstest.MapFS{"x/001_a.up.sql": file("")}, "m"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			ms, err := migrations.Load(c.fsys, "m")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Load = %+v, %v; want an error containing %q", ms, err, c.want)
+			}
+		})
+	}
+}
+
+func TestMustLoadPanicsOnABadFile(t *testing.T) {
+	defer func() {
+		r := recover()
+		if s, _ := r.(string); !strings.Contains(s, "bad migration file name x.up.sql") {
+			t.Fatalf("recovered %v, want a panic naming the bad file", r)
+		}
+	}()
+	migrations.MustLoad(fstest.MapFS{"m/x.up.sql": file("")}, "m")
+	t.Fatal("MustLoad did not panic")
+}
+
+var three = []migrations.Migration{{Version: 1, Name: "a"}, {Version: 2, Name: "b"}, {Version: 3, Name: "c"}}
+
+func TestUpAppliesThePendingOnesOldestFirst(t *testing.T) {
+	var seen []string
+	ran, err := migrations.Up(three, map[int]bool{2: true}, func(m migrations.Migration) error {
+		seen = append(seen, m.Name)
+		return nil
+	})
+	if err != nil || !reflect.DeepEqual(ran, []int{1, 3}) || !reflect.DeepEqual(seen, []string{"a", "c"}) {
+		t.Fatalf("Up = %v, %v (applied %v); want [1 3] in that order", ran, err, seen)
+	}
+}
+
+func TestUpStopsAtTheFirstFailure(t *testing.T) {
+	boom := errors.New("boom")
+	ran, err := migrations.Up(three, nil, func(m migrations.Migration) error {
+		if m.Version == 2 {
+			return boom
+		}
+		return nil
+	})
+	if !errors.Is(err, boom) || !reflect.DeepEqual(ran, []int{1}) {
+		t.Fatalf("Up = %v, %v; want [1], boom", ran, err)
+	}
+}
+
+func TestDownRevertsTheAppliedOnesNewestFirst(t *testing.T) {
+	done := map[int]bool{1: true, 2: true, 3: true}
+	ran, err := migrations.Down(three, done, 1, func(migrations.Migration) error { return nil })
+	if err != nil || !reflect.DeepEqual(ran, []int{3, 2}) {
+		t.Fatalf("Down to 1 = %v, %v; want [3 2]", ran, err)
+	}
+	ran, err = migrations.Down(three, map[int]bool{1: true, 3: true}, 0, func(migrations.Migration) error { return nil })
+	if err != nil || !reflect.DeepEqual(ran, []int{3, 1}) {
+		t.Fatalf("Down to 0 = %v, %v; want [3 1]", ran, err)
+	}
+	boom := errors.New("boom")
+	ran, err = migrations.Down(three, done, 0, func(m migrations.Migration) error {
+		if m.Version == 1 {
+			return boom
+		}
+		return nil
+	})
+	if !errors.Is(err, boom) || !reflect.DeepEqual(ran, []int{3, 2}) {
+		t.Fatalf("failing Down = %v, %v; want [3 2], boom", ran, err)
+	}
+}
+
+func TestStatementsSplitsAtLineEndSemicolons(t *testing.T) {
+	got := migrations.Statements(`-- a comment
+CREATE TABLE a (
+    x INT -- inline; not an end
+);
+
+  -- another comment
+INSERT INTO a VALUES ('x;y');
+SELECT 1`)
+	want := []string{
+		"CREATE TABLE a (\n    x INT -- inline; not an end\n)",
+		"INSERT INTO a VALUES ('x;y')",
+		"SELECT 1",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Statements = %q, want %q", got, want)
+	}
+}

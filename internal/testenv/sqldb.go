@@ -1,0 +1,76 @@
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// PoolMax is Pool with room for maxConns connections, for tests that hold
+// many at once.
+func PoolMax(t testing.TB, maxConns int) *pgxpool.Pool {
+	t.Helper()
+	Pool(t) // fails with how to start PostgreSQL when it is down
+	url := DatabaseURL()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url+sep+"pool_max_conns="+strconv.Itoa(maxConns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// MySQLDatabase creates a fresh MySQL/MariaDB database through admin,
+// dropped when the test ends, and returns its name.
+func MySQLDatabase(t testing.TB, admin *sql.DB, prefix string) string {
+	t.Helper()
+	name := Name(prefix)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
+		t.Fatalf("create database %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
+			t.Logf("drop database %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// WriteSQL writes events to tb through the database/sql writer w in one
+// transaction of db, and commits it or rolls it back.
+func WriteSQL(ctx context.Context, db *sql.DB, w outboxdriver.Writer[*sql.Tx], tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
+	ob, err := outbox.New(w, &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		return err
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := ob.WriteTx(ctx, tx, events...); err != nil {
+		return err
+	}
+	if !commit {
+		return tx.Rollback()
+	}
+	return tx.Commit()
+}
