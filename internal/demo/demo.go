@@ -89,8 +89,9 @@ type Report struct {
 	PubP50, PubP99, PubMax time.Duration // commit-to-publish (the stream)
 	// SteadyP50, SteadyP99 are commit-to-publish of the events committed
 	// before the crash, while the first relay ran.
-	SteadyP50, SteadyP99   time.Duration
-	DB, Broker, Table, Dir string
+	SteadyP50, SteadyP99 time.Duration
+	// DB, Broker and Table describe where the run happened.
+	DB, Broker, Table string
 	// DBURL, Schema and TableName name the outbox table for the CLI.
 	DBURL, Schema, TableName string
 	Elapsed                  time.Duration
@@ -172,7 +173,6 @@ type run struct {
 	tmpDir  string
 
 	natsURL string
-	server  *natsserver.Server
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	stream  string
@@ -299,7 +299,6 @@ func (d *run) openBroker(ctx context.Context) error {
 			srv.Shutdown()
 			return errors.New("demo: the embedded NATS server did not start within 10s")
 		}
-		d.server = srv
 		d.onClose(func() { srv.Shutdown(); srv.WaitForShutdown() })
 		url = srv.ClientURL()
 		d.rep.Broker = "embedded NATS JetStream at " + url
@@ -782,7 +781,7 @@ func (d *run) waitRelayOwns(ctx context.Context) error {
 		}
 		select {
 		case <-d.relayDone:
-			return errors.New("demo: the relay exited at start; run the same `outbox relay` command by hand to see why")
+			return fmt.Errorf("demo: the relay exited at start; to see why, run: outbox %s", strings.Join(d.rep.relayArgs, " "))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
@@ -826,9 +825,6 @@ func (d *run) stopRelay() {
 		<-d.relayDone
 	}
 }
-
-// RelayCommand is the command line the relay runs with.
-func (r *Report) RelayCommand() string { return strings.Join(r.relayArgs, " ") }
 
 // injectDuplicates publishes copies of n delivered events to the stream
 // under a fresh Nats-Msg-Id, so that JetStream's own de-duplication lets
