@@ -69,6 +69,9 @@ type DeliveryFigures struct {
 	// ProcessCores is the CPU time of this process (relay, writers and
 	// consumer alike) over the measured time, in cores.
 	ProcessCores float64 `json:"process_cores"`
+	// RelayPeakRSSMiB is the relay process's peak resident set size
+	// (VmHWM), when the drain's relay ran as a process of its own.
+	RelayPeakRSSMiB float64 `json:"relay_peak_rss_mib,omitempty"`
 	// RelayCores is the CPU time of the relay process over the measured
 	// time, in cores, when the relay ran as a process of its own
 	// (Config.RelayBinary); 0 otherwise.
@@ -258,27 +261,54 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	if err := s.fill(ctx, n); err != nil {
 		return nil, err
 	}
-	r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond)
-	if err != nil {
-		return nil, err
-	}
-	runtime.GC() // the raw publishes' garbage must not count as the relay's heap
-	heap := startHeapSampler()
-	cpu0 := processCPU()
-	m0, _ = readCPU()
-	t0 = time.Now()
-	if err := r.Start(ctx); err != nil {
+	var (
+		elapsed         time.Duration
+		cores, relayCPU float64
+		peak, rss       float64
+	)
+	if cfg.RelayBinary != "" {
+		m0, _ = readCPU()
+		t0 = time.Now()
+		child, err := s.startRelayProcess(ctx, cfg, 500*time.Millisecond)
+		if err != nil {
+			return nil, err
+		}
+		err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool {
+			var done bool
+			err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
+			return err == nil && done
+		})
+		elapsed = time.Since(t0)
+		cores = child.cpu().Seconds() / elapsed.Seconds()
+		relayCPU = cpuPerEvent(m0, n)
+		rss = child.peakRSS()
+		child.stop()
+		if err != nil {
+			return nil, fmt.Errorf("bench: the relay process did not drain the backlog: %w", err)
+		}
+	} else {
+		r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond)
+		if err != nil {
+			return nil, err
+		}
+		runtime.GC() // the raw publishes' garbage must not count as the relay's heap
+		heap := startHeapSampler()
+		cpu0 := processCPU()
+		m0, _ = readCPU()
+		t0 = time.Now()
+		if err := r.Start(ctx); err != nil {
+			closeRelay()
+			return nil, err
+		}
+		err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
+		elapsed = time.Since(t0)
+		cores = (processCPU() - cpu0).Seconds() / elapsed.Seconds()
+		relayCPU = cpuPerEvent(m0, n)
+		peak = heap.stop()
 		closeRelay()
-		return nil, err
-	}
-	err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
-	elapsed := time.Since(t0)
-	cores := (processCPU() - cpu0).Seconds() / elapsed.Seconds()
-	relayCPU := cpuPerEvent(m0, n)
-	peak := heap.stop()
-	closeRelay()
-	if err != nil {
-		return nil, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
+		if err != nil {
+			return nil, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
+		}
 	}
 	var seen sync.Map
 	var delivered atomic.Int64
@@ -305,7 +335,7 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		return nil, fmt.Errorf("check: %d rows left after the relay's drain", left)
 	}
 	f := fig()
-	f.ProcessCores, f.PeakHeapMiB, f.CPUMicrosPerEvent = cores, peak, relayCPU
+	f.ProcessCores, f.PeakHeapMiB, f.RelayPeakRSSMiB, f.CPUMicrosPerEvent = cores, peak, rss, relayCPU
 	limit := min(results[0].PerSecond, results[1].PerSecond)
 	if _, isNull := s.broker.(nullBroker); isNull {
 		limit = results[0].PerSecond
@@ -671,6 +701,12 @@ var errNoConsumer = errors.New("bench: no consumer")
 
 // waitFor polls cond every 5ms until it holds, timeout passes or ctx ends.
 func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	return waitEvery(ctx, timeout, 5*time.Millisecond, cond)
+}
+
+// waitEvery polls cond every interval until it holds, timeout passes or
+// ctx ends.
+func waitEvery(ctx context.Context, timeout, interval time.Duration, cond func() bool) error {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -679,7 +715,7 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 	return nil
@@ -830,6 +866,22 @@ func (p *relayProcess) cpu() time.Duration {
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
+// peakRSS is the relay process's peak resident set size in MiB (VmHWM of
+// /proc/<pid>/status); 0 where it cannot be read.
+func (p *relayProcess) peakRSS() float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
 // stop stops the relay with SIGTERM, as an operator would.
 func (p *relayProcess) stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -861,12 +913,15 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if first.Scenario == "drain" {
-		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tmachine CPU µs/event\tCPU limit/s\tvs CPU limit\tprocess cores\tpeak heap MiB\t")
+		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tmachine CPU µs/event\tCPU limit/s\tvs CPU limit\trelay cores\trelay memory MiB\t")
 		for _, r := range results {
 			d := r.Delivery
 			vs, cpuLim, vsCPU, cores, heap := "-", "-", "-", "-", "-"
 			if r.Case == CaseDrainRelay {
-				vs, cores, heap = fmt.Sprintf("%.2f", d.VsLimit), fmt.Sprintf("%.2f", d.ProcessCores), fmt.Sprintf("%.1f", d.PeakHeapMiB)
+				vs, cores, heap = fmt.Sprintf("%.2f", d.VsLimit), fmt.Sprintf("%.2f", d.ProcessCores), fmt.Sprintf("%.1f heap", d.PeakHeapMiB)
+				if d.RelayPeakRSSMiB > 0 {
+					heap = fmt.Sprintf("%.1f RSS", d.RelayPeakRSSMiB)
+				}
 				if d.CPULimit > 0 {
 					cpuLim, vsCPU = fmt.Sprintf("%.0f", d.CPULimit), fmt.Sprintf("%.2f", d.VsCPULimit)
 				}
@@ -898,7 +953,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 		}
 	}
 	if first.Scenario == "drain" {
-		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; process cores: CPU time of the bench process (the relay) over\n  the drain; peak heap: the largest Go heap seen during it\n")
+		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; relay cores: the relay's CPU time over the drain (its own\n  process, or this one when it runs in process); relay memory: the relay process's peak RSS, or the largest live Go heap in process\n")
 	} else {
 		b.WriteString("  relay cores: CPU time of the relay process (--relay-process) over the window; process cores: CPU time of the bench\n  process (writers and consumer, and the relay unless it runs apart) over the window; machine cpu: busy share of all CPUs\n  (PostgreSQL and the broker included); every committed event was seen by the consumer\n")
 	}

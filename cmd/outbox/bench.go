@@ -183,7 +183,7 @@ Scenarios:
 	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates, "latency: offered loads in events/s, as a list")
 	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency: the relay's lanes (batches in flight under a backlog)")
 	cmd.Flags().DurationVar(&linger, "linger", 0, "latency: the relay's --linger")
-	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "latency: run the relay as a child process (this binary's `relay`), to measure its CPU apart")
+	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "drain, latency: run the relay as a child process (this binary's `relay`), to measure its CPU and memory apart")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
 	return cmd
