@@ -10,10 +10,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -128,104 +126,65 @@ func (m *mysqlTarget) waitBacklogZero(t *testing.T, timeout time.Duration) {
 	}
 }
 
-// mysqlWorkload writes the way internal/workload does on PostgreSQL, with
+// mysqlWorkload writes the workload of internal/workload on MySQL, with
 // plain SQL only: each transaction locks its aggregate's row, bumps its
 // version and inserts one event per version with only Debezium's columns,
 // so commit order per aggregate is version order; some roll back, some
 // commit late.
 func mysqlWorkload(ctx context.Context, db *sql.DB, tb outboxdriver.Table, cfg workload.Config) (*workload.Result, error) {
-	if cfg.PerTx == 0 {
-		cfg.PerTx = 1
+	return workload.RunOn(ctx, &mysqlWorkloadDB{db: db,
+		aggs:  "`" + tb.Schema + "`.`" + tb.Name + "_workload_aggs`",
+		table: "`" + tb.Schema + "`.`" + tb.Name + "`"}, cfg)
+}
+
+type mysqlWorkloadDB struct {
+	db          *sql.DB
+	aggs, table string
+}
+
+func (d *mysqlWorkloadDB) Prepare(ctx context.Context, aggregates int) error {
+	if _, err := d.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+d.aggs+` (id VARCHAR(64) PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB`); err != nil {
+		return err
 	}
-	aggs := "`" + tb.Schema + "`.`" + tb.Name + "_workload_aggs`"
-	table := "`" + tb.Schema + "`.`" + tb.Name + "`"
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+aggs+` (id VARCHAR(64) PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB`); err != nil {
+	for i := range aggregates {
+		if _, err := d.db.ExecContext(ctx, `INSERT IGNORE INTO `+d.aggs+` VALUES (?, 0)`, fmt.Sprint("agg-", i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *mysqlWorkloadDB) Begin(ctx context.Context) (workload.Tx, error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
 		return nil, err
 	}
-	for i := range cfg.Aggregates {
-		if _, err := db.ExecContext(ctx, `INSERT IGNORE INTO `+aggs+` VALUES (?, 0)`, fmt.Sprint("agg-", i)); err != nil {
-			return nil, err
-		}
-	}
-	res := &workload.Result{Versions: map[string]int{}, IDs: map[string]workload.Payload{}}
-	var mu sync.Mutex
-	jobs := make(chan int)
-	errs := make(chan error, cfg.Writers)
-	var wg sync.WaitGroup
-	for range cfg.Writers {
-		wg.Go(func() {
-			for i := range jobs {
-				agg := fmt.Sprint("agg-", rand.IntN(cfg.Aggregates))
-				rollback := rand.IntN(100) < cfg.RollbackPct
-				late := rand.IntN(100) < cfg.LatePct
-				ids, payloads, err := func() ([]string, []workload.Payload, error) {
-					tx, err := db.BeginTx(ctx, nil)
-					if err != nil {
-						return nil, nil, err
-					}
-					defer tx.Rollback()
-					var v int
-					if err := tx.QueryRowContext(ctx, `SELECT v FROM `+aggs+` WHERE id = ? FOR UPDATE`, agg).Scan(&v); err != nil {
-						return nil, nil, err
-					}
-					if _, err := tx.ExecContext(ctx, `UPDATE `+aggs+` SET v = v + ? WHERE id = ?`, cfg.PerTx, agg); err != nil {
-						return nil, nil, err
-					}
-					var ids []string
-					var ps []workload.Payload
-					for k := 1; k <= cfg.PerTx; k++ {
-						p := workload.Payload{Agg: agg, V: v + k}
-						b, _ := json.Marshal(p)
-						id := uuid.NewString()
-						if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (id, aggregatetype, aggregateid, type, payload)
-VALUES (?, 'order', ?, 'Changed', ?)`, id, agg, string(b)); err != nil {
-							return nil, nil, err
-						}
-						ids, ps = append(ids, id), append(ps, p)
-					}
-					if late {
-						time.Sleep(cfg.LateDelay)
-					}
-					if rollback {
-						return nil, nil, tx.Rollback()
-					}
-					return ids, ps, tx.Commit()
-				}()
-				if err != nil {
-					errs <- fmt.Errorf("transaction %d: %w", i, err)
-					return
-				}
-				mu.Lock()
-				if rollback {
-					res.RolledBack += cfg.PerTx
-				}
-				for k, id := range ids {
-					res.IDs[id] = payloads[k]
-					res.Versions[agg] = max(res.Versions[agg], payloads[k].V)
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	var err error
-feed:
-	for i := range cfg.Transactions {
-		select {
-		case jobs <- i:
-		case err = <-errs:
-			break feed
-		}
-	}
-	close(jobs)
-	wg.Wait()
-	if err == nil {
-		select {
-		case err = <-errs:
-		default:
-		}
-	}
-	return res, err
+	return &mysqlWorkloadTx{tx: tx, d: d}, nil
 }
+
+type mysqlWorkloadTx struct {
+	tx *sql.Tx
+	d  *mysqlWorkloadDB
+}
+
+func (t *mysqlWorkloadTx) Bump(ctx context.Context, agg string, n int) (int, error) {
+	var v int
+	if err := t.tx.QueryRowContext(ctx, `SELECT v FROM `+t.d.aggs+` WHERE id = ? FOR UPDATE`, agg).Scan(&v); err != nil {
+		return 0, err
+	}
+	_, err := t.tx.ExecContext(ctx, `UPDATE `+t.d.aggs+` SET v = v + ? WHERE id = ?`, n, agg)
+	return v, err
+}
+
+func (t *mysqlWorkloadTx) Insert(ctx context.Context, typ, agg, payload string) (string, error) {
+	id := uuid.NewString()
+	_, err := t.tx.ExecContext(ctx, `INSERT INTO `+t.d.table+` (id, aggregatetype, aggregateid, type, payload)
+VALUES (?, ?, ?, 'Changed', ?)`, id, typ, agg, payload)
+	return id, err
+}
+
+func (t *mysqlWorkloadTx) Commit(context.Context) error   { return t.tx.Commit() }
+func (t *mysqlWorkloadTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
 // writeMySQLAsync runs mysqlWorkload in the background; the returned func
 // waits for it.

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox/internal/pgschema"
@@ -52,26 +53,46 @@ type Result struct {
 // Committed is the number of committed events.
 func (r *Result) Committed() int { return len(r.IDs) }
 
-// Run writes the workload into table t. Each transaction locks its
-// aggregate's row (as business code that updates the aggregate does), bumps
-// its version and inserts one event per version by plain SQL, so commit
-// order per aggregate is the version order.
+// DB is the database a workload writes to: a PostgreSQL pool (Run) or any
+// other database through its own implementation (RunOn).
+type DB interface {
+	// Prepare creates the aggregates' version rows agg-0 .. agg-(n-1).
+	Prepare(ctx context.Context, aggregates int) error
+	// Begin opens a business transaction.
+	Begin(ctx context.Context) (Tx, error)
+}
+
+// Tx is one business transaction of the workload.
+type Tx interface {
+	// Bump locks aggregate agg's row, adds n to its version and returns
+	// the version before.
+	Bump(ctx context.Context, agg string, n int) (int, error)
+	// Insert inserts one event with plain SQL (only Debezium's columns)
+	// and returns its id.
+	Insert(ctx context.Context, typ, agg, payload string) (string, error)
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// Run writes the workload into PostgreSQL table t. Each transaction locks
+// its aggregate's row (as business code that updates the aggregate does),
+// bumps its version and inserts one event per version by plain SQL, so
+// commit order per aggregate is the version order.
 func Run(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, cfg Config) (*Result, error) {
+	return RunOn(ctx, &pgDB{pool: pool, aggs: t.Qualified("_workload_aggs"), table: pgschema.NamesOf(t).Table}, cfg)
+}
+
+// RunOn writes the workload through db, as Run does on PostgreSQL.
+func RunOn(ctx context.Context, db DB, cfg Config) (*Result, error) {
 	if cfg.PerTx == 0 {
 		cfg.PerTx = 1
 	}
 	if cfg.Type == "" {
 		cfg.Type = "order"
 	}
-	aggTable := t.Qualified("_workload_aggs")
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+aggTable+` (id text PRIMARY KEY, v int NOT NULL)`); err != nil {
+	if err := db.Prepare(ctx, cfg.Aggregates); err != nil {
 		return nil, err
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO `+aggTable+` SELECT 'agg-' || g, 0 FROM generate_series(0, $1 - 1) g ON CONFLICT DO NOTHING`, cfg.Aggregates); err != nil {
-		return nil, err
-	}
-	insert := `INSERT INTO ` + pgschema.NamesOf(t).Table + ` (id, aggregatetype, aggregateid, type, payload)
-		VALUES (gen_random_uuid(), $1, $2, 'Changed', $3::jsonb) RETURNING id::text`
 	res := &Result{Versions: map[string]int{}, IDs: map[string]Payload{}}
 	var mu sync.Mutex
 	jobs := make(chan int)
@@ -84,13 +105,13 @@ func Run(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, cfg Conf
 				rollback := rand.IntN(100) < cfg.RollbackPct
 				late := rand.IntN(100) < cfg.LatePct
 				ids, payloads, err := func() ([]string, []Payload, error) {
-					tx, err := pool.Begin(ctx)
+					tx, err := db.Begin(ctx)
 					if err != nil {
 						return nil, nil, err
 					}
 					defer tx.Rollback(context.WithoutCancel(ctx))
-					var v int
-					if err := tx.QueryRow(ctx, `UPDATE `+aggTable+` SET v = v + $2 WHERE id = $1 RETURNING v - $2`, agg, cfg.PerTx).Scan(&v); err != nil {
+					v, err := tx.Bump(ctx, agg, cfg.PerTx)
+					if err != nil {
 						return nil, nil, err
 					}
 					var ids []string
@@ -98,8 +119,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, cfg Conf
 					for k := 1; k <= cfg.PerTx; k++ {
 						p := Payload{Agg: agg, V: v + k}
 						b, _ := json.Marshal(p)
-						var id string
-						if err := tx.QueryRow(ctx, insert, cfg.Type, agg, string(b)).Scan(&id); err != nil {
+						id, err := tx.Insert(ctx, cfg.Type, agg, string(b))
+						if err != nil {
 							return nil, nil, err
 						}
 						ids, ps = append(ids, id), append(ps, p)
@@ -147,6 +168,49 @@ feed:
 	}
 	return res, err
 }
+
+// pgDB is the workload's PostgreSQL.
+type pgDB struct {
+	pool        *pgxpool.Pool
+	aggs, table string
+}
+
+func (d *pgDB) Prepare(ctx context.Context, aggregates int) error {
+	if _, err := d.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+d.aggs+` (id text PRIMARY KEY, v int NOT NULL)`); err != nil {
+		return err
+	}
+	_, err := d.pool.Exec(ctx, `INSERT INTO `+d.aggs+` SELECT 'agg-' || g, 0 FROM generate_series(0, $1 - 1) g ON CONFLICT DO NOTHING`, aggregates)
+	return err
+}
+
+func (d *pgDB) Begin(ctx context.Context) (Tx, error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &pgTx{tx: tx, d: d}, nil
+}
+
+type pgTx struct {
+	tx pgx.Tx
+	d  *pgDB
+}
+
+func (t *pgTx) Bump(ctx context.Context, agg string, n int) (int, error) {
+	var v int
+	err := t.tx.QueryRow(ctx, `UPDATE `+t.d.aggs+` SET v = v + $2 WHERE id = $1 RETURNING v - $2`, agg, n).Scan(&v)
+	return v, err
+}
+
+func (t *pgTx) Insert(ctx context.Context, typ, agg, payload string) (string, error) {
+	var id string
+	err := t.tx.QueryRow(ctx, `INSERT INTO `+t.d.table+` (id, aggregatetype, aggregateid, type, payload)
+		VALUES (gen_random_uuid(), $1, $2, 'Changed', $3::jsonb) RETURNING id::text`, typ, agg, payload).Scan(&id)
+	return id, err
+}
+
+func (t *pgTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t *pgTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
 
 // Delivery is one message a broker holds.
 type Delivery struct {
