@@ -203,7 +203,9 @@ type aggregate struct {
 // relay's own stop) spends no attempt: the event is left untouched and its
 // aggregate stops for this batch. So does every failure when nothing at all
 // succeeded. process then returns the outage so the relay backs off as a
-// whole; otherwise it returns nil.
+// whole; otherwise it returns nil. clean reports that every record was
+// published and recorded, none of them after an earlier failure: nothing
+// of the batch's partitions became claimable by the batch itself.
 func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) (clean bool, outage error) {
 	// The claim's transaction sits idle while the batch is published, and
 	// the server ends it after one lease TTL: publishing must finish well
@@ -324,7 +326,16 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			r.metrics.Retried(failedDest[i])
 		}
 	}
-	return outage == nil && len(out.Published) == len(recs), outage
+	clean = outage == nil && len(out.Published) == len(recs)
+	for i := range recs {
+		if recs[i].Attempts > 0 {
+			// A retried event may have held its aggregate back: its later
+			// events are claimable now, and no wake-up will say so.
+			clean = false
+			break
+		}
+	}
+	return clean, outage
 }
 
 // failure turns a publish error into a retry or a dead letter.
