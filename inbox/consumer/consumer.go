@@ -53,6 +53,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/internal/confval"
 )
 
 // Defaults applied to zero Config fields.
@@ -163,28 +164,15 @@ func normalize(cfg *Config) (Config, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	for _, f := range []struct {
-		name string
-		v    *int
-		def  int
-	}{{"Concurrency", &c.Concurrency, DefaultConcurrency}, {"MaxAttempts", &c.MaxAttempts, DefaultMaxAttempts}, {"MaxPending", &c.MaxPending, DefaultMaxPending}} {
-		if *f.v < 0 {
-			return c, fmt.Errorf("consumer: invalid Config.%s %d: must be positive (or 0 for the default %d)", f.name, *f.v, f.def)
-		}
-		if *f.v == 0 {
-			*f.v = f.def
-		}
-	}
-	for _, f := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{{"RetryBase", &c.RetryBase, DefaultRetryBase}, {"RetryMax", &c.RetryMax, DefaultRetryMax}} {
-		if *f.v < 0 {
-			return c, fmt.Errorf("consumer: invalid Config.%s %v: must be positive (or 0 for the default %v)", f.name, *f.v, f.def)
-		}
-		if *f.v == 0 {
-			*f.v = f.def
+	for _, err := range []error{
+		confval.PositiveOr("consumer", "Concurrency", &c.Concurrency, DefaultConcurrency),
+		confval.PositiveOr("consumer", "MaxAttempts", &c.MaxAttempts, DefaultMaxAttempts),
+		confval.PositiveOr("consumer", "MaxPending", &c.MaxPending, DefaultMaxPending),
+		confval.PositiveOr("consumer", "RetryBase", &c.RetryBase, DefaultRetryBase),
+		confval.PositiveOr("consumer", "RetryMax", &c.RetryMax, DefaultRetryMax),
+	} {
+		if err != nil {
+			return c, err
 		}
 	}
 	if c.RetryMax < c.RetryBase {

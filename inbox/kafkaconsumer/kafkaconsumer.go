@@ -48,6 +48,7 @@ import (
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/consumer"
+	"github.com/outboxkit/outbox/internal/confval"
 )
 
 // Defaults applied to zero Config fields.
@@ -158,17 +159,11 @@ func New[TTx any](ib *inbox.Inbox[TTx], h consumer.Handler[TTx], cfg *Config) (*
 			return nil, fmt.Errorf("kafkaconsumer: topic %q: use 1 to 249 of [a-zA-Z0-9._-]", t)
 		}
 	}
-	if c.CommitInterval < 0 {
-		return nil, fmt.Errorf("kafkaconsumer: invalid Config.CommitInterval %v: must be positive (or 0 for the default %v)", c.CommitInterval, DefaultCommitInterval)
+	if err := confval.PositiveOr("kafkaconsumer", "CommitInterval", &c.CommitInterval, DefaultCommitInterval); err != nil {
+		return nil, err
 	}
-	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
-	}
-	if c.ShutdownGrace < 0 {
-		return nil, fmt.Errorf("kafkaconsumer: invalid Config.ShutdownGrace %v: must be positive (or 0 for the default %v)", c.ShutdownGrace, DefaultShutdownGrace)
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = DefaultShutdownGrace
+	if err := confval.PositiveOr("kafkaconsumer", "ShutdownGrace", &c.ShutdownGrace, DefaultShutdownGrace); err != nil {
+		return nil, err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -44,6 +44,7 @@ import (
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/consumer"
+	"github.com/outboxkit/outbox/internal/confval"
 )
 
 // Defaults applied to zero Config fields.
@@ -131,23 +132,14 @@ func New[TTx any](cons jetstream.Consumer, ib *inbox.Inbox[TTx], h consumer.Hand
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.Buffer < 0 {
-		return nil, fmt.Errorf("natsconsumer: invalid Config.Buffer %d: must be positive (or 0 for the default %d)", c.Buffer, DefaultBuffer)
+	if err := confval.PositiveOr("natsconsumer", "Buffer", &c.Buffer, DefaultBuffer); err != nil {
+		return nil, err
 	}
-	if c.Buffer == 0 {
-		c.Buffer = DefaultBuffer
+	if err := confval.PositiveOr("natsconsumer", "FetchWait", &c.FetchWait, DefaultFetchWait); err != nil {
+		return nil, err
 	}
-	if c.FetchWait < 0 {
-		return nil, fmt.Errorf("natsconsumer: invalid Config.FetchWait %v: must be positive (or 0 for the default %v)", c.FetchWait, DefaultFetchWait)
-	}
-	if c.FetchWait == 0 {
-		c.FetchWait = DefaultFetchWait
-	}
-	if c.ShutdownGrace < 0 {
-		return nil, fmt.Errorf("natsconsumer: invalid Config.ShutdownGrace %v: must be positive (or 0 for the default %v)", c.ShutdownGrace, DefaultShutdownGrace)
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = DefaultShutdownGrace
+	if err := confval.PositiveOr("natsconsumer", "ShutdownGrace", &c.ShutdownGrace, DefaultShutdownGrace); err != nil {
+		return nil, err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
