@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -25,13 +26,7 @@ type URLError struct {
 func (e *URLError) Error() string { return "invalid MySQL URL " + e.URL + ": " + e.Reason }
 
 // redactURL hides a URL's password.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable)"
-	}
-	return u.Redacted()
-}
+func redactURL(raw string) string { return confval.RedactURL(raw) }
 
 // ParseURL turns mysql://user:password@host:port/database?params into a
 // go-sql-driver configuration. The port defaults to 3306; the database is

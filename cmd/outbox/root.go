@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxsqlite"
@@ -149,16 +149,7 @@ func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 }
 
 // redact hides a password in a URL.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		if err != nil {
-			return "(unparsable)"
-		}
-		return raw
-	}
-	return u.Redacted()
-}
+func redact(raw string) string { return confval.RedactURL(raw) }
 
 func unwrapAll(err error) error {
 	for {

@@ -1,6 +1,7 @@
 package confval
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -18,5 +19,18 @@ func TestPositiveOr(t *testing.T) {
 	err := PositiveOr("p", "N", &n, 7)
 	if err == nil || err.Error() != "p: invalid Config.N -1: must be positive (or 0 for the default 7)" {
 		t.Fatalf("negative: %v", err)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:secret@h:5432/db": "postgres://u:xxxxx@h:5432/db",
+		"mysql://root@h:3306/test":      "mysql://root@h:3306/test",
+		"sqlite:///var/lib/app.db":      "sqlite:///var/lib/app.db",
+		"postgres://u:secret@%zz/x":     "(unparsable)",
+	} {
+		if got := RedactURL(in); got != want || strings.Contains(got, "secret") {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

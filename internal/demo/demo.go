@@ -35,6 +35,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/inboxsql"
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxsql"
@@ -1023,14 +1024,4 @@ report (%s)
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond)) }
 
 // redact hides a password in a URL.
-func redact(raw string) string {
-	if i := strings.Index(raw, "://"); i >= 0 {
-		rest := raw[i+3:]
-		if at := strings.Index(rest, "@"); at >= 0 {
-			if c := strings.Index(rest[:at], ":"); c >= 0 {
-				return raw[:i+3] + rest[:c] + ":xxxxx" + rest[at:]
-			}
-		}
-	}
-	return raw
-}
+func redact(raw string) string { return confval.RedactURL(raw) }
