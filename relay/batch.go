@@ -21,6 +21,14 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 	)
 	w, ok := r.src.(outboxdriver.Waker)
 	wakes := ok && w.WakesOnCommit()
+	// register (re)registers the relay for wake-ups for three poll
+	// intervals; it is renewed after one.
+	register := func() {
+		if err := r.src.SetIdle(ctx, 3*r.cfg.PollInterval); err != nil && ctx.Err() == nil {
+			r.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
+		}
+		idle, idleSince = true, time.Now()
+	}
 	for ctx.Err() == nil {
 		leases := r.leases.snapshot()
 		if len(leases) == 0 {
@@ -51,10 +59,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 				// Register as idle (writers then send a wake-up), then look
 				// once more: a row committed before the registration sent
 				// no wake-up.
-				if err := r.src.SetIdle(ctx, 3*r.cfg.PollInterval); err != nil && ctx.Err() == nil {
-					r.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
-				}
-				idle, idleSince = true, time.Now()
+				register()
 				continue
 			}
 			if wakes {
@@ -89,10 +94,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			// wake-ups: whatever committed since has sent one, so wait
 			// for it rather than spend a claim on finding nothing.
 			if time.Since(idleSince) > r.cfg.PollInterval {
-				if err := r.src.SetIdle(ctx, 3*r.cfg.PollInterval); err != nil && ctx.Err() == nil {
-					r.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
-				}
-				idleSince = time.Now()
+				register()
 				continue // look once more: the registration had lapsed
 			}
 			brokerFailures = 0
