@@ -276,7 +276,7 @@ func partitionsOf(recs []outboxdriver.Record) []int {
 
 func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 	defer rows.Close()
-	out := make([]outboxdriver.Record, 0, min(limit, 1024))
+	out := outboxdriver.NewRecords(limit)
 	for rows.Next() {
 		var (
 			r       outboxdriver.Record
