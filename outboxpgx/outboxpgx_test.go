@@ -229,6 +229,67 @@ func TestWaitIsWokenByInsertWhileIdle(t *testing.T) {
 	}
 }
 
+// Notifications that queued up while the relay was busy end one Wait, not
+// one Wait each: the claim that follows sees every commit that sent them.
+// The listener keeps working afterwards.
+func TestWaitAnswersQueuedNotificationsAtOnce(t *testing.T) {
+	t.Parallel()
+	pool, tb := setup(t)
+	ob := newOutbox(t, tb)
+	src := newSource(t, pool, tb, outboxpgx.RetentionDelete)
+	ctx := context.Background()
+	if err := src.Wait(ctx, time.Minute); err != nil { // connects the listener
+		t.Fatal(err)
+	}
+	if err := src.SetIdle(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// A second listener sees when the five notifications have been sent.
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(tb.Channel())); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `UNLISTEN *`)
+	for i := range 5 {
+		write(t, pool, ob, true, ev("q", i+1))
+	}
+	for i := range 5 {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := conn.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("notification %d of 5 did not arrive: %v", i+1, err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the relay's listener has them too
+	if err := src.Wait(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	const d = 500 * time.Millisecond
+	start := time.Now()
+	if err := src.Wait(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < d*8/10 {
+		t.Fatalf("the second Wait returned after %s, before its %s: a notification of the same five commits woke it again", el, d)
+	}
+	woke := make(chan error, 1)
+	go func() { woke <- src.Wait(ctx, time.Minute) }()
+	write(t, pool, ob, true, ev("q", 6))
+	select {
+	case err := <-woke:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no wake-up within 20s of a commit after the queued notifications were answered")
+	}
+}
+
 func TestNoNotifyWhileBusy(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
