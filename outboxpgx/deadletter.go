@@ -53,7 +53,10 @@ func RetryDeadLetters(ctx context.Context, db *pgxpool.Pool, t outboxdriver.Tabl
     INSERT INTO `+n.Audit+` (actor, action, event_id, detail)
     SELECT $2, 'retry', m.id, m.aggregatetype || '/' || m.aggregateid || ' ' || m.type || ' after: ' || m.last_error FROM moved m
 )
-SELECT id::text FROM back ORDER BY seq`, ids, actor)
+SELECT b.id::text FROM back AS b
+-- Relays drop their floors (floor.go): the rows are back below them.
+CROSS JOIN (SELECT pg_notify($3, '`+rewindPayload+`')) AS rewind
+ORDER BY b.seq`, ids, actor, t.WithDefaults().Channel())
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: retry dead letters of %s: %w", t, err)
 	}

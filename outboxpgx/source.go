@@ -44,12 +44,15 @@ type Source struct {
 	cfg   SourceConfig
 	log   *slog.Logger
 	q     queries
+	names pgschema.Names
 
 	lockKey int32        // first key of the partitions' advisory locks
 	ttlMS   atomic.Int64 // the lease TTL last used, bounds a claim's idle time
 
 	mu       sync.Mutex // guards listener
 	listener *pgxpool.Conn
+
+	floors floors
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
@@ -57,6 +60,7 @@ var _ outboxdriver.Source = (*Source)(nil)
 type queries struct {
 	claim, markPublished, unhold, retry, holdRetry, deadLetter, holdDead, idle, busy string
 	heartbeat, relays, acquire, renew, release, unregister, fence, cleanup           string
+	floors, lastSeq, writers                                                         string
 }
 
 func newQueries(t outboxdriver.Table, r Retention) queries {
@@ -75,6 +79,7 @@ SELECT o.id::text, o.seq, o.partition, o.aggregatetype, o.aggregateid, o.type, o
 FROM ` + n.Table + ` AS o
 WHERE o.partition = ANY (ARRAY(SELECT partition FROM locked))
   AND o.published_at IS NULL
+  AND o.seq >= $6
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
   AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` h
                   WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
@@ -82,6 +87,15 @@ ORDER BY o.seq
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`,
 		unhold: `DELETE FROM ` + n.Held + ` WHERE event_id = ANY($1::uuid[])`,
+		floors: `SELECT array_agg(least((SELECT o.seq FROM ` + n.Table + ` AS o
+        WHERE o.partition = m.partition AND o.published_at IS NULL AND o.seq >= m.floor
+        ORDER BY o.seq LIMIT 1), $3::bigint + 1) ORDER BY m.i)
+FROM unnest($1::integer[], $2::bigint[]) WITH ORDINALITY AS m(partition, floor, i)`,
+		lastSeq: `SELECT pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass)`,
+		writers: `SELECT coalesce(array_agg(virtualtransaction::text), '{}') FROM pg_locks
+WHERE locktype = 'relation' AND mode = 'RowExclusiveLock'
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND relation = $1::text::regclass`,
 		retry: `UPDATE ` + n.Table + ` AS o
 SET attempts = o.attempts + 1, last_error = f.err,
     next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond'
@@ -171,7 +185,8 @@ func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *SourceConfig) (*So
 	}
 	h := fnv.New32a()
 	h.Write([]byte("outbox.partition:" + t.String()))
-	src := &Source{pool: pool, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention), lockKey: int32(h.Sum32())}
+	src := &Source{pool: pool, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention), names: pgschema.NamesOf(t), lockKey: int32(h.Sum32())}
+	src.floors.init()
 	src.ttlMS.Store(int64(defaultClaimIdle / time.Millisecond))
 	return src, nil
 }
@@ -206,6 +221,8 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if len(leases) == 0 {
 		return b, nil
 	}
+	s.tickFloors(ctx, leases)
+	floor := s.floors.below(leases)
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: claim: %w", err)
@@ -218,7 +235,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	// (a duplicate with the same id); it never loses an event. One
 	// statement for both settings: every statement of the batch costs.
 	pb.Queue(`SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true)`, strconv.FormatInt(s.ttlMS.Load(), 10))
-	pb.Queue(s.q.claim, limit, parts, epochs, s.cfg.RelayName, s.lockKey)
+	pb.Queue(s.q.claim, limit, parts, epochs, s.cfg.RelayName, s.lockKey, floor)
 	br := conn.SendBatch(ctx, &pb)
 	records, err := func() ([]outboxdriver.Record, error) {
 		defer br.Close()
@@ -438,13 +455,15 @@ func (s *Source) Wait(ctx context.Context, d time.Duration) error {
 			return fmt.Errorf("outboxpgx: listen: %w", err)
 		}
 		s.listener = conn
+		s.floors.rewind() // a retry's rewind may have been sent meanwhile
 		return nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	_, err := s.listener.Conn().WaitForNotification(wctx)
+	n, err := s.listener.Conn().WaitForNotification(wctx)
 	switch {
 	case err == nil:
+		s.notified(n)
 		s.coalesce()
 		return nil
 	case wctx.Err() != nil && ctx.Err() == nil:
@@ -475,7 +494,8 @@ func (s *Source) coalesce() {
 		return
 	}
 	for range 1024 {
-		if _, err := conn.WaitForNotification(context.Background()); err != nil {
+		n, err := conn.WaitForNotification(context.Background())
+		if err != nil {
 			var ne net.Error
 			if !errors.As(err, &ne) || !ne.Timeout() {
 				s.dropListener() // broken: the next Wait reconnects
@@ -483,9 +503,18 @@ func (s *Source) coalesce() {
 			}
 			break
 		}
+		s.notified(n)
 	}
 	if err := nc.SetReadDeadline(time.Time{}); err != nil {
 		s.dropListener()
+	}
+}
+
+// notified acts on a notification's payload: commits send none; a retry of
+// dead letters sends rewindPayload.
+func (s *Source) notified(n *pgconn.Notification) {
+	if n != nil && n.Payload == rewindPayload {
+		s.floors.rewind()
 	}
 }
 

@@ -1,0 +1,195 @@
+package outboxpgx
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Floors keep long transactions from slowing the claim down.
+//
+// A claim reads the pending index in seq order from its start. Rows the
+// relay deleted stay in the index until VACUUM removes them, and VACUUM
+// cannot remove them while any transaction older than the delete is open:
+// one long transaction anywhere in the database (a report, pg_dump, a
+// session left idle in a transaction) makes every claim step over every
+// event relayed since it began, and delivery slows down by the minute.
+//
+// So each partition has a floor: a seq below which every row of the
+// partition is published (or was never committed). Claims start at the
+// lowest floor of their partitions and step over nothing older. A floor
+// may only rise past rows whose fate is final, and a row's fate is open
+// while the transaction that inserted it runs. Every such transaction
+// holds RowExclusiveLock on the table from before it took its seq until it
+// ends, so the source probes, in one round trip every floorTick:
+//
+//  1. the sequence's last value L, then
+//  2. the transactions holding RowExclusiveLock on the table (W).
+//
+// Every seq up to L was handed out before W was read, so its transaction
+// had ended by then or is in W. Once a later probe finds none of W left,
+// every row up to L is committed (visible) or gone, and a statement after
+// that probe may raise each floor to the partition's first unpublished
+// row, or to L+1 if it has none. Transactions that do not write to the
+// table (the long ones this is about) never hold that lock, so they never
+// hold a floor back; a long transaction that did insert an event does,
+// as it must.
+//
+// Rows can also come back below a floor with their old seq. Dead letters
+// retried by an operator do (they keep their place in their aggregate):
+// the retry sends the notification rewindPayload, and a source that
+// receives it drops its floors to zero. So does a source whose listener
+// reconnected (notifications sent meanwhile are lost). Rows inserted by
+// plain SQL with an explicit seq below a floor are found when the floors
+// drop to zero by themselves, every floorReset.
+type floors struct {
+	tick     sync.Mutex // one probe at a time
+	mu       sync.Mutex // guards what follows
+	at       map[int]int64
+	next     time.Time // the next probe
+	resetAt  time.Time // the next reset to zero
+	pending  *probe    // waiting for its writers to end
+	final    int64     // every seq up to it is final; -1: none known
+	disabled bool
+}
+
+type probe struct {
+	last    int64
+	writers []string
+}
+
+const (
+	floorTick  = 100 * time.Millisecond
+	floorReset = 5 * time.Minute
+	// rewindPayload is the notification that drops the floors.
+	rewindPayload = "rewind"
+)
+
+func (f *floors) init() {
+	f.at, f.final = map[int]int64{}, -1
+}
+
+// rewind drops every floor to zero.
+func (f *floors) rewind() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.at, f.final, f.pending = map[int]int64{}, -1, nil
+}
+
+// below returns the lowest floor of leases' partitions.
+func (f *floors) below(leases []outboxdriver.Lease) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(leases) == 0 {
+		return 0
+	}
+	low := int64(-1)
+	for _, l := range leases {
+		v := f.at[l.Partition]
+		if low < 0 || v < low {
+			low = v
+		}
+	}
+	return low
+}
+
+// raise keeps the floors of partitions at the new values where higher.
+func (f *floors) raise(parts []int32, seqs []int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, p := range parts {
+		if seqs[i] > f.at[int(p)] {
+			f.at[int(p)] = seqs[i]
+		}
+	}
+}
+
+// observe takes a probe's result and returns the final bound it makes
+// known, if any.
+func (f *floors) observe(p probe) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(p.writers) == 0 {
+		// Nothing that could hold a seq up to p.last is running.
+		f.final, f.pending = max(f.final, p.last), nil
+		return
+	}
+	if f.pending != nil && !slices.ContainsFunc(p.writers, func(w string) bool { return slices.Contains(f.pending.writers, w) }) {
+		f.final = max(f.final, f.pending.last)
+		f.pending = nil
+	}
+	if f.pending == nil {
+		f.pending = &p
+	}
+}
+
+// tickFloors probes and raises the floors of leases' partitions when a
+// tick is due. A failure leaves the floors as they are; an error of the
+// server (a missing privilege, say) turns floors off for this source, as
+// claims from zero are always correct.
+func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
+	f := &s.floors
+	if !f.tick.TryLock() {
+		return // another lane is probing
+	}
+	defer f.tick.Unlock()
+	now := time.Now()
+	f.mu.Lock()
+	if f.disabled || now.Before(f.next) {
+		f.mu.Unlock()
+		return
+	}
+	f.next = now.Add(floorTick)
+	if now.After(f.resetAt) {
+		if !f.resetAt.IsZero() {
+			f.at, f.final, f.pending = map[int]int64{}, -1, nil // see rewind
+		}
+		f.resetAt = now.Add(floorReset)
+	}
+	final := f.final
+	f.final = -1
+	var parts []int32
+	var at []int64
+	if final >= 0 {
+		for _, l := range leases {
+			parts, at = append(parts, int32(l.Partition)), append(at, f.at[l.Partition])
+		}
+	}
+	f.mu.Unlock()
+
+	var pb pgx.Batch
+	var raised []int64
+	if final >= 0 && len(parts) > 0 {
+		// After the probe that made final known: its snapshot sees every
+		// row up to final that will ever be seen.
+		pb.Queue(s.q.floors, parts, at, final).QueryRow(func(row pgx.Row) error { return row.Scan(&raised) })
+	}
+	var p probe
+	var last *int64
+	pb.Queue(s.q.lastSeq, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&last) })
+	pb.Queue(s.q.writers, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&p.writers) })
+	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			f.mu.Lock()
+			f.disabled = true
+			f.mu.Unlock()
+			s.log.Warn("outboxpgx: claims start from the table's first row (floors are off): a long transaction will slow them down", "err", err)
+		}
+		return
+	}
+	if len(raised) == len(parts) && len(parts) > 0 {
+		f.raise(parts, raised)
+	}
+	if last != nil {
+		p.last = *last
+	}
+	f.observe(p)
+}

@@ -1,0 +1,212 @@
+package outboxpgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// floorRig is a migrated table and a source holding all its partitions.
+type floorRig struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	table  outboxdriver.Table
+	src    *Source
+	leases []outboxdriver.Lease
+}
+
+func newFloorRig(t *testing.T) *floorRig {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	if _, err := Migrate(ctx, pool, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	src, err := NewSource(pool, tb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	if _, _, err := src.Heartbeat(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	leases, err := src.Acquire(ctx, 1000, time.Minute)
+	if err != nil || len(leases) == 0 {
+		t.Fatalf("acquire: %d leases, %v", len(leases), err)
+	}
+	return &floorRig{t: t, pool: pool, table: tb, src: src, leases: leases}
+}
+
+// insert commits one event per call (on db: the pool, or an open
+// transaction) and returns its seq.
+func (r *floorRig) insert(db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, agg string) int64 {
+	r.t.Helper()
+	var seq int64
+	err := db.QueryRow(context.Background(), `INSERT INTO `+r.table.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)
+VALUES (gen_random_uuid(), 'order', $1, 'Placed', '{}') RETURNING seq`, agg).Scan(&seq)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return seq
+}
+
+// relay claims and finishes as published until a claim comes back empty,
+// and returns the seqs it saw.
+func (r *floorRig) relay() []int64 {
+	r.t.Helper()
+	ctx := context.Background()
+	var seen []int64
+	for {
+		b, err := r.src.Claim(ctx, r.leases, 100)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		recs := b.Records()
+		if len(recs) == 0 {
+			b.Release(ctx)
+			return seen
+		}
+		var out outboxdriver.Outcome
+		for _, rec := range recs {
+			seen = append(seen, rec.Seq)
+			out.Published = append(out.Published, rec.ID)
+		}
+		if err := b.Finish(ctx, out); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// settle lets the floors probe several times (each claim probes once a
+// floorTick has passed).
+func (r *floorRig) settle() {
+	r.t.Helper()
+	for range 5 {
+		time.Sleep(floorTick + 20*time.Millisecond)
+		if got := r.relay(); len(got) > 0 {
+			r.t.Fatalf("claimed %v while settling: nothing was pending", got)
+		}
+	}
+}
+
+func (r *floorRig) floor() int64 { return r.src.floors.below(r.leases) }
+
+// An unrelated transaction that holds the oldest snapshot (and so keeps
+// every deleted row in the index) does not hold the floors back: claims
+// start past the rows relayed meanwhile.
+func TestFloorsRiseWhileAnUnrelatedTransactionStaysOpen(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	ctx := context.Background()
+	long, err := r.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Rollback(ctx)
+	if _, err := long.Exec(ctx, `SELECT txid_current()`); err != nil {
+		t.Fatal(err)
+	}
+	var last int64
+	for i := range 50 {
+		last = r.insert(r.pool, fmt.Sprint(i))
+	}
+	if got := r.relay(); len(got) != 50 {
+		t.Fatalf("relayed %d of 50 events", len(got))
+	}
+	r.settle()
+	if f := r.floor(); f <= last {
+		t.Fatalf("floor %d after relaying every event up to seq %d: claims still read the relayed rows", f, last)
+	}
+	next := r.insert(r.pool, "after")
+	if got := r.relay(); len(got) != 1 || got[0] != next {
+		t.Fatalf("claimed %v after the floor rose; want [%d]", got, next)
+	}
+}
+
+// A writer that took its seq before later writers committed, and commits
+// after them (S3a), keeps the floors below its row until it ends: its
+// event is claimed when it commits, not skipped.
+func TestFloorWaitsForAWriterThatTookItsSeqEarlier(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	ctx := context.Background()
+	slow, err := r.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx)
+	early := r.insert(slow, "slow")
+	for i := range 20 {
+		r.insert(r.pool, fmt.Sprint(i))
+	}
+	if got := r.relay(); len(got) != 20 {
+		t.Fatalf("relayed %d of the 20 committed events", len(got))
+	}
+	r.settle()
+	if f := r.floor(); f > early {
+		t.Fatalf("floor %d passed seq %d of a writer still open", f, early)
+	}
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.relay(); len(got) != 1 || got[0] != early {
+		t.Fatalf("claimed %v after the slow writer committed; want [%d]", got, early)
+	}
+	r.settle()
+	if f := r.floor(); f <= early {
+		t.Fatalf("floor %d stayed at or below seq %d after every writer ended", f, early)
+	}
+}
+
+// A dead letter retried by an operator comes back with its old seq, below
+// the floors; the retry's notification drops them, and the event is
+// claimed again.
+func TestRetriedDeadLetterBelowTheFloorIsClaimed(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	ctx := context.Background()
+	if err := r.src.Wait(ctx, time.Minute); err != nil { // connects the listener
+		t.Fatal(err)
+	}
+	poison := r.insert(r.pool, "poison")
+	b, err := r.src.Claim(ctx, r.leases, 10)
+	if err != nil || len(b.Records()) != 1 {
+		t.Fatalf("claim: %v", err)
+	}
+	id := b.Records()[0].ID
+	if err := b.Finish(ctx, outboxdriver.Outcome{Failed: []outboxdriver.Failure{{ID: id, Err: errors.New("refused"), DeadLetter: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		r.insert(r.pool, fmt.Sprint(i))
+	}
+	r.relay()
+	r.settle()
+	if f := r.floor(); f <= poison {
+		t.Fatalf("floor %d not past the dead letter's seq %d; the test proves nothing", f, poison)
+	}
+	moved, err := RetryDeadLetters(ctx, r.pool, r.table, nil, "test")
+	if err != nil || len(moved) != 1 {
+		t.Fatalf("retry: %v, %v", moved, err)
+	}
+	if err := r.src.Wait(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if f := r.floor(); f != 0 {
+		t.Fatalf("floor %d after the retry's notification; want 0", f)
+	}
+	if got := r.relay(); len(got) != 1 || got[0] != poison {
+		t.Fatalf("claimed %v after the retry; want the retried event's seq [%d]", got, poison)
+	}
+}
