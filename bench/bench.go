@@ -92,6 +92,10 @@ type Config struct {
 	// Rates are the offered loads of the latency scenario, in events/s.
 	// Defaults to DefaultRates.
 	Rates []int
+	// Cases, when set, limits the latency scenario to the cells of these
+	// names (idle, idle_poll_10ms, poll_500ms, poll_10ms, notify,
+	// notify_long_tx), for long runs of one of them.
+	Cases []string
 	// Progress receives one line per measured cell and round while the
 	// scenario runs. Nil means quiet.
 	Progress io.Writer

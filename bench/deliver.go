@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/metrics"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -400,7 +401,12 @@ const (
 	WakeupPoll = "poll"
 )
 
-func latencyCells(rates []int) []latencyCell {
+// LatencyCases are the names of the latency scenario's cells.
+var LatencyCases = []string{"idle", "idle_poll_10ms", "poll_500ms", "poll_10ms", "notify", "notify_long_tx"}
+
+// latencyCells lists the latency scenario's cells at rates; with only,
+// those of these names.
+func latencyCells(rates []int, only []string) []latencyCell {
 	cells := []latencyCell{
 		{"idle", 0, WakeupNotify, 500 * time.Millisecond, false},
 		{"idle_poll_10ms", 0, WakeupPoll, 10 * time.Millisecond, false},
@@ -412,6 +418,9 @@ func latencyCells(rates []int) []latencyCell {
 		if r == 2000 {
 			cells = append(cells, latencyCell{"notify_long_tx", r, WakeupNotify, 500 * time.Millisecond, true})
 		}
+	}
+	if len(only) > 0 {
+		cells = slices.DeleteFunc(cells, func(c latencyCell) bool { return !slices.Contains(only, c.name) })
 	}
 	return cells
 }
@@ -457,7 +466,7 @@ func CommitToConsumer(ctx context.Context, cfg Config) (results []Result, err er
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range latencyCells(cfg.Rates) {
+	for _, c := range latencyCells(cfg.Rates, cfg.Cases) {
 		res, err := lt.cell(ctx, c)
 		if err != nil {
 			return nil, fmt.Errorf("%s at %d events/s: %w", c.name, c.rate, err)
@@ -792,6 +801,14 @@ func (c Config) deliverDefaults() (Config, error) {
 	}
 	if len(c.Rates) == 0 {
 		c.Rates = DefaultRates
+	}
+	for _, name := range c.Cases {
+		if !slices.Contains(LatencyCases, name) {
+			return c, fmt.Errorf("bench: unknown latency case %q: use %s", name, strings.Join(LatencyCases, ", "))
+		}
+	}
+	if len(c.Cases) > 0 && len(latencyCells(c.Rates, c.Cases)) == 0 {
+		return c, fmt.Errorf("bench: no latency cell is named %s at rates %v (notify_long_tx runs at 2000 events/s only)", strings.Join(c.Cases, ", "), c.Rates)
 	}
 	for _, r := range c.Rates {
 		if r < 1 || r > 100_000 {

@@ -27,6 +27,7 @@ func newBench() *cobra.Command {
 		asJSON   bool
 		sinkURL  string
 		rates    []int
+		cases    []string
 		cpuProf  string
 		lanes    int
 		relayOut bool
@@ -130,6 +131,7 @@ Scenarios:
 				Batch:    batch,
 				Sink:     sinkURL,
 				Rates:    rates,
+				Cases:    cases,
 				Lanes:    lanes,
 				Linger:   linger,
 				Progress: cmd.ErrOrStderr(),
@@ -181,6 +183,7 @@ Scenarios:
 	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention, drain, latency: the relay's claim limit (events per batch)")
 	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency: the broker: nats://host:port, kafka:// (an in-process Kafka cluster), kafka://host:port, or stdout: (drain only; a null writer)")
 	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates, "latency: offered loads in events/s, as a list")
+	cmd.Flags().StringSliceVar(&cases, "cases", nil, "latency: run only the cells of these names ("+strings.Join(bench.LatencyCases, ", ")+")")
 	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency: the relay's lanes (batches in flight under a backlog)")
 	cmd.Flags().DurationVar(&linger, "linger", 0, "latency: the relay's --linger")
 	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "drain, latency: run the relay as a child process (this binary's `relay`), to measure its CPU and memory apart")
