@@ -165,6 +165,10 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 	f.mu.Unlock()
 
 	var pb pgx.Batch
+	// One transaction, read committed: each statement still sees what
+	// committed before it began. No sequential scans (see Claim).
+	pb.Queue(`BEGIN`)
+	pb.Queue(`SELECT set_config('enable_seqscan', 'off', true)`)
 	var raised []int64
 	if final >= 0 && len(parts) > 0 {
 		// After the probe that made final known: its snapshot sees every
@@ -175,6 +179,7 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 	var last *int64
 	pb.Queue(s.q.lastSeq, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&last) })
 	pb.Queue(s.q.writers, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&p.writers) })
+	pb.Queue(`COMMIT`)
 	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
