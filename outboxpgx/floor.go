@@ -48,7 +48,11 @@ import (
 // receives it drops its floors to zero. So does a source whose listener
 // reconnected (notifications sent meanwhile are lost). Rows inserted by
 // plain SQL with an explicit seq below a floor are found when the floors
-// drop to zero by themselves, every floorReset.
+// drop to zero by themselves, every floorReset. The floors also drop when
+// the sequence's last value falls below them (the table was made again),
+// and are off for good when the sequence caches values (CACHE > 1: a
+// session then hands out a cached seq long after the probe, in a
+// transaction the probe could not see).
 type floors struct {
 	tick     sync.Mutex // one probe at a time
 	mu       sync.Mutex // guards what follows
@@ -116,6 +120,14 @@ func (f *floors) raise(parts []int32, seqs []int64) {
 func (f *floors) observe(p probe) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for _, v := range f.at {
+		if v > p.last+1 {
+			// The sequence went back (the table was dropped and made
+			// again, say): the floors speak of rows that are gone.
+			f.at, f.final, f.pending = map[int]int64{}, -1, nil
+			break
+		}
+	}
 	if len(p.writers) == 0 {
 		// Nothing that could hold a seq up to p.last is running.
 		f.final, f.pending = max(f.final, p.last), nil
@@ -177,7 +189,8 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 	}
 	var p probe
 	var last *int64
-	pb.Queue(s.q.lastSeq, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&last) })
+	var cache int64
+	pb.Queue(s.q.lastSeq, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&cache, &last) })
 	pb.Queue(s.q.writers, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&p.writers) })
 	pb.Queue(`COMMIT`)
 	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
@@ -188,6 +201,15 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 			f.mu.Unlock()
 			s.log.Warn("outboxpgx: claims start from the table's first row (floors are off): a long transaction will slow them down", "err", err)
 		}
+		return
+	}
+	if cache != 1 {
+		// Sessions then hand out cached values later, in transactions
+		// that did not hold the lock when probed: nothing is final.
+		f.mu.Lock()
+		f.disabled, f.at = true, map[int]int64{}
+		f.mu.Unlock()
+		s.log.Warn("outboxpgx: the seq column's sequence caches values; claims start from the table's first row (floors are off): a long transaction will slow them down", "cache", cache)
 		return
 	}
 	if len(raised) == len(parts) && len(parts) > 0 {

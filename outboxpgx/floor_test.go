@@ -210,3 +210,57 @@ func TestRetriedDeadLetterBelowTheFloorIsClaimed(t *testing.T) {
 		t.Fatalf("claimed %v after the retry; want the retried event's seq [%d]", got, poison)
 	}
 }
+
+// relayWhileProbing relays, waits for a probe, and relays again, up to five
+// times, and returns every seq claimed.
+func (r *floorRig) relayWhileProbing() []int64 {
+	r.t.Helper()
+	var seen []int64
+	for range 5 {
+		time.Sleep(floorTick + 20*time.Millisecond)
+		seen = append(seen, r.relay()...)
+	}
+	return seen
+}
+
+// A table made again starts its seqs from 1, below the floors of a source
+// that relayed the old one: they drop, and the new rows are claimed.
+func TestFloorsDropWhenTheSequenceGoesBack(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	ctx := context.Background()
+	for i := range 20 {
+		r.insert(r.pool, fmt.Sprint(i))
+	}
+	r.relay()
+	r.settle()
+	if f := r.floor(); f <= 20 {
+		t.Fatalf("floor %d did not rise past 20 relayed rows; the test proves nothing", f)
+	}
+	if _, err := r.pool.Exec(ctx, `ALTER TABLE `+r.table.Qualified("")+` ALTER COLUMN seq RESTART WITH 1`); err != nil {
+		t.Fatal(err)
+	}
+	first := r.insert(r.pool, "again")
+	if got := r.relayWhileProbing(); len(got) != 1 || got[0] != first {
+		t.Fatalf("claimed %v after the sequence restarted; want [%d]", got, first)
+	}
+}
+
+// A sequence that caches values makes no seq final when probed: floors
+// stay off, and every claim starts from the table's first row.
+func TestFloorsAreOffWhenTheSequenceCaches(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	ctx := context.Background()
+	if _, err := r.pool.Exec(ctx, `ALTER TABLE `+r.table.Qualified("")+` ALTER COLUMN seq SET CACHE 20`); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		r.insert(r.pool, fmt.Sprint(i))
+	}
+	r.relay()
+	r.settle()
+	if f := r.floor(); f != 0 {
+		t.Fatalf("floor %d with a caching sequence; want 0 (off)", f)
+	}
+}

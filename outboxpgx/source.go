@@ -91,7 +91,8 @@ FOR UPDATE OF o SKIP LOCKED`,
         WHERE o.partition = m.partition AND o.published_at IS NULL AND o.seq >= m.floor
         ORDER BY o.seq LIMIT 1), $3::bigint + 1) ORDER BY m.i)
 FROM unnest($1::integer[], $2::bigint[]) WITH ORDINALITY AS m(partition, floor, i)`,
-		lastSeq: `SELECT pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass)`,
+		lastSeq: `SELECT s.seqcache, pg_sequence_last_value(s.seqrelid) FROM pg_sequence s
+WHERE s.seqrelid = pg_get_serial_sequence($1, 'seq')::regclass`,
 		writers: `SELECT coalesce(array_agg(virtualtransaction::text), '{}') FROM pg_locks
 WHERE locktype = 'relation' AND mode = 'RowExclusiveLock'
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
