@@ -216,16 +216,49 @@ func TestWaitIsWokenByInsertWhileIdle(t *testing.T) {
 	if err := src.SetIdle(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	woke := make(chan error, 1)
-	go func() { woke <- src.Wait(ctx, time.Minute) }()
+	woke := waitInBackground(src)
 	write(t, pool, ob, true, ev("1", 1))
+	expectWoken(t, woke, "a committed insert while idle")
+}
+
+// listen returns a pooled connection that LISTENs on tb's channel until
+// the test ends.
+func listen(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table) *pgxpool.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(tb.Channel())); err != nil {
+		conn.Release()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Exec(context.Background(), `UNLISTEN *`)
+		conn.Release()
+	})
+	return conn
+}
+
+// waitInBackground starts src.Wait and returns where its result goes.
+func waitInBackground(src *outboxpgx.Source) <-chan error {
+	woke := make(chan error, 1)
+	go func() { woke <- src.Wait(context.Background(), time.Minute) }()
+	return woke
+}
+
+// expectWoken fails the test unless the Wait behind woke returns nil
+// within 20s.
+func expectWoken(t *testing.T, woke <-chan error, after string) {
+	t.Helper()
 	select {
 	case err := <-woke:
 		if err != nil {
 			t.Fatal(err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("no wake-up within 20s of a committed insert while idle")
+		t.Fatalf("no wake-up within 20s of %s", after)
 	}
 }
 
@@ -245,15 +278,7 @@ func TestWaitAnswersQueuedNotificationsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A second listener sees when the five notifications have been sent.
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(tb.Channel())); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(ctx, `UNLISTEN *`)
+	conn := listen(t, pool, tb)
 	for i := range 5 {
 		write(t, pool, ob, true, ev("q", i+1))
 	}
@@ -277,17 +302,9 @@ func TestWaitAnswersQueuedNotificationsAtOnce(t *testing.T) {
 	if el := time.Since(start); el < d*8/10 {
 		t.Fatalf("the second Wait returned after %s, before its %s: a notification of the same five commits woke it again", el, d)
 	}
-	woke := make(chan error, 1)
-	go func() { woke <- src.Wait(ctx, time.Minute) }()
+	woke := waitInBackground(src)
 	write(t, pool, ob, true, ev("q", 6))
-	select {
-	case err := <-woke:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no wake-up within 20s of a commit after the queued notifications were answered")
-	}
+	expectWoken(t, woke, "a commit after the queued notifications were answered")
 }
 
 func TestNoNotifyWhileBusy(t *testing.T) {
@@ -295,15 +312,7 @@ func TestNoNotifyWhileBusy(t *testing.T) {
 	pool, tb := setup(t)
 	ob := newOutbox(t, tb)
 	ctx := context.Background()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(tb.Channel())); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(ctx, `UNLISTEN *`)
+	conn := listen(t, pool, tb)
 	// No relay registered idle: a commit sends no notification.
 	write(t, pool, ob, true, ev("1", 1))
 	src := newSource(t, pool, tb, outboxpgx.RetentionDelete)
