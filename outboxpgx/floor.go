@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,6 +62,7 @@ type floors struct {
 	resetAt  time.Time // the next reset to zero
 	pending  *probe    // waiting for its writers to end
 	final    int64     // every seq up to it is final; -1: none known
+	gen      int       // counts drops to zero: a probe begun before one is void
 	disabled bool
 }
 
@@ -84,7 +86,13 @@ func (f *floors) init() {
 func (f *floors) rewind() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.zero()
+}
+
+// zero drops every floor to zero; f.mu is held.
+func (f *floors) zero() {
 	f.at, f.final, f.pending = map[int]int64{}, -1, nil
+	f.gen++
 }
 
 // below returns the lowest floor of leases' partitions.
@@ -104,10 +112,9 @@ func (f *floors) below(leases []outboxdriver.Lease) int64 {
 	return low
 }
 
-// raise keeps the floors of partitions at the new values where higher.
+// raise keeps the floors of partitions at the new values where higher;
+// f.mu is held.
 func (f *floors) raise(parts []int32, seqs []int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	for i, p := range parts {
 		if seqs[i] > f.at[int(p)] {
 			f.at[int(p)] = seqs[i]
@@ -115,16 +122,14 @@ func (f *floors) raise(parts []int32, seqs []int64) {
 	}
 }
 
-// observe takes a probe's result and returns the final bound it makes
-// known, if any.
+// observe takes a probe's result: a bound it makes final, or a candidate
+// that waits for its writers to end; f.mu is held.
 func (f *floors) observe(p probe) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	for _, v := range f.at {
 		if v > p.last+1 {
 			// The sequence went back (the table was dropped and made
 			// again, say): the floors speak of rows that are gone.
-			f.at, f.final, f.pending = map[int]int64{}, -1, nil
+			f.zero()
 			break
 		}
 	}
@@ -161,10 +166,11 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 	f.next = now.Add(floorTick)
 	if now.After(f.resetAt) {
 		if !f.resetAt.IsZero() {
-			f.at, f.final, f.pending = map[int]int64{}, -1, nil // see rewind
+			f.zero()
 		}
 		f.resetAt = now.Add(floorReset)
 	}
+	gen := f.gen
 	final := f.final
 	f.final = -1
 	var parts []int32
@@ -195,7 +201,9 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 	pb.Queue(`COMMIT`)
 	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		// Class 42: a missing privilege, function or table; anything else
+		// (a connection cut, a timeout) is tried again at the next tick.
+		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "42") {
 			f.mu.Lock()
 			f.disabled = true
 			f.mu.Unlock()
@@ -212,11 +220,16 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 		s.log.Warn("outboxpgx: the seq column's sequence caches values; claims start from the table's first row (floors are off): a long transaction will slow them down", "cache", cache)
 		return
 	}
-	if len(raised) == len(parts) && len(parts) > 0 {
-		f.raise(parts, raised)
-	}
 	if last != nil {
 		p.last = *last
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gen != gen {
+		return // dropped to zero meanwhile: what this probe saw may be above a row put back
+	}
+	if len(raised) == len(parts) && len(parts) > 0 {
+		f.raise(parts, raised)
 	}
 	f.observe(p)
 }
