@@ -264,3 +264,58 @@ func TestFloorsAreOffWhenTheSequenceCaches(t *testing.T) {
 		t.Fatalf("floor %d with a caching sequence; want 0 (off)", f)
 	}
 }
+
+// A relay whose role may not read the seq column's sequence has no floors
+// (it says so once in its log) and relays every event all the same.
+func TestFloorsAreOffWithoutPrivilegeOnTheSequence(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	ctx := context.Background()
+	role := testenv.Name("outbox_relay_role")
+	schema := outboxdriver.QuoteIdent(r.table.Schema)
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA ` + schema + ` TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ` + schema + ` TO ` + role,
+	} {
+		if _, err := r.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		r.pool.Exec(context.Background(), `DROP OWNED BY `+role)
+		r.pool.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	src, err := NewSource(pool, r.table, &SourceConfig{RelayName: role})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	r.src.Release(ctx, r.leases, true) // the rig's source steps aside
+	if _, _, err := src.Heartbeat(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if r.leases, err = src.Acquire(ctx, 1000, time.Minute); err != nil || len(r.leases) == 0 {
+		t.Fatalf("acquire as %s: %d leases, %v", role, len(r.leases), err)
+	}
+	r.src = src
+	for i := range 20 {
+		r.insert(r.pool, fmt.Sprint(i))
+	}
+	if got := r.relayWhileProbing(); len(got) != 20 {
+		t.Fatalf("relayed %d of 20 events without floors", len(got))
+	}
+	if !src.floors.disabled || src.floors.below(r.leases) != 0 {
+		t.Fatalf("floors disabled=%v at %d; want off at 0 for a role that may not read the sequence", src.floors.disabled, src.floors.below(r.leases))
+	}
+}
