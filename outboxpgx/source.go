@@ -210,8 +210,9 @@ type batch struct {
 // Claim opens a transaction, takes the advisory lock of every leased
 // partition no other transaction is relaying (a stale owner's batch keeps
 // its partitions until it ends), and locks up to limit due, unpublished rows
-// of those partitions in seq order, skipping held aggregates. BEGIN, the
-// relay's own settings and the SELECT go in one round trip. The transaction
+// of those partitions in seq order, from the lowest of their floors
+// (floor.go), skipping held aggregates. BEGIN, the relay's own settings
+// and the SELECT go in one round trip. The transaction
 // may stay idle (while the batch is published) at most one lease TTL: a
 // paused relay's claim is then ended by the server, releasing its locks.
 func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
