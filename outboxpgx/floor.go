@@ -78,10 +78,6 @@ const (
 	rewindPayload = "rewind"
 )
 
-func (f *floors) init() {
-	f.at, f.final = map[int]int64{}, -1
-}
-
 // rewind drops every floor to zero.
 func (f *floors) rewind() {
 	f.mu.Lock()
@@ -89,7 +85,7 @@ func (f *floors) rewind() {
 	f.zero()
 }
 
-// zero drops every floor to zero; f.mu is held.
+// zero drops every floor to zero; f.mu is held, or f is not shared yet.
 func (f *floors) zero() {
 	f.at, f.final, f.pending = map[int]int64{}, -1, nil
 	f.gen++

@@ -92,12 +92,21 @@ func (r *floorRig) relay() []int64 {
 // floorTick has passed).
 func (r *floorRig) settle() {
 	r.t.Helper()
+	if got := r.relayWhileProbing(); len(got) > 0 {
+		r.t.Fatalf("claimed %v while settling: nothing was pending", got)
+	}
+}
+
+// relayWhileProbing waits for a probe and relays, five times, and returns
+// every seq claimed.
+func (r *floorRig) relayWhileProbing() []int64 {
+	r.t.Helper()
+	var seen []int64
 	for range 5 {
 		time.Sleep(floorTick + 20*time.Millisecond)
-		if got := r.relay(); len(got) > 0 {
-			r.t.Fatalf("claimed %v while settling: nothing was pending", got)
-		}
+		seen = append(seen, r.relay()...)
 	}
+	return seen
 }
 
 func (r *floorRig) floor() int64 { return r.src.floors.below(r.leases) }
@@ -209,18 +218,6 @@ func TestRetriedDeadLetterBelowTheFloorIsClaimed(t *testing.T) {
 	if got := r.relay(); len(got) != 1 || got[0] != poison {
 		t.Fatalf("claimed %v after the retry; want the retried event's seq [%d]", got, poison)
 	}
-}
-
-// relayWhileProbing relays, waits for a probe, and relays again, up to five
-// times, and returns every seq claimed.
-func (r *floorRig) relayWhileProbing() []int64 {
-	r.t.Helper()
-	var seen []int64
-	for range 5 {
-		time.Sleep(floorTick + 20*time.Millisecond)
-		seen = append(seen, r.relay()...)
-	}
-	return seen
 }
 
 // A table made again starts its seqs from 1, below the floors of a source

@@ -187,7 +187,7 @@ func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *SourceConfig) (*So
 	h := fnv.New32a()
 	h.Write([]byte("outbox.partition:" + t.String()))
 	src := &Source{pool: pool, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention), names: pgschema.NamesOf(t), lockKey: int32(h.Sum32())}
-	src.floors.init()
+	src.floors.zero()
 	src.ttlMS.Store(int64(defaultClaimIdle / time.Millisecond))
 	return src, nil
 }
