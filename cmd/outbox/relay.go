@@ -42,6 +42,11 @@ sink and record them as published once the broker acknowledged. Woken by
 LISTEN/NOTIFY when idle, with --poll-interval as the safety net. On SIGINT or
 SIGTERM it stops claiming, finishes the batch in flight and exits.
 
+While batches come back short the relay runs on one P (GOMAXPROCS=1: less
+CPU for a chain of round trips); from the first full batch (a backlog) on
+every CPU the runtime would use, until batches have been short for a second.
+GOMAXPROCS in the environment turns this off.
+
 Sinks: nats://host:port (JetStream; stream OUTBOX on outbox.event.> is created
 if missing), kafka://host:port[,host:port] (acks=all, idempotent producer),
 stdout: (one JSON line per event).`,
@@ -115,7 +120,8 @@ stdout: (one JSON line per event).`,
 			}
 			defer src.Close()
 			cfg := &rcfg
-			cfg.BatchSize, cfg.PollInterval, cfg.Router, cfg.Logger, cfg.OnStage = batch, poll, router, log, onStage
+			cfg.BatchSize, cfg.PollInterval, cfg.Router, cfg.Logger = batch, poll, router, log
+			cfg.OnStage = newProcs(batch, log).onStage(onStage)
 			var r *relay.Relay
 			if ln != nil {
 				reg := prometheus.NewRegistry()
