@@ -41,6 +41,11 @@ const (
 	// this case generates the order id in the client and inserts it
 	// explicitly (no RETURNING). Trigger on, no relay idle.
 	CaseOutboxQueue = "outbox_queue"
+	// CaseOutboxCommit adds one event to an outboxpgx.Tx, whose Commit
+	// sends the events' INSERT with the COMMIT: no round trip of its own,
+	// and the event names the order by the id its INSERT returned, as in
+	// CaseOutbox. Trigger on, no relay idle.
+	CaseOutboxCommit = "outbox_commit"
 	// CaseOutboxNotify is CaseOutbox with a relay registered idle for the
 	// whole run, so that every commit sends a NOTIFY: the worst case of
 	// notifying on every commit.
@@ -76,6 +81,7 @@ type writeMode int
 const (
 	viaWriteTx writeMode = iota // WriteTx after the order's INSERT
 	viaQueue                    // Driver.Queue in the order's pgx.Batch
+	viaCommit                   // outboxpgx.Tx: the events go with the COMMIT
 	viaPlain                    // one plain INSERT into the plain table
 )
 
@@ -92,6 +98,7 @@ var writeCases = []writeCase{
 	{CasePlainInsert, "+ 1 plain INSERT (uuid PK, jsonb) of its own: the floor of any extra statement", 0, viaPlain, true, false},
 	{CaseOutbox, "+ 1 event via WriteTx; trigger on, no relay idle: no NOTIFY", 1, viaWriteTx, true, false},
 	{CaseOutboxQueue, "+ 1 event via Driver.Queue in the order's pgx.Batch: no round trip of its own; order id made client-side", 1, viaQueue, true, false},
+	{CaseOutboxCommit, "+ 1 event added to an outboxpgx.Tx: sent with the COMMIT, no round trip of its own", 1, viaCommit, true, false},
 	{CaseOutboxNotify, "+ 1 event; a relay registered idle: every commit NOTIFYs", 1, viaWriteTx, true, true},
 	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled", 1, viaWriteTx, false, false},
 	{CaseOutbox10, "+ 10 events in one WriteTx; trigger on, no relay idle", 10, viaWriteTx, true, false},
@@ -294,6 +301,22 @@ func (wb *writeBench) op(c writeCase) Op {
 	insertPlain := `INSERT INTO ` + wb.plain + ` (id, payload) VALUES ($1::uuid, $2::jsonb)`
 	return func(ctx context.Context, worker int) error {
 		customer := "customer-" + strconv.Itoa(worker)
+		if c.mode == viaCommit {
+			tx, err := wb.drv.Begin(ctx, wb.pool, wb.ob, pgx.TxOptions{})
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op after Commit
+			wb.waits.Track(tx.Conn().PgConn().PID())
+			var id int64
+			if err := tx.QueryRow(ctx, insert, customer, 42.5).Scan(&id); err != nil {
+				return fmt.Errorf("insert order: %w", err)
+			}
+			if err := tx.Add(ctx, orderEvents(id, customer, c.events)...); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}
 		tx, err := wb.pool.Begin(ctx)
 		if err != nil {
 			return err
