@@ -96,6 +96,19 @@ func newTxRig(t *testing.T) *txRig {
 	return r
 }
 
+// begin begins a Tx on the traced pool, rolled back when the test ends
+// if it is still open then.
+func (r *txRig) begin(t *testing.T) *outboxpgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := r.drv.Begin(ctx, r.traced, r.ob, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) })
+	return tx
+}
+
 // order inserts an order in tx and returns its id, which names the
 // aggregate of its events: the kind of statement Driver.Queue cannot
 // batch with the events.
@@ -121,11 +134,7 @@ func TestTxWritesEventsInTheCommitsRoundTrip(t *testing.T) {
 	t.Parallel()
 	r := newTxRig(t)
 	ctx := context.Background()
-	tx, err := r.drv.Begin(ctx, r.traced, r.ob, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	tx := r.begin(t)
 	id := r.order(t, tx)
 	if err := tx.Add(ctx, ev(id, 1), ev(id, 2)); err != nil {
 		t.Fatal(err)
@@ -173,10 +182,7 @@ func TestTxRollbackDropsTheEvents(t *testing.T) {
 	t.Parallel()
 	r := newTxRig(t)
 	ctx := context.Background()
-	tx, err := r.drv.Begin(ctx, r.traced, r.ob, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := r.begin(t)
 	id := r.order(t, tx)
 	if err := tx.Add(ctx, ev(id, 1)); err != nil {
 		t.Fatal(err)
@@ -201,20 +207,11 @@ func TestTxCommitIsAllOrNothing(t *testing.T) {
 	t.Parallel()
 	r := newTxRig(t)
 	ctx := context.Background()
-	begin := func() *outboxpgx.Tx {
-		t.Helper()
-		tx, err := r.drv.Begin(ctx, r.traced, r.ob, pgx.TxOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tx.Rollback(ctx) })
-		return tx
-	}
 	dup := ev("1", 1)
 	dup.ID = uuid.NewString()
 	write(t, r.pool, r.ob, true, dup)
 
-	tx := begin()
+	tx := r.begin(t)
 	id := r.order(t, tx)
 	if err := tx.Add(ctx, outbox.Event{AggregateType: "order"}); !errors.Is(err, outbox.ErrInvalidEvent) {
 		t.Fatalf("Add of an invalid event: %v, want outbox.ErrInvalidEvent", err)
@@ -229,7 +226,7 @@ func TestTxCommitIsAllOrNothing(t *testing.T) {
 		t.Fatalf("%d orders and %d events after a failed Commit, want 0 and the 1 from before", o, e)
 	}
 
-	tx = begin()
+	tx = r.begin(t)
 	r.order(t, tx)
 	if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
 		t.Fatal("division by zero succeeded")
@@ -248,7 +245,7 @@ func TestTxCommitIsAllOrNothing(t *testing.T) {
 	if st := r.traced.Stat(); st.AcquiredConns() != 0 {
 		t.Fatalf("%d connections still acquired", st.AcquiredConns())
 	}
-	tx = begin()
+	tx = r.begin(t)
 	id = r.order(t, tx)
 	if err := tx.Add(ctx, ev(id, 1)); err != nil {
 		t.Fatal(err)
