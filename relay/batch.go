@@ -21,6 +21,13 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 	)
 	w, ok := r.src.(outboxdriver.Waker)
 	wakes := ok && w.WakesOnCommit()
+	// flow is a moving average of the events per claim of this loop
+	// (empty claims count as 0); steady says the relay left the wake-up
+	// registry because of it, not because of a backlog.
+	var (
+		flow   float64
+		steady bool
+	)
 	// register (re)registers the relay for wake-ups for three poll
 	// intervals; it is renewed after one.
 	register := func() {
@@ -52,9 +59,18 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		failures = 0 // the database answered; a broker outage counts anew below
 		recs := b.Records()
 		r.metrics.Claimed(len(recs))
+		flow = flow*(1-flowWeight) + float64(len(recs))*flowWeight
 		if len(recs) == 0 {
 			b.Release(ctx)
 			r.leases.inFlight.RUnlock()
+			if steady && flow >= rejoinFlow && wait <= maxSteadyWait {
+				// Out of the registry while events come fast: a gap is
+				// likely short, so look again soon rather than rejoin.
+				r.waitForWork(ctx, wait)
+				wait *= 2
+				continue
+			}
+			steady = false
 			if !idle || time.Since(idleSince) > r.cfg.PollInterval {
 				// Register as idle (writers then send a wake-up), then look
 				// once more: a row committed before the registration sent
@@ -73,12 +89,15 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		}
 		r.stage(StageClaimed, len(recs))
 		wait = minWait
-		// Stay registered for wake-ups while batches come back short: the
-		// load is light, and leaving and rejoining would cost two round
-		// trips a wake-up. A full batch means a backlog: leave, so that
-		// busy writers are spared the NOTIFY.
-		if idle && len(recs) == r.cfg.BatchSize {
-			idle = false
+		// Stay registered for wake-ups while batches come back short and
+		// few: leaving and rejoining would cost two round trips a
+		// wake-up. A full batch means a backlog, and claims that keep
+		// finding several events mean a flow the relay keeps up with by
+		// claiming back to back: leave, so that the writers are spared
+		// the NOTIFY (which makes every notifying commit in the cluster
+		// wait for the one before it).
+		if idle && (len(recs) == r.cfg.BatchSize || (wakes && flow >= leaveFlow)) {
+			idle, steady = false, len(recs) < r.cfg.BatchSize
 			if err := r.src.SetIdle(ctx, 0); err != nil && ctx.Err() == nil {
 				r.log.Warn("relay: cannot leave idle state", "err", err)
 			}
@@ -98,20 +117,28 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 				continue // look once more: the registration had lapsed
 			}
 			brokerFailures = 0
-			if d := r.cfg.Linger - time.Since(claimed); d > 0 {
-				// Let a few more events gather: fewer, fuller batches.
-				sleep(ctx, d)
-			}
+			r.linger(ctx, claimed)
 			r.waitForWork(ctx, r.cfg.PollInterval)
 			continue
 		}
 		if outage == nil {
 			brokerFailures = 0
+			if steady && len(recs) < r.cfg.BatchSize {
+				r.linger(ctx, claimed)
+			}
 			continue
 		}
 		brokerFailures++
 		d := backoff(brokerFailures, breakerBase, breakerMax)
 		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "err", outage)
+		sleep(ctx, d)
+	}
+}
+
+// linger waits until Config.Linger has passed since claimed, so that a
+// few more events gather: fewer, fuller batches.
+func (r *Relay) linger(ctx context.Context, claimed time.Time) {
+	if d := r.cfg.Linger - time.Since(claimed); d > 0 {
 		sleep(ctx, d)
 	}
 }

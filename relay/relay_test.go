@@ -489,3 +489,72 @@ func TestTwoRelaysLoseNothing(t *testing.T) {
 		t.Fatalf("%d distinct ids in the stream, %d committed", len(seen), res.Committed())
 	}
 }
+
+// While events come faster than single claims can take them one by one,
+// the relay claims back to back and leaves the wake-up registry, so that
+// the writers' commits send no NOTIFY (each would wait for every
+// notifying commit before it); once the flow stops it registers again,
+// and a lone commit wakes it at once (the poll interval here is far
+// longer than the wait allowed for it).
+func TestSteadyFlowSparesTheWritersTheNotify(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	registered := func() bool {
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Qualified("_wakeup")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	waitRegistered := func(when string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !registered() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the relay is not registered for wake-ups after 10s", when)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	e.start(t, nil, relay.Config{PollInterval: 30 * time.Second})
+	waitRegistered("at start")
+
+	lis, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Release()
+	if _, err := lis.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(e.table.Channel())); err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Exec(context.Background(), `UNLISTEN *`)
+
+	// One writer commits five events a transaction, back to back.
+	const commits, perCommit = 400, 5
+	for c := range commits {
+		evs := make([]outbox.Event, perCommit)
+		for i := range evs {
+			evs[i] = event(fmt.Sprint("a", (c*perCommit+i)%50), c*perCommit+i)
+		}
+		e.write(t, true, evs...)
+	}
+	testenv.WaitStreamMsgs(t, e.stream, commits*perCommit, 60*time.Second)
+	notified := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		_, err := lis.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		notified++
+	}
+	if notified > commits/4 {
+		t.Fatalf("%d of %d commits sent a NOTIFY during a steady flow, want at most a quarter", notified, commits)
+	}
+	waitRegistered("after the flow")
+	e.write(t, true, event("lone", 0))
+	testenv.WaitStreamMsgs(t, e.stream, commits*perCommit+1, 5*time.Second)
+	t.Logf("%d of %d commits notified", notified, commits)
+}
