@@ -46,7 +46,10 @@ import (
 // Rows can also come back below a floor with their old seq. Dead letters
 // retried by an operator do (they keep their place in their aggregate):
 // the retry sends the notification rewindPayload, and a source that
-// receives it drops its floors to zero. So does a source whose listener
+// receives it drops its floors to zero. A source that does not (it is not
+// listening, or has not read it yet) sees the retry's audit row: a claim
+// starts from zero when the audit table's last id is not the one the
+// floors were probed with, and the next probe drops them. So does a source whose listener
 // reconnected (notifications sent meanwhile are lost). Rows inserted by
 // plain SQL with an explicit seq below a floor are found when the floors
 // drop to zero by themselves, every floorReset. The floors also drop when
@@ -63,6 +66,7 @@ type floors struct {
 	pending  *probe    // waiting for its writers to end
 	final    int64     // every seq up to it is final; -1: none known
 	gen      int       // counts drops to zero: a probe begun before one is void
+	audit    int64     // the audit table's last id when the floors were probed; -1: not known
 	disabled bool
 }
 
@@ -91,12 +95,14 @@ func (f *floors) zero() {
 	f.gen++
 }
 
-// below returns the lowest floor of leases' partitions.
-func (f *floors) below(leases []outboxdriver.Lease) int64 {
+// below returns the lowest floor of leases' partitions, and the audit
+// table's last id it holds for: a claim that finds another id starts from
+// zero instead (a dead letter was retried since, below the floors).
+func (f *floors) below(leases []outboxdriver.Lease) (floor, audit int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(leases) == 0 {
-		return 0
+		return 0, f.audit
 	}
 	low := int64(-1)
 	for _, l := range leases {
@@ -105,7 +111,7 @@ func (f *floors) below(leases []outboxdriver.Lease) int64 {
 			low = v
 		}
 	}
-	return low
+	return low, f.audit
 }
 
 // raise keeps the floors of partitions at the new values where higher;
@@ -194,6 +200,9 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 	var cache int64
 	pb.Queue(s.q.lastSeq, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&cache, &last) })
 	pb.Queue(s.q.writers, s.names.Table).QueryRow(func(row pgx.Row) error { return row.Scan(&p.writers) })
+	// Last, so that a retry the floors query missed is seen here.
+	var audit int64
+	pb.Queue(s.q.lastAudit).QueryRow(func(row pgx.Row) error { return row.Scan(&audit) })
 	pb.Queue(`COMMIT`)
 	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
 		var pgErr *pgconn.PgError
@@ -224,6 +233,16 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 	if f.gen != gen {
 		return // dropped to zero meanwhile: what this probe saw may be above a row put back
 	}
+	if f.audit >= 0 && audit != f.audit {
+		// Dead letters were retried (or discarded) since the last probe:
+		// retried rows are back below the floors. The notification that
+		// says so may not have reached this source (no listener, or not
+		// read yet); the audit table always does.
+		f.audit = audit
+		f.zero()
+		return
+	}
+	f.audit = audit
 	if len(raised) == len(parts) && len(parts) > 0 {
 		f.raise(parts, raised)
 	}

@@ -109,7 +109,10 @@ func (r *floorRig) relayWhileProbing() []int64 {
 	return seen
 }
 
-func (r *floorRig) floor() int64 { return r.src.floors.below(r.leases) }
+func (r *floorRig) floor() int64 {
+	f, _ := r.src.floors.below(r.leases)
+	return f
+}
 
 // An unrelated transaction that holds the oldest snapshot (and so keeps
 // every deleted row in the index) does not hold the floors back: claims
@@ -188,27 +191,7 @@ func TestRetriedDeadLetterBelowTheFloorIsClaimed(t *testing.T) {
 	if err := r.src.Wait(ctx, time.Minute); err != nil { // connects the listener
 		t.Fatal(err)
 	}
-	poison := r.insert(r.pool, "poison")
-	b, err := r.src.Claim(ctx, r.leases, 10)
-	if err != nil || len(b.Records()) != 1 {
-		t.Fatalf("claim: %v", err)
-	}
-	id := b.Records()[0].ID
-	if err := b.Finish(ctx, outboxdriver.Outcome{Failed: []outboxdriver.Failure{{ID: id, Err: errors.New("refused"), DeadLetter: true}}}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 10 {
-		r.insert(r.pool, fmt.Sprint(i))
-	}
-	r.relay()
-	r.settle()
-	if f := r.floor(); f <= poison {
-		t.Fatalf("floor %d not past the dead letter's seq %d; the test proves nothing", f, poison)
-	}
-	moved, err := RetryDeadLetters(ctx, r.pool, r.table, nil, "test")
-	if err != nil || len(moved) != 1 {
-		t.Fatalf("retry: %v, %v", moved, err)
-	}
+	poison := r.deadLetterBelowTheFloor()
 	if err := r.src.Wait(ctx, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +201,53 @@ func TestRetriedDeadLetterBelowTheFloorIsClaimed(t *testing.T) {
 	if got := r.relay(); len(got) != 1 || got[0] != poison {
 		t.Fatalf("claimed %v after the retry; want the retried event's seq [%d]", got, poison)
 	}
+}
+
+// A source that reads no notification (it is not listening: a pooler
+// that cannot LISTEN, say) still claims a retried dead letter at once: the
+// retry's audit row tells the claim to start from zero, and the next
+// probe drops the floors.
+func TestRetriedDeadLetterIsClaimedWithoutTheNotification(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	poison := r.deadLetterBelowTheFloor()
+	if got := r.relay(); len(got) != 1 || got[0] != poison {
+		t.Fatalf("claimed %v right after the retry, no notification read; want the retried event's seq [%d]", got, poison)
+	}
+	time.Sleep(floorTick + 20*time.Millisecond)
+	r.relay() // probes
+	if f := r.floor(); f != 0 {
+		t.Fatalf("floor %d after a probe that followed the retry; want 0", f)
+	}
+}
+
+// deadLetterBelowTheFloor dead-letters an event, relays ten more until
+// the floors are past it, retries it, and returns its seq.
+func (r *floorRig) deadLetterBelowTheFloor() int64 {
+	r.t.Helper()
+	ctx := context.Background()
+	poison := r.insert(r.pool, "poison")
+	b, err := r.src.Claim(ctx, r.leases, 10)
+	if err != nil || len(b.Records()) != 1 {
+		r.t.Fatalf("claim: %v", err)
+	}
+	id := b.Records()[0].ID
+	if err := b.Finish(ctx, outboxdriver.Outcome{Failed: []outboxdriver.Failure{{ID: id, Err: errors.New("refused"), DeadLetter: true}}}); err != nil {
+		r.t.Fatal(err)
+	}
+	for i := range 10 {
+		r.insert(r.pool, fmt.Sprint(i))
+	}
+	r.relay()
+	r.settle()
+	if f := r.floor(); f <= poison {
+		r.t.Fatalf("floor %d not past the dead letter's seq %d; the test proves nothing", f, poison)
+	}
+	moved, err := RetryDeadLetters(ctx, r.pool, r.table, nil, "test")
+	if err != nil || len(moved) != 1 {
+		r.t.Fatalf("retry: %v, %v", moved, err)
+	}
+	return poison
 }
 
 // A table made again starts its seqs from 1, below the floors of a source
@@ -312,7 +342,7 @@ func TestFloorsAreOffWithoutPrivilegeOnTheSequence(t *testing.T) {
 	if got := r.relayWhileProbing(); len(got) != 20 {
 		t.Fatalf("relayed %d of 20 events without floors", len(got))
 	}
-	if !src.floors.disabled || src.floors.below(r.leases) != 0 {
-		t.Fatalf("floors disabled=%v at %d; want off at 0 for a role that may not read the sequence", src.floors.disabled, src.floors.below(r.leases))
+	if f, _ := src.floors.below(r.leases); !src.floors.disabled || f != 0 {
+		t.Fatalf("floors disabled=%v at %d; want off at 0 for a role that may not read the sequence", src.floors.disabled, f)
 	}
 }

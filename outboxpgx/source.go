@@ -60,7 +60,7 @@ var _ outboxdriver.Source = (*Source)(nil)
 type queries struct {
 	claim, markPublished, unhold, retry, holdRetry, deadLetter, holdDead, idle, busy string
 	heartbeat, relays, acquire, renew, release, unregister, fence, cleanup           string
-	floors, lastSeq, writers                                                         string
+	floors, lastSeq, writers, lastAudit                                              string
 }
 
 func newQueries(t outboxdriver.Table, r Retention) queries {
@@ -79,7 +79,7 @@ SELECT o.id::text, o.seq, o.partition, o.aggregatetype, o.aggregateid, o.type, o
 FROM ` + n.Table + ` AS o
 WHERE o.partition = ANY (ARRAY(SELECT partition FROM locked))
   AND o.published_at IS NULL
-  AND o.seq >= $6
+  AND o.seq >= CASE WHEN (SELECT coalesce(max(a.id), 0) FROM ` + n.Audit + ` AS a) = $7 THEN $6 ELSE 0 END
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
   AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` h
                   WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
@@ -93,6 +93,7 @@ FOR UPDATE OF o SKIP LOCKED`,
 FROM unnest($1::integer[], $2::bigint[]) WITH ORDINALITY AS m(partition, floor, i)`,
 		lastSeq: `SELECT s.seqcache, pg_sequence_last_value(s.seqrelid) FROM pg_sequence s
 WHERE s.seqrelid = pg_get_serial_sequence($1, 'seq')::regclass`,
+		lastAudit: `SELECT coalesce(max(id), 0) FROM ` + n.Audit,
 		writers: `SELECT coalesce(array_agg(virtualtransaction::text), '{}') FROM pg_locks
 WHERE locktype = 'relation' AND mode = 'RowExclusiveLock'
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -188,6 +189,7 @@ func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *SourceConfig) (*So
 	h.Write([]byte("outbox.partition:" + t.String()))
 	src := &Source{pool: pool, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention), names: pgschema.NamesOf(t), lockKey: int32(h.Sum32())}
 	src.floors.zero()
+	src.floors.audit = -1
 	src.ttlMS.Store(int64(defaultClaimIdle / time.Millisecond))
 	return src, nil
 }
@@ -261,7 +263,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 		return b, nil
 	}
 	s.tickFloors(ctx, leases)
-	floor := s.floors.below(leases)
+	floor, audit := s.floors.below(leases)
 	conn, listener, err := s.claimConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: claim: %w", err)
@@ -281,7 +283,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	// then read the whole table for every batch: 8-13 ms a batch after
 	// two minutes of a long transaction at 2,000 events/s.
 	pb.Queue(`SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true), set_config('enable_seqscan', 'off', true)`, strconv.FormatInt(s.ttlMS.Load(), 10))
-	pb.Queue(s.q.claim, limit, parts, epochs, s.cfg.RelayName, s.lockKey, floor)
+	pb.Queue(s.q.claim, limit, parts, epochs, s.cfg.RelayName, s.lockKey, floor, audit)
 	br := conn.SendBatch(ctx, &pb)
 	records, err := func() ([]outboxdriver.Record, error) {
 		defer br.Close()
