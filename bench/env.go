@@ -22,10 +22,11 @@ import (
 
 // SettingNames are the PostgreSQL settings every run reports: those that
 // decide what a commit costs (whether and how it waits for the WAL to reach
-// the disk, how much it writes, whether commits are grouped).
+// the disk, how much it writes, whether commits are grouped), and whether
+// autovacuum clears the dead rows that relayed events leave.
 var SettingNames = []string{
 	"synchronous_commit", "fsync", "wal_sync_method", "wal_level",
-	"full_page_writes", "commit_delay", "shared_buffers", "max_connections",
+	"full_page_writes", "commit_delay", "shared_buffers", "max_connections", "autovacuum",
 }
 
 // Env describes the conditions of a run: the server, its settings, the
