@@ -168,3 +168,25 @@ func TestBrokenClaimOnTheListenerReconnectsIt(t *testing.T) {
 	}
 	b.Release(ctx)
 }
+
+// A relay that claims back to back never Waits, yet the notifications
+// its claims read on the listener do not pile up: each claim takes those
+// the previous batches left.
+func TestClaimsOnTheListenerLeaveNoNotificationsBehind(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	r.listening()
+	ctx := context.Background()
+	for i := range 5 {
+		r.insert(r.pool, fmt.Sprint(i)) // five commits, five notifications
+	}
+	time.Sleep(200 * time.Millisecond) // they reach the listener's socket
+	for range 2 {
+		r.relay() // read them with the claims' replies, then take them
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if n, err := r.src.listener.Conn().WaitForNotification(gone); err == nil {
+		t.Fatalf("a notification (%q) was still held after two rounds of claims", n.Channel)
+	}
+}

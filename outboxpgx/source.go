@@ -219,9 +219,18 @@ type batch struct {
 // instead of 1.45, and 5-8% less relay CPU). The listener stays
 // locked (s.mu) until the batch ends, so Wait and a second claim do not
 // use it meanwhile; a claim that finds it taken uses the pool.
+//
+// Notifications that arrived during earlier batches on the listener are
+// held by pgx until read; a relay that claims back to back (a steady flow)
+// may not Wait for a long time, so the claim reads them first: a rewind
+// among them drops the floors before this claim, and none pile up. The
+// claim sees every commit that sent one.
 func (s *Source) claimConn(ctx context.Context) (conn *pgxpool.Conn, listener bool, err error) {
 	if s.mu.TryLock() {
 		if s.listener != nil {
+			s.coalesce()
+		}
+		if s.listener != nil { // coalesce drops a broken one
 			return s.listener, true, nil
 		}
 		s.mu.Unlock()
