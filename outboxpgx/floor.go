@@ -46,11 +46,12 @@ import (
 // Rows can also come back below a floor with their old seq. Dead letters
 // retried by an operator do (they keep their place in their aggregate):
 // the retry sends the notification rewindPayload, and a source that
-// receives it drops its floors to zero. A source that does not (it is not
-// listening, or has not read it yet) sees the retry's audit row: a claim
-// starts from zero when the audit table's last id is not the one the
-// floors were probed with, and the next probe drops them. So does a source whose listener
-// reconnected (notifications sent meanwhile are lost). Rows inserted by
+// receives it drops its floors to zero; so does a source whose listener
+// reconnected (notifications sent meanwhile are lost). A source that has
+// not read the notification (it is not listening, or not yet) sees the
+// retry's audit row: a claim starts from zero when the audit table's last
+// id is not the one the floors were probed with, and the next probe drops
+// them. Rows inserted by
 // plain SQL with an explicit seq below a floor are found when the floors
 // drop to zero by themselves, every floorReset. The floors also drop when
 // the sequence's last value falls below them (the table was made again),
@@ -233,16 +234,16 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 	if f.gen != gen {
 		return // dropped to zero meanwhile: what this probe saw may be above a row put back
 	}
-	if f.audit >= 0 && audit != f.audit {
+	retried := f.audit >= 0 && audit != f.audit
+	f.audit = audit
+	if retried {
 		// Dead letters were retried (or discarded) since the last probe:
 		// retried rows are back below the floors. The notification that
 		// says so may not have reached this source (no listener, or not
 		// read yet); the audit table always does.
-		f.audit = audit
 		f.zero()
 		return
 	}
-	f.audit = audit
 	if len(raised) == len(parts) && len(parts) > 0 {
 		f.raise(parts, raised)
 	}

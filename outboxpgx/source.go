@@ -65,6 +65,7 @@ type queries struct {
 
 func newQueries(t outboxdriver.Table, r Retention) queries {
 	n := pgschema.NamesOf(t)
+	lastAudit := `SELECT coalesce(max(id), 0) FROM ` + n.Audit
 	q := queries{
 		claim: `WITH mine AS MATERIALIZED (
     SELECT l.partition FROM ` + n.Leases + ` l
@@ -79,7 +80,7 @@ SELECT o.id::text, o.seq, o.partition, o.aggregatetype, o.aggregateid, o.type, o
 FROM ` + n.Table + ` AS o
 WHERE o.partition = ANY (ARRAY(SELECT partition FROM locked))
   AND o.published_at IS NULL
-  AND o.seq >= CASE WHEN (SELECT coalesce(max(a.id), 0) FROM ` + n.Audit + ` AS a) = $7 THEN $6 ELSE 0 END
+  AND o.seq >= CASE WHEN (` + lastAudit + `) = $7 THEN $6 ELSE 0 END
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
   AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` h
                   WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
@@ -93,7 +94,7 @@ FOR UPDATE OF o SKIP LOCKED`,
 FROM unnest($1::integer[], $2::bigint[]) WITH ORDINALITY AS m(partition, floor, i)`,
 		lastSeq: `SELECT s.seqcache, pg_sequence_last_value(s.seqrelid) FROM pg_sequence s
 WHERE s.seqrelid = pg_get_serial_sequence($1, 'seq')::regclass`,
-		lastAudit: `SELECT coalesce(max(id), 0) FROM ` + n.Audit,
+		lastAudit: lastAudit,
 		writers: `SELECT coalesce(array_agg(virtualtransaction::text), '{}') FROM pg_locks
 WHERE locktype = 'relation' AND mode = 'RowExclusiveLock'
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())

@@ -16,9 +16,9 @@ import (
 	"github.com/outboxkit/outbox/relay"
 )
 
-// defaultProcs returns the runtime's default GOMAXPROCS and fails the
-// test where it cannot tell one P from the default.
-func defaultProcs(t *testing.T) int {
+// needProcsChoice fails the test where the relay's choice of GOMAXPROCS
+// cannot be seen: GOMAXPROCS set in the environment, or one CPU.
+func needProcsChoice(t *testing.T) {
 	t.Helper()
 	if _, set := os.LookupEnv("GOMAXPROCS"); set {
 		t.Fatal("GOMAXPROCS is set in the environment: unset it, this test checks the relay's own choice")
@@ -27,7 +27,6 @@ func defaultProcs(t *testing.T) int {
 	if n < 2 {
 		t.Fatalf("%d CPU: one P is the default here, so the relay's narrowing cannot be seen; run on at least 2 CPUs", n)
 	}
-	return n
 }
 
 // The controller narrows the process to one P, widens it to the default on
@@ -35,7 +34,7 @@ func defaultProcs(t *testing.T) int {
 // again once batches have come back short for narrowAfter. Not parallel:
 // it sets the test process's GOMAXPROCS.
 func TestProcsFollowTheLoad(t *testing.T) {
-	defaultProcs(t)
+	needProcsChoice(t)
 	orig := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(orig) })
 	runtime.SetDefaultGOMAXPROCS()
@@ -78,7 +77,7 @@ func TestProcsFollowTheLoad(t *testing.T) {
 // show.
 func TestRelayProcessUsesEveryCPUOnlyForABacklog(t *testing.T) {
 	t.Parallel()
-	defaultProcs(t)
+	needProcsChoice(t)
 	tb, flags := migrated(t)
 	addr := freeAddr(t)
 	startRelay(t, append(flags, "--sink", "stdout:", "--metrics-addr", addr, "--batch", "100")...)
