@@ -301,23 +301,17 @@ func (wb *writeBench) op(c writeCase) Op {
 	insertPlain := `INSERT INTO ` + wb.plain + ` (id, payload) VALUES ($1::uuid, $2::jsonb)`
 	return func(ctx context.Context, worker int) error {
 		customer := "customer-" + strconv.Itoa(worker)
+		var (
+			tx     pgx.Tx
+			withTx *outboxpgx.Tx // viaCommit: tx, adding its events to its COMMIT
+			err    error
+		)
 		if c.mode == viaCommit {
-			tx, err := wb.drv.Begin(ctx, wb.pool, wb.ob, pgx.TxOptions{})
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op after Commit
-			wb.waits.Track(tx.Conn().PgConn().PID())
-			var id int64
-			if err := tx.QueryRow(ctx, insert, customer, 42.5).Scan(&id); err != nil {
-				return fmt.Errorf("insert order: %w", err)
-			}
-			if err := tx.Add(ctx, orderEvents(id, customer, c.events)...); err != nil {
-				return err
-			}
-			return tx.Commit(ctx)
+			withTx, err = wb.drv.Begin(ctx, wb.pool, wb.ob, pgx.TxOptions{})
+			tx = withTx
+		} else {
+			tx, err = wb.pool.Begin(ctx)
 		}
-		tx, err := wb.pool.Begin(ctx)
 		if err != nil {
 			return err
 		}
@@ -340,6 +334,10 @@ func (wb *writeBench) op(c writeCase) Op {
 			return fmt.Errorf("insert order: %w", err)
 		}
 		switch {
+		case c.mode == viaCommit:
+			if err := withTx.Add(ctx, orderEvents(id, customer, c.events)...); err != nil {
+				return err
+			}
 		case c.mode == viaPlain:
 			u, err := uuid.NewV7()
 			if err != nil {
