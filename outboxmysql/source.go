@@ -381,9 +381,9 @@ func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 	for ids := range chunks(out.Published) {
 		in := placeholders(len(ids))
 		if s.cfg.Retention == RetentionKeep {
-			err = exec(`UPDATE `+n.Table+` SET published_at = UTC_TIMESTAMP(6), last_error = NULL, next_attempt_at = NULL WHERE id IN (`+in+`)`, strs(ids)...)
+			err = exec(`UPDATE `+n.Table+` AS o `+byIDs(len(ids))+` SET o.published_at = UTC_TIMESTAMP(6), o.last_error = NULL, o.next_attempt_at = NULL`, strs(ids)...)
 		} else {
-			err = exec(`DELETE FROM `+n.Table+` WHERE id IN (`+in+`)`, strs(ids)...)
+			err = exec(`DELETE o FROM `+n.Table+` AS o `+byIDs(len(ids)), strs(ids)...)
 		}
 		if err != nil {
 			return err
@@ -410,7 +410,7 @@ func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 		ids := failureIDs(fs)
 		in := placeholders(len(ids))
 		var errCase, delayCase strings.Builder
-		var args []any
+		args := strs(ids)
 		for _, f := range fs {
 			errCase.WriteString(" WHEN ? THEN ?")
 			args = append(args, f.ID, errorText(f.Err))
@@ -419,11 +419,9 @@ func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 			delayCase.WriteString(" WHEN ? THEN ?")
 			args = append(args, f.ID, max(0, f.RetryAfter.Microseconds()))
 		}
-		args = append(args, strs(ids)...)
-		if err := exec(`UPDATE `+n.Table+` SET attempts = attempts + 1,
-    last_error = CASE id`+errCase.String()+` END,
-    next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL (CASE id`+delayCase.String()+` END) MICROSECOND
-WHERE id IN (`+in+`)`, args...); err != nil {
+		if err := exec(`UPDATE `+n.Table+` AS o `+byIDs(len(ids))+` SET o.attempts = o.attempts + 1,
+    o.last_error = CASE o.id`+errCase.String()+` END,
+    o.next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL (CASE o.id`+delayCase.String()+` END) MICROSECOND`, args...); err != nil {
 			return err
 		}
 		if err := exec(`INSERT INTO `+n.Held+` (aggregatetype, aggregateid, seq, event_id, reason)
@@ -453,7 +451,7 @@ SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at,
 FROM `+n.Table+` WHERE id IN (`+in+`) ORDER BY seq`, args...); err != nil {
 			return err
 		}
-		if err := exec(`DELETE FROM `+n.Table+` WHERE id IN (`+in+`)`, strs(ids)...); err != nil {
+		if err := exec(`DELETE o FROM `+n.Table+` AS o `+byIDs(len(ids)), strs(ids)...); err != nil {
 			return err
 		}
 	}
@@ -472,6 +470,16 @@ ON DUPLICATE KEY UPDATE
 		}
 	}
 	return nil
+}
+
+// byIDs joins the outbox table (as o) to n ids, for statements that
+// change the rows of a batch. MariaDB plans `WHERE id IN (...)` over a
+// small table as a scan of the whole table, which locks rows of other
+// batches: two lanes' finishes deadlocked on it, and the events of the
+// refused one were published twice. Joined, each id is one lookup in
+// by_id.
+func byIDs(n int) string {
+	return `JOIN (SELECT ? AS id` + strings.Repeat(` UNION ALL SELECT ?`, n-1) + `) AS x ON o.id = x.id`
 }
 
 // chunks yields xs in slices of at most chunk elements.
