@@ -8,6 +8,7 @@ package outboxdriver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 )
@@ -72,6 +73,36 @@ type Record struct {
 // relay at 1,000 events/s a tenth of its CPU in allocation and GC.
 func NewRecords(limit int) []Record {
 	return make([]Record, 0, max(0, min(limit, 16)))
+}
+
+// ParseHeaders reads a headers column (a JSON object) into a Record's
+// Headers. Rows written by plain SQL may hold any JSON object: non-string
+// values are kept as their JSON text and nulls are dropped, so one odd row
+// never blocks the relay; anything that is not a JSON object is no headers.
+// The common empty cases skip the JSON decoder.
+func ParseHeaders[T string | []byte](col T) map[string]string {
+	if len(col) == 0 || string(col) == "{}" {
+		return nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(col), &m); err != nil || len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		var str string
+		switch {
+		case string(v) == "null": // json.Unmarshal would make it ""
+		case json.Unmarshal(v, &str) == nil:
+			out[k] = str
+		default:
+			out[k] = string(v)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // Failure records a publish that did not succeed.

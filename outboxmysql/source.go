@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -301,31 +300,11 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 		case raw != nil:
 			r.Payload = raw
 		}
-		r.Headers = parseHeaders(headers)
+		r.Headers = outboxdriver.ParseHeaders(headers)
 		r.CreatedAt = time.UnixMicro(micros).UTC()
 		out = append(out, r)
 	}
 	return out, rows.Err()
-}
-
-// parseHeaders reads the headers column. Rows written by plain SQL may hold
-// any JSON object: non-string values are kept as their JSON text, so one
-// odd row never blocks the relay.
-func parseHeaders(b []byte) map[string]string {
-	var m map[string]json.RawMessage
-	if len(b) == 0 || json.Unmarshal(b, &m) != nil || len(m) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		var str string
-		if err := json.Unmarshal(v, &str); err == nil {
-			out[k] = str
-		} else if string(v) != "null" {
-			out[k] = string(v)
-		}
-	}
-	return out
 }
 
 func (b *batch) Records() []outboxdriver.Record { return b.records }

@@ -2,7 +2,6 @@ package outboxpgx
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -357,34 +356,11 @@ func scanRecords(rows pgx.Rows, limit int) ([]outboxdriver.Record, error) {
 			r.Payload = raw
 		}
 		if headers != nil {
-			r.Headers = parseHeaders(*headers)
+			r.Headers = outboxdriver.ParseHeaders(*headers)
 		}
 		out = append(out, r)
 	}
 	return out, rows.Err()
-}
-
-// parseHeaders reads the headers column. Rows written by plain SQL may hold
-// any JSON object: non-string values are kept as their JSON text, so one
-// odd row never blocks the relay.
-func parseHeaders(s string) map[string]string {
-	if s == "" || s == "{}" {
-		return nil // the common case, without the JSON decoder
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(s), &m); err != nil || len(m) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		var str string
-		if err := json.Unmarshal(v, &str); err == nil {
-			out[k] = str
-		} else if string(v) != "null" {
-			out[k] = string(v)
-		}
-	}
-	return out
 }
 
 func (b *batch) Records() []outboxdriver.Record { return b.records }

@@ -295,7 +295,7 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 			r.Payload = raw
 		}
 		if headers.Valid {
-			r.Headers = parseHeaders(headers.String)
+			r.Headers = outboxdriver.ParseHeaders(headers.String)
 		}
 		r.CreatedAt = parseTime(created)
 		out = append(out, r)
@@ -313,26 +313,6 @@ func parseTime(s string) time.Time {
 		return t
 	}
 	return time.Time{}
-}
-
-// parseHeaders reads the headers column. Rows written by plain SQL may hold
-// any JSON object: non-string values are kept as their JSON text, so one
-// odd row never blocks the relay.
-func parseHeaders(s string) map[string]string {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(s), &m); err != nil || len(m) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		var str string
-		if err := json.Unmarshal(v, &str); err == nil {
-			out[k] = str
-		} else if string(v) != "null" {
-			out[k] = string(v)
-		}
-	}
-	return out
 }
 
 func (b *batch) Records() []outboxdriver.Record { return b.records }
