@@ -152,7 +152,9 @@ func TestBrokenClaimOnTheListenerReconnectsIt(t *testing.T) {
 		t.Fatal("the claim did not run on the free listener")
 	}
 	old := b.conn.Conn().PgConn().PID()
-	if _, err := r.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old); err != nil {
+	// Wait until the backend is gone: until it has exited it holds the
+	// batch's row and partition locks, and the claim below would skip them.
+	if _, err := r.pool.Exec(ctx, `SELECT pg_terminate_backend($1, 10000)`, old); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Finish(ctx, published(b)); err == nil {
