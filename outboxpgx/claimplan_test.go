@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // A claim must not trust the table's statistics. An outbox table is
@@ -55,19 +57,9 @@ SELECT gen_random_uuid(), 'order', (g % 1000)::text, 'Placed', '{}' FROM generat
 				t.Fatal(err)
 			}
 		}
-		rows, err := tx.Query(ctx, `EXPLAIN `+r.src.q.claim, 500, parts, epochs, r.src.cfg.RelayName, r.src.lockKey, int64(0), int64(0))
+		rows, _ := tx.Query(ctx, `EXPLAIN `+r.src.q.claim, 500, parts, epochs, r.src.cfg.RelayName, r.src.lockKey, int64(0), int64(0))
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			t.Fatal(err)
-		}
-		var lines []string
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			lines = append(lines, line)
-		}
-		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
 		return strings.Join(lines, "\n")
