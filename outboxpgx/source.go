@@ -291,11 +291,12 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 		return b, nil
 	}
 	s.tickFloors(ctx, leases)
-	floor, audit := s.floors.below(leases)
 	conn, listener, err := s.claimConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: claim: %w", err)
 	}
+	// After claimConn: a rewind it read on the listener has dropped them.
+	floor, audit := s.floors.below(leases)
 	b.conn, b.listener, b.done = conn, listener, false
 	parts, epochs := leaseArrays(leases)
 	var pb pgx.Batch
