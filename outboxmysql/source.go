@@ -358,16 +358,16 @@ func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 		return err
 	}
 	for ids := range chunks(out.Published) {
-		in := placeholders(len(ids))
+		args := strs(ids)
 		if s.cfg.Retention == RetentionKeep {
-			err = exec(`UPDATE `+n.Table+` AS o `+byIDs(len(ids))+` SET o.published_at = UTC_TIMESTAMP(6), o.last_error = NULL, o.next_attempt_at = NULL`, strs(ids)...)
+			err = exec(`UPDATE `+n.Table+` AS o `+byIDs(len(ids))+` SET o.published_at = UTC_TIMESTAMP(6), o.last_error = NULL, o.next_attempt_at = NULL`, args...)
 		} else {
-			err = exec(`DELETE o FROM `+n.Table+` AS o `+byIDs(len(ids)), strs(ids)...)
+			err = exec(`DELETE o FROM `+n.Table+` AS o `+byIDs(len(ids)), args...)
 		}
 		if err != nil {
 			return err
 		}
-		if err := exec(`DELETE FROM `+n.Held+` WHERE event_id IN (`+in+`)`, strs(ids)...); err != nil {
+		if err := exec(`DELETE FROM `+n.Held+` WHERE event_id IN (`+placeholders(len(ids))+`)`, args...); err != nil {
 			return err
 		}
 	}
