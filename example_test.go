@@ -20,7 +20,7 @@ import (
 // outbox, and returns a function that drops it.
 func exampleSchema(ctx context.Context, pool *pgxpool.Pool, schema string) func() {
 	t := outboxdriver.Table{Schema: schema, Name: "outbox"}
-	if _, err := outboxpgx.Migrate(ctx, pool, t, nil); err != nil {
+	if _, err := outboxpgx.New(pool).Migrate(ctx, t, nil); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint PRIMARY KEY, total numeric)`); err != nil {
@@ -40,7 +40,7 @@ func ExampleOutbox_WriteTx_pgx() {
 	schema := testenv.Name("example")
 	defer exampleSchema(ctx, pool, schema)()
 
-	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: schema})
+	ob, err := outbox.New(outboxpgx.New(pool), &outbox.Config{Schema: schema})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func ExampleOutbox_WriteTx_pgx() {
 		log.Fatal(err)
 	}
 
-	st, _ := outboxpgx.Status(ctx, pool, ob.Table())
+	st, _ := outboxpgx.New(pool).Status(ctx, ob.Table())
 	fmt.Println("events waiting for the relay:", st.Backlog)
 	// Output: events waiting for the relay: 1
 }
@@ -82,7 +82,7 @@ func ExampleOutbox_WriteTx_databaseSQL() {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	ob, err := outbox.New(outboxsql.New(), &outbox.Config{Schema: schema})
+	ob, err := outbox.New(outboxsql.New(db), &outbox.Config{Schema: schema})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func ExampleOutbox_WriteTx_databaseSQL() {
 		log.Fatal(err)
 	}
 
-	st, _ := outboxpgx.Status(ctx, pool, ob.Table())
+	st, _ := outboxpgx.New(pool).Status(ctx, ob.Table())
 	fmt.Println("events waiting for the relay:", st.Backlog)
 	// Output: events waiting for the relay: 2
 }

@@ -1,17 +1,3 @@
-// Package outbox writes events into a transactional outbox table in the same
-// database transaction as the business change that caused them.
-//
-// A relay (package relay, or the outbox relay command) later publishes every
-// committed event to a broker, at least once, and in commit order per
-// aggregate. An event from a transaction that rolled back is never seen.
-//
-//	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{})
-//	...
-//	tx, _ := pool.Begin(ctx)
-//	tx.Exec(ctx, `INSERT INTO orders ...`)
-//	ob.WriteTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "42",
-//		Type: "OrderPlaced", Payload: []byte(`{"id":42}`)})
-//	tx.Commit(ctx)
 package outbox
 
 import (
@@ -52,8 +38,12 @@ type Event struct {
 }
 
 // ErrInvalidEvent is wrapped by every error about an event that WriteTx
-// refuses before any SQL runs.
-var ErrInvalidEvent = errors.New("invalid event")
+// refuses before any SQL runs. It is outboxdriver.ErrInvalidEvent, so a
+// driver's own refusals (a value too long for its column) match it too.
+var ErrInvalidEvent = outboxdriver.ErrInvalidEvent
+
+// MigrateOptions shape what Migrate creates (the partition count).
+type MigrateOptions = outboxdriver.MigrateOptions
 
 // MaxHeaderLen bounds a header name; values are bounded only by the broker.
 const MaxHeaderLen = 255
@@ -90,7 +80,7 @@ func New[TTx any](drv outboxdriver.Writer[TTx], cfg *Config) (*Outbox[TTx], erro
 		if t.Schema == "" {
 			// The connection's own schema (MySQL's current database): check
 			// the table name alone.
-			t.Name = cmp.Or(t.Name, outboxdriver.DefaultTable.Name)
+			t.Name = cmp.Or(t.Name, outboxdriver.DefaultTableName)
 			check := outboxdriver.Table{Schema: "current", Name: t.Name}
 			if err := check.Validate(); err != nil {
 				return nil, fmt.Errorf("outbox: %w", err)
@@ -127,11 +117,70 @@ func (o *Outbox[TTx]) WriteTx(ctx context.Context, tx TTx, events ...Event) erro
 	return nil
 }
 
-// Rows validates events and turns them into the rows WriteTx would insert
-// (ids generated, trace context of ctx attached). Drivers use it to offer
-// other ways of sending them, such as queueing the INSERT in a batch.
-func (o *Outbox[TTx]) Rows(ctx context.Context, events ...Event) ([]outboxdriver.Row, error) {
-	return o.rows(ctx, events)
+// Write adds events in a transaction of their own, on the driver's
+// connection pool: they are visible to the relay once Write returns nil.
+// The driver must hold a pool (outboxpgx.New(pool), outboxsql.New(db),
+// ...). Use WriteTx to write events with a business change.
+func (o *Outbox[TTx]) Write(ctx context.Context, events ...Event) error {
+	ins, ok := o.drv.(outboxdriver.Inserter)
+	if !ok {
+		return fmt.Errorf("outbox: Write: driver %T writes only inside a transaction (WriteTx)", o.drv)
+	}
+	if len(events) == 0 {
+		return nil
+	}
+	rows, err := o.rows(ctx, events)
+	if err != nil {
+		return err
+	}
+	if err := ins.Insert(ctx, o.table, rows); err != nil {
+		return fmt.Errorf("outbox: insert %d event(s) into %s: %w", len(rows), o.table, err)
+	}
+	return nil
+}
+
+// Queue validates events and queues their INSERT on batch, a batch of the
+// driver's client that carries the business statements of the same
+// transaction (a *pgx.Batch for outboxpgx): the events cost no round trip
+// of their own. Send batch inside the transaction and commit as usual; the
+// events exist for the relay if and only if that transaction commits. On
+// an invalid event nothing is queued and the error wraps ErrInvalidEvent.
+func (o *Outbox[TTx]) Queue(ctx context.Context, batch any, events ...Event) error {
+	q, ok := o.drv.(outboxdriver.Queuer)
+	if !ok {
+		return fmt.Errorf("outbox: Queue: driver %T has no batches", o.drv)
+	}
+	if len(events) == 0 {
+		return nil
+	}
+	rows, err := o.rows(ctx, events)
+	if err != nil {
+		return err
+	}
+	return q.QueueInsert(batch, o.table, rows)
+}
+
+// Migrate creates or upgrades the outbox table and its companions on the
+// driver's pool, and returns the versions it applied (none when the table
+// is current). It is idempotent and safe to run from several processes at
+// once. opts may be nil.
+func (o *Outbox[TTx]) Migrate(ctx context.Context, opts *MigrateOptions) ([]int, error) {
+	m, ok := o.drv.(outboxdriver.Migrator)
+	if !ok {
+		return nil, fmt.Errorf("outbox: Migrate: driver %T has no pool of its own (use MigrateTx)", o.drv)
+	}
+	return m.Migrate(ctx, o.table, opts)
+}
+
+// MigrateTx is Migrate inside the caller's transaction tx: the outbox
+// table comes into being with the rest of tx, or not at all. Drivers
+// whose database commits DDL at once (MySQL) do not offer it.
+func (o *Outbox[TTx]) MigrateTx(ctx context.Context, tx TTx, opts *MigrateOptions) ([]int, error) {
+	m, ok := o.drv.(outboxdriver.TxMigrator[TTx])
+	if !ok {
+		return nil, fmt.Errorf("outbox: MigrateTx: driver %T cannot migrate inside a transaction (use Migrate)", o.drv)
+	}
+	return m.MigrateTx(ctx, tx, o.table, opts)
 }
 
 // rows validates events and turns them into driver rows.

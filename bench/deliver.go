@@ -99,7 +99,7 @@ const DrainAggregates = 1000
 type deliverSetup struct {
 	pool   *pgxpool.Pool
 	table  outboxdriver.Table
-	names  pgschema.Names
+	names  outboxdriver.Names
 	broker broker
 	router *route.Router
 	env    *Env
@@ -120,7 +120,7 @@ func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup 
 	fail := func(err error) (*deliverSetup, func() error, error) {
 		return nil, nil, errors.Join(err, drop())
 	}
-	versions, err := outboxpgx.Migrate(ctx, cfg.Pool, t, nil)
+	versions, err := outboxpgx.New(cfg.Pool).Migrate(ctx, t, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -165,7 +165,7 @@ FROM generate_series(1, $1::bigint) AS g ORDER BY g`, n, int64(DrainAggregates))
 // publishing to a fresh sink, and a counter of the events it recorded as
 // published.
 func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Duration) (*relay.Relay, *atomic.Int64, func(), error) {
-	src, err := outboxpgx.NewSource(s.pool, s.table, &outboxpgx.SourceConfig{Logger: slog.New(slog.DiscardHandler)})
+	src, err := outboxpgx.New(s.pool).NewSource(s.table, &outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -355,7 +355,7 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 
 // drainSQL drains the table with the relay's SQL path alone.
 func (s *deliverSetup) drainSQL(ctx context.Context, n, batch int) (Result, error) {
-	src, err := outboxpgx.NewSource(s.pool, s.table, &outboxpgx.SourceConfig{RelayName: "bench-raw-sql", Logger: slog.New(slog.DiscardHandler)})
+	src, err := outboxpgx.New(s.pool).NewSource(s.table, &outboxdriver.SourceConfig{RelayName: "bench-raw-sql", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return Result{}, err
 	}
@@ -463,7 +463,7 @@ func CommitToConsumer(ctx context.Context, cfg Config) (results []Result, err er
 		return nil, err
 	}
 	defer stop()
-	lt.drv = outboxpgx.New()
+	lt.drv = outboxpgx.New(s.pool)
 	lt.ob, err = outbox.New(lt.drv, &outbox.Config{Schema: s.table.Schema, Table: s.table.Name})
 	if err != nil {
 		return nil, err
@@ -688,7 +688,7 @@ func (lt *latencyRun) write(ctx context.Context, _ time.Time) error {
 		Payload: []byte(`{"order_id": "` + id + `", "total": 42.5}`)}
 	var b pgx.Batch
 	b.Queue(`begin`) // not Batch.BeginTx: its transaction would hold the connection until committed through pgx
-	if err := lt.drv.Queue(ctx, &b, lt.ob, ev); err != nil {
+	if err := lt.ob.Queue(ctx, &b, ev); err != nil {
 		return err
 	}
 	commit := b.Queue(`commit`)

@@ -19,10 +19,10 @@ import (
 
 // The modes of the retention scenario, its cases.
 const (
-	// ModeDelete drains with outboxpgx.RetentionDelete: Finish deletes the
+	// ModeDelete drains with outboxdriver.RetentionDelete: Finish deletes the
 	// published rows in the claim's transaction.
 	ModeDelete = "delete"
-	// ModeKeep drains with outboxpgx.RetentionKeep: Finish sets
+	// ModeKeep drains with outboxdriver.RetentionKeep: Finish sets
 	// published_at, and Source.Cleanup deletes the rows afterwards.
 	ModeKeep = "keep"
 )
@@ -111,12 +111,12 @@ type RetentionRound struct {
 
 type retentionMode struct {
 	name, desc string
-	retention  outboxpgx.Retention
+	retention  outboxdriver.Retention
 }
 
 var retentionModes = []retentionMode{
-	{ModeDelete, "RetentionDelete: Finish deletes the published rows in the claim's transaction", outboxpgx.RetentionDelete},
-	{ModeKeep, fmt.Sprintf("RetentionKeep: Finish sets published_at; then Cleanup(leases, 0, %d) until a call deletes fewer", CleanupLimit), outboxpgx.RetentionKeep},
+	{ModeDelete, "RetentionDelete: Finish deletes the published rows in the claim's transaction", outboxdriver.RetentionDelete},
+	{ModeKeep, fmt.Sprintf("RetentionKeep: Finish sets published_at; then Cleanup(leases, 0, %d) until a call deletes fewer", CleanupLimit), outboxdriver.RetentionKeep},
 }
 
 // retentionDefaults fills in the retention scenario's defaults and
@@ -223,7 +223,7 @@ func RetentionModes(ctx context.Context, cfg Config) (results []Result, err erro
 			rounds[i] = append(rounds[i], rr)
 			fmt.Fprintf(cfg.Progress, "[%d/%d] round %d  %-6s drained %d events in %.2fs: %.0f events/s; %s, %d dead tuples",
 				step, total, r+1, m.name, rr.Events, rr.DrainSeconds, rr.PerSecond, mib(rr.BytesAfterDrain), rr.DeadTuplesAfterDrain)
-			if m.retention == outboxpgx.RetentionKeep {
+			if m.retention == outboxdriver.RetentionKeep {
 				fmt.Fprintf(cfg.Progress, "; cleanup %d rows in %.2fs: %.0f rows/s; %s, %d dead tuples",
 					rr.CleanupRows, rr.CleanupSeconds, rr.CleanupPerSecond, mib(rr.BytesAfterCleanup), rr.DeadTuplesAfterCleanup)
 			}
@@ -255,7 +255,7 @@ func RetentionModes(ctx context.Context, cfg Config) (results []Result, err erro
 		res.PerSecond = median(res.RoundsPerSecond)
 		res.Retention.RetentionRound = medianRound(rs)
 		results[i] = res
-		cells[i] = Cell{Case: m.name, Workers: 1, Baseline: m.retention == outboxpgx.RetentionDelete}
+		cells[i] = Cell{Case: m.name, Workers: 1, Baseline: m.retention == outboxdriver.RetentionDelete}
 	}
 	compare(cells, results)
 	return results, nil
@@ -284,14 +284,14 @@ const leaseTTL = time.Hour
 func (rb *retentionBench) run(ctx context.Context, m retentionMode, round int, batches *Recorder, cpu *CPUTime) (rr RetentionRound, err error) {
 	t := outboxdriver.Table{Schema: rb.schema, Name: "outbox_" + m.name + "_" + strconv.Itoa(round)}
 	names := pgschema.NamesOf(t)
-	versions, err := outboxpgx.Migrate(ctx, rb.pool, t, nil)
+	versions, err := outboxpgx.New(rb.pool).Migrate(ctx, t, nil)
 	if err != nil {
 		return rr, err
 	}
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if _, derr := outboxpgx.MigrateDown(dctx, rb.pool, t, 0); derr != nil && err == nil {
+		if _, derr := outboxpgx.New(rb.pool).MigrateDown(dctx, t, 0); derr != nil && err == nil {
 			err = fmt.Errorf("bench: drop table %s: %w", t, derr)
 		}
 	}()
@@ -335,7 +335,7 @@ ORDER BY g`, rb.events, int64(RetentionAggregates))
 
 	// One relay, every partition leased.
 	rb.relayNameSerial++
-	src, err := outboxpgx.NewSource(rb.pool, t, &outboxpgx.SourceConfig{
+	src, err := outboxpgx.New(rb.pool).NewSource(t, &outboxdriver.SourceConfig{
 		Retention: m.retention,
 		RelayName: "bench-retention-" + strconv.Itoa(rb.relayNameSerial),
 		Logger:    slog.New(slog.DiscardHandler),
@@ -385,7 +385,7 @@ ORDER BY g`, rb.events, int64(RetentionAggregates))
 		return rr, fmt.Errorf("bench: count rows: %w", err)
 	}
 	wantRows := int64(0)
-	if m.retention == outboxpgx.RetentionKeep {
+	if m.retention == outboxdriver.RetentionKeep {
 		wantRows = int64(rb.events)
 	}
 	switch {
@@ -399,7 +399,7 @@ ORDER BY g`, rb.events, int64(RetentionAggregates))
 
 	// The drain deleted every row (delete) or updated every row (keep):
 	// wait for the statistics to say so.
-	if m.retention == outboxpgx.RetentionKeep {
+	if m.retention == outboxdriver.RetentionKeep {
 		want.updated = int64(rb.events)
 	} else {
 		want.deleted = int64(rb.events)
@@ -409,7 +409,7 @@ ORDER BY g`, rb.events, int64(RetentionAggregates))
 		return rr, err
 	}
 	rr.BytesAfterDrain, rr.DeadTuplesAfterDrain, rr.LiveTuplesAfterDrain = st.bytes, st.dead, st.live
-	if m.retention != outboxpgx.RetentionKeep {
+	if m.retention != outboxdriver.RetentionKeep {
 		return rr, nil
 	}
 
@@ -461,7 +461,7 @@ func (rb *retentionBench) count(mode, counter string, v int64) {
 // drain claims up to limit events at a time and finishes them all as
 // published, until a claim comes back empty. It records the latency of
 // every non-empty batch (Claim to the return of Finish).
-func drain(ctx context.Context, src *outboxpgx.Source, leases []outboxdriver.Lease, limit int, rec *Recorder) (events, batches int64, err error) {
+func drain(ctx context.Context, src outboxdriver.Source, leases []outboxdriver.Lease, limit int, rec *Recorder) (events, batches int64, err error) {
 	ids := make([]string, 0, limit)
 	for {
 		t0 := time.Now()

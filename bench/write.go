@@ -186,7 +186,7 @@ func WritePath(ctx context.Context, cfg Config) (results []Result, err error) {
 type writeBench struct {
 	pool   *pgxpool.Pool
 	table  outboxdriver.Table
-	names  pgschema.Names
+	names  outboxdriver.Names
 	orders string // qualified orders table
 	plain  string // qualified table of CasePlainInsert
 	drv    *outboxpgx.Driver
@@ -209,7 +209,7 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 		names:  pgschema.NamesOf(t),
 		orders: outboxdriver.QuoteIdent(schema) + ".orders",
 		plain:  outboxdriver.QuoteIdent(schema) + ".plain",
-		drv:    outboxpgx.New(),
+		drv:    outboxpgx.New(pool),
 	}
 	wb.nextOrder.Store(clientOrderIDs)
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+wb.orders+` (
@@ -222,7 +222,7 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+wb.plain+` (id uuid PRIMARY KEY, payload jsonb)`); err != nil {
 		return nil, fmt.Errorf("bench: create plain table: %w", err)
 	}
-	versions, err := outboxpgx.Migrate(ctx, pool, t, nil)
+	versions, err := outboxpgx.New(pool).Migrate(ctx, t, nil)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
@@ -307,7 +307,7 @@ func (wb *writeBench) op(c writeCase) Op {
 			err    error
 		)
 		if c.mode == viaCommit {
-			withTx, err = wb.drv.Begin(ctx, wb.pool, wb.ob, pgx.TxOptions{})
+			withTx, err = wb.drv.Begin(ctx, pgx.TxOptions{})
 			tx = withTx
 		} else {
 			tx, err = wb.pool.Begin(ctx)
@@ -321,7 +321,7 @@ func (wb *writeBench) op(c writeCase) Op {
 			id := wb.nextOrder.Add(1)
 			b := &pgx.Batch{}
 			b.Queue(insertWithID, id, customer, 42.5)
-			if err := wb.drv.Queue(ctx, b, wb.ob, orderEvents(id, customer, c.events)...); err != nil {
+			if err := wb.ob.Queue(ctx, b, orderEvents(id, customer, c.events)...); err != nil {
 				return err
 			}
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -335,7 +335,7 @@ func (wb *writeBench) op(c writeCase) Op {
 		}
 		switch {
 		case c.mode == viaCommit:
-			if err := withTx.Add(ctx, orderEvents(id, customer, c.events)...); err != nil {
+			if err := wb.ob.WriteTx(ctx, withTx, orderEvents(id, customer, c.events)...); err != nil {
 				return err
 			}
 		case c.mode == viaPlain:

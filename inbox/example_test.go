@@ -33,7 +33,7 @@ func ExampleInbox_HandleTx() {
 	if _, err := inboxpgx.Migrate(ctx, pool, outboxdriver.Table{Schema: schema, Name: "inbox"}); err != nil {
 		log.Fatal(err)
 	}
-	if _, err := outboxpgx.Migrate(ctx, pool, outboxdriver.Table{Schema: schema, Name: "outbox"}, nil); err != nil {
+	if _, err := outboxpgx.New(pool).Migrate(ctx, outboxdriver.Table{Schema: schema, Name: "outbox"}, nil); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.invoices (order_id text PRIMARY KEY)`); err != nil {
@@ -44,7 +44,7 @@ func ExampleInbox_HandleTx() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: schema})
+	ob, err := outbox.New(outboxpgx.New(pool), &outbox.Config{Schema: schema})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func ExampleInbox_HandleTx() {
 
 	var invoices int
 	pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.invoices`).Scan(&invoices)
-	st, _ := outboxpgx.Status(ctx, pool, ob.Table())
+	st, _ := outboxpgx.New(pool).Status(ctx, ob.Table())
 	fmt.Println("invoices:", invoices, "events to publish:", st.Backlog)
 	// Output:
 	// first delivery applied: true

@@ -1,9 +1,3 @@
-// Package outboxdriver is the seam between the outbox core and a database.
-//
-// A driver implements Writer for the write path (inserting events inside the
-// caller's transaction) and Source for the relay (claiming unpublished events
-// and recording what became of them). The relay engine only ever talks to a
-// Source, so it never imports a database client.
 package outboxdriver
 
 import (
@@ -32,10 +26,40 @@ type Row struct {
 	TraceContext string
 }
 
+// ErrInvalidEvent is wrapped by every error about an event that is refused
+// before any SQL runs (package outbox re-exports it as
+// outbox.ErrInvalidEvent).
+var ErrInvalidEvent = errors.New("invalid event")
+
 // Writer inserts events inside a transaction of type TTx owned by the caller.
 type Writer[TTx any] interface {
 	// InsertTx inserts rows into table within tx, in one round trip.
 	InsertTx(ctx context.Context, tx TTx, table Table, rows []Row) error
+}
+
+// Inserter is implemented by a driver that holds a connection pool: it
+// inserts rows in a transaction of its own (outbox.Outbox.Write).
+type Inserter interface {
+	Insert(ctx context.Context, table Table, rows []Row) error
+}
+
+// TxMigrator is implemented by a driver that can run migrations inside a
+// transaction of the caller's (outbox.Outbox.MigrateTx).
+type TxMigrator[TTx any] interface {
+	MigrateTx(ctx context.Context, tx TTx, t Table, opts *MigrateOptions) ([]int, error)
+}
+
+// Migrator is implemented by a driver that migrates through its own pool
+// (outbox.Outbox.Migrate). Every Store is one.
+type Migrator interface {
+	Migrate(ctx context.Context, t Table, opts *MigrateOptions) ([]int, error)
+}
+
+// Queuer is implemented by a driver whose client batches statements
+// (outboxpgx: *pgx.Batch): QueueInsert queues the INSERT of rows on batch,
+// which must be of the driver's batch type (outbox.Outbox.Queue).
+type Queuer interface {
+	QueueInsert(batch any, table Table, rows []Row) error
 }
 
 // SchemaDefaulter is implemented by a Writer whose database does not call

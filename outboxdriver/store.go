@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +33,29 @@ type SourceConfig struct {
 	RelayName string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+}
+
+// DefaultClaimIdle bounds a claim's transaction (or its marks) before any
+// heartbeat told the source the lease TTL.
+const DefaultClaimIdle = 30 * time.Second
+
+// Resolve returns cfg (nil: none) with the defaults filled in, or an error
+// for an unknown retention.
+func (cfg *SourceConfig) Resolve() (SourceConfig, error) {
+	c := SourceConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Retention != RetentionDelete && c.Retention != RetentionKeep {
+		return c, fmt.Errorf("unknown retention %d", c.Retention)
+	}
+	if c.RelayName == "" {
+		c.RelayName = DefaultRelayName()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
 }
 
 // ErrNotMigrated is wrapped by Status (and by a relay's start) for a table
@@ -61,8 +85,9 @@ type AuditEntry struct {
 }
 
 // Store is an outbox database as tools see it, whatever the driver: the
-// command line, the demo and the conformance suite work through it. The
-// write path stays with Writer, inside the application's own transaction.
+// command line, the demo and the conformance suite work through it. Every
+// driver that holds a pool is one; the write path is its Writer, inside
+// the application's own transaction.
 type Store interface {
 	// Migrate creates or upgrades t and returns the versions applied
 	// (none when it is current). It is idempotent and safe to run from
@@ -92,6 +117,10 @@ type Store interface {
 	// Close releases what the Store opened itself; a connection pool the
 	// caller passed in stays open.
 	Close() error
+	// DefaultSchema is the schema of a table whose configuration names
+	// none: "public" on PostgreSQL, "main" on SQLite, "" (the
+	// connection's database) on MySQL.
+	DefaultSchema() string
 }
 
 // DefaultRelayName is host-pid-random: unique per process, readable in
@@ -102,3 +131,34 @@ func DefaultRelayName() string {
 	_, _ = rand.Read(b)
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
 }
+
+// SourceBase is what every driver's Source keeps whatever its dialect: the
+// table, the resolved configuration and the lease TTL last used. A
+// driver's Source embeds it and calls Init.
+type SourceBase struct {
+	Table Table
+	Cfg   SourceConfig
+	Log   *slog.Logger
+	ttlMS atomic.Int64
+}
+
+// Init resolves cfg for a source over t.
+func (s *SourceBase) Init(t Table, cfg *SourceConfig) error {
+	c, err := cfg.Resolve()
+	if err != nil {
+		return err
+	}
+	s.Table, s.Cfg, s.Log = t, c, c.Logger
+	s.ttlMS.Store(DefaultClaimIdle.Milliseconds())
+	return nil
+}
+
+// RelayName is the name the source registers under.
+func (s *SourceBase) RelayName() string { return s.Cfg.RelayName }
+
+// NoteTTL records the lease TTL of the latest heartbeat: it bounds how
+// long a claim may stay idle.
+func (s *SourceBase) NoteTTL(ttl time.Duration) { s.ttlMS.Store(ttl.Milliseconds()) }
+
+// TTL is the lease TTL last noted (DefaultClaimIdle before any).
+func (s *SourceBase) TTL() time.Duration { return time.Duration(s.ttlMS.Load()) * time.Millisecond }

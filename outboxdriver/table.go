@@ -23,8 +23,12 @@ type Table struct {
 	Name   string
 }
 
-// DefaultTable is public.outbox.
-var DefaultTable = Table{Schema: "public", Name: "outbox"}
+// The default outbox table: public.outbox (on PostgreSQL; MySQL uses the
+// connection's database and SQLite "main" as the schema).
+const (
+	DefaultSchema    = "public"
+	DefaultTableName = "outbox"
+)
 
 // ValidateIdent reports whether s is a safe SQL identifier: a letter or
 // underscore, then up to 62 letters, digits or underscores. what names the
@@ -53,13 +57,14 @@ func (t Table) Validate() error {
 	return nil
 }
 
-// WithDefaults fills an empty schema or name from DefaultTable.
+// WithDefaults fills an empty schema with DefaultSchema and an empty name
+// with DefaultTableName.
 func (t Table) WithDefaults() Table {
 	if t.Schema == "" {
-		t.Schema = DefaultTable.Schema
+		t.Schema = DefaultSchema
 	}
 	if t.Name == "" {
-		t.Name = DefaultTable.Name
+		t.Name = DefaultTableName
 	}
 	return t
 }
@@ -90,11 +95,59 @@ func (t Table) Channel() string {
 // String returns schema.name.
 func (t Table) String() string { return t.Schema + "." + t.Name }
 
+// Names are the rendered SQL names of an outbox table and its companions,
+// as a driver's dialect quotes and qualifies them. Wakeup is PostgreSQL's
+// only, Claims MySQL's only.
+type Names struct {
+	Table, DeadLetter, Wakeup, Migrations, Leases, Claims, Relays, Held, Audit string
+}
+
+// NamesOf renders the names of t's tables with qualify, which turns a
+// suffix of the table's name ("", "_dead_letter", ...) into the quoted,
+// qualified name of that table.
+func NamesOf(qualify func(suffix string) string) Names {
+	return Names{
+		Table:      qualify(""),
+		DeadLetter: qualify("_dead_letter"),
+		Wakeup:     qualify("_wakeup"),
+		Migrations: qualify("_migrations"),
+		Leases:     qualify("_leases"),
+		Claims:     qualify("_claims"),
+		Relays:     qualify("_relays"),
+		Held:       qualify("_held"),
+		Audit:      qualify("_audit"),
+	}
+}
+
+// Partitioning bounds: aggregates hash into a fixed number of partitions,
+// set when the table is first migrated.
+const (
+	DefaultPartitions = 64
+	MaxPartitions     = 4096
+)
+
 // MigrateOptions shape what a migration creates. They matter only for the
 // migrations that run in that call.
 type MigrateOptions struct {
 	// Partitions is the fixed number of partitions aggregates hash into;
-	// it bounds how many relays share a table. Defaults to 64, at most
-	// 4096. Set when the table is first migrated.
+	// it bounds how many relays share a table. Defaults to
+	// DefaultPartitions, at most MaxPartitions. Set when the table is
+	// first migrated.
 	Partitions int
+}
+
+// Resolve returns opts (nil: none) with the defaults filled in, or an
+// error for a value out of bounds.
+func (opts *MigrateOptions) Resolve() (MigrateOptions, error) {
+	o := MigrateOptions{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Partitions == 0 {
+		o.Partitions = DefaultPartitions
+	}
+	if o.Partitions < 1 || o.Partitions > MaxPartitions {
+		return o, fmt.Errorf("partitions %d: use 1 to %d", o.Partitions, MaxPartitions)
+	}
+	return o, nil
 }

@@ -37,7 +37,7 @@ func TestChannelFits(t *testing.T) {
 	if ch := tb.Channel(); len(ch) > 63 {
 		t.Fatalf("channel %q longer than 63 bytes", ch)
 	}
-	if ch := DefaultTable.Channel(); ch != "public.outbox" {
+	if ch := (Table{}).WithDefaults().Channel(); ch != "public.outbox" {
 		t.Fatalf("default channel = %q", ch)
 	}
 }

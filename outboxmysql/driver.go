@@ -20,18 +20,36 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Driver writes events through database/sql on MySQL or MariaDB.
-type Driver struct{}
+// Driver is the outbox on one MySQL or MariaDB server through
+// database/sql.
+type Driver struct {
+	db *sql.DB
+}
 
-// New returns a Driver. It holds no connection: WriteTx uses the caller's
-// transaction.
-func New() *Driver { return &Driver{} }
+// New returns the Driver of the database db connects to (opened with
+// github.com/go-sql-driver/mysql; see DSN). It does no I/O, and it never
+// closes db: that is the caller's. db may be nil for a program that only
+// writes events inside its own transactions (WriteTx); every method that
+// needs a connection of its own then fails.
+func New(db *sql.DB) *Driver { return &Driver{db: db} }
 
-var _ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
+var (
+	_ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.Store           = (*Driver)(nil)
+	_ outboxdriver.Inserter        = (*Driver)(nil)
+)
+
+// errNoDB is returned by the methods that need the Driver's own pool.
+var errNoDB = errors.New("outboxmysql: this Driver has no database: create it with outboxmysql.New(db)")
+
+// DB is the database the Driver was made with (nil if none).
+func (d *Driver) DB() *sql.DB { return d.db }
+
+// Close does nothing: db is the caller's.
+func (d *Driver) Close() error { return nil }
 
 // maxTextLen is the length, in characters, of the VARCHAR columns
 // aggregatetype, aggregateid and type.
@@ -45,19 +63,40 @@ const maxRowsPerInsert = 5000
 // more than 5,000 rows go in INSERTs of 5,000). A row whose aggregate type,
 // aggregate id or type is longer than the 255 characters the columns hold
 // is refused before any SQL runs, with an error wrapping
-// outbox.ErrInvalidEvent, so a server not in strict mode never truncates
+// outboxdriver.ErrInvalidEvent, so a server not in strict mode never truncates
 // one (which would merge two aggregates).
 func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
 	if tx == nil {
 		return errors.New("transaction is nil")
 	}
+	return insert(ctx, tx, t, rows)
+}
+
+// Insert inserts rows in a transaction of its own on the Driver's
+// database.
+func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if d.db == nil {
+		return errNoDB
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := insert(ctx, tx, t, rows); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func insert(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
 	if err := validate(t); err != nil {
 		return err
 	}
 	for i, r := range rows {
 		for _, f := range []struct{ name, v string }{{"AggregateType", r.AggregateType}, {"AggregateID", r.AggregateID}, {"Type", r.Type}} {
 			if utf8.RuneCountInString(f.v) > maxTextLen {
-				return fmt.Errorf("%w: event %d: %s has more than the %d characters MySQL stores", outbox.ErrInvalidEvent, i, f.name, maxTextLen)
+				return fmt.Errorf("%w: event %d: %s has more than the %d characters MySQL stores", outboxdriver.ErrInvalidEvent, i, f.name, maxTextLen)
 			}
 		}
 	}

@@ -17,7 +17,7 @@ func TestConformance(t *testing.T) {
 	db := openDB(t, "")
 	drivertest.Run(t, drivertest.Harness{
 		Name:  "mysql",
-		Store: outboxmysql.NewStore(db),
+		Store: outboxmysql.New(db),
 		NewTable: func(t testing.TB) outboxdriver.Table {
 			return outboxdriver.Table{Schema: newDatabase(t, db), Name: "outbox"}
 		},

@@ -68,7 +68,7 @@ func newDatabase(t testing.TB, admin *sql.DB) string {
 // write inserts events through the driver in one transaction, committed
 // or rolled back.
 func write(ctx context.Context, db *sql.DB, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
-	return testenv.WriteSQL(ctx, db, outboxmysql.New(), tb, commit, events...)
+	return testenv.WriteSQL(ctx, db, outboxmysql.New(db), tb, commit, events...)
 }
 
 // execInsert inserts one event with plain SQL, only the contract's columns.

@@ -34,7 +34,7 @@ func newFixture(t *testing.T, partitions int) *fixture {
 	admin := openDB(t, "")
 	name := newDatabase(t, admin)
 	f := &fixture{db: openDB(t, name), tb: outboxdriver.Table{Schema: name, Name: "outbox"}, ctx: testenv.Context(t, 2*time.Minute)}
-	if _, err := outboxmysql.Migrate(f.ctx, f.db, f.tb, &outboxdriver.MigrateOptions{Partitions: partitions}); err != nil {
+	if _, err := outboxmysql.New(f.db).Migrate(f.ctx, f.tb, &outboxdriver.MigrateOptions{Partitions: partitions}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return f
@@ -44,10 +44,11 @@ func newFixture(t *testing.T, partitions int) *fixture {
 // minute.
 func (f *fixture) source(t *testing.T, name string, ttl time.Duration) (*outboxmysql.Source, []outboxdriver.Lease) {
 	t.Helper()
-	src, err := outboxmysql.NewSource(f.db, f.tb, &outboxdriver.SourceConfig{RelayName: name})
+	s0, err := outboxmysql.New(f.db).NewSource(f.tb, &outboxdriver.SourceConfig{RelayName: name})
 	if err != nil {
 		t.Fatal(err)
 	}
+	src := s0.(*outboxmysql.Source)
 	_, n, err := src.Heartbeat(f.ctx, ttl)
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +201,7 @@ func TestOpenBatchDoesNotBlockWriters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, _ := outbox.New(outboxmysql.New(), &outbox.Config{Schema: f.tb.Schema})
+	ob, _ := outbox.New(outboxmysql.New(f.db), &outbox.Config{Schema: f.tb.Schema})
 	if err := ob.WriteTx(f.ctx, tx, event("a", 1), event("c", 0)); err != nil {
 		t.Fatalf("insert while a batch is open: %v", err)
 	}
@@ -253,7 +254,7 @@ func TestPlainInsertGetsEveryDefault(t *testing.T) {
 func TestLongTextIsRefusedBeforeSQL(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 4)
-	ob, err := outbox.New(outboxmysql.New(), &outbox.Config{Schema: f.tb.Schema})
+	ob, err := outbox.New(outboxmysql.New(f.db), &outbox.Config{Schema: f.tb.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +290,7 @@ func TestManyEventsInOneWrite(t *testing.T) {
 	if err := write(f.ctx, f.db, f.tb, true, evs...); err != nil {
 		t.Fatal(err)
 	}
-	st, err := outboxmysql.NewStore(f.db).Status(f.ctx, f.tb)
+	st, err := outboxmysql.New(f.db).Status(f.ctx, f.tb)
 	if err != nil || st.Backlog != int64(len(evs)) {
 		t.Fatalf("backlog %d (%v), want %d", st.Backlog, err, len(evs))
 	}
@@ -313,7 +314,7 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 	errs := make([]error, 4)
 	for i := range 4 {
 		wg.Go(func() {
-			applied[i], errs[i] = outboxmysql.Migrate(ctx, db, tb, &outboxdriver.MigrateOptions{Partitions: 16})
+			applied[i], errs[i] = outboxmysql.New(db).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: 16})
 		})
 	}
 	wg.Wait()
@@ -324,24 +325,24 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 		}
 		total += len(applied[i])
 	}
-	if total != outboxmysql.LatestVersion() {
-		t.Fatalf("migrators applied %v together, want each of the %d versions once", applied, outboxmysql.LatestVersion())
+	if total != outboxmysql.New(nil).LatestVersion() {
+		t.Fatalf("migrators applied %v together, want each of the %d versions once", applied, outboxmysql.New(nil).LatestVersion())
 	}
 	if _, err := db.ExecContext(ctx, "DELETE FROM orders_outbox_migrations"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outboxmysql.Migrate(ctx, db, tb, &outboxdriver.MigrateOptions{Partitions: 8}); err == nil || !strings.Contains(err.Error(), "16 partitions") {
+	if _, err := outboxmysql.New(db).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: 8}); err == nil || !strings.Contains(err.Error(), "16 partitions") {
 		t.Fatalf("rerun with 8 partitions over a half-done migration with 16: %v", err)
 	}
-	vs, err := outboxmysql.Migrate(ctx, db, tb, &outboxdriver.MigrateOptions{Partitions: 16})
-	if err != nil || len(vs) != outboxmysql.LatestVersion() {
+	vs, err := outboxmysql.New(db).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: 16})
+	if err != nil || len(vs) != outboxmysql.New(nil).LatestVersion() {
 		t.Fatalf("rerun applied %v, %v", vs, err)
 	}
 	var leases int
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders_outbox_leases").Scan(&leases); err != nil || leases != 16 {
 		t.Fatalf("%d leases (%v), want 16", leases, err)
 	}
-	if vs, err := outboxmysql.MigrateDown(ctx, db, tb, 0); err != nil || len(vs) != outboxmysql.LatestVersion() {
+	if vs, err := outboxmysql.New(db).MigrateDown(ctx, tb, 0); err != nil || len(vs) != outboxmysql.New(nil).LatestVersion() {
 		t.Fatalf("migrate down: %v, %v", vs, err)
 	}
 	var left int
@@ -359,7 +360,7 @@ func TestEmptySchemaIsTheCurrentDatabase(t *testing.T) {
 	db := openDB(t, name)
 	ctx := testenv.Context(t, time.Minute)
 	tb := outboxdriver.Table{Name: "outbox"}
-	st := outboxmysql.NewStore(db)
+	st := outboxmysql.New(db)
 	if _, err := st.Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -367,14 +368,14 @@ func TestEmptySchemaIsTheCurrentDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := outboxmysql.New().InsertTx(ctx, tx, tb, []outboxdriver.Row{{ID: uuid.NewString(), AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`)}}); err != nil {
+	if err := outboxmysql.New(db).InsertTx(ctx, tx, tb, []outboxdriver.Row{{ID: uuid.NewString(), AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
 	status, err := st.Status(ctx, tb)
-	if err != nil || status.Backlog != 1 || len(status.Partitions) != outboxmysql.DefaultPartitions || status.SchemaVersion != outboxmysql.LatestVersion() {
+	if err != nil || status.Backlog != 1 || len(status.Partitions) != outboxdriver.DefaultPartitions || status.SchemaVersion != outboxmysql.New(nil).LatestVersion() {
 		t.Fatalf("status %+v, %v", status, err)
 	}
 	if _, err := st.Status(ctx, outboxdriver.Table{Schema: name, Name: "missing"}); !errors.Is(err, outboxdriver.ErrNotMigrated) {
@@ -402,7 +403,7 @@ func TestPausedClaimIsEndedByTheServer(t *testing.T) {
 	if len(b.Records()) != 1 {
 		t.Fatalf("claimed %d records, want 1", len(b.Records()))
 	}
-	next, err := outboxmysql.NewSource(f.db, f.tb, &outboxdriver.SourceConfig{RelayName: "next"})
+	next, err := outboxmysql.New(f.db).NewSource(f.tb, &outboxdriver.SourceConfig{RelayName: "next"})
 	if err != nil {
 		t.Fatal(err)
 	}

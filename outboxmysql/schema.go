@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -22,14 +21,8 @@ var files embed.FS
 // all reads the embedded migrations; they are small.
 func all() []migrations.Migration { return migrations.MustLoad(files, "migrations") }
 
-// LatestVersion is the newest schema version this package knows.
-func LatestVersion() int { return migrations.Latest(all()) }
-
-// Partitioning bounds. The count is fixed when migration 1 runs.
-const (
-	DefaultPartitions = 64
-	MaxPartitions     = 4096
-)
+// LatestVersion is the newest schema version this driver knows.
+func (d *Driver) LatestVersion() int { return migrations.Latest(all()) }
 
 // quoteIdent quotes a validated identifier with backticks.
 func quoteIdent(s string) string {
@@ -51,30 +44,15 @@ func validate(t outboxdriver.Table) error {
 	return nil
 }
 
-// names are the rendered SQL names that belong to one outbox table.
-type names struct {
-	Table, DeadLetter, Migrations, Leases, Claims, Relays, Held, Audit string
-}
-
 // namesOf returns the quoted names of t's tables, qualified by the schema
 // (the MySQL database) unless it is empty.
-func namesOf(t outboxdriver.Table) names {
-	q := func(suffix string) string {
+func namesOf(t outboxdriver.Table) outboxdriver.Names {
+	return outboxdriver.NamesOf(func(suffix string) string {
 		if t.Schema == "" {
 			return quoteIdent(t.Name + suffix)
 		}
 		return quoteIdent(t.Schema) + "." + quoteIdent(t.Name+suffix)
-	}
-	return names{
-		Table:      q(""),
-		DeadLetter: q("_dead_letter"),
-		Migrations: q("_migrations"),
-		Leases:     q("_leases"),
-		Claims:     q("_claims"),
-		Relays:     q("_relays"),
-		Held:       q("_held"),
-		Audit:      q("_audit"),
-	}
+	})
 }
 
 // render replaces the {{...}} placeholders of a migration.
@@ -105,7 +83,7 @@ func render(sqlText string, t outboxdriver.Table, partitions int) string {
 type migrator struct {
 	conn *sql.Conn
 	t    outboxdriver.Table
-	n    names
+	n    outboxdriver.Names
 }
 
 // lockName is the GET_LOCK name of t's migrations: at most 64 characters.
@@ -271,29 +249,26 @@ func (m *migrator) down(ctx context.Context, target int) ([]int, error) {
 // MySQL commits every DDL statement at once, so a migration is not one
 // transaction: instead every step is idempotent, and a migration cut short
 // (a crash, a lost connection) is completed by running Migrate again.
-func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	if db == nil {
-		return nil, errors.New("outboxmysql: db is nil")
+func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	if d.db == nil {
+		return nil, errNoDB
 	}
-	partitions := DefaultPartitions
-	if opts != nil && opts.Partitions != 0 {
-		partitions = opts.Partitions
+	o, err := opts.Resolve()
+	if err != nil {
+		return nil, fmt.Errorf("outboxmysql: %w", err)
 	}
-	if partitions < 1 || partitions > MaxPartitions {
-		return nil, fmt.Errorf("outboxmysql: partitions %d: use 1 to %d", partitions, MaxPartitions)
-	}
-	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.up(ctx, partitions) })
+	return withMigrator(ctx, d.db, t, func(m *migrator) ([]int, error) { return m.up(ctx, o.Partitions) })
 }
 
 // MigrateDown reverts migrations of t newer than target; target 0 drops
 // the outbox tables and everything in them. Like Migrate, it runs under
 // the migration lock and can be repeated if it was cut short.
-func MigrateDown(ctx context.Context, db *sql.DB, t outboxdriver.Table, target int) ([]int, error) {
-	if db == nil {
-		return nil, errors.New("outboxmysql: db is nil")
+func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target int) ([]int, error) {
+	if d.db == nil {
+		return nil, errNoDB
 	}
-	if target < 0 || target > LatestVersion() {
-		return nil, fmt.Errorf("outboxmysql: migrate down to %d: use 0 to %d", target, LatestVersion())
+	if latest := d.LatestVersion(); target < 0 || target > latest {
+		return nil, fmt.Errorf("outboxmysql: migrate down to %d: use 0 to %d", target, latest)
 	}
-	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.down(ctx, target) })
+	return withMigrator(ctx, d.db, t, func(m *migrator) ([]int, error) { return m.down(ctx, target) })
 }

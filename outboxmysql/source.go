@@ -6,7 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -16,69 +15,36 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Retention says what happens to a row once the broker acknowledged it.
-type Retention = outboxdriver.Retention
-
-const (
-	// RetentionDelete deletes published rows in the claim's transaction.
-	RetentionDelete = outboxdriver.RetentionDelete
-	// RetentionKeep sets published_at and keeps the row (for audit).
-	RetentionKeep = outboxdriver.RetentionKeep
-)
-
-// SourceConfig configures a Source.
-type SourceConfig = outboxdriver.SourceConfig
-
 // Source is the relay's view of an outbox table in MySQL or MariaDB.
 type Source struct {
-	db    *sql.DB
-	table outboxdriver.Table
-	n     names
-	cfg   SourceConfig
-	log   *slog.Logger
+	outboxdriver.SourceBase
+	db *sql.DB
+	n  outboxdriver.Names
 
-	ttlMS   atomic.Int64 // the lease TTL last used, bounds a claim's idle time
-	idleVar atomic.Value // string: the server variable that bounds it ("" until known)
+	idleVar atomic.Value // string: the server variable that bounds a claim's idle time ("" until known)
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
 
-// NewSource returns a Source over table t, using db for every query. It
-// does no I/O. t.Schema is the MySQL database; empty means the
-// connection's current one.
-func NewSource(db *sql.DB, t outboxdriver.Table, cfg *SourceConfig) (*Source, error) {
-	if db == nil {
-		return nil, errors.New("outboxmysql: db is nil")
+// NewSource returns the relay's view of table t, using the Driver's
+// database for every query. It does no I/O. t.Schema is the MySQL
+// database; empty means the connection's current one.
+func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
+	if d.db == nil {
+		return nil, errNoDB
 	}
 	if err := validate(t); err != nil {
 		return nil, err
 	}
-	c := SourceConfig{}
-	if cfg != nil {
-		c = *cfg
+	s := &Source{db: d.db, n: namesOf(t)}
+	if err := s.Init(t, cfg); err != nil {
+		return nil, fmt.Errorf("outboxmysql: %w", err)
 	}
-	if c.Retention != RetentionDelete && c.Retention != RetentionKeep {
-		return nil, fmt.Errorf("outboxmysql: unknown retention %d", c.Retention)
-	}
-	if c.RelayName == "" {
-		c.RelayName = outboxdriver.DefaultRelayName()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	s := &Source{db: db, table: t, n: namesOf(t), cfg: c, log: c.Logger}
-	s.ttlMS.Store(int64(defaultClaimIdle / time.Millisecond))
 	return s, nil
 }
 
-// defaultClaimIdle bounds a claim's transaction before any lease was taken.
-const defaultClaimIdle = 30 * time.Second
-
 // chunk bounds the ids of one IN list.
 const chunk = 1000
-
-// RelayName is the name this source registers under.
-func (s *Source) RelayName() string { return s.cfg.RelayName }
 
 // placeholders returns "?, ?, ..." for n arguments.
 func placeholders(n int) string {
@@ -123,7 +89,7 @@ func (s *Source) heldLeases(ctx context.Context, q querier, leases []outboxdrive
 	}
 	rows, err := q.QueryContext(ctx, `SELECT `+"`partition`"+`, epoch FROM `+s.n.Leases+`
 WHERE owner = ? AND expires_at > UTC_TIMESTAMP(6) AND `+"`partition`"+` IN (`+placeholders(len(parts))+`)`,
-		append([]any{s.cfg.RelayName}, ints(parts)...)...)
+		append([]any{s.Cfg.RelayName}, ints(parts)...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -164,13 +130,11 @@ func (s *Source) idleVariable(ctx context.Context, conn *sql.Conn) (string, erro
 // batch is a claim: an open transaction on its own connection holding the
 // claimed rows and the partitions' claim rows locked.
 type batch struct {
+	outboxdriver.BatchState
 	src     *Source
 	conn    *sql.Conn
 	tx      *sql.Tx
 	idleVar string
-	leases  []outboxdriver.Lease
-	records []outboxdriver.Record
-	done    bool
 }
 
 // Claim opens a READ COMMITTED transaction, locks the claim row of every
@@ -195,7 +159,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxmysql: claim limit %d must be positive", limit)
 	}
-	b := &batch{src: s, leases: leases, done: true}
+	b := &batch{src: s, BatchState: outboxdriver.NewBatchState("outboxmysql", leases)}
 	if len(leases) == 0 {
 		return b, nil
 	}
@@ -204,13 +168,13 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 		return nil, fmt.Errorf("outboxmysql: claim: %w", err)
 	}
 	b.conn = conn
+	b.Open()
 	records, err := b.claim(ctx, limit)
 	if err != nil {
-		b.done = false
 		b.Release(ctx)
-		return nil, fmt.Errorf("outboxmysql: claim from %s: %w", s.table, err)
+		return nil, fmt.Errorf("outboxmysql: claim from %s: %w", s.Table, err)
 	}
-	b.records, b.done = records, false
+	b.Recs = records
 	return b, nil
 }
 
@@ -220,7 +184,7 @@ func (b *batch) claim(ctx context.Context, limit int) ([]outboxdriver.Record, er
 	if err != nil {
 		return nil, err
 	}
-	secs := max(1, (s.ttlMS.Load()+999)/1000)
+	secs := max(1, (s.TTL().Milliseconds()+999)/1000)
 	if _, err := b.conn.ExecContext(ctx, `SET SESSION `+v+` = `+strconv.FormatInt(secs, 10)); err != nil {
 		return nil, err
 	}
@@ -232,7 +196,7 @@ func (b *batch) claim(ctx context.Context, limit int) ([]outboxdriver.Record, er
 		return nil, err
 	}
 	b.tx = tx
-	held, err := s.heldLeases(ctx, tx, b.leases)
+	held, err := s.heldLeases(ctx, tx, b.Leases)
 	if err != nil {
 		return nil, err
 	}
@@ -294,12 +258,7 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &micros, &r.Attempts); err != nil {
 			return nil, err
 		}
-		switch {
-		case payload != nil:
-			r.Payload = payload
-		case raw != nil:
-			r.Payload = raw
-		}
+		r.SetPayload(payload, payload != nil, raw)
 		r.Headers = outboxdriver.ParseHeaders(headers)
 		r.CreatedAt = time.UnixMicro(micros).UTC()
 		out = append(out, r)
@@ -307,59 +266,53 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 	return out, rows.Err()
 }
 
-func (b *batch) Records() []outboxdriver.Record { return b.records }
-
 // Finish checks the batch's leases (the fence), records the outcome and
 // commits, in the claim's transaction. If a lease was lost, it rolls back
 // and nothing is recorded.
 func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
-	if b.done {
-		if len(b.records) == 0 {
-			return nil
-		}
-		return errors.New("outboxmysql: batch already finished")
-	}
-	if len(b.records) == 0 {
+	if len(b.Recs) == 0 {
 		b.Release(ctx)
 		return nil
+	}
+	if ok, err := b.StartFinish(); !ok {
+		return err
 	}
 	err := b.record(ctx, out)
 	if err == nil {
 		err = b.tx.Commit()
 		b.tx = nil
 		if err == nil {
-			b.done = true
 			b.closeConn(ctx, false)
 			return nil
 		}
 	}
-	b.done = true
 	// Never return a connection in an unknown transaction state.
 	if b.tx != nil {
 		_ = b.tx.Rollback()
 	}
 	b.closeConn(ctx, !errors.Is(err, outboxdriver.ErrLeaseLost))
-	return fmt.Errorf("outboxmysql: finish batch of %d: %w", len(b.records), err)
+	return fmt.Errorf("outboxmysql: finish batch of %d: %w", len(b.Recs), err)
 }
 
 // record runs the fence and the outcome's statements in the transaction.
 func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 	s, tx, n := b.src, b.tx, &b.src.n
-	fenced := b.fenced()
+	fenced := b.Fenced()
 	held, err := s.heldLeases(ctx, tx, fenced)
 	if err != nil {
 		return err
 	}
 	if len(held) != len(fenced) {
-		return fmt.Errorf("%w: relay %s no longer holds the leases this batch was claimed under", outboxdriver.ErrLeaseLost, s.cfg.RelayName)
+		return outboxdriver.LeaseLost(s.Cfg.RelayName)
 	}
 	exec := func(q string, args ...any) error {
 		_, err := tx.ExecContext(ctx, q, args...)
 		return err
 	}
-	for ids := range chunks(out.Published) {
+	plan := out.Plan()
+	for ids := range chunks(plan.Published) {
 		args := strs(ids)
-		if s.cfg.Retention == RetentionKeep {
+		if s.Cfg.Retention == outboxdriver.RetentionKeep {
 			err = exec(`UPDATE `+n.Table+` AS o `+byIDs(len(ids))+` SET o.published_at = UTC_TIMESTAMP(6), o.last_error = NULL, o.next_attempt_at = NULL`, args...)
 		} else {
 			err = exec(`DELETE o FROM `+n.Table+` AS o `+byIDs(len(ids)), args...)
@@ -371,28 +324,14 @@ func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 			return err
 		}
 	}
-	var retries, dead []outboxdriver.Failure
-	var holdIDs, flowIDs []string
-	for _, f := range out.Failed {
-		if f.DeadLetter {
-			dead = append(dead, f)
-			if f.Hold {
-				holdIDs = append(holdIDs, f.ID)
-			} else {
-				flowIDs = append(flowIDs, f.ID)
-			}
-		} else {
-			retries = append(retries, f)
-		}
-	}
-	for fs := range chunks(retries) {
-		ids := failureIDs(fs)
+	for fs := range chunks(plan.Retries) {
+		ids := outboxdriver.FailureIDs(fs)
 		in := placeholders(len(ids))
 		var errCase, delayCase strings.Builder
 		args := strs(ids)
 		for _, f := range fs {
 			errCase.WriteString(" WHEN ? THEN ?")
-			args = append(args, f.ID, errorText(f.Err))
+			args = append(args, f.ID, outboxdriver.ErrorText(f.Err))
 		}
 		for _, f := range fs {
 			delayCase.WriteString(" WHEN ? THEN ?")
@@ -409,14 +348,14 @@ ON DUPLICATE KEY UPDATE event_id = event_id`, strs(ids)...); err != nil {
 			return err
 		}
 	}
-	for fs := range chunks(dead) {
-		ids := failureIDs(fs)
+	for fs := range chunks(plan.DeadLetters) {
+		ids := outboxdriver.FailureIDs(fs)
 		in := placeholders(len(ids))
 		var errCase, holdCase strings.Builder
 		var args []any
 		for _, f := range fs {
 			errCase.WriteString(" WHEN ? THEN ?")
-			args = append(args, f.ID, errorText(f.Err))
+			args = append(args, f.ID, outboxdriver.ErrorText(f.Err))
 		}
 		for _, f := range fs {
 			holdCase.WriteString(" WHEN ? THEN ?")
@@ -434,7 +373,7 @@ FROM `+n.Table+` WHERE id IN (`+in+`) ORDER BY seq`, args...); err != nil {
 			return err
 		}
 	}
-	for ids := range chunks(holdIDs) {
+	for ids := range chunks(plan.Hold) {
 		if err := exec(`INSERT INTO `+n.Held+` (aggregatetype, aggregateid, seq, event_id, reason)
 SELECT aggregatetype, aggregateid, seq, id, 'dead-lettered' FROM `+n.DeadLetter+` WHERE id IN (`+placeholders(len(ids))+`)
 ON DUPLICATE KEY UPDATE
@@ -443,7 +382,7 @@ ON DUPLICATE KEY UPDATE
 			return err
 		}
 	}
-	for ids := range chunks(flowIDs) {
+	for ids := range chunks(plan.Flow) {
 		if err := exec(`DELETE FROM `+n.Held+` WHERE event_id IN (`+placeholders(len(ids))+`)`, strs(ids)...); err != nil {
 			return err
 		}
@@ -474,35 +413,11 @@ func chunks[T any](xs []T) func(yield func([]T) bool) {
 	}
 }
 
-func failureIDs(fs []outboxdriver.Failure) []string {
-	out := make([]string, len(fs))
-	for i, f := range fs {
-		out[i] = f.ID
-	}
-	return out
-}
-
-// fenced lists the leases of the partitions the batch holds records of.
-func (b *batch) fenced() []outboxdriver.Lease {
-	in := map[int]bool{}
-	for _, r := range b.records {
-		in[r.Partition] = true
-	}
-	out := make([]outboxdriver.Lease, 0, len(in))
-	for _, l := range b.leases {
-		if in[l.Partition] {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // Release rolls the claim back.
 func (b *batch) Release(ctx context.Context) {
-	if b.done {
+	if !b.StartRelease() {
 		return
 	}
-	b.done = true
 	bad := false
 	if b.tx != nil {
 		bad = b.tx.Rollback() != nil
@@ -531,18 +446,6 @@ func (b *batch) closeConn(ctx context.Context, bad bool) {
 	b.conn = nil
 }
 
-// errorText bounds the stored error text.
-func errorText(err error) string {
-	if err == nil {
-		return "unknown error"
-	}
-	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
-	if len(s) > 2000 {
-		s = strings.ToValidUTF8(s[:2000], "") + "..."
-	}
-	return s
-}
-
 // Wait sleeps until d has passed or ctx is done: MySQL has no
 // LISTEN/NOTIFY, so the poll interval is the latency floor of an idle
 // relay.
@@ -566,10 +469,10 @@ func (s *Source) Close() error { return nil }
 // Heartbeat registers the relay as alive for ttl and counts the live relays
 // and the partitions.
 func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
-	s.ttlMS.Store(ttl.Milliseconds())
+	s.NoteTTL(ttl)
 	if _, err := s.db.ExecContext(ctx, `INSERT INTO `+s.n.Relays+` (relay, expires_at)
 VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
-ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`, s.cfg.RelayName, ttl.Microseconds()); err != nil {
+ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`, s.Cfg.RelayName, ttl.Microseconds()); err != nil {
 		return 0, 0, fmt.Errorf("outboxmysql: heartbeat: %w", err)
 	}
 	err = s.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+s.n.Relays+` WHERE expires_at > UTC_TIMESTAMP(6)),
@@ -608,7 +511,7 @@ ORDER BY `+"`partition`"+` LIMIT ? FOR UPDATE SKIP LOCKED`, n)
 		in := placeholders(len(parts))
 		if _, err := tx.ExecContext(ctx, `UPDATE `+s.n.Leases+`
 SET owner = ?, epoch = epoch + 1, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE `+"`partition`"+` IN (`+in+`)`, append([]any{s.cfg.RelayName, ttl.Microseconds()}, ints(parts)...)...); err != nil {
+WHERE `+"`partition`"+` IN (`+in+`)`, append([]any{s.Cfg.RelayName, ttl.Microseconds()}, ints(parts)...)...); err != nil {
 			return nil, err
 		}
 		return s.leaseRows(ctx, tx, `SELECT `+"`partition`"+`, epoch FROM `+s.n.Leases+` WHERE `+"`partition`"+` IN (`+in+`)`, ints(parts)...)
@@ -638,24 +541,14 @@ func (s *Source) leaseRows(ctx context.Context, q querier, query string, args ..
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []outboxdriver.Lease
-	for rows.Next() {
-		var l outboxdriver.Lease
-		if err := rows.Scan(&l.Partition, &l.Epoch); err != nil {
-			return nil, err
-		}
-		out = append(out, l)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
-	return out, rows.Err()
+	return outboxdriver.ScanLeases(rows)
 }
 
 // leaseMatch returns the WHERE condition, and its arguments, that selects
 // the relay's rows of leases at their epochs.
 func (s *Source) leaseMatch(leases []outboxdriver.Lease) (string, []any) {
 	var b strings.Builder
-	args := []any{s.cfg.RelayName}
+	args := []any{s.Cfg.RelayName}
 	parts := make([]any, len(leases))
 	b.WriteString("owner = ? AND (")
 	for i, l := range leases {
@@ -696,7 +589,7 @@ func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all b
 		}
 	}
 	if all {
-		if _, err := s.db.ExecContext(ctx, `DELETE FROM `+s.n.Relays+` WHERE relay = ?`, s.cfg.RelayName); err != nil {
+		if _, err := s.db.ExecContext(ctx, `DELETE FROM `+s.n.Relays+` WHERE relay = ?`, s.Cfg.RelayName); err != nil {
 			return fmt.Errorf("outboxmysql: unregister relay: %w", err)
 		}
 	}
@@ -710,10 +603,7 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 	if len(leases) == 0 || limit <= 0 {
 		return 0, nil
 	}
-	parts := make([]int, len(leases))
-	for i, l := range leases {
-		parts[i] = l.Partition
-	}
+	parts := outboxdriver.Partitions(leases)
 	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.n.Table+`
 WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND `+"`partition`"+` IN (`+placeholders(len(parts))+`)
 ORDER BY published_at LIMIT ?`, append(append([]any{olderThan.Microseconds()}, ints(parts)...), limit)...)

@@ -12,48 +12,6 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Store is an outboxdriver.Store over a *sql.DB opened with
-// github.com/go-sql-driver/mysql: what the command line and the
-// conformance suite use.
-type Store struct {
-	db *sql.DB
-}
-
-var _ outboxdriver.Store = (*Store)(nil)
-
-// NewStore returns a Store over db. Close leaves db open: it is the
-// caller's.
-func NewStore(db *sql.DB) *Store { return &Store{db: db} }
-
-// DB is the database the Store uses.
-func (s *Store) DB() *sql.DB { return s.db }
-
-// Migrate creates or upgrades t; see the package function Migrate.
-func (s *Store) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	return Migrate(ctx, s.db, t, opts)
-}
-
-// MigrateDown reverts t to version target; see the package function
-// MigrateDown.
-func (s *Store) MigrateDown(ctx context.Context, t outboxdriver.Table, target int) ([]int, error) {
-	return MigrateDown(ctx, s.db, t, target)
-}
-
-// LatestVersion is the newest schema version this package knows.
-func (s *Store) LatestVersion() int { return LatestVersion() }
-
-// NewSource returns a relay's view of t; see the package function
-// NewSource.
-func (s *Store) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
-	return NewSource(s.db, t, cfg)
-}
-
-// Close does nothing: db is the caller's.
-func (s *Store) Close() error { return nil }
-
-// ErrNotMigrated is returned by Status for a table that does not exist yet.
-var ErrNotMigrated = outboxdriver.ErrNotMigrated
-
 // schemaArg is the schema as a query argument: NULL (the current
 // database) when empty.
 func schemaArg(t outboxdriver.Table) any {
@@ -65,8 +23,8 @@ func schemaArg(t outboxdriver.Table) any {
 
 // Status reports the backlog, the age of the oldest unpublished event, the
 // dead letters, the held aggregates and every partition's lease of t.
-func (s *Store) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.Status, error) {
-	st := outboxdriver.Status{Table: t, LatestSchemaVersion: LatestVersion()}
+func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.Status, error) {
+	st := outboxdriver.Status{Table: t, LatestSchemaVersion: d.LatestVersion()}
 	if err := validate(t); err != nil {
 		return st, err
 	}
@@ -75,15 +33,15 @@ func (s *Store) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.
 	}
 	n := namesOf(t)
 	var found int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.TABLES
+	if err := d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.TABLES
 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?)`, schemaArg(t), t.Name, t.Name+"_migrations").Scan(&found); err != nil {
 		return fail(err)
 	}
 	if found != 2 {
-		return st, fmt.Errorf("outboxmysql: %s: %w", t, ErrNotMigrated)
+		return st, fmt.Errorf("outboxmysql: %s: %w", t, outboxdriver.ErrNotMigrated)
 	}
 	var ageMicros int64
-	if err := s.db.QueryRowContext(ctx, `SELECT
+	if err := d.db.QueryRowContext(ctx, `SELECT
     (SELECT COUNT(*) FROM `+n.Table+` WHERE published_at IS NULL),
     (SELECT COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0) FROM `+n.Table+` WHERE published_at IS NULL),
     (SELECT COUNT(*) FROM `+n.Table+` WHERE published_at IS NOT NULL),
@@ -97,11 +55,11 @@ WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?)`, schemaAr
 	if st.SchemaVersion < 2 {
 		return st, nil
 	}
-	if err := s.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+n.DeadLetter+`), (SELECT COUNT(*) FROM `+n.Held+`)`).
+	if err := d.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+n.DeadLetter+`), (SELECT COUNT(*) FROM `+n.Held+`)`).
 		Scan(&st.DeadLetters, &st.Held); err != nil {
 		return fail(err)
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT l.`+"`partition`"+`, COALESCE(l.owner, ''), l.epoch,
+	rows, err := d.db.QueryContext(ctx, `SELECT l.`+"`partition`"+`, COALESCE(l.owner, ''), l.epoch,
        CASE WHEN l.expires_at <= '1970-01-01 00:00:00' THEN -1000000000000000
             ELSE TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) END,
        COALESCE(b.n, 0)
@@ -131,30 +89,27 @@ ORDER BY l.`+"`partition`"+``)
 	return st, nil
 }
 
-// DeadLetter is one event in the dead-letter table.
-type DeadLetter = outboxdriver.DeadLetter
-
 // DeadLetters lists up to limit dead letters of t, oldest first.
-func (s *Store) DeadLetters(ctx context.Context, t outboxdriver.Table, limit int) ([]DeadLetter, error) {
+func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
 	if err := validate(t); err != nil {
 		return nil, err
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error,
+	rows, err := d.db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', dead_lettered_at), held
 FROM `+namesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxmysql: list dead letters of %s: %w", t, err)
 	}
 	defer rows.Close()
-	out := []DeadLetter{}
+	out := []outboxdriver.DeadLetter{}
 	for rows.Next() {
-		var d DeadLetter
+		var dl outboxdriver.DeadLetter
 		var micros int64
-		if err := rows.Scan(&d.ID, &d.AggregateType, &d.AggregateID, &d.Type, &d.Attempts, &d.LastError, &micros, &d.Held); err != nil {
+		if err := rows.Scan(&dl.ID, &dl.AggregateType, &dl.AggregateID, &dl.Type, &dl.Attempts, &dl.LastError, &micros, &dl.Held); err != nil {
 			return nil, fmt.Errorf("outboxmysql: list dead letters of %s: %w", t, err)
 		}
-		d.DeadLetteredAt = time.UnixMicro(micros).UTC()
-		out = append(out, d)
+		dl.DeadLetteredAt = time.UnixMicro(micros).UTC()
+		out = append(out, dl)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outboxmysql: list dead letters of %s: %w", t, err)
@@ -176,7 +131,7 @@ func idFilter(ids []string) (string, []any, bool) {
 
 // lockedDeadLetters locks the selected dead letters in tx and returns
 // their ids in seq order with their audit detail.
-func lockedDeadLetters(ctx context.Context, tx *sql.Tx, n names, where string, args []any) (ids, details []string, err error) {
+func lockedDeadLetters(ctx context.Context, tx *sql.Tx, n outboxdriver.Names, where string, args []any) (ids, details []string, err error) {
 	rows, err := tx.QueryContext(ctx, `SELECT id, CONCAT(aggregatetype, '/', aggregateid, ' ', type, ' after: ', last_error)
 FROM `+n.DeadLetter+` WHERE `+where+` ORDER BY seq FOR UPDATE`, args...)
 	if err != nil {
@@ -195,8 +150,8 @@ FROM `+n.DeadLetter+` WHERE `+where+` ORDER BY seq FOR UPDATE`, args...)
 
 // moveDeadLetters runs fn on the selected dead letters in one transaction,
 // audits each under actor and action, and returns their ids.
-func (s *Store) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor, action string,
-	fn func(tx *sql.Tx, n names, in string, args []any) error) ([]string, error) {
+func (d *Driver) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor, action string,
+	fn func(tx *sql.Tx, n outboxdriver.Names, in string, args []any) error) ([]string, error) {
 	if err := validate(t); err != nil {
 		return nil, err
 	}
@@ -206,7 +161,7 @@ func (s *Store) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids [
 	}
 	n := namesOf(t)
 	out, err := func() ([]string, error) {
-		tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
 			return nil, err
 		}
@@ -239,8 +194,8 @@ func (s *Store) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids [
 // their aggregates (an aggregate held behind one of them stays held until
 // it is published). ids nil means every dead letter. Each move is recorded
 // in the audit table under actor. It returns the ids moved, in seq order.
-func (s *Store) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return s.moveDeadLetters(ctx, t, ids, actor, "retry", func(tx *sql.Tx, n names, in string, args []any) error {
+func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	return d.moveDeadLetters(ctx, t, ids, actor, "retry", func(tx *sql.Tx, n outboxdriver.Names, in string, args []any) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO `+n.Table+` (id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw)
 SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw
 FROM `+n.DeadLetter+` WHERE id IN (`+in+`) ORDER BY seq`, args...); err != nil {
@@ -255,8 +210,8 @@ FROM `+n.DeadLetter+` WHERE id IN (`+in+`) ORDER BY seq`, args...); err != nil {
 // aggregates held behind them. ids nil means every dead letter. Each
 // deletion is recorded in the audit table under actor. It returns the ids
 // deleted, in seq order.
-func (s *Store) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return s.moveDeadLetters(ctx, t, ids, actor, "discard", func(tx *sql.Tx, n names, in string, args []any) error {
+func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	return d.moveDeadLetters(ctx, t, ids, actor, "discard", func(tx *sql.Tx, n outboxdriver.Names, in string, args []any) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM `+n.Held+` WHERE event_id IN (`+in+`)`, args...); err != nil {
 			return err
 		}
@@ -265,23 +220,20 @@ func (s *Store) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, id
 	})
 }
 
-// AuditEntry is one recorded operator action.
-type AuditEntry = outboxdriver.AuditEntry
-
 // Audit lists the newest limit operator actions on t, newest first.
-func (s *Store) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]AuditEntry, error) {
+func (d *Driver) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.AuditEntry, error) {
 	if err := validate(t); err != nil {
 		return nil, err
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', at), actor, action, COALESCE(event_id, ''), detail
+	rows, err := d.db.QueryContext(ctx, `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', at), actor, action, COALESCE(event_id, ''), detail
 FROM `+namesOf(t).Audit+` ORDER BY id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxmysql: audit of %s: %w", t, err)
 	}
 	defer rows.Close()
-	out := []AuditEntry{}
+	out := []outboxdriver.AuditEntry{}
 	for rows.Next() {
-		var a AuditEntry
+		var a outboxdriver.AuditEntry
 		var micros int64
 		if err := rows.Scan(&micros, &a.Actor, &a.Action, &a.EventID, &a.Detail); err != nil {
 			return nil, fmt.Errorf("outboxmysql: audit of %s: %w", t, err)

@@ -77,7 +77,7 @@ func (r *floorRig) partitionOf(agg string) int {
 // published finishes b with all its records published.
 func published(b *batch) outboxdriver.Outcome {
 	var out outboxdriver.Outcome
-	for _, rec := range b.records {
+	for _, rec := range b.Recs {
 		out.Published = append(out.Published, rec.ID)
 	}
 	return out

@@ -5,27 +5,23 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// DeadLetter is one event in the dead-letter table.
-type DeadLetter = outboxdriver.DeadLetter
-
 // DeadLetters lists up to limit dead letters of t, oldest first.
-func DeadLetters(ctx context.Context, db Querier, t outboxdriver.Table, limit int) ([]DeadLetter, error) {
-	t = t.WithDefaults()
-	if err := t.Validate(); err != nil {
-		return nil, fmt.Errorf("outboxpgx: %w", err)
+func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
 	}
-	rows, err := db.Query(ctx, `SELECT id::text, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held
-FROM `+pgschema.NamesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT $1`, limit)
+	rows, err := d.pool.Query(ctx, `SELECT id::text, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held
+FROM `+n.DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdriver.DeadLetter])
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
 	}
@@ -37,12 +33,12 @@ FROM `+pgschema.NamesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT $1`
 // aggregates (an aggregate held behind one of them stays held until it is
 // published). ids nil means every dead letter. Each move is recorded in the
 // audit table under actor. It returns the ids moved.
-func RetryDeadLetters(ctx context.Context, db *pgxpool.Pool, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	n, err := names(t)
+func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	n, err := d.names(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, `WITH moved AS (
+	rows, err := d.pool.Query(ctx, `WITH moved AS (
     DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[]) RETURNING *
 ), back AS (
     INSERT INTO `+n.Table+` (id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw)
@@ -67,12 +63,12 @@ ORDER BY b.seq`, ids, actor, t.WithDefaults().Channel())
 // aggregates held behind them. ids nil means every dead letter. Each
 // deletion is recorded in the audit table under actor. It returns the ids
 // deleted.
-func DiscardDeadLetters(ctx context.Context, db *pgxpool.Pool, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	n, err := names(t)
+func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	n, err := d.names(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, `WITH gone AS (
+	rows, err := d.pool.Query(ctx, `WITH gone AS (
     DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
     RETURNING id, seq, aggregatetype, aggregateid, type, last_error
 ), unheld AS (
@@ -88,26 +84,28 @@ SELECT id::text FROM gone ORDER BY seq`, ids, actor)
 	return collectIDs(rows, "discard", t)
 }
 
-// AuditEntry is one recorded operator action.
-type AuditEntry = outboxdriver.AuditEntry
-
 // Audit lists the newest limit operator actions on t, newest first.
-func Audit(ctx context.Context, db Querier, t outboxdriver.Table, limit int) ([]AuditEntry, error) {
-	n, err := names(t)
+func (d *Driver) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.AuditEntry, error) {
+	n, err := d.names(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, `SELECT at, actor, action, coalesce(event_id::text, ''), detail FROM `+n.Audit+` ORDER BY id DESC LIMIT $1`, limit)
+	rows, err := d.pool.Query(ctx, `SELECT at, actor, action, coalesce(event_id::text, ''), detail FROM `+n.Audit+` ORDER BY id DESC LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: audit of %s: %w", t, err)
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[AuditEntry])
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdriver.AuditEntry])
 }
 
-func names(t outboxdriver.Table) (pgschema.Names, error) {
+// names validates t and returns its names; it fails when the Driver has
+// no pool of its own.
+func (d *Driver) names(t outboxdriver.Table) (outboxdriver.Names, error) {
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
-		return pgschema.Names{}, fmt.Errorf("outboxpgx: %w", err)
+		return outboxdriver.Names{}, fmt.Errorf("outboxpgx: %w", err)
+	}
+	if d.pool == nil {
+		return outboxdriver.Names{}, errNoPool
 	}
 	return pgschema.NamesOf(t), nil
 }

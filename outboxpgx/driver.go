@@ -1,39 +1,70 @@
-// Package outboxpgx is the PostgreSQL driver of the outbox on pgx v5: it
-// writes events inside a pgx.Tx, migrates the schema, and is the relay's
-// Source (claim with FOR UPDATE SKIP LOCKED, wake-up by LISTEN/NOTIFY).
+// Package outboxpgx is the PostgreSQL driver of the outbox on pgx v5.
+//
+// One Driver per database, made with New(pool), is everything the outbox
+// needs of PostgreSQL: the Writer behind outbox.New (WriteTx inside a
+// pgx.Tx, Write in a transaction of its own, Queue on a pgx.Batch, Begin
+// for a transaction whose events travel with its COMMIT), the Store of the
+// command line (migrations, status, dead letters, audit) and the maker of
+// the relay's Source (claims with FOR UPDATE SKIP LOCKED, wake-ups by
+// LISTEN/NOTIFY).
 package outboxpgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Driver writes events through pgx. The zero value is not usable; call New.
+// Driver is the outbox on one PostgreSQL database through pgx. The zero
+// value is not usable; call New.
 type Driver struct {
+	pool *pgxpool.Pool
+
 	mu    sync.Mutex
 	multi map[outboxdriver.Table]string
 	one   map[outboxdriver.Table]string
 }
 
-// New returns a Driver. It holds no connection: WriteTx uses the caller's
-// transaction.
-func New() *Driver {
-	return &Driver{multi: map[outboxdriver.Table]string{}, one: map[outboxdriver.Table]string{}}
+// New returns the Driver of the database pool connects to. It does no
+// I/O, and it never closes pool: that is the caller's. pool may be nil for
+// a program that only writes events inside its own transactions
+// (WriteTx); every method that needs a connection of its own then fails.
+func New(pool *pgxpool.Pool) *Driver {
+	return &Driver{pool: pool, multi: map[outboxdriver.Table]string{}, one: map[outboxdriver.Table]string{}}
 }
 
-var _ outboxdriver.Writer[pgx.Tx] = (*Driver)(nil)
+var (
+	_ outboxdriver.Writer[pgx.Tx]     = (*Driver)(nil)
+	_ outboxdriver.TxMigrator[pgx.Tx] = (*Driver)(nil)
+	_ outboxdriver.Store              = (*Driver)(nil)
+	_ outboxdriver.Inserter           = (*Driver)(nil)
+	_ outboxdriver.Queuer             = (*Driver)(nil)
+)
+
+// errNoPool is returned by the methods that need the Driver's own pool.
+var errNoPool = errors.New("outboxpgx: this Driver has no pool: create it with outboxpgx.New(pool)")
+
+// Pool is the pool the Driver was made with (nil if none).
+func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
+
+// DefaultSchema is "public".
+func (d *Driver) DefaultSchema() string { return outboxdriver.DefaultSchema }
+
+// Close does nothing: the pool is the caller's.
+func (d *Driver) Close() error { return nil }
 
 const insertCols = `(id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext)`
 
-// insertOneSQL and insertManySQL are cached per table: pgx prepares each
-// once per connection, so an insert costs no parse or plan.
+// sql returns the INSERT of n rows into t. Both forms are cached per
+// table: pgx prepares each once per connection, so an insert costs no
+// parse or plan.
 func (d *Driver) sql(t outboxdriver.Table, n int) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -58,19 +89,55 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::byte
 }
 
 // InsertTx inserts rows within tx in one round trip: one VALUES row for a
-// single event, unnest over arrays for several.
+// single event, unnest over arrays for several. On a Tx from Begin, the
+// INSERT is kept and sent with the COMMIT instead.
 func (d *Driver) InsertTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
 	if tx == nil {
-		return fmt.Errorf("transaction is nil")
+		return errors.New("transaction is nil")
 	}
-	sql, args := d.Statement(t, rows)
+	if len(rows) == 0 {
+		return nil
+	}
+	if ot, ok := tx.(*Tx); ok {
+		return ot.keep(t, rows)
+	}
+	sql, args := d.statement(t, rows)
 	_, err := tx.Exec(ctx, sql, args...)
 	return err
 }
 
-// Statement returns the INSERT statement and its arguments for rows, for
-// callers that queue it themselves (in a pgx.Batch sent with COMMIT, say).
-func (d *Driver) Statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
+// Insert inserts rows in a statement of its own on the Driver's pool (one
+// statement is one transaction).
+func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if d.pool == nil {
+		return errNoPool
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	sql, args := d.statement(t, rows)
+	_, err := d.pool.Exec(ctx, sql, args...)
+	return err
+}
+
+// QueueInsert queues the INSERT of rows on batch, which must be a
+// *pgx.Batch: the events cost no round trip of their own when batch is
+// sent inside the business transaction (tx.SendBatch).
+func (d *Driver) QueueInsert(batch any, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	b, ok := batch.(*pgx.Batch)
+	if !ok || b == nil {
+		return fmt.Errorf("outboxpgx: queue events on a %T: want a *pgx.Batch", batch)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	sql, args := d.statement(t, rows)
+	b.Queue(sql, args...)
+	return nil
+}
+
+// statement returns the INSERT statement and its arguments for rows.
+func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
 	if len(rows) == 1 {
 		r := rows[0]
 		return d.sql(t, 1), []any{r.ID, r.AggregateType, r.AggregateID, r.Type, text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))}
@@ -84,26 +151,6 @@ func (d *Driver) Statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		ps[i], raws[i], hs[i], tcs[i] = text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))
 	}
 	return d.sql(t, n), []any{ids, ats, aids, tys, ps, raws, hs, tcs}
-}
-
-// Queue validates events and queues their INSERT on b, the pgx.Batch that
-// carries the business statements of the same transaction: the events cost
-// no round trip of their own. Send b inside the transaction
-// (tx.SendBatch) and commit as usual; the events exist for the relay if and
-// only if that transaction commits. ob must write through this Driver's
-// table; on an invalid event nothing is queued and the error wraps
-// outbox.ErrInvalidEvent.
-func (d *Driver) Queue(ctx context.Context, b *pgx.Batch, ob *outbox.Outbox[pgx.Tx], events ...outbox.Event) error {
-	if len(events) == 0 {
-		return nil
-	}
-	rows, err := ob.Rows(ctx, events...)
-	if err != nil {
-		return err
-	}
-	sql, args := d.Statement(ob.Table(), rows)
-	b.Queue(sql, args...)
-	return nil
 }
 
 // text maps nil or empty to SQL NULL.

@@ -18,10 +18,10 @@ func TestDriverConformance(t *testing.T) {
 	pool := testenv.PoolMax(t, 40) // the cases run in parallel, each holding open batches, a listener and relays
 	drivertest.Run(t, drivertest.Harness{
 		Name:     "pgx",
-		Store:    outboxpgx.NewStore(pool),
+		Store:    outboxpgx.New(pool),
 		NewTable: func(t testing.TB) outboxdriver.Table { return testenv.Table(t, pool) },
 		Write: func(ctx context.Context, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
-			ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+			ob, err := outbox.New(outboxpgx.New(pool), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
 			if err != nil {
 				return err
 			}

@@ -213,7 +213,7 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 			f.mu.Lock()
 			f.disabled = true
 			f.mu.Unlock()
-			s.log.Warn("outboxpgx: claims start from the table's first row (floors are off): a long transaction will slow them down", "err", err)
+			s.Log.Warn("outboxpgx: claims start from the table's first row (floors are off): a long transaction will slow them down", "err", err)
 		}
 		return
 	}
@@ -223,7 +223,7 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 		f.mu.Lock()
 		f.disabled, f.at = true, map[int]int64{}
 		f.mu.Unlock()
-		s.log.Warn("outboxpgx: the seq column's sequence caches values; claims start from the table's first row (floors are off): a long transaction will slow them down", "cache", cache)
+		s.Log.Warn("outboxpgx: the seq column's sequence caches values; claims start from the table's first row (floors are off): a long transaction will slow them down", "cache", cache)
 		return
 	}
 	if last != nil {

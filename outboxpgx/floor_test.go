@@ -28,13 +28,14 @@ func newFloorRig(t *testing.T) *floorRig {
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	if _, err := Migrate(ctx, pool, tb, nil); err != nil {
+	if _, err := New(pool).Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
-	src, err := NewSource(pool, tb, nil)
+	s0, err := New(pool).NewSource(tb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	src := s0.(*Source)
 	t.Cleanup(func() { src.Close() })
 	if _, _, err := src.Heartbeat(ctx, time.Minute); err != nil {
 		t.Fatal(err)
@@ -243,7 +244,7 @@ func (r *floorRig) deadLetterBelowTheFloor() int64 {
 	if f := r.floor(); f <= poison {
 		r.t.Fatalf("floor %d not past the dead letter's seq %d; the test proves nothing", f, poison)
 	}
-	moved, err := RetryDeadLetters(ctx, r.pool, r.table, nil, "test")
+	moved, err := New(r.pool).RetryDeadLetters(ctx, r.table, nil, "test")
 	if err != nil || len(moved) != 1 {
 		r.t.Fatalf("retry: %v, %v", moved, err)
 	}
@@ -323,10 +324,11 @@ func TestFloorsAreOffWithoutPrivilegeOnTheSequence(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	src, err := NewSource(pool, r.table, &SourceConfig{RelayName: role})
+	s0, err := New(pool).NewSource(r.table, &outboxdriver.SourceConfig{RelayName: role})
 	if err != nil {
 		t.Fatal(err)
 	}
+	src := s0.(*Source)
 	defer src.Close()
 	r.src.Release(ctx, r.leases, true) // the rig's source steps aside
 	if _, _, err := src.Heartbeat(ctx, time.Minute); err != nil {

@@ -10,11 +10,6 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 type migrateTx struct{ tx pgx.Tx }
 
 func (m migrateTx) Exec(ctx context.Context, sql string, args ...any) error {
@@ -30,25 +25,58 @@ func (m migrateTx) Versions(ctx context.Context, sql string, args ...any) ([]int
 	return pgx.CollectRows(rows, pgx.RowTo[int])
 }
 
+// LatestVersion is the newest schema version this driver knows.
+func (d *Driver) LatestVersion() int { return pgschema.Latest() }
+
 // Migrate creates or upgrades the outbox table t and its companions (dead
 // letters, leases, held aggregates, audit, wake-up registry, migration
-// bookkeeping) in one transaction. It returns the versions it applied; a
-// second run applies none. opts may be nil.
-func Migrate(ctx context.Context, db Beginner, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	o := outboxdriver.MigrateOptions{}
-	if opts != nil {
-		o = *opts
+// bookkeeping) in one transaction on the Driver's pool. It returns the
+// versions it applied; a second run applies none. opts may be nil.
+func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	if d.pool == nil {
+		return nil, errNoPool
 	}
-	return inTx(ctx, db, t, func(tx pgschema.Tx) ([]int, error) { return pgschema.Up(ctx, tx, t, o) })
+	return inTx(ctx, d.pool, t, func(tx pgx.Tx, t outboxdriver.Table) ([]int, error) { return d.MigrateTx(ctx, tx, t, opts) })
+}
+
+// MigrateTx is Migrate inside the caller's transaction tx, which the
+// caller commits: the outbox table then comes into being with the
+// caller's own schema changes, or not at all.
+func (d *Driver) MigrateTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	t = t.WithDefaults()
+	o, err := opts.Resolve()
+	if err == nil {
+		err = t.Validate()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t, err)
+	}
+	vs, err := pgschema.Up(ctx, migrateTx{tx}, t, o)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t, err)
+	}
+	return vs, nil
 }
 
 // MigrateDown reverts migrations of t newer than target in one transaction;
 // target 0 removes the outbox tables and everything in them.
-func MigrateDown(ctx context.Context, db Beginner, t outboxdriver.Table, target int) ([]int, error) {
-	return inTx(ctx, db, t, func(tx pgschema.Tx) ([]int, error) { return pgschema.Down(ctx, tx, t, target) })
+func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target int) ([]int, error) {
+	if d.pool == nil {
+		return nil, errNoPool
+	}
+	return inTx(ctx, d.pool, t, func(tx pgx.Tx, t outboxdriver.Table) ([]int, error) {
+		vs, err := pgschema.Down(ctx, migrateTx{tx}, t, target)
+		if err != nil {
+			return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t, err)
+		}
+		return vs, nil
+	})
 }
 
-func inTx(ctx context.Context, db Beginner, t outboxdriver.Table, fn func(pgschema.Tx) ([]int, error)) ([]int, error) {
+// inTx runs fn in a transaction of db and commits it.
+func inTx(ctx context.Context, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}, t outboxdriver.Table, fn func(pgx.Tx, outboxdriver.Table) ([]int, error)) ([]int, error) {
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("outboxpgx: %w", err)
@@ -58,9 +86,9 @@ func inTx(ctx context.Context, db Beginner, t outboxdriver.Table, fn func(pgsche
 		return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	vs, err := fn(migrateTx{tx})
+	vs, err := fn(tx, t)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t, err)
+		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("outboxpgx: migrate %s: commit: %w", t, err)

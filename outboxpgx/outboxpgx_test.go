@@ -13,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -24,7 +23,7 @@ func setup(t *testing.T) (*pgxpool.Pool, outboxdriver.Table) {
 	t.Helper()
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	if _, err := outboxpgx.Migrate(context.Background(), pool, tb, nil); err != nil {
+	if _, err := outboxpgx.New(pool).Migrate(context.Background(), tb, nil); err != nil {
 		t.Fatal(err)
 	}
 	return pool, tb
@@ -32,7 +31,7 @@ func setup(t *testing.T) (*pgxpool.Pool, outboxdriver.Table) {
 
 func newOutbox(t *testing.T, tb outboxdriver.Table) *outbox.Outbox[pgx.Tx] {
 	t.Helper()
-	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	ob, err := outbox.New(outboxpgx.New(nil), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,14 +80,14 @@ func TestHostileNamesAreRefused(t *testing.T) {
 		{Schema: `x" CASCADE; --`, Name: "outbox"},
 		{Schema: "public", Name: "out box"},
 	} {
-		_, err := outboxpgx.Migrate(context.Background(), pool, tb, nil)
+		_, err := outboxpgx.New(pool).Migrate(context.Background(), tb, nil)
 		if err == nil || !strings.Contains(err.Error(), "not a valid identifier") {
 			t.Errorf("Migrate(%q.%q) = %v; want a clear refusal", tb.Schema, tb.Name, err)
 		}
-		if _, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name}); err == nil {
+		if _, err := outbox.New(outboxpgx.New(pool), &outbox.Config{Schema: tb.Schema, Table: tb.Name}); err == nil {
 			t.Errorf("outbox.New accepted %q.%q", tb.Schema, tb.Name)
 		}
-		if _, err := outboxpgx.NewSource(pool, tb, nil); err == nil {
+		if _, err := outboxpgx.New(pool).NewSource(tb, nil); err == nil {
 			t.Errorf("NewSource accepted %q.%q", tb.Schema, tb.Name)
 		}
 	}
@@ -193,21 +192,21 @@ func TestInvalidEventsAreRefusedBeforeSQL(t *testing.T) {
 	}
 }
 
-func newSource(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, r outboxpgx.Retention) *outboxpgx.Source {
+func newSource(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, r outboxdriver.Retention) *outboxpgx.Source {
 	t.Helper()
-	src, err := outboxpgx.NewSource(pool, tb, &outboxpgx.SourceConfig{Retention: r})
+	s, err := outboxpgx.New(pool).NewSource(tb, &outboxdriver.SourceConfig{Retention: r})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { src.Close() })
-	return src
+	t.Cleanup(func() { s.Close() })
+	return s.(*outboxpgx.Source)
 }
 
 func TestWaitIsWokenByInsertWhileIdle(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
 	ob := newOutbox(t, tb)
-	src := newSource(t, pool, tb, outboxpgx.RetentionDelete)
+	src := newSource(t, pool, tb, outboxdriver.RetentionDelete)
 	ctx := context.Background()
 	// The first Wait connects the listener and returns at once.
 	if err := src.Wait(ctx, time.Minute); err != nil {
@@ -269,7 +268,7 @@ func TestWaitAnswersQueuedNotificationsAtOnce(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
 	ob := newOutbox(t, tb)
-	src := newSource(t, pool, tb, outboxpgx.RetentionDelete)
+	src := newSource(t, pool, tb, outboxdriver.RetentionDelete)
 	ctx := context.Background()
 	if err := src.Wait(ctx, time.Minute); err != nil { // connects the listener
 		t.Fatal(err)
@@ -315,7 +314,7 @@ func TestNoNotifyWhileBusy(t *testing.T) {
 	conn := listen(t, pool, tb)
 	// No relay registered idle: a commit sends no notification.
 	write(t, pool, ob, true, ev("1", 1))
-	src := newSource(t, pool, tb, outboxpgx.RetentionDelete)
+	src := newSource(t, pool, tb, outboxdriver.RetentionDelete)
 	// Registered idle, a commit notifies; a marker written after it
 	// proves the first commit sent nothing.
 	if err := src.SetIdle(ctx, time.Minute); err != nil {
@@ -362,7 +361,7 @@ func TestPartitionIsComputedByTheDatabase(t *testing.T) {
 		if err := rows.Scan(&agg, &p); err != nil {
 			t.Fatal(err)
 		}
-		if p < 0 || p >= pgschema.DefaultPartitions {
+		if p < 0 || p >= outboxdriver.DefaultPartitions {
 			t.Fatalf("partition %d out of range", p)
 		}
 		if old, ok := parts[agg]; ok && old != p {
@@ -378,7 +377,7 @@ func TestPartitionIsComputedByTheDatabase(t *testing.T) {
 func TestQueueRidesTheBusinessBatch(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
-	drv := outboxpgx.New()
+	drv := outboxpgx.New(pool)
 	ob, err := outbox.New(drv, &outbox.Config{Schema: tb.Schema, Table: tb.Name})
 	if err != nil {
 		t.Fatal(err)
@@ -396,7 +395,7 @@ func TestQueueRidesTheBusinessBatch(t *testing.T) {
 		defer tx.Rollback(ctx)
 		var b pgx.Batch
 		b.Queue(`INSERT INTO `+tb.Qualified("_orders")+` (id) VALUES ($1)`, orderID)
-		if err := drv.Queue(ctx, &b, ob, events...); err != nil {
+		if err := ob.Queue(ctx, &b, events...); err != nil {
 			t.Fatal(err)
 		}
 		if b.Len() != 2 {
@@ -418,7 +417,7 @@ func TestQueueRidesTheBusinessBatch(t *testing.T) {
 		t.Fatalf("%d events, want the 3 of committed transactions", n)
 	}
 	var b pgx.Batch
-	if err := drv.Queue(ctx, &b, ob, outbox.Event{AggregateType: "x"}); !errors.Is(err, outbox.ErrInvalidEvent) || b.Len() != 0 {
+	if err := ob.Queue(ctx, &b, outbox.Event{AggregateType: "x"}); !errors.Is(err, outbox.ErrInvalidEvent) || b.Len() != 0 {
 		t.Fatalf("invalid event: err %v, %d statements queued", err, b.Len())
 	}
 }

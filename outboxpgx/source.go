@@ -5,13 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"log/slog"
 	"net"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,30 +19,14 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Retention says what happens to a row once the broker acknowledged it.
-type Retention = outboxdriver.Retention
-
-const (
-	// RetentionDelete deletes published rows in the claim's transaction.
-	RetentionDelete = outboxdriver.RetentionDelete
-	// RetentionKeep sets published_at and keeps the row (for audit).
-	RetentionKeep = outboxdriver.RetentionKeep
-)
-
-// SourceConfig configures a Source.
-type SourceConfig = outboxdriver.SourceConfig
-
 // Source is the relay's view of an outbox table in PostgreSQL.
 type Source struct {
+	outboxdriver.SourceBase
 	pool  *pgxpool.Pool
-	table outboxdriver.Table
-	cfg   SourceConfig
-	log   *slog.Logger
 	q     queries
-	names pgschema.Names
+	names outboxdriver.Names
 
-	lockKey int32        // first key of the partitions' advisory locks
-	ttlMS   atomic.Int64 // the lease TTL last used, bounds a claim's idle time
+	lockKey int32 // first key of the partitions' advisory locks
 
 	mu       sync.Mutex // guards listener
 	listener *pgxpool.Conn
@@ -62,7 +42,7 @@ type queries struct {
 	floors, lastSeq, writers, lastAudit                                                        string
 }
 
-func newQueries(t outboxdriver.Table, r Retention) queries {
+func newQueries(t outboxdriver.Table, r outboxdriver.Retention) queries {
 	n := pgschema.NamesOf(t)
 	lastAudit := `SELECT coalesce(max(id), 0) FROM ` + n.Audit
 	q := queries{
@@ -173,7 +153,7 @@ WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
     ORDER BY published_at
     LIMIT $3))`,
 	}
-	if r == RetentionKeep {
+	if r == outboxdriver.RetentionKeep {
 		q.markPublished = `UPDATE ` + n.Table + ` SET published_at = clock_timestamp(), last_error = NULL, next_attempt_at = NULL WHERE id = ANY($1::uuid[])`
 	} else {
 		q.markPublished = `DELETE FROM ` + n.Table + ` WHERE id = ANY($1::uuid[])`
@@ -181,52 +161,35 @@ WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
 	return q
 }
 
-// NewSource returns a Source over table t, using pool for every query and
-// one pooled connection for LISTEN. It does no I/O.
-func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *SourceConfig) (*Source, error) {
-	if pool == nil {
-		return nil, errors.New("outboxpgx: pool is nil")
+// NewSource returns the relay's view of table t, using the Driver's pool
+// for every query and one pooled connection for LISTEN. It does no I/O.
+// The returned Source is a *Source; Close it after the relay stopped.
+func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
+	if d.pool == nil {
+		return nil, errNoPool
 	}
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("outboxpgx: %w", err)
 	}
-	c := SourceConfig{}
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Retention != RetentionDelete && c.Retention != RetentionKeep {
-		return nil, fmt.Errorf("outboxpgx: unknown retention %d", c.Retention)
-	}
-	if c.RelayName == "" {
-		c.RelayName = outboxdriver.DefaultRelayName()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	h := fnv.New32a()
 	h.Write([]byte("outbox.partition:" + t.String()))
-	src := &Source{pool: pool, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention), names: pgschema.NamesOf(t), lockKey: int32(h.Sum32())}
+	src := &Source{pool: d.pool, names: pgschema.NamesOf(t), lockKey: int32(h.Sum32())}
+	if err := src.Init(t, cfg); err != nil {
+		return nil, fmt.Errorf("outboxpgx: %w", err)
+	}
+	src.q = newQueries(t, src.Cfg.Retention)
 	src.floors.zero()
 	src.floors.audit = -1
-	src.ttlMS.Store(int64(defaultClaimIdle / time.Millisecond))
 	return src, nil
 }
 
-// defaultClaimIdle bounds a claim's transaction before any lease was taken.
-const defaultClaimIdle = 30 * time.Second
-
-// RelayName is the name this source registers under.
-func (s *Source) RelayName() string { return s.cfg.RelayName }
-
 // batch is a claim: an open transaction holding row locks on its records.
 type batch struct {
+	outboxdriver.BatchState
 	src      *Source
 	conn     *pgxpool.Conn
 	listener bool // conn is the source's listener, s.mu held until the batch ends
-	leases   []outboxdriver.Lease
-	records  []outboxdriver.Record
-	done     bool
 }
 
 // claimConn returns the connection a claim runs on: the listener when it
@@ -286,7 +249,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxpgx: claim limit %d must be positive", limit)
 	}
-	b := &batch{src: s, leases: leases, done: true}
+	b := &batch{src: s, BatchState: outboxdriver.NewBatchState("outboxpgx", leases)}
 	if len(leases) == 0 {
 		return b, nil
 	}
@@ -297,7 +260,8 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	}
 	// After claimConn: a rewind it read on the listener has dropped them.
 	floor, audit := s.floors.below(leases)
-	b.conn, b.listener, b.done = conn, listener, false
+	b.conn, b.listener = conn, listener
+	b.Open()
 	parts, epochs := leaseArrays(leases)
 	var pb pgx.Batch
 	pb.Queue(`BEGIN`)
@@ -305,8 +269,8 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	// (a duplicate with the same id); it never loses an event. One
 	// statement for all settings: every statement of the batch costs.
 	//
-	pb.Queue(s.q.settings, strconv.FormatInt(s.ttlMS.Load(), 10))
-	pb.Queue(s.q.claim, limit, parts, epochs, s.cfg.RelayName, s.lockKey, floor, audit)
+	pb.Queue(s.q.settings, strconv.FormatInt(s.TTL().Milliseconds(), 10))
+	pb.Queue(s.q.claim, limit, parts, epochs, s.Cfg.RelayName, s.lockKey, floor, audit)
 	br := conn.SendBatch(ctx, &pb)
 	records, err := func() ([]outboxdriver.Record, error) {
 		defer br.Close()
@@ -323,9 +287,9 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	}()
 	if err != nil {
 		b.Release(ctx)
-		return nil, fmt.Errorf("outboxpgx: claim from %s: %w", s.table, err)
+		return nil, fmt.Errorf("outboxpgx: claim from %s: %w", s.Table, err)
 	}
-	b.records = records
+	b.Recs = records
 	return b, nil
 }
 
@@ -343,89 +307,67 @@ func scanRecords(rows pgx.Rows, limit int) ([]outboxdriver.Record, error) {
 	for rows.Next() {
 		var (
 			r       outboxdriver.Record
-			payload *string
+			payload []byte
 			raw     []byte
-			headers *string
+			headers []byte
 		)
 		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &r.CreatedAt, &r.Attempts); err != nil {
 			return nil, err
 		}
-		switch {
-		case payload != nil:
-			r.Payload = []byte(*payload)
-		case raw != nil:
-			r.Payload = raw
-		}
-		if headers != nil {
-			r.Headers = outboxdriver.ParseHeaders(*headers)
-		}
+		r.SetPayload(payload, payload != nil, raw)
+		r.Headers = outboxdriver.ParseHeaders(headers)
 		out = append(out, r)
 	}
 	return out, rows.Err()
 }
 
-func (b *batch) Records() []outboxdriver.Record { return b.records }
-
 // Finish checks the batch's leases (the fence), records the outcome and
 // commits, in one round trip. If a lease was lost, the fence aborts the
 // transaction and nothing is recorded.
 func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
-	if b.done {
-		if len(b.records) == 0 {
-			return nil
-		}
-		return errors.New("outboxpgx: batch already finished")
+	if ok, err := b.StartFinish(); !ok {
+		return err
 	}
 	q := &b.src.q
 	var pb pgx.Batch
-	parts, epochs := leaseArrays(b.fenced())
-	pb.Queue(q.fence, b.src.cfg.RelayName, parts, epochs)
-	if len(out.Published) > 0 {
-		ids := uuidArray(out.Published)
+	parts, epochs := leaseArrays(b.Fenced())
+	pb.Queue(q.fence, b.src.Cfg.RelayName, parts, epochs)
+	plan := out.Plan()
+	if len(plan.Published) > 0 {
+		ids := uuidArray(plan.Published)
 		pb.Queue(q.markPublished, ids)
 		pb.Queue(q.unhold, ids)
 	}
-	var retryIDs, retryErrs, dlIDs, dlErrs, holdIDs, flowIDs []string
-	var retryDelays []int64
-	var dlHold []bool
-	for _, f := range out.Failed {
-		msg := errorText(f.Err)
-		switch {
-		case f.DeadLetter:
-			dlIDs, dlErrs, dlHold = append(dlIDs, f.ID), append(dlErrs, msg), append(dlHold, f.Hold)
-			if f.Hold {
-				holdIDs = append(holdIDs, f.ID)
-			} else {
-				flowIDs = append(flowIDs, f.ID)
-			}
-		default:
-			retryIDs, retryErrs = append(retryIDs, f.ID), append(retryErrs, msg)
-			retryDelays = append(retryDelays, f.RetryAfter.Milliseconds())
+	if fs := plan.Retries; len(fs) > 0 {
+		ids, msgs, delays := outboxdriver.FailureIDs(fs), make([]string, len(fs)), make([]int64, len(fs))
+		for i, f := range fs {
+			msgs[i], delays[i] = outboxdriver.ErrorText(f.Err), f.RetryAfter.Milliseconds()
 		}
+		pb.Queue(q.retry, ids, msgs, delays)
+		pb.Queue(q.holdRetry, ids)
 	}
-	if len(retryIDs) > 0 {
-		pb.Queue(q.retry, retryIDs, retryErrs, retryDelays)
-		pb.Queue(q.holdRetry, retryIDs)
-	}
-	if len(dlIDs) > 0 {
-		pb.Queue(q.deadLetter, dlIDs, dlErrs, dlHold)
-		if len(holdIDs) > 0 {
-			pb.Queue(q.holdDead, holdIDs)
+	if fs := plan.DeadLetters; len(fs) > 0 {
+		ids, msgs, hold := outboxdriver.FailureIDs(fs), make([]string, len(fs)), make([]bool, len(fs))
+		for i, f := range fs {
+			msgs[i], hold[i] = outboxdriver.ErrorText(f.Err), f.Hold
 		}
-		if len(flowIDs) > 0 {
-			pb.Queue(q.unhold, flowIDs)
+		pb.Queue(q.deadLetter, ids, msgs, hold)
+		if len(plan.Hold) > 0 {
+			pb.Queue(q.holdDead, plan.Hold)
+		}
+		if len(plan.Flow) > 0 {
+			pb.Queue(q.unhold, plan.Flow)
 		}
 	}
 	pb.Queue(`COMMIT`)
 	err := b.conn.SendBatch(ctx, &pb).Close()
-	b.done = true
 	b.end(ctx, err != nil)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Hint == "outbox-lease-lost" {
-			return fmt.Errorf("outboxpgx: finish batch of %d: %w: %s", len(b.records), outboxdriver.ErrLeaseLost, pgErr.Message)
+			return fmt.Errorf("outboxpgx: finish batch of %d: %w: %s", len(b.Recs), outboxdriver.ErrLeaseLost, pgErr.Message)
 		}
-		return fmt.Errorf("outboxpgx: finish batch of %d: %w", len(b.records), err)
+		return fmt.Errorf("outboxpgx: finish batch of %d: %w", len(b.Recs), err)
 	}
 	return nil
 }
@@ -445,41 +387,13 @@ func uuidArray(ids []string) any {
 	return out
 }
 
-// fenced lists the leases of the partitions the batch holds records of.
-func (b *batch) fenced() []outboxdriver.Lease {
-	in := map[int]bool{}
-	for _, r := range b.records {
-		in[r.Partition] = true
-	}
-	out := make([]outboxdriver.Lease, 0, len(in))
-	for _, l := range b.leases {
-		if in[l.Partition] {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // Release rolls the claim back.
 func (b *batch) Release(ctx context.Context) {
-	if b.done {
+	if !b.StartRelease() {
 		return
 	}
-	b.done = true
 	_, err := b.conn.Exec(context.WithoutCancel(ctx), `ROLLBACK`)
 	b.end(ctx, err != nil)
-}
-
-// errorText bounds the stored error text.
-func errorText(err error) string {
-	if err == nil {
-		return "unknown error"
-	}
-	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
-	if len(s) > 2000 {
-		s = strings.ToValidUTF8(s[:2000], "") + "..."
-	}
-	return s
 }
 
 // Wait blocks on LISTEN until a notification, d, or ctx. It (re)connects
@@ -493,7 +407,7 @@ func (s *Source) Wait(ctx context.Context, d time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("outboxpgx: listen: %w", err)
 		}
-		if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(s.table.Channel())); err != nil {
+		if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(s.Table.Channel())); err != nil {
 			conn.Conn().Close(context.WithoutCancel(ctx))
 			conn.Release()
 			return fmt.Errorf("outboxpgx: listen: %w", err)
@@ -576,9 +490,9 @@ func (s *Source) dropListener() {
 func (s *Source) SetIdle(ctx context.Context, ttl time.Duration) error {
 	var err error
 	if ttl > 0 {
-		_, err = s.pool.Exec(ctx, s.q.idle, s.cfg.RelayName, ttl.Milliseconds())
+		_, err = s.pool.Exec(ctx, s.q.idle, s.Cfg.RelayName, ttl.Milliseconds())
 	} else {
-		_, err = s.pool.Exec(ctx, s.q.busy, s.cfg.RelayName)
+		_, err = s.pool.Exec(ctx, s.q.busy, s.Cfg.RelayName)
 	}
 	if err != nil {
 		return fmt.Errorf("outboxpgx: set idle: %w", err)
@@ -594,16 +508,16 @@ func (s *Source) Close() error {
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_, _ = s.pool.Exec(ctx, s.q.busy, s.cfg.RelayName)
+	_, _ = s.pool.Exec(ctx, s.q.busy, s.Cfg.RelayName)
 	return nil
 }
 
 // Heartbeat registers the relay as alive for ttl and counts the live relays
 // and the partitions, in one round trip.
 func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
-	s.ttlMS.Store(ttl.Milliseconds())
+	s.NoteTTL(ttl)
 	var pb pgx.Batch
-	pb.Queue(s.q.heartbeat, s.cfg.RelayName, ttl.Milliseconds())
+	pb.Queue(s.q.heartbeat, s.Cfg.RelayName, ttl.Milliseconds())
 	pb.Queue(s.q.relays).QueryRow(func(row pgx.Row) error { return row.Scan(&relays, &partitions) })
 	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
 		return 0, 0, fmt.Errorf("outboxpgx: heartbeat: %w", err)
@@ -616,7 +530,7 @@ func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outbo
 	if n <= 0 {
 		return nil, nil
 	}
-	return s.leaseQuery(ctx, "acquire", s.q.acquire, s.cfg.RelayName, n, ttl.Milliseconds())
+	return s.leaseQuery(ctx, "acquire", s.q.acquire, s.Cfg.RelayName, n, ttl.Milliseconds())
 }
 
 // Renew extends leases by ttl and returns those the relay still holds.
@@ -625,7 +539,7 @@ func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl tim
 		return nil, nil
 	}
 	parts, epochs := leaseArrays(leases)
-	return s.leaseQuery(ctx, "renew", s.q.renew, s.cfg.RelayName, parts, epochs, ttl.Milliseconds())
+	return s.leaseQuery(ctx, "renew", s.q.renew, s.Cfg.RelayName, parts, epochs, ttl.Milliseconds())
 }
 
 func (s *Source) leaseQuery(ctx context.Context, what, sql string, args ...any) ([]outboxdriver.Lease, error) {
@@ -641,7 +555,7 @@ func (s *Source) leaseQuery(ctx context.Context, what, sql string, args ...any) 
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: %s leases: %w", what, err)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	outboxdriver.SortLeases(out)
 	return out, nil
 }
 
@@ -650,10 +564,10 @@ func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all b
 	var pb pgx.Batch
 	if len(leases) > 0 {
 		parts, epochs := leaseArrays(leases)
-		pb.Queue(s.q.release, s.cfg.RelayName, parts, epochs)
+		pb.Queue(s.q.release, s.Cfg.RelayName, parts, epochs)
 	}
 	if all {
-		pb.Queue(s.q.unregister, s.cfg.RelayName)
+		pb.Queue(s.q.unregister, s.Cfg.RelayName)
 	}
 	if pb.Len() == 0 {
 		return nil

@@ -11,22 +11,18 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Querier runs queries: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// ErrNotMigrated is returned by Status for a table that does not exist yet.
-var ErrNotMigrated = outboxdriver.ErrNotMigrated
-
-// Status reports the backlog, the age of the oldest unpublished event and
-// the dead letters of table t.
-func Status(ctx context.Context, db Querier, t outboxdriver.Table) (outboxdriver.Status, error) {
+// Status reports the backlog, the age of the oldest unpublished event, the
+// dead letters, the held aggregates and every partition's lease of table
+// t. It wraps outboxdriver.ErrNotMigrated when t does not exist.
+func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.Status, error) {
 	t = t.WithDefaults()
 	st := outboxdriver.Status{Table: t, LatestSchemaVersion: pgschema.Latest()}
 	if err := t.Validate(); err != nil {
 		return st, fmt.Errorf("outboxpgx: %w", err)
+	}
+	db := d.pool
+	if db == nil {
+		return st, errNoPool
 	}
 	n := pgschema.NamesOf(t)
 	var exists bool
@@ -34,7 +30,7 @@ func Status(ctx context.Context, db Querier, t outboxdriver.Table) (outboxdriver
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
 	if !exists {
-		return st, fmt.Errorf("outboxpgx: %s: %w", t, ErrNotMigrated)
+		return st, fmt.Errorf("outboxpgx: %s: %w", t, outboxdriver.ErrNotMigrated)
 	}
 	var ageSeconds float64
 	err := db.QueryRow(ctx, `SELECT

@@ -2,44 +2,52 @@ package outboxpgx
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Tx is a transaction whose events travel with its COMMIT: events added
-// with Add are written by Commit in the same round trip as the COMMIT
-// itself, so they cost the transaction no round trip of its own, whatever
-// the transaction does before (statements whose results it uses, such as
-// an INSERT ... RETURNING id that names the aggregate). Tx is a pgx.Tx:
-// pass it to code that takes one. Its other methods are pgx's; Commit and
-// Rollback also return the connection to the pool. A Tx is not safe for
-// concurrent use, as no pgx.Tx is.
+// Tx is a transaction whose events travel with its COMMIT: events written
+// to it with outbox.Outbox.WriteTx are kept, and Commit sends their INSERT
+// in the same round trip as the COMMIT itself, so they cost the
+// transaction no round trip of their own, whatever the transaction does
+// before (statements whose results it uses, such as an INSERT ...
+// RETURNING id that names the aggregate). An INSERT that fails (a
+// duplicate event id) therefore fails Commit, not WriteTx, and nothing is
+// committed. Tx is a pgx.Tx: pass it to code that takes one. Its other
+// methods are pgx's; Commit and Rollback also return the connection to the
+// pool. A Tx is not safe for concurrent use, as no pgx.Tx is.
 type Tx struct {
 	pgx.Tx
 	conn *pgxpool.Conn
 	drv  *Driver
-	ob   *outbox.Outbox[pgx.Tx]
-	rows []outboxdriver.Row
+	// kept holds the events written so far, per table, in the order the
+	// tables were first written; Commit sends one INSERT per table.
+	kept []keptRows
+	n    int // events kept
 	done bool
+}
+
+type keptRows struct {
+	table outboxdriver.Table
+	rows  []outboxdriver.Row
 }
 
 var _ pgx.Tx = (*Tx)(nil)
 
-// Begin starts a transaction with opts on a connection of pool, for events
-// of ob (which must write through d) to be added with Tx.Add and written
-// with its Commit.
-func (d *Driver) Begin(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox[pgx.Tx], opts pgx.TxOptions) (*Tx, error) {
-	if pool == nil || ob == nil {
-		return nil, errors.New("outboxpgx: Begin needs a pool and an outbox")
+// Begin starts a transaction with opts on a connection of the Driver's
+// pool. Events written to it with outbox.Outbox.WriteTx go with its
+// Commit.
+func (d *Driver) Begin(ctx context.Context, opts pgx.TxOptions) (*Tx, error) {
+	if d.pool == nil {
+		return nil, errNoPool
 	}
-	conn, err := pool.Acquire(ctx)
+	conn, err := d.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: begin: %w", err)
 	}
@@ -48,24 +56,26 @@ func (d *Driver) Begin(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbo
 		conn.Release()
 		return nil, fmt.Errorf("outboxpgx: begin: %w", err)
 	}
-	return &Tx{Tx: tx, conn: conn, drv: d, ob: ob}, nil
+	return &Tx{Tx: tx, conn: conn, drv: d}, nil
 }
 
-// Add validates events and keeps them for Commit. On an invalid event
-// nothing is added and the error wraps outbox.ErrInvalidEvent.
-func (t *Tx) Add(ctx context.Context, events ...outbox.Event) error {
+// keep keeps rows of table for Commit.
+func (t *Tx) keep(table outboxdriver.Table, rows []outboxdriver.Row) error {
 	if t.done {
 		return pgx.ErrTxClosed
 	}
-	rows, err := t.ob.Rows(ctx, events...)
-	if err != nil {
-		return err
+	t.n += len(rows)
+	for i := range t.kept {
+		if t.kept[i].table == table {
+			t.kept[i].rows = append(t.kept[i].rows, rows...)
+			return nil
+		}
 	}
-	t.rows = append(t.rows, rows...)
+	t.kept = append(t.kept, keptRows{table: table, rows: slices.Clone(rows)})
 	return nil
 }
 
-// Commit writes the added events and commits, in one round trip. The
+// Commit writes the kept events and commits, in one round trip. The
 // events exist for the relay if and only if it returns nil. If the
 // transaction had already failed (a statement of it returned an error),
 // it is rolled back and Commit returns pgx.ErrTxCommitRollback, as pgx's
@@ -79,9 +89,9 @@ func (t *Tx) Commit(ctx context.Context) error {
 	if t.conn.Conn().PgConn().TxStatus() == 'E' {
 		return pgx.ErrTxCommitRollback // release rolls it back
 	}
-	var b pgx.Batch
-	if len(t.rows) > 0 {
-		sql, args := t.drv.Statement(t.ob.Table(), t.rows)
+	b := &pgx.Batch{}
+	for _, k := range t.kept {
+		sql, args := t.drv.statement(k.table, k.rows)
 		b.Queue(sql, args...)
 	}
 	commit := b.Queue(`commit`)
@@ -89,11 +99,11 @@ func (t *Tx) Commit(ctx context.Context) error {
 	commit.Exec(func(ct pgconn.CommandTag) error { tag = ct.String(); return nil })
 	// Sent on the connection, not through t.Tx: pgx's transaction would
 	// otherwise want a COMMIT of its own, one more round trip.
-	if err := t.conn.SendBatch(ctx, &b).Close(); err != nil {
+	if err := t.conn.SendBatch(ctx, b).Close(); err != nil {
 		// The events' INSERT failed (and the COMMIT behind it was
 		// skipped), or the COMMIT did: nothing was committed, unless the
 		// connection broke with the COMMIT in flight.
-		return fmt.Errorf("outboxpgx: commit with %d events: %w", len(t.rows), err)
+		return fmt.Errorf("outboxpgx: commit with %d events: %w", t.n, err)
 	}
 	if tag == "ROLLBACK" {
 		return pgx.ErrTxCommitRollback
@@ -101,7 +111,7 @@ func (t *Tx) Commit(ctx context.Context) error {
 	return nil
 }
 
-// Rollback rolls the transaction back and drops the added events.
+// Rollback rolls the transaction back and drops the kept events.
 // Rollback after Commit or Rollback returns pgx.ErrTxClosed.
 func (t *Tx) Rollback(ctx context.Context) error {
 	if t.done {
@@ -116,7 +126,7 @@ func (t *Tx) Rollback(ctx context.Context) error {
 // release ends any transaction still open on the connection and returns
 // it to the pool (which closes it if that failed).
 func (t *Tx) release(ctx context.Context) {
-	t.rows = nil
+	t.kept, t.n = nil, 0
 	if t.conn.Conn().PgConn().TxStatus() != 'I' {
 		_, _ = t.conn.Exec(context.WithoutCancel(ctx), `rollback`)
 	}

@@ -76,12 +76,8 @@ func newTxRig(t *testing.T) *txRig {
 	t.Helper()
 	pool, tb := setup(t)
 	ctx := context.Background()
-	r := &txRig{pool: pool, table: tb, orders: tb.Qualified("_orders"), drv: outboxpgx.New(), trips: &roundTrips{}}
+	r := &txRig{pool: pool, table: tb, orders: tb.Qualified("_orders"), trips: &roundTrips{}}
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+r.orders+` (id bigserial PRIMARY KEY, customer text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	if r.ob, err = outbox.New(r.drv, &outbox.Config{Schema: tb.Schema, Table: tb.Name}); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL())
@@ -93,6 +89,10 @@ func newTxRig(t *testing.T) *txRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.traced.Close)
+	r.drv = outboxpgx.New(r.traced)
+	if r.ob, err = outbox.New(r.drv, &outbox.Config{Schema: tb.Schema, Table: tb.Name}); err != nil {
+		t.Fatal(err)
+	}
 	return r
 }
 
@@ -101,7 +101,7 @@ func newTxRig(t *testing.T) *txRig {
 func (r *txRig) begin(t *testing.T) *outboxpgx.Tx {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := r.drv.Begin(ctx, r.traced, r.ob, pgx.TxOptions{})
+	tx, err := r.drv.Begin(ctx, pgx.TxOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func (r *txRig) counts(t *testing.T) (orders, events int) {
 	return count(t, r.pool, r.orders), count(t, r.pool, r.table.Qualified(""))
 }
 
-// Events added to a Tx are written by its Commit in the COMMIT's round
+// Events written to a Tx are written by its Commit in the COMMIT's round
 // trip: the transaction sends BEGIN, its own statement, and one batch of
 // the events' INSERT and the COMMIT, as many round trips as without
 // events.
@@ -136,10 +136,10 @@ func TestTxWritesEventsInTheCommitsRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	tx := r.begin(t)
 	id := r.order(t, tx)
-	if err := tx.Add(ctx, ev(id, 1), ev(id, 2)); err != nil {
+	if err := r.ob.WriteTx(ctx, tx, ev(id, 1), ev(id, 2)); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Add(ctx, ev(id, 3)); err != nil {
+	if err := r.ob.WriteTx(ctx, tx, ev(id, 3)); err != nil {
 		t.Fatal(err)
 	}
 	before := r.trips.count()
@@ -184,7 +184,7 @@ func TestTxRollbackDropsTheEvents(t *testing.T) {
 	ctx := context.Background()
 	tx := r.begin(t)
 	id := r.order(t, tx)
-	if err := tx.Add(ctx, ev(id, 1)); err != nil {
+	if err := r.ob.WriteTx(ctx, tx, ev(id, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -201,7 +201,7 @@ func TestTxRollbackDropsTheEvents(t *testing.T) {
 // A Commit whose events cannot be written commits nothing, the business
 // statements included, and leaves a usable connection in the pool; so
 // does the Commit of a transaction one of whose statements failed, with
-// pgx's ErrTxCommitRollback. An invalid event is refused by Add and
+// pgx's ErrTxCommitRollback. An invalid event is refused by WriteTx and
 // changes nothing.
 func TestTxCommitIsAllOrNothing(t *testing.T) {
 	t.Parallel()
@@ -213,10 +213,10 @@ func TestTxCommitIsAllOrNothing(t *testing.T) {
 
 	tx := r.begin(t)
 	id := r.order(t, tx)
-	if err := tx.Add(ctx, outbox.Event{AggregateType: "order"}); !errors.Is(err, outbox.ErrInvalidEvent) {
-		t.Fatalf("Add of an invalid event: %v, want outbox.ErrInvalidEvent", err)
+	if err := r.ob.WriteTx(ctx, tx, outbox.Event{AggregateType: "order"}); !errors.Is(err, outbox.ErrInvalidEvent) {
+		t.Fatalf("WriteTx of an invalid event: %v, want outbox.ErrInvalidEvent", err)
 	}
-	if err := tx.Add(ctx, ev(id, 1), dup); err != nil {
+	if err := r.ob.WriteTx(ctx, tx, ev(id, 1), dup); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err == nil {
@@ -231,7 +231,7 @@ func TestTxCommitIsAllOrNothing(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT 1/0`); err == nil {
 		t.Fatal("division by zero succeeded")
 	}
-	if err := tx.Add(ctx, ev("2", 1)); err != nil {
+	if err := r.ob.WriteTx(ctx, tx, ev("2", 1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
@@ -247,7 +247,7 @@ func TestTxCommitIsAllOrNothing(t *testing.T) {
 	}
 	tx = r.begin(t)
 	id = r.order(t, tx)
-	if err := tx.Add(ctx, ev(id, 1)); err != nil {
+	if err := r.ob.WriteTx(ctx, tx, ev(id, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {

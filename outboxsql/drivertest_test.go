@@ -26,10 +26,10 @@ func TestDriverConformance(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	drivertest.Run(t, drivertest.Harness{
 		Name:     "database/sql",
-		Store:    outboxpgx.NewStore(pool),
+		Store:    outboxpgx.New(pool),
 		NewTable: func(t testing.TB) outboxdriver.Table { return testenv.Table(t, pool) },
 		Write: func(ctx context.Context, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
-			return testenv.WriteSQL(ctx, db, outboxsql.New(), tb, commit, events...)
+			return testenv.WriteSQL(ctx, db, outboxsql.New(db), tb, commit, events...)
 		},
 		ExecInsert: func(ctx context.Context, tb outboxdriver.Table, id, aggregateType, aggregateID, typ, payload string) error {
 			_, err := db.ExecContext(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)

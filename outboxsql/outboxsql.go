@@ -1,7 +1,15 @@
 // Package outboxsql is the PostgreSQL driver of the outbox for database/sql:
 // it writes events inside a *sql.Tx opened on any PostgreSQL driver
-// (pgx's stdlib, lib/pq) and migrates the schema. The relay itself runs on
-// outboxpgx.
+// (pgx's stdlib, lib/pq), or in a transaction of its own, and migrates the
+// schema.
+//
+// The relay and the operator's tools run on outboxpgx, over a pgx pool of
+// their own on the same database: a relay waits for commits with LISTEN
+// on a connection it holds for that, and sends a claim's statements and a
+// batch's outcome as one pipelined round trip each, neither of which
+// database/sql can express. The table, its schema and its migrations are
+// the same, so a service that writes through database/sql is relayed by
+// `outbox relay` or an embedded relay on outboxpgx unchanged.
 package outboxsql
 
 import (
@@ -17,19 +25,56 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Driver writes events through database/sql.
-type Driver struct{}
+// Driver writes events to a PostgreSQL database through database/sql.
+type Driver struct {
+	db *sql.DB
+}
 
-// New returns a Driver. It holds no connection.
-func New() *Driver { return &Driver{} }
+// New returns the Driver of the database db connects to. It does no I/O,
+// and it never closes db: that is the caller's. db may be nil for a
+// program that only writes inside its own transactions (WriteTx,
+// MigrateTx).
+func New(db *sql.DB) *Driver { return &Driver{db: db} }
 
-var _ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
+var (
+	_ outboxdriver.Writer[*sql.Tx]     = (*Driver)(nil)
+	_ outboxdriver.TxMigrator[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.Migrator            = (*Driver)(nil)
+	_ outboxdriver.Inserter            = (*Driver)(nil)
+)
+
+// errNoDB is returned by the methods that need the Driver's own pool.
+var errNoDB = errors.New("outboxsql: this Driver has no database: create it with outboxsql.New(db)")
 
 // InsertTx inserts rows within tx with one multi-row INSERT (one round trip).
 func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
 	if tx == nil {
 		return errors.New("transaction is nil")
 	}
+	if len(rows) == 0 {
+		return nil
+	}
+	q, args := statement(t, rows)
+	_, err := tx.ExecContext(ctx, q, args...)
+	return err
+}
+
+// Insert inserts rows with one statement (one transaction) on the
+// Driver's database.
+func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if d.db == nil {
+		return errNoDB
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	q, args := statement(t, rows)
+	_, err := d.db.ExecContext(ctx, q, args...)
+	return err
+}
+
+// statement returns the multi-row INSERT of rows into t.
+func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO `)
 	b.WriteString(pgschema.NamesOf(t).Table)
@@ -44,8 +89,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 		b.WriteString("(" + p(1) + "::uuid, " + p(2) + ", " + p(3) + ", " + p(4) + ", " + p(5) + "::jsonb, " + p(6) + "::bytea, coalesce(" + p(7) + "::jsonb, '{}'::jsonb), " + p(8) + ")")
 		args = append(args, r.ID, r.AggregateType, r.AggregateID, r.Type, nullText(r.Payload), nullBytes(r.RawPayload), nullText(r.Headers), nullText([]byte(r.TraceContext)))
 	}
-	_, err := tx.ExecContext(ctx, b.String(), args...)
-	return err
+	return b.String(), args
 }
 
 func nullText(b []byte) any {
@@ -62,36 +106,62 @@ func nullBytes(b []byte) any {
 	return b
 }
 
-// Migrate creates or upgrades the outbox table t in one transaction and
-// returns the versions it applied; a second run applies none. opts may be
-// nil.
-func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	o := outboxdriver.MigrateOptions{}
-	if opts != nil {
-		o = *opts
+// LatestVersion is the newest schema version this driver knows.
+func (d *Driver) LatestVersion() int { return pgschema.Latest() }
+
+// Migrate creates or upgrades the outbox table t in one transaction on the
+// Driver's database and returns the versions it applied; a second run
+// applies none. opts may be nil.
+func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	return d.inTx(ctx, t, "migrate", func(tx *sql.Tx, t outboxdriver.Table) ([]int, error) { return d.MigrateTx(ctx, tx, t, opts) })
+}
+
+// MigrateTx is Migrate inside the caller's transaction tx, which the
+// caller commits.
+func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	t = t.WithDefaults()
+	o, err := opts.Resolve()
+	if err == nil {
+		err = t.Validate()
 	}
-	return inTx(ctx, db, t, "migrate", func(tx pgschema.Tx, t outboxdriver.Table) ([]int, error) { return pgschema.Up(ctx, tx, t, o) })
+	if err != nil {
+		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t, err)
+	}
+	vs, err := pgschema.Up(ctx, migrations.SQLTx(tx), t, o)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t, err)
+	}
+	return vs, nil
 }
 
 // MigrateDown reverts t to version target in one transaction (0 drops its
 // tables and their data) and returns the versions it reverted.
-func MigrateDown(ctx context.Context, db *sql.DB, t outboxdriver.Table, target int) ([]int, error) {
-	return inTx(ctx, db, t, "revert", func(tx pgschema.Tx, t outboxdriver.Table) ([]int, error) { return pgschema.Down(ctx, tx, t, target) })
+func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target int) ([]int, error) {
+	return d.inTx(ctx, t, "revert", func(tx *sql.Tx, t outboxdriver.Table) ([]int, error) {
+		vs, err := pgschema.Down(ctx, migrations.SQLTx(tx), t, target)
+		if err != nil {
+			return nil, fmt.Errorf("outboxsql: revert %s: %w", t, err)
+		}
+		return vs, nil
+	})
 }
 
-func inTx(ctx context.Context, db *sql.DB, t outboxdriver.Table, what string, fn func(pgschema.Tx, outboxdriver.Table) ([]int, error)) ([]int, error) {
+func (d *Driver) inTx(ctx context.Context, t outboxdriver.Table, what string, fn func(*sql.Tx, outboxdriver.Table) ([]int, error)) ([]int, error) {
+	if d.db == nil {
+		return nil, errNoDB
+	}
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("outboxsql: %w", err)
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsql: %s %s: %w", what, t, err)
 	}
 	defer tx.Rollback()
-	vs, err := fn(migrations.SQLTx(tx), t)
+	vs, err := fn(tx, t)
 	if err != nil {
-		return nil, fmt.Errorf("outboxsql: %s %s: %w", what, t, err)
+		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("outboxsql: %s %s: commit: %w", what, t, err)

@@ -24,13 +24,13 @@ func TestWriteTxThroughDatabaseSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if vs, err := outboxsql.Migrate(ctx, db, tb, nil); err != nil || len(vs) == 0 {
+	if vs, err := outboxsql.New(db).Migrate(ctx, tb, nil); err != nil || len(vs) == 0 {
 		t.Fatalf("migrate: %v %v", vs, err)
 	}
-	if vs, err := outboxsql.Migrate(ctx, db, tb, nil); err != nil || len(vs) != 0 {
+	if vs, err := outboxsql.New(db).Migrate(ctx, tb, nil); err != nil || len(vs) != 0 {
 		t.Fatalf("second migrate applied %v, %v", vs, err)
 	}
-	ob, err := outbox.New(outboxsql.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	ob, err := outbox.New(outboxsql.New(db), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestWriteTxThroughDatabaseSQL(t *testing.T) {
 		outbox.Event{AggregateType: "order", AggregateID: "1", Type: "B", RawPayload: []byte{0xde, 0xad}},
 		outbox.Event{AggregateType: "order", AggregateID: "1", Type: "C"},
 	)
-	src, err := outboxpgx.NewSource(pool, tb, nil)
+	src, err := outboxpgx.New(pool).NewSource(tb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

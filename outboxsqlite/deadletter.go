@@ -2,19 +2,18 @@ package outboxsqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // DeadLetters lists up to limit dead letters of t, oldest first.
-func DeadLetters(ctx context.Context, db *sql.DB, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
-	t, err := table(t)
+func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
+	t, err := d.table(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held
+	rows, err := d.db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held
 FROM `+namesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: list dead letters of %s: %s", t, oneLine(err))
@@ -22,13 +21,13 @@ FROM `+namesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT ?`, limit)
 	defer rows.Close()
 	var out []outboxdriver.DeadLetter
 	for rows.Next() {
-		var d outboxdriver.DeadLetter
+		var dl outboxdriver.DeadLetter
 		var at string
-		if err := rows.Scan(&d.ID, &d.AggregateType, &d.AggregateID, &d.Type, &d.Attempts, &d.LastError, &at, &d.Held); err != nil {
+		if err := rows.Scan(&dl.ID, &dl.AggregateType, &dl.AggregateID, &dl.Type, &dl.Attempts, &dl.LastError, &at, &dl.Held); err != nil {
 			return nil, fmt.Errorf("outboxsqlite: list dead letters of %s: %w", t, err)
 		}
-		d.DeadLetteredAt = parseTime(at)
-		out = append(out, d)
+		dl.DeadLetteredAt = parseTime(at)
+		out = append(out, dl)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outboxsqlite: list dead letters of %s: %s", t, oneLine(err))
@@ -42,20 +41,20 @@ FROM `+namesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT ?`, limit)
 // it is published). ids nil means every dead letter. Each move is recorded
 // in the audit table under actor, in the same transaction. It returns the
 // ids moved, in seq order.
-func RetryDeadLetters(ctx context.Context, db *sql.DB, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return moveDeadLetters(ctx, db, t, ids, actor, "retry")
+func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	return d.moveDeadLetters(ctx, t, ids, actor, "retry")
 }
 
 // DiscardDeadLetters deletes dead letters for good and releases the
 // aggregates held behind them. ids nil means every dead letter. Each
 // deletion is recorded in the audit table under actor, in the same
 // transaction. It returns the ids deleted, in seq order.
-func DiscardDeadLetters(ctx context.Context, db *sql.DB, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return moveDeadLetters(ctx, db, t, ids, actor, "discard")
+func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	return d.moveDeadLetters(ctx, t, ids, actor, "discard")
 }
 
-func moveDeadLetters(ctx context.Context, db *sql.DB, t outboxdriver.Table, ids []string, actor, action string) (_ []string, err error) {
-	t, err = table(t)
+func (d *Driver) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor, action string) (_ []string, err error) {
+	t, err = d.table(t)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +69,7 @@ func moveDeadLetters(ctx context.Context, db *sql.DB, t outboxdriver.Table, ids 
 		sel = `SELECT id FROM ` + n.DeadLetter + ` WHERE id IN (SELECT value FROM json_each(?1)) ORDER BY seq`
 		args = []any{stringsJSON(ids)}
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -123,12 +122,12 @@ FROM ` + n.DeadLetter + chosen + ` ORDER BY seq`, []any{these}})
 }
 
 // Audit lists the newest limit operator actions on t, newest first.
-func Audit(ctx context.Context, db *sql.DB, t outboxdriver.Table, limit int) ([]outboxdriver.AuditEntry, error) {
-	t, err := table(t)
+func (d *Driver) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.AuditEntry, error) {
+	t, err := d.table(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `SELECT at, actor, action, coalesce(event_id, ''), detail FROM `+namesOf(t).Audit+` ORDER BY id DESC LIMIT ?`, limit)
+	rows, err := d.db.QueryContext(ctx, `SELECT at, actor, action, coalesce(event_id, ''), detail FROM `+namesOf(t).Audit+` ORDER BY id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: audit of %s: %s", t, oneLine(err))
 	}
@@ -147,4 +146,14 @@ func Audit(ctx context.Context, db *sql.DB, t outboxdriver.Table, limit int) ([]
 		return nil, fmt.Errorf("outboxsqlite: audit of %s: %s", t, oneLine(err))
 	}
 	return out, nil
+}
+
+// table checks t and fills in the defaults; it fails when the Driver has
+// no pool of its own.
+func (d *Driver) table(t outboxdriver.Table) (outboxdriver.Table, error) {
+	t, err := table(t)
+	if err == nil && d.db == nil {
+		err = errNoDB
+	}
+	return t, err
 }

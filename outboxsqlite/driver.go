@@ -10,19 +10,6 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Driver writes events into an outbox table through database/sql on
-// modernc.org/sqlite. It holds no connection: InsertTx uses the caller's
-// transaction.
-type Driver struct{}
-
-// New returns a Driver. Write with it through outbox.New; with no schema
-// configured, the table is in SQLite's "main" database:
-//
-//	ob, err := outbox.New(outboxsqlite.New(), nil) // main.outbox
-func New() *Driver { return &Driver{} }
-
-var _ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
-
 const insertCols = `(id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext)`
 
 // maxRowsPerInsert keeps one INSERT's bound parameters (8 per row) well

@@ -24,7 +24,7 @@ func TestDriverConformance(t *testing.T) {
 	db := openDB(t)
 	drivertest.Run(t, drivertest.Harness{
 		Name:  "sqlite",
-		Store: outboxsqlite.NewStore(db),
+		Store: outboxsqlite.New(db),
 		NewTable: func(t testing.TB) outboxdriver.Table {
 			return outboxdriver.Table{Schema: outboxsqlite.Schema, Name: newTableName()}
 		},
@@ -61,5 +61,5 @@ func newTableName() string {
 // write inserts events through the Writer in one transaction of db, and
 // commits it or rolls it back.
 func write(ctx context.Context, db *sql.DB, tb outboxdriver.Table, commit bool, events ...outbox.Event) error {
-	return testenv.WriteSQL(ctx, db, outboxsqlite.New(), tb, commit, events...)
+	return testenv.WriteSQL(ctx, db, outboxsqlite.New(db), tb, commit, events...)
 }

@@ -23,14 +23,14 @@ func Example() {
 		panic(err)
 	}
 	defer db.Close()
-	if _, err := outboxsqlite.Migrate(ctx, db, outboxdriver.Table{}, nil); err != nil { // main.outbox
+	if _, err := outboxsqlite.New(db).Migrate(ctx, outboxdriver.Table{}, nil); err != nil { // main.outbox
 		panic(err)
 	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL)`); err != nil {
 		panic(err)
 	}
 
-	ob, err := outbox.New(outboxsqlite.New(), nil)
+	ob, err := outbox.New(outboxsqlite.New(db), nil)
 	if err != nil {
 		panic(err)
 	}
@@ -50,7 +50,7 @@ func Example() {
 		panic(err)
 	}
 
-	st, err := outboxsqlite.Status(ctx, db, outboxdriver.Table{})
+	st, err := outboxsqlite.New(db).Status(ctx, outboxdriver.Table{})
 	if err != nil {
 		panic(err)
 	}

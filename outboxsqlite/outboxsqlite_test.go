@@ -42,7 +42,7 @@ func migrated(t testing.TB, n int) (*sql.DB, string, outboxdriver.Table) {
 	}
 	t.Cleanup(func() { db.Close() })
 	tb := outboxdriver.Table{Schema: outboxsqlite.Schema, Name: "outbox"}
-	if _, err := outboxsqlite.Migrate(ctx, db, tb, &outboxdriver.MigrateOptions{Partitions: n}); err != nil {
+	if _, err := outboxsqlite.New(db).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: n}); err != nil {
 		t.Fatal(err)
 	}
 	return db, path, tb
@@ -50,12 +50,12 @@ func migrated(t testing.TB, n int) (*sql.DB, string, outboxdriver.Table) {
 
 func source(t testing.TB, db *sql.DB, tb outboxdriver.Table, name string) *outboxsqlite.Source {
 	t.Helper()
-	src, err := outboxsqlite.NewSource(db, tb, &outboxdriver.SourceConfig{RelayName: name})
+	s, err := outboxsqlite.New(db).NewSource(tb, &outboxdriver.SourceConfig{RelayName: name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { src.Close() })
-	return src
+	t.Cleanup(func() { s.Close() })
+	return s.(*outboxsqlite.Source)
 }
 
 func ev(agg string, n int) outbox.Event {
@@ -116,12 +116,12 @@ func TestOpenSettings(t *testing.T) {
 func TestSchemaNames(t *testing.T) {
 	db, _, _ := migrated(t, 4)
 	ctx := testContext(t)
-	ob, err := outbox.New(outboxsqlite.New(), nil)
+	ob, err := outbox.New(outboxsqlite.New(db), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := ob.Table(); got.Schema != outboxsqlite.Schema || got.Name != "outbox" {
-		t.Fatalf("outbox.New(outboxsqlite.New(), nil) writes %v; want main.outbox", got)
+		t.Fatalf("outbox.New(outboxsqlite.New(db), nil) writes %v; want main.outbox", got)
 	}
 	if err := func() error {
 		tx, err := db.BeginTx(ctx, nil)
@@ -133,7 +133,7 @@ func TestSchemaNames(t *testing.T) {
 	}(); err != nil {
 		t.Fatalf("WriteTx into main.outbox: %v", err)
 	}
-	pg, err := outbox.New(outboxsqlite.New(), &outbox.Config{Schema: "public"})
+	pg, err := outbox.New(outboxsqlite.New(db), &outbox.Config{Schema: "public"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,17 +147,17 @@ func TestSchemaNames(t *testing.T) {
 		t.Fatalf("WriteTx with schema public = %v; want an error naming outboxsqlite.Schema", err)
 	}
 	temp := outboxdriver.Table{Schema: "temp", Name: "outbox"}
-	if _, err := outboxsqlite.Migrate(ctx, db, temp, nil); err == nil || !strings.Contains(err.Error(), "private to one connection") {
+	if _, err := outboxsqlite.New(db).Migrate(ctx, temp, nil); err == nil || !strings.Contains(err.Error(), "private to one connection") {
 		t.Fatalf("Migrate into temp = %v; want it refused", err)
 	}
-	if _, err := outboxsqlite.NewSource(db, temp, nil); err == nil {
+	if _, err := outboxsqlite.New(db).NewSource(temp, nil); err == nil {
 		t.Fatal("NewSource on temp accepted")
 	}
-	if _, err := outboxsqlite.Status(ctx, db, outboxdriver.Table{Schema: "elsewhere", Name: "outbox"}); err == nil || !strings.Contains(err.Error(), `no database named "elsewhere"`) {
+	if _, err := outboxsqlite.New(db).Status(ctx, outboxdriver.Table{Schema: "elsewhere", Name: "outbox"}); err == nil || !strings.Contains(err.Error(), `no database named "elsewhere"`) {
 		t.Fatalf("Status of an unattached schema = %v", err)
 	}
 	// An empty schema means main.
-	if st, err := outboxsqlite.Status(ctx, db, outboxdriver.Table{}); err != nil || st.Table.Schema != "main" || len(st.Partitions) != 4 {
+	if st, err := outboxsqlite.New(db).Status(ctx, outboxdriver.Table{}); err != nil || st.Table.Schema != "main" || len(st.Partitions) != 4 {
 		t.Fatalf("Status of the default table = %+v, %v; want main.outbox with 4 partitions", st, err)
 	}
 }
@@ -385,7 +385,7 @@ func TestConcurrentWritersAndRelayLoseNothing(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, agg TEXT NOT NULL, n INTEGER NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(outboxsqlite.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	ob, err := outbox.New(outboxsqlite.New(db), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +530,7 @@ func TestConcurrentWritersAndRelayLoseNothing(t *testing.T) {
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		st, err := outboxsqlite.Status(ctx, db, tb)
+		st, err := outboxsqlite.New(db).Status(ctx, tb)
 		if err != nil {
 			t.Fatal(err)
 		}

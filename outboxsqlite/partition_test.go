@@ -26,7 +26,7 @@ func TestPartitionColumn(t *testing.T) {
 	defer db.Close()
 	const parts = 64
 	tb := outboxdriver.Table{Schema: Schema, Name: "outbox"}
-	if _, err := Migrate(ctx, db, tb, &outboxdriver.MigrateOptions{Partitions: parts}); err != nil {
+	if _, err := New(db).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: parts}); err != nil {
 		t.Fatal(err)
 	}
 	ids := []string{"1", "42", "a", "order-42", "ünïcødé", "日本語の集約", "emoji-🦫", strings.Repeat("x", 31),
@@ -104,7 +104,7 @@ func TestPartitionColumnNeedsNoCustomFunction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := Migrate(ctx, db, outboxdriver.Table{}, nil); err != nil {
+	if _, err := New(db).Migrate(ctx, outboxdriver.Table{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	plain, err := sql.Open("sqlite", path) // no settings at all
@@ -121,7 +121,7 @@ func TestPartitionColumnNeedsNoCustomFunction(t *testing.T) {
 	if err := plain.QueryRowContext(ctx, `SELECT partition, created_at FROM outbox`).Scan(&part, &created); err != nil {
 		t.Fatal(err)
 	}
-	if want := partitionOf("42", DefaultPartitions); part != want {
+	if want := partitionOf("42", outboxdriver.DefaultPartitions); part != want {
 		t.Fatalf("partition %d, want %d", part, want)
 	}
 	if at := parseTime(created); at.IsZero() || time.Since(at).Abs() > time.Hour {

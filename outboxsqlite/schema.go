@@ -18,14 +18,8 @@ var files embed.FS
 // all reads the embedded migrations; they are small.
 func all() []migrations.Migration { return migrations.MustLoad(files, "migrations") }
 
-// LatestVersion is the newest schema version this package knows.
-func LatestVersion() int { return migrations.Latest(all()) }
-
-// Partitioning bounds. The count is fixed when the table is created.
-const (
-	DefaultPartitions = 64
-	MaxPartitions     = 4096
-)
+// LatestVersion is the newest schema version this driver knows.
+func (d *Driver) LatestVersion() int { return migrations.Latest(all()) }
 
 // nowSQL is the database clock in the format of every time column.
 const nowSQL = `strftime('%Y-%m-%d %H:%M:%f', 'now')`
@@ -46,7 +40,7 @@ func table(t outboxdriver.Table) (outboxdriver.Table, error) {
 		t.Schema = Schema
 	}
 	if t.Name == "" {
-		t.Name = outboxdriver.DefaultTable.Name
+		t.Name = outboxdriver.DefaultTableName
 	}
 	if err := t.Validate(); err != nil {
 		return t, fmt.Errorf("outboxsqlite: %w", err)
@@ -57,22 +51,7 @@ func table(t outboxdriver.Table) (outboxdriver.Table, error) {
 	return t, nil
 }
 
-// names are the rendered SQL names that belong to one outbox table.
-type names struct {
-	Table, DeadLetter, Migrations, Leases, Relays, Held, Audit string
-}
-
-func namesOf(t outboxdriver.Table) names {
-	return names{
-		Table:      t.Qualified(""),
-		DeadLetter: t.Qualified("_dead_letter"),
-		Migrations: t.Qualified("_migrations"),
-		Leases:     t.Qualified("_leases"),
-		Relays:     t.Qualified("_relays"),
-		Held:       t.Qualified("_held"),
-		Audit:      t.Qualified("_audit"),
-	}
-}
+func namesOf(t outboxdriver.Table) outboxdriver.Names { return outboxdriver.NamesOf(t.Qualified) }
 
 // The partition hash (see the trigger in the first migration): the
 // weighted sum of the code points of the first hashChars characters of
@@ -146,18 +125,34 @@ func render(sql string, t outboxdriver.Table, partitions int) string {
 // leaves nothing behind. It returns the versions it applied; a second run
 // applies none. Concurrent migrators queue on the write lock, and the
 // later ones find the work done. opts may be nil.
-func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	o := outboxdriver.MigrateOptions{}
-	if opts != nil {
-		o = *opts
+func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	if d.db == nil {
+		return nil, errNoDB
 	}
-	if o.Partitions == 0 {
-		o.Partitions = DefaultPartitions
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: %s", t, oneLine(err))
 	}
-	if o.Partitions < 1 || o.Partitions > MaxPartitions {
-		return nil, fmt.Errorf("outboxsqlite: partitions %d: use 1 to %d", o.Partitions, MaxPartitions)
+	defer tx.Rollback()
+	vs, err := d.MigrateTx(ctx, tx, t, opts)
+	if err != nil {
+		return nil, err
 	}
-	return inTx(ctx, db, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: commit: %s", t, oneLine(err))
+	}
+	return vs, nil
+}
+
+// MigrateTx is Migrate inside the caller's transaction tx, which the
+// caller commits (SQLite's DDL is transactional: the outbox tables come
+// into being with the rest of tx, or not at all).
+func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	o, err := opts.Resolve()
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: %w", err)
+	}
+	return inTx(ctx, tx, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
 		ran, err := migrations.Up(all(), done, func(m migrations.Migration) error {
 			if _, err := tx.ExecContext(ctx, render(m.Up, t, o.Partitions)); err != nil {
 				return fmt.Errorf("migration %03d_%s: %s", m.Version, m.Name, oneLine(err))
@@ -177,11 +172,19 @@ func Migrate(ctx context.Context, db *sql.DB, t outboxdriver.Table, opts *outbox
 // MigrateDown reverts the migrations of t newer than target in one
 // transaction, newest first; target 0 removes the outbox tables and
 // everything in them. It returns the versions it reverted.
-func MigrateDown(ctx context.Context, db *sql.DB, t outboxdriver.Table, target int) ([]int, error) {
+func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target int) ([]int, error) {
 	if target < 0 {
 		return nil, fmt.Errorf("outboxsqlite: migrate down to %d: the target must be 0 or more", target)
 	}
-	return inTx(ctx, db, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
+	if d.db == nil {
+		return nil, errNoDB
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: %s", t, oneLine(err))
+	}
+	defer tx.Rollback()
+	vs, err := inTx(ctx, tx, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
 		ran, err := migrations.Down(all(), done, target, func(m migrations.Migration) error {
 			if _, err := tx.ExecContext(ctx, render(m.Down, t, 0)); err != nil {
 				return fmt.Errorf("revert migration %03d_%s: %s", m.Version, m.Name, oneLine(err))
@@ -199,24 +202,26 @@ func MigrateDown(ctx context.Context, db *sql.DB, t outboxdriver.Table, target i
 		}
 		return ran, nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: commit: %s", t, oneLine(err))
+	}
+	return vs, nil
 }
 
-// inTx runs fn in one write transaction (BEGIN IMMEDIATE: it holds the
-// write lock from the start, so concurrent migrators run one after the
-// other) with the applied versions of t.
-func inTx(ctx context.Context, db *sql.DB, t outboxdriver.Table, fn func(*sql.Tx, outboxdriver.Table, map[int]bool) ([]int, error)) ([]int, error) {
+// inTx runs fn in tx, a write transaction (from Open's pool, BEGIN
+// IMMEDIATE: it holds the write lock from the start, so concurrent
+// migrators run one after the other), with the applied versions of t.
+func inTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, fn func(*sql.Tx, outboxdriver.Table, map[int]bool) ([]int, error)) ([]int, error) {
 	t, err := table(t)
 	if err != nil {
 		return nil, err
 	}
-	if db == nil {
-		return nil, fmt.Errorf("outboxsqlite: migrate %s: db is nil", t)
+	if tx == nil {
+		return nil, fmt.Errorf("outboxsqlite: migrate %s: transaction is nil", t)
 	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("outboxsqlite: migrate %s: %s", t, oneLine(err))
-	}
-	defer tx.Rollback()
 	n := namesOf(t)
 	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+n.Migrations+` (
     version    INTEGER PRIMARY KEY,
@@ -243,9 +248,6 @@ func inTx(ctx context.Context, db *sql.DB, t outboxdriver.Table, fn func(*sql.Tx
 	vs, err := fn(tx, t, done)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: migrate %s: %w", t, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("outboxsqlite: migrate %s: commit: %s", t, oneLine(err))
 	}
 	return vs, nil
 }

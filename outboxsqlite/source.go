@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,16 +18,9 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// SourceConfig configures a Source.
-type SourceConfig = outboxdriver.SourceConfig
-
 // WatchInterval is how often a waiting Source looks at PRAGMA
 // data_version for a commit by another connection.
 const WatchInterval = 10 * time.Millisecond
-
-// defaultClaimTTL is how long a batch keeps its partitions before any
-// heartbeat told the Source the lease TTL.
-const defaultClaimTTL = 30 * time.Second
 
 // Source is the relay's view of an outbox table in SQLite.
 //
@@ -39,13 +31,9 @@ const defaultClaimTTL = 30 * time.Second
 // outcome and clears the marks in a second short transaction. Between the
 // two, while the batch is published, no lock is held.
 type Source struct {
-	db    *sql.DB
-	table outboxdriver.Table
-	cfg   SourceConfig
-	log   *slog.Logger
-	q     queries
-
-	ttlMS atomic.Int64 // the lease TTL last used: how long a claim's marks last
+	outboxdriver.SourceBase // its TTL: how long a claim's marks last
+	db                      *sql.DB
+	q                       queries
 
 	// seen is the data_version that Wait compares against: read before
 	// every claim, so a commit after it ends the next Wait at once.
@@ -144,43 +132,26 @@ WHERE id IN (SELECT value FROM json_each(?1))`
 	return q
 }
 
-// NewSource returns a Source over table t in db. It does no I/O.
-func NewSource(db *sql.DB, t outboxdriver.Table, cfg *SourceConfig) (*Source, error) {
-	if db == nil {
-		return nil, errors.New("outboxsqlite: db is nil")
-	}
-	t, err := table(t)
+// NewSource returns the relay's view of table t in the Driver's database.
+// It does no I/O.
+func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
+	t, err := d.table(t)
 	if err != nil {
 		return nil, err
 	}
-	c := SourceConfig{}
-	if cfg != nil {
-		c = *cfg
+	s := &Source{db: d.db}
+	if err := s.Init(t, cfg); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: %w", err)
 	}
-	if c.Retention != outboxdriver.RetentionDelete && c.Retention != outboxdriver.RetentionKeep {
-		return nil, fmt.Errorf("outboxsqlite: unknown retention %d", c.Retention)
-	}
-	if c.RelayName == "" {
-		c.RelayName = outboxdriver.DefaultRelayName()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	s := &Source{db: db, table: t, cfg: c, log: c.Logger, q: newQueries(t, c.Retention)}
-	s.ttlMS.Store(defaultClaimTTL.Milliseconds())
+	s.q = newQueries(t, s.Cfg.Retention)
 	return s, nil
 }
 
-// RelayName is the name this source registers under.
-func (s *Source) RelayName() string { return s.cfg.RelayName }
-
 // batch is a claim: records whose partitions carry the batch's token.
 type batch struct {
-	src     *Source
-	token   string
-	leases  []outboxdriver.Lease
-	records []outboxdriver.Record
-	done    bool
+	outboxdriver.BatchState
+	src   *Source
+	token string
 }
 
 // Claim selects up to limit due, unpublished records of the leased
@@ -192,35 +163,36 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxsqlite: claim limit %d must be positive", limit)
 	}
-	b := &batch{src: s, leases: leases, done: true}
+	b := &batch{src: s, BatchState: outboxdriver.NewBatchState("outboxsqlite", leases)}
 	if len(leases) == 0 {
 		return b, nil
 	}
 	s.noteVersion(ctx)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.table, oneLine(err))
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.Table, oneLine(err))
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, s.q.claim, leasesJSON(leases), s.cfg.RelayName, limit)
+	rows, err := tx.QueryContext(ctx, s.q.claim, leasesJSON(leases), s.Cfg.RelayName, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.table, oneLine(err))
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.Table, oneLine(err))
 	}
 	recs, err := scanRecords(rows, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.table, oneLine(err))
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.Table, oneLine(err))
 	}
 	if len(recs) == 0 {
 		return b, nil
 	}
 	token := newToken()
-	if _, err := tx.ExecContext(ctx, s.q.mark, token, s.ttlMS.Load(), intsJSON(partitionsOf(recs))); err != nil {
-		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.table, oneLine(err))
+	if _, err := tx.ExecContext(ctx, s.q.mark, token, s.TTL().Milliseconds(), intsJSON(partitionsOf(recs))); err != nil {
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.Table, oneLine(err))
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("outboxsqlite: claim from %s: commit: %s", s.table, oneLine(err))
+		return nil, fmt.Errorf("outboxsqlite: claim from %s: commit: %s", s.Table, oneLine(err))
 	}
-	b.token, b.records, b.done = token, recs, false
+	b.token, b.Recs = token, recs
+	b.Open()
 	return b, nil
 }
 
@@ -288,12 +260,7 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &created, &r.Attempts); err != nil {
 			return nil, err
 		}
-		switch {
-		case payload.Valid:
-			r.Payload = []byte(payload.String)
-		case raw != nil:
-			r.Payload = raw
-		}
+		r.SetPayload([]byte(payload.String), payload.Valid, raw)
 		if headers.Valid {
 			r.Headers = outboxdriver.ParseHeaders(headers.String)
 		}
@@ -315,29 +282,23 @@ func parseTime(s string) time.Time {
 	return time.Time{}
 }
 
-func (b *batch) Records() []outboxdriver.Record { return b.records }
-
 // Finish checks, in one write transaction, that the relay still holds
 // every lease the batch was claimed under and that no other claim took
 // its partitions over (the fence), then records the outcome and clears the
 // batch's marks. If the fence fails, nothing is recorded, the marks are
 // cleared, and the error wraps outboxdriver.ErrLeaseLost.
 func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
-	if b.done {
-		if len(b.records) == 0 {
-			return nil
-		}
-		return errors.New("outboxsqlite: batch already finished")
+	if ok, err := b.StartFinish(); !ok {
+		return err
 	}
-	b.done = true
 	s := b.src
 	err := b.finish(ctx, out)
 	if err != nil {
 		b.unclaim(ctx)
 		if errors.Is(err, outboxdriver.ErrLeaseLost) {
-			return fmt.Errorf("outboxsqlite: finish batch of %d: %w", len(b.records), err)
+			return fmt.Errorf("outboxsqlite: finish batch of %d: %w", len(b.Recs), err)
 		}
-		return fmt.Errorf("outboxsqlite: finish batch of %d from %s: %s", len(b.records), s.table, oneLine(err))
+		return fmt.Errorf("outboxsqlite: finish batch of %d from %s: %s", len(b.Recs), s.Table, oneLine(err))
 	}
 	return nil
 }
@@ -349,13 +310,13 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 		return err
 	}
 	defer tx.Rollback()
-	fenced := b.fenced()
+	fenced := b.Fenced()
 	var held, marked int
-	if err := tx.QueryRowContext(ctx, q.fence, leasesJSON(fenced), s.cfg.RelayName).Scan(&held); err != nil {
+	if err := tx.QueryRowContext(ctx, q.fence, leasesJSON(fenced), s.Cfg.RelayName).Scan(&held); err != nil {
 		return err
 	}
 	if held != len(fenced) {
-		return fmt.Errorf("%w: relay %s no longer holds the leases this batch was claimed under", outboxdriver.ErrLeaseLost, s.cfg.RelayName)
+		return outboxdriver.LeaseLost(s.Cfg.RelayName)
 	}
 	if err := tx.QueryRowContext(ctx, q.claimedByMe, b.token).Scan(&marked); err != nil {
 		return err
@@ -367,8 +328,9 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 		_, err := tx.ExecContext(ctx, query, args...)
 		return err
 	}
-	if len(out.Published) > 0 {
-		ids := stringsJSON(out.Published)
+	plan := out.Plan()
+	if len(plan.Published) > 0 {
+		ids := stringsJSON(plan.Published)
 		if err := exec(q.markPublished, ids); err != nil {
 			return err
 		}
@@ -376,34 +338,29 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 			return err
 		}
 	}
-	var flow []string
-	for _, f := range out.Failed {
-		msg := errorText(f.Err)
-		if !f.DeadLetter {
-			if err := exec(q.retry, f.ID, msg, f.RetryAfter.Milliseconds()); err != nil {
-				return err
-			}
-			if err := exec(q.holdRetry, f.ID); err != nil {
-				return err
-			}
-			continue
+	for _, f := range plan.Retries {
+		if err := exec(q.retry, f.ID, outboxdriver.ErrorText(f.Err), f.RetryAfter.Milliseconds()); err != nil {
+			return err
 		}
-		if err := exec(q.deadLetter, f.ID, msg, f.Hold); err != nil {
+		if err := exec(q.holdRetry, f.ID); err != nil {
+			return err
+		}
+	}
+	for _, f := range plan.DeadLetters {
+		if err := exec(q.deadLetter, f.ID, outboxdriver.ErrorText(f.Err), f.Hold); err != nil {
 			return err
 		}
 		if err := exec(q.deleteOne, f.ID); err != nil {
 			return err
 		}
-		if f.Hold {
-			if err := exec(q.holdDead, f.ID); err != nil {
-				return err
-			}
-		} else {
-			flow = append(flow, f.ID)
+	}
+	for _, id := range plan.Hold {
+		if err := exec(q.holdDead, id); err != nil {
+			return err
 		}
 	}
-	if len(flow) > 0 {
-		if err := exec(q.unhold, stringsJSON(flow)); err != nil {
+	if len(plan.Flow) > 0 {
+		if err := exec(q.unhold, stringsJSON(plan.Flow)); err != nil {
 			return err
 		}
 	}
@@ -413,28 +370,11 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 	return tx.Commit()
 }
 
-// fenced lists the leases of the partitions the batch holds records of.
-func (b *batch) fenced() []outboxdriver.Lease {
-	in := map[int]bool{}
-	for _, r := range b.records {
-		in[r.Partition] = true
-	}
-	out := make([]outboxdriver.Lease, 0, len(in))
-	for _, l := range b.leases {
-		if in[l.Partition] {
-			out = append(out, l)
-			in[l.Partition] = false
-		}
-	}
-	return out
-}
-
 // Release clears the batch's marks without recording anything.
 func (b *batch) Release(ctx context.Context) {
-	if b.done {
+	if !b.StartRelease() {
 		return
 	}
-	b.done = true
 	b.unclaim(ctx)
 }
 
@@ -444,21 +384,9 @@ func (b *batch) unclaim(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if _, err := b.src.db.ExecContext(ctx, b.src.q.unclaim, b.token); err != nil {
-		b.src.log.Warn("outboxsqlite: cannot release a claim; its partitions wait until it expires",
-			"table", b.src.table.String(), "err", oneLine(err))
+		b.src.Log.Warn("outboxsqlite: cannot release a claim; its partitions wait until it expires",
+			"table", b.src.Table.String(), "err", oneLine(err))
 	}
-}
-
-// errorText bounds the stored error text.
-func errorText(err error) string {
-	if err == nil {
-		return "unknown error"
-	}
-	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
-	if len(s) > 2000 {
-		s = strings.ToValidUTF8(s[:2000], "") + "..."
-	}
-	return s
 }
 
 // noteVersion records the current data_version as the one Wait compares
@@ -569,8 +497,8 @@ func (s *Source) Close() error {
 // Heartbeat registers the relay as alive for ttl and counts the live relays
 // and the partitions. ttl also becomes the life of a claim's marks.
 func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
-	s.ttlMS.Store(ttl.Milliseconds())
-	if _, err := s.db.ExecContext(ctx, s.q.heartbeat, s.cfg.RelayName, ttl.Milliseconds()); err != nil {
+	s.NoteTTL(ttl)
+	if _, err := s.db.ExecContext(ctx, s.q.heartbeat, s.Cfg.RelayName, ttl.Milliseconds()); err != nil {
 		return 0, 0, fmt.Errorf("outboxsqlite: heartbeat: %s", oneLine(err))
 	}
 	if err := s.db.QueryRowContext(ctx, s.q.relays).Scan(&relays, &partitions); err != nil {
@@ -585,7 +513,7 @@ func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outbo
 	if n <= 0 {
 		return nil, nil
 	}
-	return s.leaseQuery(ctx, "acquire", s.q.acquire, s.cfg.RelayName, n, ttl.Milliseconds())
+	return s.leaseQuery(ctx, "acquire", s.q.acquire, s.Cfg.RelayName, n, ttl.Milliseconds())
 }
 
 // Renew extends leases by ttl and returns those the relay still holds.
@@ -593,7 +521,7 @@ func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl tim
 	if len(leases) == 0 {
 		return nil, nil
 	}
-	return s.leaseQuery(ctx, "renew", s.q.renew, s.cfg.RelayName, leasesJSON(leases), ttl.Milliseconds())
+	return s.leaseQuery(ctx, "renew", s.q.renew, s.Cfg.RelayName, leasesJSON(leases), ttl.Milliseconds())
 }
 
 func (s *Source) leaseQuery(ctx context.Context, what, query string, args ...any) ([]outboxdriver.Lease, error) {
@@ -601,19 +529,10 @@ func (s *Source) leaseQuery(ctx context.Context, what, query string, args ...any
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %s leases: %s", what, oneLine(err))
 	}
-	defer rows.Close()
-	var out []outboxdriver.Lease
-	for rows.Next() {
-		var l outboxdriver.Lease
-		if err := rows.Scan(&l.Partition, &l.Epoch); err != nil {
-			return nil, fmt.Errorf("outboxsqlite: %s leases: %w", what, err)
-		}
-		out = append(out, l)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := outboxdriver.ScanLeases(rows)
+	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %s leases: %s", what, oneLine(err))
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
 	return out, nil
 }
 
@@ -621,12 +540,12 @@ func (s *Source) leaseQuery(ctx context.Context, what, query string, args ...any
 // batch still in flight keeps its partitions marked until it ends.
 func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
 	if len(leases) > 0 {
-		if _, err := s.db.ExecContext(ctx, s.q.release, s.cfg.RelayName, leasesJSON(leases)); err != nil {
+		if _, err := s.db.ExecContext(ctx, s.q.release, s.Cfg.RelayName, leasesJSON(leases)); err != nil {
 			return fmt.Errorf("outboxsqlite: release leases: %s", oneLine(err))
 		}
 	}
 	if all {
-		if _, err := s.db.ExecContext(ctx, s.q.unregister, s.cfg.RelayName); err != nil {
+		if _, err := s.db.ExecContext(ctx, s.q.unregister, s.Cfg.RelayName); err != nil {
 			return fmt.Errorf("outboxsqlite: release leases: %s", oneLine(err))
 		}
 	}
@@ -639,11 +558,7 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 	if len(leases) == 0 || limit <= 0 {
 		return 0, nil
 	}
-	parts := make([]int, len(leases))
-	for i, l := range leases {
-		parts[i] = l.Partition
-	}
-	res, err := s.db.ExecContext(ctx, s.q.cleanup, intsJSON(parts), -olderThan.Milliseconds(), limit)
+	res, err := s.db.ExecContext(ctx, s.q.cleanup, intsJSON(outboxdriver.Partitions(leases)), -olderThan.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("outboxsqlite: clean up published rows: %s", oneLine(err))
 	}

@@ -13,11 +13,15 @@ import (
 // dead letters, the held aggregates and every partition's lease of table
 // t, all read in one read-only transaction (one consistent snapshot). It
 // wraps outboxdriver.ErrNotMigrated when t does not exist.
-func Status(ctx context.Context, db *sql.DB, t outboxdriver.Table) (outboxdriver.Status, error) {
+func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.Status, error) {
 	t, err := table(t)
-	st := outboxdriver.Status{Table: t, LatestSchemaVersion: LatestVersion()}
+	st := outboxdriver.Status{Table: t, LatestSchemaVersion: d.LatestVersion()}
 	if err != nil {
 		return st, err
+	}
+	db := d.db
+	if db == nil {
+		return st, errNoDB
 	}
 	fail := func(err error) (outboxdriver.Status, error) {
 		return st, fmt.Errorf("outboxsqlite: status of %s: %s", t, oneLine(err))

@@ -3,70 +3,54 @@ package outboxsqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Store is an outboxdriver.Store over a database/sql pool on SQLite: what
-// the command line and the conformance suite use. Applications use the
-// package functions directly.
-type Store struct {
+// Driver is the outbox on one SQLite database file through database/sql
+// on modernc.org/sqlite.
+type Driver struct {
 	db *sql.DB
 }
 
-var _ outboxdriver.Store = (*Store)(nil)
+// New returns the Driver of db, a pool from Open. It does no I/O, and it
+// never closes db: that is the caller's. db may be nil for a program that
+// only writes events inside its own transactions (WriteTx); every method
+// that needs a connection of its own then fails. With no schema
+// configured, the table is in SQLite's "main" database:
+//
+//	ob, err := outbox.New(outboxsqlite.New(db), nil) // main.outbox
+func New(db *sql.DB) *Driver { return &Driver{db: db} }
 
-// NewStore returns a Store over db, a pool from Open. Close leaves db open:
-// it is the caller's.
-func NewStore(db *sql.DB) *Store { return &Store{db: db} }
+var (
+	_ outboxdriver.Writer[*sql.Tx]     = (*Driver)(nil)
+	_ outboxdriver.TxMigrator[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.Store               = (*Driver)(nil)
+	_ outboxdriver.Inserter            = (*Driver)(nil)
+)
 
-// DB is the pool the Store uses.
-func (s *Store) DB() *sql.DB { return s.db }
+// errNoDB is returned by the methods that need the Driver's own pool.
+var errNoDB = errors.New("outboxsqlite: this Driver has no database: create it with outboxsqlite.New(db)")
 
-// Migrate creates or upgrades t; see the package function Migrate.
-func (s *Store) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	return Migrate(ctx, s.db, t, opts)
-}
-
-// MigrateDown reverts t to version target; see the package function.
-func (s *Store) MigrateDown(ctx context.Context, t outboxdriver.Table, target int) ([]int, error) {
-	return MigrateDown(ctx, s.db, t, target)
-}
-
-// LatestVersion is the newest schema version this package knows.
-func (s *Store) LatestVersion() int { return LatestVersion() }
-
-// NewSource returns a relay's view of t.
-func (s *Store) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
-	return NewSource(s.db, t, cfg)
-}
-
-// Status summarises t; see the package function Status.
-func (s *Store) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.Status, error) {
-	return Status(ctx, s.db, t)
-}
-
-// DeadLetters lists up to limit dead letters of t, oldest first.
-func (s *Store) DeadLetters(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
-	return DeadLetters(ctx, s.db, t, limit)
-}
-
-// RetryDeadLetters moves dead letters back into the outbox; see the
-// package function.
-func (s *Store) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return RetryDeadLetters(ctx, s.db, t, ids, actor)
-}
-
-// DiscardDeadLetters deletes dead letters and releases their aggregates;
-// see the package function.
-func (s *Store) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return DiscardDeadLetters(ctx, s.db, t, ids, actor)
-}
-
-// Audit lists the newest limit operator actions on t, newest first.
-func (s *Store) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.AuditEntry, error) {
-	return Audit(ctx, s.db, t, limit)
-}
+// DB is the pool the Driver was made with (nil if none).
+func (d *Driver) DB() *sql.DB { return d.db }
 
 // Close does nothing: the pool is the caller's.
-func (s *Store) Close() error { return nil }
+func (d *Driver) Close() error { return nil }
+
+// Insert inserts rows in a transaction of its own on the Driver's pool.
+func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if d.db == nil {
+		return errNoDB
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := d.InsertTx(ctx, tx, t, rows); err != nil {
+		return err
+	}
+	return tx.Commit()
+}

@@ -7,35 +7,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/sink"
 )
 
 func (r *Relay) loop(ctx, pubCtx context.Context) {
 	var (
-		wait           = minWait
-		idle           bool
-		idleSince      time.Time
 		failures       int // consecutive claims that failed (database)
 		brokerFailures int // consecutive batches that met a broker outage
 	)
-	w, ok := r.src.(outboxdriver.Waker)
-	wakes := ok && w.WakesOnCommit()
-	// flow is a moving average of the events per claim of this loop
-	// (empty claims count as 0); steady says the relay left the wake-up
-	// registry because of it, not because of a backlog.
-	var (
-		flow   float64
-		steady bool
-	)
-	// register (re)registers the relay for wake-ups for three poll
-	// intervals; it is renewed after one.
-	register := func() {
-		if err := r.src.SetIdle(ctx, 3*r.cfg.PollInterval); err != nil && ctx.Err() == nil {
-			r.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
-		}
-		idle, idleSince = true, time.Now()
-	}
+	wk := newWakeups(r.src, r.cfg.PollInterval, r.log)
 	for ctx.Err() == nil {
 		leases := r.leases.snapshot()
 		if len(leases) == 0 {
@@ -51,7 +33,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 				return
 			}
 			failures++
-			d := backoff(failures, breakerBase, breakerMax)
+			d := backoff.Delay(failures, breakerBase, breakerMax)
 			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d)
 			sleep(ctx, d)
 			continue
@@ -59,77 +41,43 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		failures = 0 // the database answered; a broker outage counts anew below
 		recs := b.Records()
 		r.metrics.Claimed(len(recs))
-		flow = flow*(1-flowWeight) + float64(len(recs))*flowWeight
 		if len(recs) == 0 {
 			b.Release(ctx)
 			r.leases.inFlight.RUnlock()
-			if steady && flow >= rejoinFlow && wait <= maxSteadyWait {
-				// Out of the registry while events come fast: a gap is
-				// likely short, so look again soon rather than rejoin.
-				r.waitForWork(ctx, wait)
-				wait *= 2
-				continue
+			if d, ok := wk.empty(ctx); ok {
+				r.waitForWork(ctx, d)
 			}
-			steady = false
-			if !idle || time.Since(idleSince) > r.cfg.PollInterval {
-				// Register as idle (writers then send a wake-up), then look
-				// once more: a row committed before the registration sent
-				// no wake-up.
-				register()
-				continue
-			}
-			if wakes {
-				// A commit wakes the wait: no need to look again sooner
-				// than the poll interval.
-				wait = r.cfg.PollInterval
-			}
-			r.waitForWork(ctx, wait)
-			wait = min(wait*2, r.cfg.PollInterval)
 			continue
 		}
 		r.stage(StageClaimed, len(recs))
-		wait = minWait
-		// Stay registered for wake-ups while batches come back short and
-		// few: leaving and rejoining would cost two round trips a
-		// wake-up. A full batch means a backlog, and claims that keep
-		// finding several events mean a flow the relay keeps up with by
-		// claiming back to back: leave, so that the writers are spared
-		// the NOTIFY (which makes every notifying commit in the cluster
-		// wait for the one before it).
-		if idle && (len(recs) == r.cfg.BatchSize || (wakes && flow >= leaveFlow)) {
-			idle, steady = false, len(recs) < r.cfg.BatchSize
-			if err := r.src.SetIdle(ctx, 0); err != nil && ctx.Err() == nil {
-				r.log.Warn("relay: cannot leave idle state", "err", err)
-			}
-		}
+		full := len(recs) == r.cfg.BatchSize
+		wk.claimed(ctx, len(recs), full)
 		clean, outage := r.process(pubCtx, b, recs)
 		r.leases.inFlight.RUnlock()
-		if outage == nil && len(recs) == r.cfg.BatchSize && r.cfg.Lanes > 1 {
+		if outage == nil && full && r.cfg.Lanes > 1 {
 			// A backlog: work it off in lanes.
 			outage = r.lanes(ctx, pubCtx)
 		}
-		if clean && idle && len(recs) < r.cfg.BatchSize && wakes {
-			// Caught up as of the claim, and still registered for
-			// wake-ups: whatever committed since has sent one, so wait
-			// for it rather than spend a claim on finding nothing.
-			if time.Since(idleSince) > r.cfg.PollInterval {
-				register()
-				continue // look once more: the registration had lapsed
+		if clean && !full {
+			switch wk.caughtUp(ctx) {
+			case claimAgain:
+				continue
+			case awaitWakeup:
+				brokerFailures = 0
+				r.linger(ctx, claimed)
+				r.waitForWork(ctx, r.cfg.PollInterval)
+				continue
 			}
-			brokerFailures = 0
-			r.linger(ctx, claimed)
-			r.waitForWork(ctx, r.cfg.PollInterval)
-			continue
 		}
 		if outage == nil {
 			brokerFailures = 0
-			if steady && len(recs) < r.cfg.BatchSize {
+			if wk.steady && !full {
 				r.linger(ctx, claimed)
 			}
 			continue
 		}
 		brokerFailures++
-		d := backoff(brokerFailures, breakerBase, breakerMax)
+		d := backoff.Delay(brokerFailures, breakerBase, breakerMax)
 		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "err", outage)
 		sleep(ctx, d)
 	}
@@ -216,13 +164,6 @@ func (r *Relay) waitForWork(ctx context.Context, d time.Duration) {
 	}
 }
 
-// aggregate tracks one aggregate's events within a batch.
-type aggregate struct {
-	idx     []int // positions in the batch, in seq order
-	next    int   // the next position to publish
-	blocked bool  // a failure stops the rest of the aggregate in this batch
-}
-
 // process publishes one claimed batch and records the outcome. The events
 // of one aggregate go out in waves: wave k holds the k-th event of every
 // aggregate still flowing, and starts only once wave k-1 was answered, so
@@ -241,35 +182,22 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	// before. Messages without an answer by then count as an outage.
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
 	defer cancel()
-	aggs := map[[2]string]*aggregate{}
-	order := make([]*aggregate, 0, len(recs))
-	for i := range recs {
-		k := [2]string{recs[i].AggregateType, recs[i].AggregateID}
-		a := aggs[k]
-		if a == nil {
-			a = &aggregate{}
-			aggs[k] = a
-			order = append(order, a)
-		}
-		a.idx = append(a.idx, i)
-	}
+	plan := newWaves(recs)
 	var (
 		out        outboxdriver.Outcome
 		failedDest []string // destination of out.Failed[i]
 		succeeded  int
 		permanent  int
-		msgs       = make([]sink.Message, 0, len(order))
-		pos        = make([]int, 0, len(order))
-		dests      = make([]string, 0, len(order))
+		n          = plan.aggregates()
+		msgs       = make([]sink.Message, 0, n)
+		pos        = make([]int, 0, n)
+		dests      = make([]string, 0, n)
+		wave       = make([]*aggregate, 0, n) // the aggregate of msgs[j]
 	)
 	for {
-		msgs, pos, dests = msgs[:0], pos[:0], dests[:0]
-		var wave []*aggregate
-		for _, a := range order {
-			if a.blocked || a.next >= len(a.idx) {
-				continue
-			}
-			i := a.idx[a.next]
+		msgs, pos, dests, wave = msgs[:0], pos[:0], dests[:0], wave[:0]
+		for _, a := range plan.next() {
+			i := a.at()
 			m, err := r.cfg.Router.Message(&recs[i])
 			if err != nil {
 				r.metrics.PublishFailed("", true)
@@ -297,14 +225,14 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				out.Published = append(out.Published, rec.ID)
 				r.metrics.Published(dests[j], now.Sub(rec.CreatedAt))
 				succeeded++
-				a.next++
+				a.advance()
 				continue
 			}
 			perm := sink.IsPermanent(err)
 			r.metrics.PublishFailed(dests[j], perm)
 			if !perm && (sink.IsUnavailable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 				outage = err
-				a.blocked = true
+				a.block()
 				continue
 			}
 			if perm {
@@ -315,7 +243,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			if f.DeadLetter {
 				r.afterDeadLetter(a)
 			} else {
-				a.blocked = true
+				a.block()
 			}
 		}
 	}
@@ -376,7 +304,7 @@ func (r *Relay) failure(rec *outboxdriver.Record, err error, permanent bool) out
 		f.Hold = r.cfg.Poison == Hold
 		return f
 	}
-	f.RetryAfter = backoff(attempt, r.cfg.RetryBase, r.cfg.RetryMax)
+	f.RetryAfter = backoff.Delay(attempt, r.cfg.RetryBase, r.cfg.RetryMax)
 	return f
 }
 
@@ -384,8 +312,8 @@ func (r *Relay) failure(rec *outboxdriver.Record, err error, permanent bool) out
 // this batch.
 func (r *Relay) afterDeadLetter(a *aggregate) {
 	if r.cfg.Poison == Hold {
-		a.blocked = true
+		a.block()
 		return
 	}
-	a.next++
+	a.advance()
 }

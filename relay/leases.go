@@ -43,13 +43,6 @@ func (s *leaseState) ready(ttl time.Duration) bool {
 	return !s.lastOK.IsZero() && time.Since(s.lastOK) < ttl
 }
 
-// drop forgets leases the relay learnt it lost.
-func (s *leaseState) drop(lost []outboxdriver.Lease) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.owned = slices.DeleteFunc(s.owned, func(l outboxdriver.Lease) bool { return slices.Contains(lost, l) })
-}
-
 // setWake registers the cancel func of the loop's current wait.
 func (s *leaseState) setWake(c context.CancelFunc) {
 	s.mu.Lock()

@@ -1,16 +1,3 @@
-// Package relay publishes committed outbox events to a broker.
-//
-// Aggregates hash into a fixed number of partitions. Every relay on a table
-// registers itself, takes a fair share of the partitions as leases judged by
-// the database clock, and relays only those: one batch at a time, claimed in
-// insertion order, routed (package route), published through a sink.Sink
-// and recorded only after the broker acknowledged. Within a batch, the
-// events of one aggregate are published in waves (the next only after the
-// previous was acknowledged), so a failed event is never overtaken by a
-// later event of its own aggregate; other aggregates flow on.
-//
-// The engine never imports a database or broker client: it talks to an
-// outboxdriver.Source and a sink.Sink.
 package relay
 
 import (
@@ -18,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -77,9 +63,9 @@ type Config struct {
 	// relay keeps up with light traffic (batches come back short): events
 	// committed meanwhile gather into the next batch instead of costing a
 	// claim, a publish and a record each. It adds up to Linger to their
-	// latency. Zero (the default) means none: latency first. 2ms cut the
-	// relay's CPU at 1,000 events/s by about a quarter in the latency
-	// benchmark (docs/benchmarks.md) and added about 1ms to the median.
+	// latency. Zero (the default) means none: latency first. What a linger
+	// saves in CPU and costs in latency is measured under Latency in
+	// docs/benchmarks.md.
 	Linger time.Duration
 	// PollInterval is the longest the relay waits for a wake-up before it
 	// looks again. Defaults to 500ms.
@@ -164,24 +150,8 @@ func (nopMetrics) PartitionsOwned(int)             {}
 // DefaultLanes is Config.Lanes' default.
 const DefaultLanes = 4
 
-// minWait is the first wait after the relay caught up. Waits then double up
-// to PollInterval, so a writer whose transaction committed just as the relay
-// went idle (and so sent no wake-up) waits milliseconds, not a poll interval.
-const minWait = time.Millisecond
-
-// The relay leaves the wake-up registry while events come fast enough that
-// claiming back to back finds them: once its claims average leaveFlow
-// events (a moving average, weight flowWeight, over the main loop's
-// claims, empty ones counting 0). Out of it, an empty claim is followed
-// by waits of minWait doubling up to maxSteadyWait and further claims;
-// it rejoins when a wait would be longer, or once the average fell below
-// rejoinFlow. Measured at 1,000 and 2,000 events/s in docs/benchmarks.md.
-const (
-	flowWeight    = 0.2
-	leaveFlow     = 3
-	rejoinFlow    = 1.5
-	maxSteadyWait = 2 * time.Millisecond
-)
+// DefaultBatchSize is Config.BatchSize's default.
+const DefaultBatchSize = 500
 
 // The whole relay backs off between these bounds while the database or the
 // broker is unreachable.
@@ -226,7 +196,7 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 		}
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 500
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.Lanes == 0 {
 		c.Lanes = DefaultLanes
@@ -357,17 +327,6 @@ func (r *Relay) stage(s Stage, n int) {
 	if r.cfg.OnStage != nil {
 		r.cfg.OnStage(s, n)
 	}
-}
-
-// backoff returns a delay for attempt n: exponential from base, capped at
-// max, with jitter over its upper half.
-func backoff(n int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	return d/2 + rand.N(d/2+1)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

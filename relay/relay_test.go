@@ -50,10 +50,10 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	if _, err := outboxpgx.Migrate(context.Background(), pool, tb, nil); err != nil {
+	if _, err := outboxpgx.New(pool).Migrate(context.Background(), tb, nil); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	ob, err := outbox.New(outboxpgx.New(pool), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func (e *env) start(t *testing.T, wrap func(sink.Sink) sink.Sink, cfg relay.Conf
 // startOn is start with the relay's own pool.
 func (e *env) startOn(t *testing.T, pool *pgxpool.Pool, wrap func(sink.Sink) sink.Sink, cfg relay.Config) *relay.Relay {
 	t.Helper()
-	src, err := outboxpgx.NewSource(pool, e.table, nil)
+	src, err := outboxpgx.New(pool).NewSource(e.table, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func (e *env) write(t *testing.T, commit bool, events ...outbox.Event) {
 
 func (e *env) status(t *testing.T) outboxdriver.Status {
 	t.Helper()
-	st, err := outboxpgx.Status(context.Background(), e.pool, e.table)
+	st, err := outboxpgx.New(e.pool).Status(context.Background(), e.table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +381,7 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	src, err := outboxpgx.NewSource(e.pool, e.table, nil)
+	src, err := outboxpgx.New(e.pool).NewSource(e.table, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

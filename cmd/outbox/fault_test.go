@@ -192,7 +192,7 @@ func TestFaultPausedOwnerIsFenced(t *testing.T) {
 	pool := testenv.Pool(t)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		st, err := outboxpgx.Status(context.Background(), pool, s.tb)
+		st, err := outboxpgx.New(pool).Status(context.Background(), s.tb)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +249,7 @@ func TestFaultBrokerUnreachable(t *testing.T) {
 	proxy.Restore()
 	res := wait()
 	s.check(t, res, 100)
-	if st, _ := outboxpgx.Status(context.Background(), pool, s.tb); st.DeadLetters != 0 {
+	if st, _ := outboxpgx.New(pool).Status(context.Background(), s.tb); st.DeadLetters != 0 {
 		t.Fatalf("%d events dead-lettered by a broker outage", st.DeadLetters)
 	}
 }
@@ -285,7 +285,7 @@ func TestFaultPoisonEvent(t *testing.T) {
 	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()+1), 60*time.Second)
 	// The dead letter is listed with its cause.
 	deadline := time.Now().Add(30 * time.Second)
-	var dls []outboxpgx.DeadLetter
+	var dls []outboxdriver.DeadLetter
 	for len(dls) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the poison event never reached the dead-letter table")
@@ -317,7 +317,7 @@ func TestFaultPoisonEvent(t *testing.T) {
 	first := dls[0].DeadLetteredAt
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		dls, _ = outboxpgx.DeadLetters(ctx, pool, s.tb, 10)
+		dls, _ = outboxpgx.New(pool).DeadLetters(ctx, s.tb, 10)
 		// A retried event starts with fresh attempts; a permanent refusal
 		// dead-letters it again at its first.
 		if len(dls) == 1 && dls[0].DeadLetteredAt.After(first) && dls[0].Attempts == 1 {
@@ -335,7 +335,7 @@ func TestFaultPoisonEvent(t *testing.T) {
 	if poison := versionsOf(t, s.stream, "poison"); fmt.Sprint(poison) != "[1 3 4]" {
 		t.Fatalf("poison aggregate delivered %v after discard, want [1 3 4]", poison)
 	}
-	audit, err := outboxpgx.Audit(ctx, pool, s.tb, 10)
+	audit, err := outboxpgx.New(pool).Audit(ctx, s.tb, 10)
 	if err != nil || len(audit) != 2 || audit[0].Actor != "bob" || audit[0].Action != "discard" || audit[1].Actor != "alice" || audit[1].Action != "retry" {
 		t.Fatalf("audit = %+v, %v", audit, err)
 	}
@@ -399,7 +399,7 @@ func TestFaultFailOverWithinTwoTTLs(t *testing.T) {
 	startRelay(t, args...)
 	pool := testenv.Pool(t)
 	owners := func() map[string]int {
-		st, err := outboxpgx.Status(context.Background(), pool, s.tb)
+		st, err := outboxpgx.New(pool).Status(context.Background(), s.tb)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -193,7 +193,7 @@ func TestCLIErrorsAreClearOneLiners(t *testing.T) {
 		want string
 	}{
 		{"no db", nil, []string{"relay", "--sink", "stdout:"}, "no database: pass --db"},
-		{"bad db url", nil, []string{"status", "--db", "postgres://u:secret@%zz/x"}, "invalid --db URL"},
+		{"bad db url", nil, []string{"status", "--db", "postgres://u:secret@%zz/x"}, "invalid database URL"},
 		{"unreachable db", nil, []string{"status", "--db", "postgres://postgres@127.0.0.1:1/test?connect_timeout=2"}, "cannot connect to PostgreSQL at 127.0.0.1:1"},
 		{"hostile table", nil, []string{"migrate", "--db", db, "--table", `x"; DROP TABLE y; --`}, "not a valid identifier"},
 		{"hostile schema", nil, []string{"status", "--db", db, "--schema", "a b"}, "not a valid identifier"},
@@ -274,7 +274,7 @@ func waitBacklogZero(t *testing.T, tb outboxdriver.Table, timeout time.Duration)
 	pool := testenv.Pool(t)
 	deadline := time.Now().Add(timeout)
 	for {
-		st, err := outboxpgx.Status(context.Background(), pool, tb)
+		st, err := outboxpgx.New(pool).Status(context.Background(), tb)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -507,7 +507,7 @@ func TestSIGTERMStopsGracefully(t *testing.T) {
 	// Every event in the stream was recorded as published: the backlog is
 	// exactly what was not delivered.
 	pool := testenv.Pool(t)
-	status, err := outboxpgx.Status(context.Background(), pool, tb)
+	status, err := outboxpgx.New(pool).Status(context.Background(), tb)
 	if err != nil {
 		t.Fatal(err)
 	}

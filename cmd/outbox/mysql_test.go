@@ -18,6 +18,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 
+	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -62,7 +63,7 @@ func mysqlURL(t testing.TB, db string) string {
 // saying how to start MariaDB when the server does not answer.
 func mysqlDB(t testing.TB, url string) *sql.DB {
 	t.Helper()
-	cfg, err := mysqlConfig(url)
+	cfg, err := open.MySQLConfig(url)
 	if err != nil {
 		t.Fatalf("%s: %v", envMySQLURL, err)
 	}
@@ -104,7 +105,7 @@ func mysqlMigrated(t *testing.T) *mysqlTarget {
 
 func (m *mysqlTarget) status(t *testing.T) outboxdriver.Status {
 	t.Helper()
-	st, err := outboxmysql.NewStore(m.db).Status(context.Background(), m.tb)
+	st, err := outboxmysql.New(m.db).Status(context.Background(), m.tb)
 	if err != nil {
 		t.Fatal(err)
 	}

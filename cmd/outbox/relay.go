@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxprom"
 	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
 )
 
@@ -47,9 +46,18 @@ CPU for a chain of round trips); from the first full batch (a backlog) on
 every CPU the runtime would use, until batches have been short for a second.
 GOMAXPROCS in the environment turns this off.
 
-Sinks: nats://host:port (JetStream; stream OUTBOX on outbox.event.> is created
-if missing), kafka://host:port[,host:port] (acks=all, idempotent producer),
-stdout: (one JSON line per event).`,
+Sinks (--sink):
+  nats://host:port            NATS JetStream; stream OUTBOX on outbox.event.> is
+                              created if missing (--nats-no-create-stream)
+  kafka://host:port[,...]     Kafka; acks=all, idempotent producer
+  amqp://user:pass@host/vhost RabbitMQ; publisher confirms, mandatory
+                              (--amqp-exchange, --amqp-declare)
+  redis://host:port/db        Redis Streams (--redis-maxlen)
+  mqtt://host:port            MQTT 3.1.1, QoS 1 or 2 (--mqtt-qos)
+  https://host/path/${destination}
+                              signed webhooks, Standard Webhooks
+                              (--webhook-secret)
+  stdout:                     one JSON line per event`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel)
@@ -63,9 +71,6 @@ stdout: (one JSON line per event).`,
 			ret, err := parseRetention(retention)
 			if err != nil {
 				return err
-			}
-			if ret == outboxdriver.RetentionDelete {
-				rcfg.CleanupAfter = 0 // nothing is kept
 			}
 			router, err := route.New(&rc)
 			if err != nil {
@@ -96,54 +101,36 @@ stdout: (one JSON line per event).`,
 			if rcfg.Lanes < 1 || rcfg.Lanes > 64 {
 				return fmt.Errorf("--lanes %d: use 1 to 64", rcfg.Lanes)
 			}
-			// A connection per lane, one for LISTEN, one for the lease
-			// keeper and one to spare.
-			db, schema, err := f.open(ctx, int32(rcfg.Lanes+3))
+			dbURL, err := f.dbURL()
 			if err != nil {
 				return err
 			}
-			defer db.Close()
-			if t.Schema == "" {
-				t.Schema = schema
-			}
-			if _, err := db.Status(ctx, t); err != nil {
-				return err
-			}
-			snk, err := sf.open(ctx, log)
+			sinkURL, err := sf.sinkURL()
 			if err != nil {
 				return err
 			}
-			defer snk.Close()
-			src, err := db.NewSource(t, &outboxdriver.SourceConfig{Retention: ret, Logger: log})
+			sinkOpts, err := sf.options()
 			if err != nil {
 				return err
 			}
-			defer src.Close()
-			cfg := &rcfg
-			cfg.BatchSize, cfg.PollInterval, cfg.Router, cfg.Logger = batch, poll, router, log
-			cfg.OnStage = newProcs(batch, log).onStage(onStage)
-			var r *relay.Relay
+			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
+			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
+			var reg *prometheus.Registry
 			if ln != nil {
-				reg := prometheus.NewRegistry()
+				reg = prometheus.NewRegistry()
 				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-				m, err := outboxprom.New(reg, func(ctx context.Context) (outboxdriver.Status, error) {
-					return db.Status(ctx, t)
-				})
-				if err != nil {
-					return err
-				}
-				cfg.Metrics = m
-				srv := serveMetrics(ln, reg, log, func() bool { return r != nil && r.Ready() })
+				opts.Registerer = reg
+			}
+			rl, err := relayd.Open(ctx, dbURL, sinkURL, opts)
+			if err != nil {
+				return err
+			}
+			if ln != nil {
+				srv := serveMetrics(ln, reg, log, rl.Ready)
 				defer srv.Close()
 			}
-			r, err = relay.New(src, snk, cfg)
-			if err != nil {
-				return err
-			}
-			log.Info("relay started", "table", t.String(), "sink", redact(sinkURL(sf)), "batch", batch, "poll_interval", poll, "relay", src.RelayName())
-			err = r.Run(ctx, grace)
-			log.Info("relay stopped")
-			return err
+			log.Info("relay starting", "table", rl.Table().String(), "sink", redact(sinkURL), "batch", batch, "poll_interval", poll, "relay", rl.RelayName())
+			return rl.Run(ctx, grace)
 		},
 	}
 	f.register(cmd)
@@ -177,13 +164,6 @@ stdout: (one JSON line per event).`,
 	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
 	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
 	return cmd
-}
-
-func sinkURL(sf sinkFlags) string {
-	if sf.url != "" {
-		return sf.url
-	}
-	return "$OUTBOX_SINK"
 }
 
 func parseRetention(s string) (outboxdriver.Retention, error) {

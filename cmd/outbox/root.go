@@ -6,16 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
-	"github.com/outboxkit/outbox/outboxsqlite"
 )
 
 func newRoot() *cobra.Command {
@@ -92,31 +88,29 @@ func (f *dbFlags) open(ctx context.Context, maxConns int32) (_ outboxdriver.Stor
 	if err != nil {
 		return nil, "", err
 	}
-	scheme, _, _ := strings.Cut(raw, "://")
-	switch strings.ToLower(scheme) {
-	case "postgres", "postgresql":
-		pool, err := f.connect(ctx, maxConns)
-		if err != nil {
-			return nil, "", err
-		}
-		return pgStore{outboxpgx.NewStore(pool)}, outboxdriver.DefaultTable.Schema, nil
-	case "sqlite":
-		st, err := openSQLite(ctx, raw)
-		if err != nil {
-			return nil, "", err
-		}
-		return st, outboxsqlite.Schema, nil
-	case "mysql":
-		return openMySQL(ctx, raw, maxConns)
-	default:
-		return nil, "", fmt.Errorf("--db %s: unknown database scheme %q; use postgres://, mysql:// or sqlite://", redact(raw), scheme)
+	db, err := open.Database(ctx, raw, maxConns)
+	if err != nil {
+		return nil, "", err
 	}
+	schema := db.Store.DefaultSchema()
+	if db.Scheme == "mysql" {
+		cfg, err := open.MySQLConfig(raw)
+		if err != nil {
+			db.Close()
+			return nil, "", err
+		}
+		schema = cfg.DBName
+	}
+	return closingStore{db.Store, db}, schema, nil
 }
 
-// pgStore closes the pool the command opened.
-type pgStore struct{ *outboxpgx.Store }
+// closingStore closes the pool the command opened.
+type closingStore struct {
+	outboxdriver.Store
+	db *open.DB
+}
 
-func (s pgStore) Close() error { s.Pool().Close(); return nil }
+func (s closingStore) Close() error { s.db.Close(); return nil }
 
 // connect opens a pool on --db (or OUTBOX_DB) and checks it answers.
 func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
@@ -124,47 +118,14 @@ func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := pgxpool.ParseConfig(raw)
-	if err != nil {
-		return nil, fmt.Errorf("invalid --db URL %s: %v", redact(raw), unwrapAll(err))
-	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
-	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
-		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox"
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("invalid --db URL %s: %v", redact(raw), err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("cannot connect to PostgreSQL at %s:%d (database %q): %v; check --db and that PostgreSQL is running",
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, oneLine(err))
-	}
-	return pool, nil
+	return open.Postgres(ctx, raw, maxConns)
 }
 
 // redact hides a password in a URL.
-func redact(raw string) string { return confval.RedactURL(raw) }
-
-func unwrapAll(err error) error {
-	for {
-		next := errors.Unwrap(err)
-		if next == nil {
-			return err
-		}
-		err = next
-	}
-}
+func redact(raw string) string { return open.Redact(raw) }
 
 // oneLine keeps an error on one line.
-func oneLine(err error) string {
-	return strings.Join(strings.Fields(err.Error()), " ")
-}
+func oneLine(err error) string { return open.OneLine(err) }
 
 func newLogger(level string) (*slog.Logger, error) {
 	var l slog.Level

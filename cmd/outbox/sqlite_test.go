@@ -27,7 +27,7 @@ func sqliteWorkload(ctx context.Context, db *sql.DB, writers, txs, aggs int) (*w
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS aggregates (id TEXT PRIMARY KEY, version INTEGER NOT NULL)`); err != nil {
 		return nil, err
 	}
-	ob, err := outbox.New(outboxsqlite.New(), nil)
+	ob, err := outbox.New(outboxsqlite.New(db), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +141,7 @@ func TestSQLiteEndToEnd(t *testing.T) {
 	testenv.WaitStreamMsgs(t, stream, uint64(res.Committed()), 60*time.Second)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		st, err := outboxsqlite.Status(ctx, db, outboxdriver.Table{})
+		st, err := outboxsqlite.New(db).Status(ctx, outboxdriver.Table{})
 		if err != nil {
 			t.Fatal(err)
 		}

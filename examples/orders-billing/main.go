@@ -170,7 +170,7 @@ func example(ctx context.Context, o options, stderr io.Writer) (rep report, err 
 
 	// Migrate: the outbox, the inbox, and the services' own tables.
 	obTable := outboxdriver.Table{Schema: o.schema, Name: "outbox"}
-	if _, err := outboxpgx.Migrate(ctx, pool, obTable, nil); err != nil {
+	if _, err := outboxpgx.New(pool).Migrate(ctx, obTable, nil); err != nil {
 		return rep, err
 	}
 	if _, err := inboxpgx.Migrate(ctx, pool, outboxdriver.Table{Schema: o.schema, Name: inbox.DefaultTable}); err != nil {
@@ -182,7 +182,7 @@ func example(ctx context.Context, o options, stderr io.Writer) (rep report, err 
 		CREATE INDEX IF NOT EXISTS invoices_order_id ON `+schema+`.invoices (order_id)`); err != nil {
 		return rep, err
 	}
-	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: obTable.Schema, Table: obTable.Name})
+	ob, err := outbox.New(outboxpgx.New(pool), &outbox.Config{Schema: obTable.Schema, Table: obTable.Name})
 	if err != nil {
 		return rep, err
 	}
@@ -199,7 +199,7 @@ func example(ctx context.Context, o options, stderr io.Writer) (rep report, err 
 	if err != nil {
 		return rep, err
 	}
-	src, err := outboxpgx.NewSource(pool, obTable, nil)
+	src, err := outboxpgx.New(pool).NewSource(obTable, nil)
 	if err != nil {
 		return rep, err
 	}
@@ -318,7 +318,7 @@ func example(ctx context.Context, o options, stderr io.Writer) (rep report, err 
 		if err := count(ctx, pool, schema, runID, &rep); err != nil {
 			return rep, err
 		}
-		st, err := outboxpgx.Status(ctx, pool, obTable)
+		st, err := outboxpgx.New(pool).Status(ctx, obTable)
 		if err != nil {
 			return rep, err
 		}

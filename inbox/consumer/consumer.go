@@ -47,13 +47,14 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/sink"
 )
 
 // Defaults applied to zero Config fields.
@@ -74,29 +75,18 @@ const (
 // ErrStopped is returned by Submit once the Engine is stopping.
 var ErrStopped = errors.New("consumer: stopped")
 
-// permanentError marks a handler error that retrying cannot fix.
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
-
 // Permanent marks err as permanent: handling this message again can never
 // succeed (a payload that does not decode, a reference to something that
 // will never exist). The Engine dead-letters a message whose handler
 // returned a permanent error without further attempts. Permanent(nil) is
-// nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err: err}
-}
+// nil. It is the relay's mark, [sink.Permanent]: an error marked with
+// either is permanent to both.
+func Permanent(err error) error { return sink.Permanent(err) }
 
 // IsPermanent reports whether err, or an error it wraps, was marked
-// Permanent or wraps inbox.ErrInvalidMessage.
+// Permanent (or with [sink.Permanent]) or wraps inbox.ErrInvalidMessage.
 func IsPermanent(err error) bool {
-	var p *permanentError
-	return errors.As(err, &p) || errors.Is(err, inbox.ErrInvalidMessage)
+	return sink.IsPermanent(err) || errors.Is(err, inbox.ErrInvalidMessage)
 }
 
 // Handler applies one message inside the inbox's transaction tx. It must
@@ -408,7 +398,7 @@ func (e *Engine[TTx]) process(it *item) {
 				return
 			}
 		}
-		delay := backoff(attempts, e.cfg.RetryBase, e.cfg.RetryMax)
+		delay := backoff.Delay(attempts, e.cfg.RetryBase, e.cfg.RetryMax)
 		e.log.Warn("consumer: handler failed; retrying", "event_id", msg.EventID, "destination", msg.Destination,
 			"attempt", attempts, "retry_in", delay, "err", err)
 		if left, ok := e.wait(d, delay); !ok {
@@ -502,15 +492,4 @@ func (e *Engine[TTx]) keepAlive(lanesDone <-chan struct{}) {
 			}
 		}
 	}
-}
-
-// backoff returns the delay after attempt n: exponential from base, capped
-// at max, with jitter over its upper half.
-func backoff(n int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	return d/2 + rand.N(d/2+1)
 }

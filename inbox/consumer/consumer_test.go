@@ -17,6 +17,7 @@ import (
 	"github.com/outboxkit/outbox/inbox/consumer"
 	"github.com/outboxkit/outbox/inbox/inboxpgx"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/sink"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -177,6 +178,17 @@ func TestPermanent(t *testing.T) {
 	}
 	if consumer.IsPermanent(base) {
 		t.Error("a plain error is permanent")
+	}
+}
+
+// The consumer's mark and the sink's are one: a handler may return either.
+func TestPermanentIsTheSinkMark(t *testing.T) {
+	base := errors.New("bad payload")
+	if !consumer.IsPermanent(sink.Permanent(base)) {
+		t.Error("sink.Permanent is not permanent to the consumer")
+	}
+	if !sink.IsPermanent(consumer.Permanent(base)) {
+		t.Error("consumer.Permanent is not permanent to the sink package")
 	}
 }
 

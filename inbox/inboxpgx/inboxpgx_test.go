@@ -97,10 +97,10 @@ func TestChainToOutbox(t *testing.T) {
 	pool, tbl := setup(t)
 	ctx := testenv.Context(t, 30*time.Second)
 	obt := outboxdriver.Table{Schema: tbl.Schema, Name: "outbox"}
-	if _, err := outboxpgx.Migrate(ctx, pool, obt, nil); err != nil {
+	if _, err := outboxpgx.New(pool).Migrate(ctx, obt, nil); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: obt.Schema, Table: obt.Name})
+	ob, err := outbox.New(outboxpgx.New(pool), &outbox.Config{Schema: obt.Schema, Table: obt.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestChainToOutbox(t *testing.T) {
 	if _, err := handle(true); err == nil {
 		t.Fatal("a failing handler returned no error")
 	}
-	st, err := outboxpgx.Status(ctx, pool, obt)
+	st, err := outboxpgx.New(pool).Status(ctx, obt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestChainToOutbox(t *testing.T) {
 			t.Fatalf("delivery %d: %+v, %v; want applied=%v", i, r, err, want)
 		}
 	}
-	st, err = outboxpgx.Status(ctx, pool, obt)
+	st, err = outboxpgx.New(pool).Status(ctx, obt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,10 +137,10 @@ func TestChainToOutboxPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	obt := outboxdriver.Table{Schema: schema, Name: "outbox"}
-	if _, err := outboxsql.Migrate(ctx, db, obt, nil); err != nil {
+	if _, err := outboxsql.New(db).Migrate(ctx, obt, nil); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(outboxsql.New(), &outbox.Config{Schema: schema})
+	ob, err := outbox.New(outboxsql.New(db), &outbox.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}

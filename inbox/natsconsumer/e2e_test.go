@@ -69,14 +69,14 @@ func TestEndToEndChaos(t *testing.T) {
 	f := newFixture(t)
 	ctx := testenv.Context(t, 3*time.Minute)
 	obTable := outboxdriver.Table{Schema: f.tbl.Schema, Name: "outbox"}
-	if _, err := outboxpgx.Migrate(ctx, f.pool, obTable, nil); err != nil {
+	if _, err := outboxpgx.New(f.pool).Migrate(ctx, obTable, nil); err != nil {
 		t.Fatal(err)
 	}
 	orders := outboxdriver.QuoteIdent(f.tbl.Schema) + ".orders"
 	if _, err := f.pool.Exec(ctx, `CREATE TABLE `+orders+` (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(outboxpgx.New(), &outbox.Config{Schema: obTable.Schema, Table: obTable.Name})
+	ob, err := outbox.New(outboxpgx.New(f.pool), &outbox.Config{Schema: obTable.Schema, Table: obTable.Name})
 	if err != nil {
 		t.Fatal(err)
 	}

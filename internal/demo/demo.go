@@ -227,7 +227,7 @@ func (d *run) openDB(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
-		d.db, d.dialect, d.writer = db, inboxsql.SQLite, outboxsqlite.New()
+		d.db, d.dialect, d.writer = db, inboxsql.SQLite, outboxsqlite.New(db)
 		d.table.Schema = "main"
 		d.rep.DB = "SQLite file " + rest
 	case "postgres", "postgresql":
@@ -242,7 +242,7 @@ func (d *run) openDB(ctx context.Context) error {
 			return fmt.Errorf("demo: cannot connect to PostgreSQL: %v; check --db and that PostgreSQL is running", err)
 		}
 		db.SetMaxOpenConns(d.cfg.Writers + 4)
-		d.db, d.dialect, d.writer = db, inboxsql.Postgres, outboxsql.New()
+		d.db, d.dialect, d.writer = db, inboxsql.Postgres, outboxsql.New(db)
 		d.table.Schema = "public"
 		d.rep.DB = "PostgreSQL " + redact(raw)
 	case "mysql":
@@ -261,7 +261,7 @@ func (d *run) openDB(ctx context.Context) error {
 			return fmt.Errorf("demo: cannot connect to MySQL/MariaDB at %s: %v; check --db and that MySQL/MariaDB is running", cfg.Addr, err)
 		}
 		db.SetMaxOpenConns(d.cfg.Writers + 4)
-		d.db, d.dialect, d.writer = db, inboxsql.MySQL, outboxmysql.New()
+		d.db, d.dialect, d.writer = db, inboxsql.MySQL, outboxmysql.New(db)
 		d.table.Schema = cfg.DBName
 		d.rep.DB = "MySQL/MariaDB " + redact(raw)
 	default:
@@ -338,11 +338,11 @@ func (d *run) migrate(ctx context.Context) error {
 	var err error
 	switch d.dialect {
 	case inboxsql.SQLite:
-		_, err = outboxsqlite.Migrate(ctx, d.db, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
+		_, err = outboxsqlite.New(d.db).Migrate(ctx, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
 	case inboxsql.MySQL:
-		_, err = outboxmysql.Migrate(ctx, d.db, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
+		_, err = outboxmysql.New(d.db).Migrate(ctx, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
 	default:
-		_, err = outboxsql.Migrate(ctx, d.db, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
+		_, err = outboxsql.New(d.db).Migrate(ctx, d.table, &outboxdriver.MigrateOptions{Partitions: 8})
 	}
 	if err != nil {
 		return fmt.Errorf("demo: migrate the outbox: %w", err)
@@ -372,11 +372,11 @@ func (d *run) migrate(ctx context.Context) error {
 			inboxsql.MigrateDown(ctx, d.db, d.dialect, it, 0)
 			switch d.dialect {
 			case inboxsql.SQLite:
-				outboxsqlite.MigrateDown(ctx, d.db, d.table, 0)
+				outboxsqlite.New(d.db).MigrateDown(ctx, d.table, 0)
 			case inboxsql.MySQL:
-				outboxmysql.MigrateDown(ctx, d.db, d.table, 0)
+				outboxmysql.New(d.db).MigrateDown(ctx, d.table, 0)
 			default:
-				outboxsql.MigrateDown(ctx, d.db, d.table, 0)
+				outboxsql.New(d.db).MigrateDown(ctx, d.table, 0)
 			}
 		})
 	}

@@ -28,43 +28,13 @@ func QuoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
-// Names are the rendered SQL names that belong to one outbox table.
-type Names struct {
-	Table, DeadLetter, Wakeup, Migrations, Leases, Relays, Held, Audit string
-}
-
 // NamesOf returns the qualified, quoted names of t's tables.
-func NamesOf(t outboxdriver.Table) Names {
-	return Names{
-		Table:      t.Qualified(""),
-		DeadLetter: t.Qualified("_dead_letter"),
-		Wakeup:     t.Qualified("_wakeup"),
-		Migrations: t.Qualified("_migrations"),
-		Leases:     t.Qualified("_leases"),
-		Relays:     t.Qualified("_relays"),
-		Held:       t.Qualified("_held"),
-		Audit:      t.Qualified("_audit"),
-	}
+func NamesOf(t outboxdriver.Table) outboxdriver.Names {
+	return outboxdriver.NamesOf(t.Qualified)
 }
-
-// Partitioning bounds. The count is fixed when migration 2 runs.
-const (
-	DefaultPartitions = 64
-	MaxPartitions     = 4096
-)
 
 // Options shape what a migration creates.
 type Options = outboxdriver.MigrateOptions
-
-func withDefaults(o Options) (Options, error) {
-	if o.Partitions == 0 {
-		o.Partitions = DefaultPartitions
-	}
-	if o.Partitions < 1 || o.Partitions > MaxPartitions {
-		return o, fmt.Errorf("partitions %d: use 1 to %d", o.Partitions, MaxPartitions)
-	}
-	return o, nil
-}
 
 // Render replaces the {{...}} placeholders of a migration with t's quoted
 // names. t must be valid.
@@ -141,7 +111,7 @@ func applied(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, er
 // the versions it applied (none on a second run). The caller commits.
 // Options matter only for the migrations that run now.
 func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, error) {
-	o, err := withDefaults(o)
+	o, err := o.Resolve()
 	if err != nil {
 		return nil, err
 	}

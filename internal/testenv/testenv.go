@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -99,4 +100,17 @@ func Context(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// NeedProcsChoice fails the test where the relay's choice of GOMAXPROCS
+// cannot be seen: GOMAXPROCS set in the environment, or one CPU.
+func NeedProcsChoice(t *testing.T) {
+	t.Helper()
+	if _, set := os.LookupEnv("GOMAXPROCS"); set {
+		t.Fatal("GOMAXPROCS is set in the environment: unset it, this test checks the relay's own choice")
+	}
+	n := runtime.NumCPU()
+	if n < 2 {
+		t.Fatalf("%d CPU: one P is the default here, so the relay's narrowing cannot be seen; run on at least 2 CPUs", n)
+	}
 }

@@ -1,4 +1,4 @@
-package main
+package relayd
 
 import (
 	"log/slog"
@@ -14,12 +14,14 @@ import (
 // process goes back to one P.
 const narrowAfter = time.Second
 
-// procs fits the relay process's GOMAXPROCS to its load. While batches come
+// procs fits the process's GOMAXPROCS to the relay's load
+// (Options.OneCPUWhileIdle). While batches come
 // back short the relay is a chain of round trips (claim, publish, record),
 // and every hand-off between its goroutines (the relay's, the broker
 // client's reader and flusher) would wake a second OS thread to run the
-// woken goroutine on the idle P and put it back to sleep afterwards: about
-// a sixth of the relay's CPU at 1,000 events/s on two CPUs. With one P the
+// woken goroutine on the idle P and put it back to sleep afterwards, a
+// sizeable share of the relay's CPU at light load (docs/benchmarks.md).
+// With one P the
 // woken goroutine runs on the same thread once the current one blocks. A
 // full batch means a backlog, which the lanes work off in parallel: then
 // the process gets the runtime's default back (all CPUs, or the

@@ -1,0 +1,194 @@
+package outboxdriver
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// BatchState is what every driver's batch keeps whatever its dialect: the
+// leases it was claimed under, its records, and whether it has ended. A
+// driver's batch embeds it.
+type BatchState struct {
+	Leases []Lease
+	Recs   []Record
+	Done   bool
+	driver string
+}
+
+// NewBatchState returns the state of a batch claimed by driver (which
+// names it in errors) under leases; the batch counts as ended until the
+// driver calls Open.
+func NewBatchState(driver string, leases []Lease) BatchState {
+	return BatchState{driver: driver, Leases: leases, Done: true}
+}
+
+// Open marks the batch as holding a claim.
+func (b *BatchState) Open() { b.Done = false }
+
+// Records returns the claimed records.
+func (b *BatchState) Records() []Record { return b.Recs }
+
+// StartFinish is the preamble of Batch.Finish: it reports whether there
+// is a claim to record (false for an empty batch, which has nothing to
+// record), fails for a batch that ended already, and marks the batch ended.
+func (b *BatchState) StartFinish() (bool, error) {
+	if b.Done {
+		if len(b.Recs) == 0 {
+			return false, nil
+		}
+		return false, fmt.Errorf("%s: batch already finished", b.driver)
+	}
+	b.Done = true
+	return true, nil
+}
+
+// StartRelease is the preamble of Batch.Release: it reports whether there
+// is a claim to give up, and marks the batch ended.
+func (b *BatchState) StartRelease() bool {
+	if b.Done {
+		return false
+	}
+	b.Done = true
+	return true
+}
+
+// Fenced lists the leases of the partitions the batch holds records of:
+// those its Finish must still hold.
+func (b *BatchState) Fenced() []Lease {
+	in := map[int]bool{}
+	for _, r := range b.Recs {
+		in[r.Partition] = true
+	}
+	out := make([]Lease, 0, len(in))
+	for _, l := range b.Leases {
+		if in[l.Partition] {
+			out = append(out, l)
+			in[l.Partition] = false
+		}
+	}
+	return out
+}
+
+// LeaseLost returns the error a batch's Finish returns when the relay no
+// longer holds the leases it was claimed under.
+func LeaseLost(relay string) error {
+	return fmt.Errorf("%w: relay %s no longer holds the leases this batch was claimed under", ErrLeaseLost, relay)
+}
+
+// Plan is an Outcome split into what each statement of a Finish needs.
+type Plan struct {
+	// Published are the ids the broker acknowledged.
+	Published []string
+	// Retries are the failures to try again.
+	Retries []Failure
+	// DeadLetters are the failures to move to the dead-letter table.
+	DeadLetters []Failure
+	// Hold lists the dead-lettered ids whose aggregates wait behind them;
+	// Flow those whose aggregates flow on.
+	Hold, Flow []string
+}
+
+// Plan splits the outcome for the statements that record it.
+func (o Outcome) Plan() Plan {
+	p := Plan{Published: o.Published}
+	for _, f := range o.Failed {
+		if !f.DeadLetter {
+			p.Retries = append(p.Retries, f)
+			continue
+		}
+		p.DeadLetters = append(p.DeadLetters, f)
+		if f.Hold {
+			p.Hold = append(p.Hold, f.ID)
+		} else {
+			p.Flow = append(p.Flow, f.ID)
+		}
+	}
+	return p
+}
+
+// FailureIDs returns the ids of fs.
+func FailureIDs(fs []Failure) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = f.ID
+	}
+	return out
+}
+
+// MaxErrorText bounds the error text stored as last_error, in bytes.
+const MaxErrorText = 2000
+
+// ErrorText is the text stored as an event's last_error: valid UTF-8
+// without NUL bytes, at most MaxErrorText bytes and an ellipsis.
+func ErrorText(err error) string {
+	if err == nil {
+		return "unknown error"
+	}
+	s := strings.ToValidUTF8(strings.ReplaceAll(err.Error(), "\x00", ""), "?")
+	if len(s) > MaxErrorText {
+		s = strings.ToValidUTF8(s[:MaxErrorText], "") + "..."
+	}
+	return s
+}
+
+// Partitions returns the partitions of leases.
+func Partitions(leases []Lease) []int {
+	out := make([]int, len(leases))
+	for i, l := range leases {
+		out[i] = l.Partition
+	}
+	return out
+}
+
+// SortLeases orders leases by partition.
+func SortLeases(leases []Lease) {
+	slices.SortFunc(leases, func(a, b Lease) int { return a.Partition - b.Partition })
+}
+
+// ScanLeases reads (partition, epoch) rows, ordered by partition, for the
+// drivers on database/sql.
+func ScanLeases(rows *sql.Rows) ([]Lease, error) {
+	defer rows.Close()
+	var out []Lease
+	for rows.Next() {
+		var l Lease
+		if err := rows.Scan(&l.Partition, &l.Epoch); err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	SortLeases(out)
+	return out, nil
+}
+
+// ScanInts reads the first column of every row as an int, for the drivers
+// on database/sql.
+func ScanInts(rows *sql.Rows) ([]int, error) {
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, errors.Join(rows.Err(), rows.Close())
+}
+
+// SetPayload fills r.Payload from the payload column (JSON text; ok false
+// for SQL NULL) or, when that is NULL, the payload_raw column.
+func (r *Record) SetPayload(payload []byte, ok bool, raw []byte) {
+	switch {
+	case ok:
+		r.Payload = payload
+	case raw != nil:
+		r.Payload = raw
+	}
+}

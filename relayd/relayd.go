@@ -1,0 +1,272 @@
+// Package relayd runs a relay the way the `outbox relay` command does,
+// from a database URL and a sink URL, in one call: it opens a connection
+// pool sized for the relay's lanes, the driver and its Source, the sink
+// (creating the NATS stream or declaring the AMQP exchange when asked),
+// the routing, and optionally the Prometheus metrics; Stop closes all of
+// it again.
+//
+//	rl, err := relayd.Open(ctx, "postgres://app@db:5432/app", "nats://nats:4222", nil)
+//	if err != nil {
+//		return err
+//	}
+//	if err := rl.Start(ctx); err != nil { // fails fast on a table that is not migrated
+//		return err
+//	}
+//	defer rl.Stop(context.Background())
+//
+// For a pool, a sink client or a Source of your own, use relay.New with a
+// driver (outboxpgx.New(pool).NewSource(...)) instead.
+package relayd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outbox/internal/open"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxprom"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/sink"
+)
+
+// SinkOptions are the broker-specific options of the sink: the NATS
+// stream, the AMQP exchange, the MQTT QoS, the webhook secrets, ... Zero
+// values take the defaults of `outbox relay`'s flags.
+type SinkOptions = open.SinkOptions
+
+// Options configure Open. The zero value relays public.outbox (the
+// driver's default schema, on MySQL the URL's database) with the relay's
+// defaults.
+type Options struct {
+	// Schema and Table name the outbox table; empty takes the defaults.
+	Schema, Table string
+	// Retention of published rows: delete (the default) or keep.
+	Retention outboxdriver.Retention
+	// RelayName identifies this relay in the lease registry; defaults to
+	// host-pid-random.
+	RelayName string
+	// Relay configures the engine (batch size, lanes, poll interval,
+	// routing, retries, poison policy, logger, ...). Its Logger, when
+	// set, also serves the sink and the source.
+	Relay relay.Config
+	// Sink holds the broker-specific options.
+	Sink SinkOptions
+	// MaxConns bounds the database pool; defaults to the relay's lanes
+	// plus three (one for LISTEN, one for lease upkeep, one to spare).
+	MaxConns int32
+	// Registerer, when set, gets the relay's Prometheus metrics
+	// (package outboxprom), its backlog and oldest-event age included.
+	Registerer prometheus.Registerer
+	// OneCPUWhileIdle runs the process on one P (GOMAXPROCS=1) while the
+	// relay's batches come back short, and on the runtime's default from
+	// the first full batch (a backlog) until batches have been short for a
+	// second: a relay keeping up with light traffic is a chain of round
+	// trips, and one P spares the hand-offs between OS threads. It
+	// changes the whole process's GOMAXPROCS, so it suits a process that
+	// mostly relays; it does nothing when GOMAXPROCS is set in the
+	// environment. `outbox relay` turns it on.
+	OneCPUWhileIdle bool
+}
+
+// Relay is a relay opened by Open, with everything it opened.
+type Relay struct {
+	relay *relay.Relay
+	db    *open.DB
+	src   outboxdriver.Source
+	snk   sink.Sink
+	table outboxdriver.Table
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+}
+
+// Open opens the database dbURL names (postgres://, mysql://, sqlite://),
+// checks that the outbox table is migrated, opens the sink sinkURL names
+// (nats://, kafka://, amqp://, redis://, mqtt://, https://, stdout:), and
+// a relay between them. It does not start relaying (Start). opts may be
+// nil.
+func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, err error) {
+	o := Options{}
+	if opts != nil {
+		o = *opts
+	}
+	cfg := o.Relay
+	if cfg.Lanes == 0 {
+		cfg.Lanes = relay.DefaultLanes
+	}
+	if cfg.Lanes < 1 || cfg.Lanes > 64 {
+		return nil, fmt.Errorf("relayd: lanes %d: use 1 to 64", cfg.Lanes)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+		cfg.Logger = log
+	}
+	t := outboxdriver.Table{Schema: o.Schema, Name: o.Table}
+	if err := checkNames(t); err != nil {
+		return nil, fmt.Errorf("relayd: %w", err)
+	}
+	maxConns := o.MaxConns
+	if maxConns == 0 {
+		maxConns = int32(cfg.Lanes + 3)
+	}
+	rl := &Relay{log: log}
+	defer func() {
+		if err != nil {
+			rl.close()
+		}
+	}()
+	if rl.db, err = open.Database(ctx, dbURL, maxConns); err != nil {
+		return nil, err
+	}
+	if t.Schema == "" {
+		t.Schema = rl.db.Store.DefaultSchema()
+	}
+	if t.Name == "" {
+		t.Name = outboxdriver.DefaultTableName
+	}
+	rl.table = t
+	if err := rl.checkTable(ctx); err != nil {
+		return nil, err
+	}
+	if rl.snk, err = open.Sink(ctx, sinkURL, &o.Sink, log); err != nil {
+		return nil, err
+	}
+	if rl.src, err = rl.db.Store.NewSource(t, &outboxdriver.SourceConfig{Retention: o.Retention, RelayName: o.RelayName, Logger: log}); err != nil {
+		return nil, err
+	}
+	if o.Retention == outboxdriver.RetentionDelete {
+		cfg.CleanupAfter = 0 // nothing is kept
+	}
+	if o.OneCPUWhileIdle {
+		batch := cfg.BatchSize
+		if batch == 0 {
+			batch = relay.DefaultBatchSize
+		}
+		cfg.OnStage = newProcs(batch, log).onStage(cfg.OnStage)
+	}
+	if o.Registerer != nil {
+		store := rl.db.Store
+		m, err := outboxprom.New(o.Registerer, func(ctx context.Context) (outboxdriver.Status, error) {
+			return store.Status(ctx, t)
+		})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Metrics = m
+	}
+	if rl.relay, err = relay.New(rl.src, rl.snk, &cfg); err != nil {
+		return nil, err
+	}
+	return rl, nil
+}
+
+// checkNames validates the names given; an empty one is the default.
+func checkNames(t outboxdriver.Table) error {
+	check := t.WithDefaults()
+	return check.Validate()
+}
+
+// ErrNotMigrated is wrapped by Start when the table does not exist or its
+// schema is older than this build's.
+var ErrNotMigrated = outboxdriver.ErrNotMigrated
+
+// Start checks that the outbox table exists and is migrated to this
+// build's schema, then starts relaying in the background.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errors.New("relayd: relay is stopped")
+	}
+	if r.started {
+		return errors.New("relayd: already started")
+	}
+	if err := r.checkTable(ctx); err != nil {
+		return err
+	}
+	if err := r.relay.Start(ctx); err != nil {
+		return err
+	}
+	r.started = true
+	r.log.Info("relay started", "table", r.table.String(), "relay", r.src.RelayName())
+	return nil
+}
+
+// checkTable fails unless the table exists at this build's schema version.
+func (r *Relay) checkTable(ctx context.Context) error {
+	st, err := r.db.Store.Status(ctx, r.table)
+	if err != nil {
+		return fmt.Errorf("relayd: %w", err)
+	}
+	if st.SchemaVersion < st.LatestSchemaVersion {
+		return fmt.Errorf("relayd: %s is at schema version %d, this build needs %d: %w", r.table, st.SchemaVersion, st.LatestSchemaVersion, ErrNotMigrated)
+	}
+	return nil
+}
+
+// Stop stops the relay as relay.Relay.Stop does (the batch in flight
+// finishes, or is cancelled when ctx ends), then closes the source, the
+// sink and the database pool Open opened. It is idempotent, and closes
+// what Open opened also when Start never ran.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	err := r.relay.Stop(ctx)
+	r.closed = true
+	if r.started {
+		r.log.Info("relay stopped")
+	}
+	return errors.Join(err, r.close())
+}
+
+// close closes what Open opened, in the reverse order.
+func (r *Relay) close() error {
+	var errs []error
+	if r.src != nil {
+		errs = append(errs, r.src.Close())
+	}
+	if r.snk != nil {
+		errs = append(errs, r.snk.Close())
+	}
+	if r.db != nil {
+		r.db.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// Run starts the relay and stops it when ctx ends, waiting at most grace
+// for the batch in flight.
+func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
+	if err := r.Start(ctx); err != nil {
+		r.Stop(context.WithoutCancel(ctx))
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	return r.Stop(sctx)
+}
+
+// Ready reports whether the relay is working (relay.Relay.Ready).
+func (r *Relay) Ready() bool { return r.relay.Ready() }
+
+// Table is the outbox table relayed, its defaults filled in.
+func (r *Relay) Table() outboxdriver.Table { return r.table }
+
+// Store is the database's driver, for status and dead letters.
+func (r *Relay) Store() outboxdriver.Store { return r.db.Store }
+
+// RelayName is the name this relay registers under.
+func (r *Relay) RelayName() string { return r.src.RelayName() }
