@@ -28,7 +28,10 @@ type Event struct {
 	// Type names what happened ("OrderPlaced"). Required.
 	Type string
 	// Payload is a JSON document. It must be valid JSON; use RawPayload for
-	// anything else. Nil with a nil RawPayload stores SQL NULL.
+	// anything else. Nil with a nil RawPayload stores SQL NULL. It is
+	// stored and published byte for byte (key order, spacing and number
+	// spelling as written) on PostgreSQL, MariaDB and SQLite; MySQL 8
+	// stores JSON in a binary form and publishes its own encoding of it.
 	Payload []byte
 	// RawPayload is a payload that is not JSON (protobuf, Avro, text). It is
 	// published byte for byte. Set at most one of Payload and RawPayload.

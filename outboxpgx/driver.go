@@ -72,7 +72,7 @@ func (d *Driver) sql(t outboxdriver.Table, n int) string {
 		s, ok := d.one[t]
 		if !ok {
 			s = `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
-VALUES ($1::uuid, $2, $3, $4, $5::jsonb, $6, coalesce($7::jsonb, '{}'::jsonb), $8)`
+VALUES ($1::uuid, $2, $3, $4, $5::json, $6, coalesce($7::jsonb, '{}'::jsonb), $8)`
 			d.one[t] = s
 		}
 		return s
@@ -80,7 +80,7 @@ VALUES ($1::uuid, $2, $3, $4, $5::jsonb, $6, coalesce($7::jsonb, '{}'::jsonb), $
 	s, ok := d.multi[t]
 	if !ok {
 		s = `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
-SELECT u.id, u.at, u.aid, u.ty, u.p::jsonb, u.raw, coalesce(u.h::jsonb, '{}'::jsonb), u.tc
+SELECT u.id, u.at, u.aid, u.ty, u.p::json, u.raw, coalesce(u.h::jsonb, '{}'::jsonb), u.tc
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[])
   AS u(id, at, aid, ty, p, raw, h, tc)`
 		d.multi[t] = s

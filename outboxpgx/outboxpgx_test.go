@@ -421,3 +421,33 @@ func TestQueueRidesTheBusinessBatch(t *testing.T) {
 		t.Fatalf("invalid event: err %v, %d statements queued", err, b.Len())
 	}
 }
+
+// A JSON payload is stored as written, byte for byte, whether it goes in
+// alone (VALUES) or with others (unnest), so that a consumer may verify a
+// signature over its bytes.
+func TestJSONPayloadIsKeptByteForByte(t *testing.T) {
+	t.Parallel()
+	pool, tb := setup(t)
+	ob := newOutbox(t, tb)
+	payload := []byte(`{ "total": 9.50, "items": [{"sku": "a-1", "qty": 2}],  "note": "ünïcødé", "a": 1e2}`)
+	write(t, pool, ob, true, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "T", Payload: payload})
+	write(t, pool, ob, true,
+		outbox.Event{AggregateType: "order", AggregateID: "2", Type: "T", Payload: payload},
+		outbox.Event{AggregateType: "order", AggregateID: "3", Type: "T", Payload: payload})
+	rows, err := pool.Query(context.Background(), `SELECT payload::text FROM `+tb.Qualified("")+` ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("%d rows, want 3", len(got))
+	}
+	for i, g := range got {
+		if g != string(payload) {
+			t.Fatalf("row %d payload %q, want %q byte for byte", i, g, payload)
+		}
+	}
+}

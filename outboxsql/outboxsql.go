@@ -86,7 +86,7 @@ func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
 		}
 		n := i * 8
 		p := func(k int) string { return "$" + strconv.Itoa(n+k) }
-		b.WriteString("(" + p(1) + "::uuid, " + p(2) + ", " + p(3) + ", " + p(4) + ", " + p(5) + "::jsonb, " + p(6) + "::bytea, coalesce(" + p(7) + "::jsonb, '{}'::jsonb), " + p(8) + ")")
+		b.WriteString("(" + p(1) + "::uuid, " + p(2) + ", " + p(3) + ", " + p(4) + ", " + p(5) + "::json, " + p(6) + "::bytea, coalesce(" + p(7) + "::jsonb, '{}'::jsonb), " + p(8) + ")")
 		args = append(args, r.ID, r.AggregateType, r.AggregateID, r.Type, nullText(r.Payload), nullBytes(r.RawPayload), nullText(r.Headers), nullText([]byte(r.TraceContext)))
 	}
 	return b.String(), args

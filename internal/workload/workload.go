@@ -205,7 +205,7 @@ func (t *pgTx) Bump(ctx context.Context, agg string, n int) (int, error) {
 func (t *pgTx) Insert(ctx context.Context, typ, agg, payload string) (string, error) {
 	var id string
 	err := t.tx.QueryRow(ctx, `INSERT INTO `+t.d.table+` (id, aggregatetype, aggregateid, type, payload)
-		VALUES (gen_random_uuid(), $1, $2, 'Changed', $3::jsonb) RETURNING id::text`, typ, agg, payload).Scan(&id)
+		VALUES (gen_random_uuid(), $1, $2, 'Changed', $3::json) RETURNING id::text`, typ, agg, payload).Scan(&id)
 	return id, err
 }
 

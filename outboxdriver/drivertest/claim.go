@@ -90,7 +90,10 @@ func (s *suite) testRecordFields(t *testing.T) {
 	const wantTrace = "traceparent=00-01020300000000000000000000000000-0405060000000000-01"
 	events := []outbox.Event{
 		{ID: newID(), AggregateType: "order", AggregateID: "42", Type: "OrderPlaced",
-			Payload: []byte(`{"total": 9.5, "items": [{"sku": "a-1", "qty": 2}], "note": "ünïcødé"}`),
+			// Key order, spacing and number spelling a JSON encoder
+			// would change: a consumer may verify a signature over these
+			// bytes.
+			Payload: []byte(`{ "total": 9.50, "items": [{"sku": "a-1", "qty": 2}],  "note": "ünïcødé", "a": 1e2}`),
 			Headers: map[string]string{"tenant": "acme", "x-request-id": "r-1"}},
 		{ID: newID(), AggregateType: "blob", AggregateID: "7", Type: "Raw", RawPayload: []byte{0, 1, 2, 0xff, '{'}},
 		{ID: newID(), AggregateType: "order", AggregateID: "42", Type: "OrderPinged"},
@@ -115,8 +118,12 @@ func (s *suite) testRecordFields(t *testing.T) {
 			t.Fatalf("record %d attempts %d created %v; want 0 and a time", i, g.Attempts, g.CreatedAt)
 		}
 	}
-	if !jsonEqual(got[0].Payload, events[0].Payload) {
-		t.Fatalf("JSON payload %q, want the JSON %s", got[0].Payload, events[0].Payload)
+	if s.h.NormalizesJSON {
+		if !jsonEqual(got[0].Payload, events[0].Payload) {
+			t.Fatalf("JSON payload %q, want the JSON %s", got[0].Payload, events[0].Payload)
+		}
+	} else if string(got[0].Payload) != string(events[0].Payload) {
+		t.Fatalf("JSON payload %q, want %q byte for byte", got[0].Payload, events[0].Payload)
 	}
 	if fmt.Sprint(got[0].Headers) != fmt.Sprint(events[0].Headers) {
 		t.Fatalf("headers %v, want %v", got[0].Headers, events[0].Headers)

@@ -49,6 +49,10 @@ type Harness struct {
 	// table at a time (SQLite): the suite then leaves out the cases with
 	// several relays competing for partitions, and says so in the log.
 	SingleRelay bool
+	// NormalizesJSON is set for a database whose JSON column re-encodes
+	// the payload (MySQL 8's binary JSON): the suite then compares JSON
+	// payloads as JSON, not byte for byte.
+	NormalizesJSON bool
 	// Parallel runs the suite's cases in parallel with each other (each on
 	// its own table). Leave it unset for a database that serialises
 	// writers (SQLite); the cases then run one after another.
