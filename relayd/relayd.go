@@ -175,12 +175,13 @@ func checkNames(t outboxdriver.Table) error {
 	return check.Validate()
 }
 
-// ErrNotMigrated is wrapped by Start when the table does not exist or its
-// schema is older than this build's.
+// ErrNotMigrated is wrapped by Open and Start when the table does not
+// exist (`outbox migrate` has not run).
 var ErrNotMigrated = outboxdriver.ErrNotMigrated
 
-// Start checks that the outbox table exists and is migrated to this
-// build's schema, then starts relaying in the background.
+// Start checks that the outbox table exists (it fails, wrapping
+// ErrNotMigrated, when it does not), then starts relaying in the
+// background.
 func (r *Relay) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -201,14 +202,18 @@ func (r *Relay) Start(ctx context.Context) error {
 	return nil
 }
 
-// checkTable fails unless the table exists at this build's schema version.
+// checkTable fails unless the table exists, and warns when its schema is
+// older than this build's.
 func (r *Relay) checkTable(ctx context.Context) error {
 	st, err := r.db.Store.Status(ctx, r.table)
 	if err != nil {
 		return fmt.Errorf("relayd: %w", err)
 	}
 	if st.SchemaVersion < st.LatestSchemaVersion {
-		return fmt.Errorf("relayd: %s is at schema version %d, this build needs %d: %w", r.table, st.SchemaVersion, st.LatestSchemaVersion, ErrNotMigrated)
+		// A relay of this build still reads the older schema's
+		// table (json or jsonb payloads alike): say so, and relay on.
+		r.log.Warn("relayd: the outbox table's schema is older than this build's; run `outbox migrate`",
+			"table", r.table.String(), "version", st.SchemaVersion, "latest", st.LatestSchemaVersion)
 	}
 	return nil
 }

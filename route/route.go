@@ -57,6 +57,10 @@ type Config struct {
 	// "column:header-name" (Debezium's table.fields.additional.placement
 	// with placement header). For example "type:eventType".
 	HeaderColumns []string
+	// Destination, when set, sends every event there (one topic, subject
+	// or queue for the whole table), and RouteBy, Regex and Replacement
+	// must be left empty.
+	Destination string
 }
 
 type headerColumn struct {
@@ -81,6 +85,13 @@ func New(cfg *Config) (*Router, error) {
 	c := Config{}
 	if cfg != nil {
 		c = *cfg
+	}
+	if c.Destination != "" && (c.RouteBy != "" || c.Regex != "" || c.Replacement != "") {
+		return nil, fmt.Errorf("route: a fixed destination %q takes no route-by column, regex or replacement", c.Destination)
+	}
+	if c.Destination != "" {
+		// The routed value is then the destination itself.
+		c.Regex, c.Replacement = `.*`, strings.ReplaceAll(c.Destination, "$", "$$")
 	}
 	if c.RouteBy == "" {
 		c.RouteBy = DefaultRouteBy

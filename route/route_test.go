@@ -105,3 +105,23 @@ func TestDestinationIsTheSameFromTheCache(t *testing.T) {
 		t.Fatalf("%d destinations remembered, want the bound %d", n, maxCached)
 	}
 }
+
+func TestFixedDestination(t *testing.T) {
+	r, err := New(&Config{Destination: "orders.$all"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range []outboxdriver.Record{
+		{ID: "1", AggregateType: "order", AggregateID: "1"},
+		{ID: "2", AggregateType: "customer", AggregateID: "2"},
+		{ID: "3", AggregateType: "", AggregateID: "3"},
+	} {
+		d, err := r.Destination(&rec)
+		if err != nil || d != "orders.$all" {
+			t.Fatalf("destination of %s = %q, %v; want orders.$all for every event", rec.AggregateType, d, err)
+		}
+	}
+	if _, err := New(&Config{Destination: "x", RouteBy: "type"}); err == nil {
+		t.Fatal("a fixed destination with a route-by column was accepted")
+	}
+}

@@ -72,6 +72,14 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
+			if rc.Destination != "" {
+				for _, name := range []string{"route-by", "route-regex", "route-replacement"} {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--destination sends every event to one destination: leave out --%s", name)
+					}
+				}
+				rc.RouteBy, rc.Regex, rc.Replacement = "", "", ""
+			}
 			router, err := route.New(&rc)
 			if err != nil {
 				return fmt.Errorf("routing: %w", err)
@@ -152,6 +160,7 @@ Sinks (--sink):
 	cmd.Flags().StringVar(&rc.RouteBy, "route-by", route.DefaultRouteBy, "column whose value picks the destination")
 	cmd.Flags().StringVar(&rc.Regex, "route-regex", route.DefaultRegex, "regex over the routed value; its named groups feed --route-replacement")
 	cmd.Flags().StringVar(&rc.Replacement, "route-replacement", route.DefaultReplacement, "destination template")
+	cmd.Flags().StringVar(&rc.Destination, "destination", "", "send every event to this one destination (topic, subject, queue) instead of routing")
 	cmd.Flags().StringSliceVar(&rc.HeaderColumns, "header-columns", nil, "more columns to place into headers, as column[:header] (e.g. type:eventType)")
 	cmd.Flags().StringVar(&sf.natsStream, "nats-stream", "OUTBOX", "JetStream stream the events go to")
 	cmd.Flags().StringSliceVar(&sf.natsSubjects, "nats-subjects", []string{"outbox.event.>"}, "subjects of the stream, when the relay creates it")
