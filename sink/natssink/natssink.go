@@ -88,7 +88,7 @@ type Config struct {
 	// before it reports a transient timeout error for it. Default 5s.
 	AckTimeout time.Duration
 	// Logger receives connection events and stream set-up messages.
-	// Default: discard.
+	// Default: warnings and errors as text on standard error.
 	Logger *slog.Logger
 }
 
@@ -120,9 +120,7 @@ func normalize(cfg *Config) (Config, error) {
 	if err := confval.PositiveOr("natssink", "AckTimeout", &c.AckTimeout, DefaultAckTimeout); err != nil {
 		return c, err
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = confval.Logger(c.Logger)
 	return c, nil
 }
 
@@ -248,13 +246,16 @@ func checkURL(rawURL string) (string, error) {
 // EnsureStream makes sure Config.Stream exists. A missing stream is created
 // with Config.Subjects and file storage, unless Config.NoCreateStream is set,
 // in which case EnsureStream returns an error. An existing stream is left
-// as it is, even if its subjects differ from Config.Subjects (that is logged).
+// as it is, even if its subjects differ from Config.Subjects (that is
+// logged, unless NoCreateStream is set: Config.Subjects then means nothing).
 func (s *Sink) EnsureStream(ctx context.Context) error {
 	name := s.cfg.Stream
 	st, err := s.js.Stream(ctx, name)
 	if err == nil {
 		subjects := st.CachedInfo().Config.Subjects
-		if !sameSet(subjects, s.cfg.Subjects) {
+		// With creation off, Config.Subjects describes no stream: the
+		// stream's own subjects are the operator's, nothing to compare.
+		if !s.cfg.NoCreateStream && !sameSet(subjects, s.cfg.Subjects) {
 			s.log.Warn("natssink: stream exists with other subjects than configured; leaving it unchanged",
 				"stream", name, "stream_subjects", subjects, "configured_subjects", s.cfg.Subjects)
 		} else {

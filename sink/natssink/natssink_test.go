@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
@@ -378,6 +379,27 @@ func TestEnsureStream(t *testing.T) {
 		got := st.CachedInfo().Config
 		if !slices.Equal(got.Subjects, want.Subjects) || got.Storage != want.Storage || got.MaxMsgs != want.MaxMsgs {
 			t.Fatalf("existing stream changed: %+v", got)
+		}
+	})
+	t.Run("existing with NoCreateStream is not compared", func(t *testing.T) {
+		e := newEnv(t)
+		if _, err := e.js.CreateStream(testenv.Context(t, 10*time.Second), jetstream.StreamConfig{
+			Name: e.stream, Subjects: []string{e.prefix + ".other.>"}, Storage: jetstream.MemoryStorage}); err != nil {
+			t.Fatal(err)
+		}
+		var logged strings.Builder
+		cfg := e.config()
+		cfg.NoCreateStream = true
+		cfg.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		s, err := New(e.js, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.EnsureStream(testenv.Context(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(logged.String(), "other subjects") || !strings.Contains(logged.String(), "stream exists") {
+			t.Fatalf("with NoCreateStream, EnsureStream logged %q; want no comparison of subjects", logged.String())
 		}
 	})
 	t.Run("missing with NoCreateStream", func(t *testing.T) {
