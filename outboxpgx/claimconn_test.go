@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -81,6 +83,39 @@ func published(b *batch) outboxdriver.Outcome {
 		out.Published = append(out.Published, rec.ID)
 	}
 	return out
+}
+
+// listen returns a pooled connection that LISTENs on the table's
+// channel until the test ends.
+func (r *floorRig) listen() *pgxpool.Conn {
+	r.t.Helper()
+	ctx := context.Background()
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(r.table.Channel())); err != nil {
+		conn.Release()
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() {
+		conn.Exec(context.Background(), `UNLISTEN *`)
+		conn.Release()
+	})
+	return conn
+}
+
+// awaitNotifications fails unless conn receives n notifications within
+// 20s.
+func (r *floorRig) awaitNotifications(conn *pgxpool.Conn, n int) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range n {
+		if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+			r.t.Fatalf("notification %d of %d did not arrive: %v", i+1, n, err)
+		}
+	}
 }
 
 // waitNotified fails unless Wait returns for a notification (not its
@@ -179,10 +214,15 @@ func TestClaimsOnTheListenerLeaveNoNotificationsBehind(t *testing.T) {
 	r := newFloorRig(t)
 	r.listening()
 	ctx := context.Background()
+	other := r.listen()
 	for i := range 5 {
 		r.insert(r.pool, fmt.Sprint(i)) // five commits, five notifications
 	}
-	time.Sleep(200 * time.Millisecond) // they reach the listener's socket
+	// Another listener has them all: the commits did notify, and the
+	// source's listener was sent them too. PostgreSQL sends a listener its
+	// notifications ahead of the reply to its next statement, so the first
+	// claim reads them with its reply.
+	r.awaitNotifications(other, 5)
 	for range 2 {
 		r.relay() // read them with the claims' replies, then take them
 	}

@@ -89,8 +89,8 @@ func (r *floorRig) relay() []int64 {
 	}
 }
 
-// settle lets the floors probe several times (each claim probes once a
-// floorTick has passed).
+// settle relays until the floors have been probed several times, enough
+// for them to rise as far as they may.
 func (r *floorRig) settle() {
 	r.t.Helper()
 	if got := r.relayWhileProbing(); len(got) > 0 {
@@ -98,16 +98,47 @@ func (r *floorRig) settle() {
 	}
 }
 
-// relayWhileProbing waits for a probe and relays, five times, and returns
-// every seq claimed.
+// relayWhileProbing relays until the floors have been probed five times
+// (or turned off), and returns every seq claimed.
 func (r *floorRig) relayWhileProbing() []int64 {
 	r.t.Helper()
+	return r.relayUntilProbed(5)
+}
+
+// relayUntilProbed relays, again and again, until its claims have probed
+// the floors n times or a probe turned them off, and returns every seq
+// claimed. A claim probes when a floorTick has passed since the last
+// probe, which it marks by moving the next one's time; it fails the test
+// when that has not happened n times within 10s.
+func (r *floorRig) relayUntilProbed(n int) []int64 {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
 	var seen []int64
-	for range 5 {
-		time.Sleep(floorTick + 20*time.Millisecond)
+	for probes := 0; probes < n; {
+		before, _ := r.probeState()
 		seen = append(seen, r.relay()...)
+		after, off := r.probeState()
+		switch {
+		case off:
+			return seen // no more probes
+		case !after.Equal(before):
+			probes++
+		case time.Now().After(deadline):
+			r.t.Fatalf("the floors were probed %d times in 10s, want %d", probes, n)
+		default:
+			time.Sleep(floorTick / 10) // poll until the next probe is due
+		}
 	}
 	return seen
+}
+
+// probeState returns when the floors' next probe is due, and whether they
+// are off.
+func (r *floorRig) probeState() (next time.Time, off bool) {
+	f := &r.src.floors
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.next, f.disabled
 }
 
 func (r *floorRig) floor() int64 {
@@ -215,8 +246,7 @@ func TestRetriedDeadLetterIsClaimedWithoutTheNotification(t *testing.T) {
 	if got := r.relay(); len(got) != 1 || got[0] != poison {
 		t.Fatalf("claimed %v right after the retry, no notification read; want the retried event's seq [%d]", got, poison)
 	}
-	time.Sleep(floorTick + 20*time.Millisecond)
-	r.relay() // probes
+	r.relayUntilProbed(1)
 	if f := r.floor(); f != 0 {
 		t.Fatalf("floor %d after a probe that followed the retry; want 0", f)
 	}

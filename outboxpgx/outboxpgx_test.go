@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -276,20 +277,26 @@ func TestWaitAnswersQueuedNotificationsAtOnce(t *testing.T) {
 	if err := src.SetIdle(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	leases := leaseAll(t, src)
 	// A second listener sees when the five notifications have been sent.
 	conn := listen(t, pool, tb)
 	for i := range 5 {
 		write(t, pool, ob, true, ev("q", i+1))
 	}
 	for i := range 5 {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := conn.Conn().WaitForNotification(wctx)
-		cancel()
-		if err != nil {
-			t.Fatalf("notification %d of 5 did not arrive: %v", i+1, err)
-		}
+		nextNotification(t, conn, fmt.Sprintf("notification %d of 5", i+1))
 	}
-	time.Sleep(200 * time.Millisecond) // the relay's listener has them too
+	// The relay is busy meanwhile: a claim on its listener, which
+	// PostgreSQL answers behind the five notifications. The listener's
+	// connection holds them all once the claim returns.
+	b, err := src.Claim(ctx, leases, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(b.Records()); n != 5 {
+		t.Fatalf("claimed %d events, want the 5 committed", n)
+	}
+	b.Release(ctx)
 	if err := src.Wait(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -306,6 +313,48 @@ func TestWaitAnswersQueuedNotificationsAtOnce(t *testing.T) {
 	expectWoken(t, woke, "a commit after the queued notifications were answered")
 }
 
+// leaseAll registers src for a minute and leases every partition.
+func leaseAll(t *testing.T, src *outboxpgx.Source) []outboxdriver.Lease {
+	t.Helper()
+	ctx := context.Background()
+	_, n, err := src.Heartbeat(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases, err := src.Acquire(ctx, n, time.Minute)
+	if err != nil || len(leases) != n {
+		t.Fatalf("acquire: %d of %d partitions, %v", len(leases), n, err)
+	}
+	return leases
+}
+
+// nextNotification returns the next notification conn receives, and
+// fails the test when none arrives within 10s.
+func nextNotification(t *testing.T, conn *pgxpool.Conn, what string) *pgconn.Notification {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := conn.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("%s did not arrive within 10s: %v", what, err)
+	}
+	return n
+}
+
+// expectMarker sends a notification with payload marker on tb's channel
+// and fails the test unless it is the next one conn receives. A listener
+// receives the notifications of committed transactions in commit order,
+// so one that a commit before the marker sent would arrive first.
+func expectMarker(t *testing.T, pool *pgxpool.Pool, conn *pgxpool.Conn, tb outboxdriver.Table, marker, after string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, tb.Channel(), marker); err != nil {
+		t.Fatal(err)
+	}
+	if n := nextNotification(t, conn, "the marker "+marker); n.Payload != marker {
+		t.Fatalf("a notification (payload %q) arrived before the marker %q: %s notified", n.Payload, marker, after)
+	}
+}
+
 func TestNoNotifyWhileBusy(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
@@ -314,34 +363,38 @@ func TestNoNotifyWhileBusy(t *testing.T) {
 	conn := listen(t, pool, tb)
 	// No relay registered idle: a commit sends no notification.
 	write(t, pool, ob, true, ev("1", 1))
+	expectMarker(t, pool, conn, tb, "after-busy", "the commit made while no relay was idle")
+	// Registered idle, a commit notifies (without a payload).
 	src := newSource(t, pool, tb, outboxdriver.RetentionDelete)
-	// Registered idle, a commit notifies; a marker written after it
-	// proves the first commit sent nothing.
 	if err := src.SetIdle(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	write(t, pool, ob, true, ev("2", 1))
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := conn.Conn().WaitForNotification(wctx); err != nil {
-		t.Fatalf("no notification while idle: %v", err)
-	}
-	wctx2, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel2()
-	if n, err := conn.Conn().WaitForNotification(wctx2); err == nil {
-		t.Fatalf("a second notification %+v arrived: the busy commit notified", n)
+	if n := nextNotification(t, conn, "the notification of a commit while a relay was idle"); n.Payload != "" {
+		t.Fatalf("the commit's notification has payload %q, want none", n.Payload)
 	}
 	// An expired registration (a relay that died idle) draws no more.
 	if err := src.SetIdle(ctx, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond) // let the registration expire by the database clock
-	write(t, pool, ob, true, ev("3", 1))
-	wctx3, cancel3 := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel3()
-	if n, err := conn.Conn().WaitForNotification(wctx3); err == nil {
-		t.Fatalf("notification %+v after the idle registration expired", n)
+	// Expired by the database clock: a transaction that starts later sees
+	// no registration still running.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var live bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+tb.Qualified("_wakeup")+` WHERE expires_at > now())`).Scan(&live); err != nil {
+			t.Fatal(err)
+		}
+		if !live {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the idle registration of 1ms still runs after 10s")
+		}
+		time.Sleep(time.Millisecond) // poll
 	}
+	write(t, pool, ob, true, ev("3", 1))
+	expectMarker(t, pool, conn, tb, "after-expiry", "the commit made after the idle registration expired")
 }
 
 func TestPartitionIsComputedByTheDatabase(t *testing.T) {

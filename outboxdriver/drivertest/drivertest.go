@@ -4,9 +4,13 @@
 // with a Harness.
 //
 // The suite works only through outboxdriver.Store, Source and Batch, the
-// harness's Write and ExecInsert, and the relay engine (with a real NATS
-// JetStream sink for the end-to-end cases), so what it checks is what the
-// relay and the command line rely on, whatever the database.
+// harness's Write and ExecInsert, and the relay engine, so what it checks
+// is what the relay and the command line rely on, whatever the database.
+// It needs nothing but that database: in the end-to-end cases the relays
+// publish to an in-memory sink that records every message it
+// acknowledges, and the suite checks what it recorded (no loss, no event
+// of a rolled-back transaction, each aggregate in commit order,
+// duplicates only by id).
 package drivertest
 
 import (

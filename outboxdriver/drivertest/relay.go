@@ -10,30 +10,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
-	"github.com/outboxkit/outbox/sink/natssink"
 )
 
-// pipeline is a table relayed into a JetStream stream of its own.
+// destPrefix starts the destination of every message of the end-to-end
+// cases: the router makes it destPrefix.<aggregatetype>.
+const destPrefix = "drivertest"
+
+// pipeline is a table relayed into a recorder of its own.
 type pipeline struct {
-	e      *env
-	js     jetstream.JetStream
-	stream jetstream.Stream
-	prefix string
-	log    *slog.Logger
+	e   *env
+	rec *recorder
+	log *slog.Logger
 }
 
 func (e *env) pipeline() *pipeline {
-	_, js := testenv.JetStream(e.t)
-	st, prefix := testenv.Stream(e.t, js)
 	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	return &pipeline{e: e, js: js, stream: st, prefix: prefix, log: log}
+	return &pipeline{e: e, rec: newRecorder(), log: log}
 }
 
 // testWriter sends log lines to the test log.
@@ -49,7 +45,7 @@ type running struct {
 	*relay.Relay
 	t    testing.TB
 	src  outboxdriver.Source
-	snk  *natssink.Sink
+	snk  *recordingSink
 	once sync.Once
 }
 
@@ -69,8 +65,8 @@ func (r *running) stop() {
 	})
 }
 
-// start runs a relay named name over the table into the stream, with short
-// leases and small batches; it is stopped when the test ends.
+// start runs a relay named name over the table into the recorder, with
+// short leases and small batches; it is stopped when the test ends.
 func (p *pipeline) start(name string) *running {
 	t := p.e.t
 	t.Helper()
@@ -78,13 +74,10 @@ func (p *pipeline) start(name string) *running {
 	if err != nil {
 		t.Fatalf("%s: new source: %v", p.e.s.h.Name, err)
 	}
-	snk, err := natssink.New(p.js, &natssink.Config{Stream: p.prefix, Subjects: []string{p.prefix + ".>"}, Logger: p.log})
+	snk := p.rec.sink()
+	router, err := route.New(&route.Config{Replacement: destPrefix + ".${routedByValue}"})
 	if err != nil {
 		src.Close()
-		t.Fatalf("nats sink: %v", err)
-	}
-	router, err := route.New(&route.Config{Replacement: p.prefix + ".${routedByValue}"})
-	if err != nil {
 		t.Fatalf("router: %v", err)
 	}
 	r, err := relay.New(src, snk, &relay.Config{
@@ -97,6 +90,7 @@ func (p *pipeline) start(name string) *running {
 		Logger:       p.log,
 	})
 	if err != nil {
+		src.Close()
 		t.Fatalf("relay: %v", err)
 	}
 	run := &running{Relay: r, t: t, src: src, snk: snk}
@@ -107,16 +101,14 @@ func (p *pipeline) start(name string) *running {
 	return run
 }
 
-// stopMidStream stops r once the stream holds at least n messages, while
-// the writers are still at work, and logs how far the stream had come.
-func (p *pipeline) stopMidStream(r *running, n uint64) {
-	p.waitMessages(n)
+// stopMidStream stops r once the sink has acknowledged at least n distinct
+// events, while the writers are still at work, and logs how far delivery
+// had come.
+func (p *pipeline) stopMidStream(r *running, n int) {
+	p.rec.waitDistinct(p.e.t, n, 60*time.Second)
 	r.stop()
-	info, err := p.stream.Info(p.e.ctx)
-	if err != nil {
-		p.e.t.Fatalf("stream info: %v", err)
-	}
-	p.e.t.Logf("relay %s stopped with %d messages in the stream", r.src.RelayName(), info.State.Msgs)
+	msgs, distinct := p.rec.counts()
+	p.e.t.Logf("relay %s stopped after the sink acknowledged %d messages (%d distinct events)", r.src.RelayName(), msgs, distinct)
 }
 
 // workload is what concurrent writers committed and rolled back.
@@ -179,39 +171,29 @@ func (p *pipeline) writeConcurrently(writers, txs int) func() *workload {
 	}
 }
 
-// waitMessages waits until the stream holds at least n messages.
-func (p *pipeline) waitMessages(n uint64) {
-	t := p.e.t
-	t.Helper()
-	var have uint64
-	waitFor(t, 60*time.Second, func() bool {
-		info, err := p.stream.Info(p.e.ctx)
-		if err != nil {
-			t.Fatalf("stream info: %v", err)
-		}
-		have = info.State.Msgs
-		return have >= n
-	}, func() string { return fmt.Sprintf("the stream holds %d messages, want at least %d", have, n) })
-}
-
-// verify waits for the backlog to drain and checks the stream: every
-// committed event arrived (duplicates allowed, by id), none of a
-// rolled-back transaction, and each aggregate's events first arrived in
-// commit order.
+// verify waits until the sink has acknowledged as many distinct events as
+// were committed and the backlog has drained, then checks what the sink
+// acknowledged, in order: every committed event (duplicates allowed, by
+// id) with its destination, key and payload, none of a rolled-back
+// transaction, and each aggregate's events first in commit order.
 func (p *pipeline) verify(w *workload) {
 	t, e := p.e.t, p.e
 	t.Helper()
+	p.rec.waitDistinct(t, len(w.committed), 60*time.Second)
 	var st outboxdriver.Status
 	waitFor(t, 60*time.Second, func() bool { st = e.status(); return st.Backlog == 0 },
 		func() string { return fmt.Sprintf("backlog %d of %d committed events", st.Backlog, len(w.committed)) })
 	if st.DeadLetters != 0 {
-		t.Fatalf("%d dead letters; the broker took every event", st.DeadLetters)
+		t.Fatalf("%d dead letters; the sink acknowledged every event", st.DeadLetters)
 	}
-	msgs := testenv.StreamMessages(t, p.stream)
+	msgs := p.rec.deliveries()
 	seen := map[string]bool{}
 	next := map[string]int{}
 	for i, m := range msgs {
-		id := m.Header.Get("id")
+		id := m.ID
+		if m.HeaderID != id {
+			t.Fatalf("message %d has id %q and header id %q; want the same", i, id, m.HeaderID)
+		}
 		if w.rolled[id] {
 			t.Fatalf("message %d is event %s of a rolled-back transaction", i, id)
 		}
@@ -219,8 +201,12 @@ func (p *pipeline) verify(w *workload) {
 		if !ok {
 			t.Fatalf("message %d has id %q, which nobody committed", i, id)
 		}
-		if m.Subject != p.prefix+".order" || m.Header.Get(natssink.KeyHeader) != b.Agg {
-			t.Fatalf("message %d: subject %q key %q; want %q and %q", i, m.Subject, m.Header.Get(natssink.KeyHeader), p.prefix+".order", b.Agg)
+		if m.Destination != destPrefix+".order" || m.Key != b.Agg {
+			t.Fatalf("message %d: destination %q key %q; want %q and %q", i, m.Destination, m.Key, destPrefix+".order", b.Agg)
+		}
+		var got body
+		if err := json.Unmarshal(m.Value, &got); err != nil || got != b {
+			t.Fatalf("message %d (event %s) carries payload %q; want %s/%d", i, id, m.Value, b.Agg, b.N)
 		}
 		if seen[id] {
 			continue // a duplicate, same id: allowed (at least once)
@@ -243,7 +229,7 @@ func (p *pipeline) verify(w *workload) {
 }
 
 // testRelayEndToEnd runs the real relay engine over the driver's Source
-// into NATS JetStream while writers commit and roll back concurrently; the
+// into a recording sink while writers commit and roll back concurrently; the
 // relay is stopped mid-stream and another takes over. Every committed event
 // arrives, none rolled back, in commit order per aggregate.
 func (s *suite) testRelayEndToEnd(t *testing.T) {
