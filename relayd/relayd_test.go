@@ -149,4 +149,3 @@ func TestStopWithoutStart(t *testing.T) {
 		t.Fatalf("Stop left goroutines behind: %v", err)
 	}
 }
-

@@ -1,11 +1,28 @@
-// Package confval holds the small checks every Config of the project
-// repeats, and the redaction of passwords in URLs for messages.
+// Package confval holds the small checks and defaults every Config of the
+// project repeats, and the redaction of passwords in URLs for messages.
 package confval
 
 import (
 	"fmt"
+	"log/slog"
 	"net/url"
+	"os"
 )
+
+// Logger returns l, or, when l is nil, the logger every package of the
+// project defaults to: warnings and errors, as text, on standard error.
+//
+// The default is a new logger each time, never slog.Default(): a component
+// logs to the logger its Config gives it, not to whatever the process set
+// as its global default. It is not a discarding logger either: what a
+// component logs at warning level or above (a dead-lettered event, a lost
+// lease, a broken connection) needs someone to act on it.
+func Logger(l *slog.Logger) *slog.Logger {
+	if l != nil {
+		return l
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
 
 // PositiveOr sets *v to def when it is zero and refuses a negative value,
 // with an error naming the package and the Config field.

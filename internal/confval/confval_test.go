@@ -1,6 +1,8 @@
 package confval
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -32,5 +34,20 @@ func TestRedactURL(t *testing.T) {
 		if got := RedactURL(in); got != want || strings.Contains(got, "secret") {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestLogger(t *testing.T) {
+	given := slog.New(slog.DiscardHandler)
+	if got := Logger(given); got != given {
+		t.Fatal("a logger the Config gives is not kept")
+	}
+	l := Logger(nil)
+	if l == nil || l == slog.Default() {
+		t.Fatalf("Logger(nil) = %v, want a logger of its own", l)
+	}
+	ctx := context.Background()
+	if l.Enabled(ctx, slog.LevelInfo) || !l.Enabled(ctx, slog.LevelWarn) {
+		t.Fatal("the default logger must take warnings and errors, not info")
 	}
 }

@@ -1,28 +1,3 @@
-// Package kafkasink publishes outbox messages to Apache Kafka with franz-go.
-//
-// Each message becomes one Kafka record: the topic is Message.Destination,
-// the record key is Message.Key (so all messages of one aggregate land on one
-// partition), the value is Message.Value, and the headers are Message.Headers
-// in order, preceded by a header "id" holding Message.ID when the message has
-// no "id" header of its own.
-//
-// A message counts as published only once the partition leader has answered
-// an acks=all produce request for it. The producer is idempotent (the
-// franz-go default), so the client's internal retries neither duplicate nor
-// reorder records; records with the same key are produced in slice order.
-// Delivery to the topic is still at least once: a Publish that gives up
-// (its context ends, the broker is unreachable) may have written some of its
-// records, and the relay publishes them again.
-//
-// Errors are classified for the relay: a message is failed with
-// [sink.Permanent] when Kafka will never accept it (invalid topic name,
-// record too large, topic authorization denied, record rejected as invalid);
-// everything else, including unknown topics, timeouts and unreachable
-// brokers, is transient.
-//
-// Use [Dial] to let the sink build and own its client from a kafka:// URL,
-// or [New] with a client built by the caller from [Options] plus its own
-// options (TLS, SASL, client id).
 package kafkasink
 
 import (
@@ -40,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -69,7 +45,8 @@ var ErrClosed = errors.New("kafkasink: sink closed")
 // Config tunes a Sink. The zero value, and a nil *Config, are valid.
 type Config struct {
 	// Logger receives the sink's own log lines; with Dial it also receives
-	// the client's warnings and errors. Default: slog.Default().
+	// the client's warnings and errors. Default: warnings and errors as
+	// text on standard error.
 	Logger *slog.Logger
 }
 
@@ -135,10 +112,11 @@ func New(client *kgo.Client, cfg *Config) (*Sink, error) {
 			return nil, errors.New("kafkasink: the client must not be transactional; remove kgo.TransactionalID")
 		}
 	}
-	log := slog.Default()
-	if cfg != nil && cfg.Logger != nil {
+	var log *slog.Logger
+	if cfg != nil {
 		log = cfg.Logger
 	}
+	log = confval.Logger(log)
 	return &Sink{client: client, log: log}, nil
 }
 
@@ -151,10 +129,11 @@ func Dial(ctx context.Context, url string, cfg *Config, extra ...kgo.Opt) (*Sink
 	if err != nil {
 		return nil, err
 	}
-	log := slog.Default()
-	if cfg != nil && cfg.Logger != nil {
+	var log *slog.Logger
+	if cfg != nil {
 		log = cfg.Logger
 	}
+	log = confval.Logger(log)
 	// The client stays quiet until the broker answered: a failed Dial is
 	// reported once, by its error.
 	kl := &kgoLogger{l: log}
