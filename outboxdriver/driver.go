@@ -93,8 +93,8 @@ type Record struct {
 // NewRecords returns an empty slice to scan a claim of up to limit records
 // into. It starts small and grows as rows come: a relay keeping up with
 // light traffic claims a handful of events at a time, and a slice sized
-// for the whole limit at every claim (500 records: about 80 KB) cost a
-// relay at 1,000 events/s a tenth of its CPU in allocation and GC.
+// for the whole limit at every claim cost such a relay a measurable share
+// of its CPU in allocation and GC (docs/benchmarks.md, Latency).
 func NewRecords(limit int) []Record {
 	return make([]Record, 0, max(0, min(limit, 16)))
 }

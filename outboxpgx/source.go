@@ -54,15 +54,15 @@ func newQueries(t outboxdriver.Table, r outboxdriver.Retention) queries {
 		//
 		// No sequential scans: a plan cached while the table looked tiny
 		// (Finish's DELETE by id as a sequential scan) read the whole
-		// table for every batch: 8-13 ms a batch after two minutes of a
-		// long transaction at 2,000 events/s.
+		// table for every batch, dead rows a long transaction kept
+		// included (docs/benchmarks.md, Long transactions).
 		//
 		// No sorts: with statistics from when the table held a hundred
 		// rows (or none, never analyzed), the claim read every pending row
-		// of its partitions through (partition, seq) and sorted them,
-		// 0.3-0.5 s a claim in a backlog of 200,000, where the (seq) index
-		// hands over the first rows in order and stops at the limit
-		// (5 ms). Nothing else in the transaction sorts.
+		// of its partitions through (partition, seq) and sorted them for
+		// every claim of a backlog, where the (seq) index hands over the
+		// first rows in order and stops at the limit (docs/relay.md, Long
+		// transactions). Nothing else in the transaction sorts.
 		settings: `SELECT set_config('synchronous_commit', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true),
        set_config('enable_seqscan', 'off', true), set_config('enable_sort', 'off', true)`,
 		claim: `WITH mine AS MATERIALIZED (
@@ -197,8 +197,8 @@ type batch struct {
 // PostgreSQL holds back notifications while the claim's transaction is
 // open and sends them together once it ends, right behind the outcome's
 // reply: the relay is not woken by every commit while a batch is in
-// flight, only once after it (at 1,000 events/s: 1.8 events a batch
-// instead of 1.45, and 5-8% less relay CPU). The listener stays
+// flight, only once after it: fuller batches and less relay CPU at a
+// steady flow (docs/benchmarks.md, Latency). The listener stays
 // locked (s.mu) until the batch ends, so Wait and a second claim do not
 // use it meanwhile; a claim that finds it taken uses the pool.
 //
