@@ -69,7 +69,7 @@ func openBroker(ctx context.Context, rawURL, tag string) (broker, error) {
 	case "stdout:", "stdout":
 		return nullBroker{}, nil
 	default:
-		return nil, fmt.Errorf("bench: sink %q: use nats://host:port, kafka:// (in-process), kafka://host:port or stdout:", rawURL)
+		return nil, fmt.Errorf("bench: sink %q: use stdout:, nats://host:port, kafka:// (in-process) or kafka://host:port", rawURL)
 	}
 }
 
@@ -115,15 +115,7 @@ func (b *natsBroker) RelayArgs() []string {
 }
 
 func (b *natsBroker) Sink(ctx context.Context) (sink.Sink, error) {
-	s, err := natssink.Dial(ctx, b.url, &natssink.Config{Stream: b.stream, Subjects: []string{strings.ToLower(b.stream) + ".>"}, NoCreateStream: true})
-	if err != nil {
-		return nil, err
-	}
-	if err := s.EnsureStream(ctx); err != nil {
-		s.Close()
-		return nil, err
-	}
-	return s, nil
+	return natssink.DialStream(ctx, b.url, &natssink.Config{Stream: b.stream, Subjects: []string{strings.ToLower(b.stream) + ".>"}, NoCreateStream: true})
 }
 
 func (b *natsBroker) Raw(ctx context.Context, msgs []sink.Message) error {

@@ -2,7 +2,6 @@ package outboxdriver
 
 import (
 	"database/sql"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -165,21 +164,6 @@ func ScanLeases(rows *sql.Rows) ([]Lease, error) {
 	}
 	SortLeases(out)
 	return out, nil
-}
-
-// ScanInts reads the first column of every row as an int, for the drivers
-// on database/sql.
-func ScanInts(rows *sql.Rows) ([]int, error) {
-	defer rows.Close()
-	var out []int
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, errors.Join(rows.Err(), rows.Close())
 }
 
 // SetPayload fills r.Payload from the payload column (JSON text; ok false

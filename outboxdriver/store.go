@@ -3,6 +3,7 @@ package outboxdriver
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -162,3 +163,47 @@ func (s *SourceBase) NoteTTL(ttl time.Duration) { s.ttlMS.Store(ttl.Milliseconds
 
 // TTL is the lease TTL last noted (DefaultClaimIdle before any).
 func (s *SourceBase) TTL() time.Duration { return time.Duration(s.ttlMS.Load()) * time.Millisecond }
+
+// SQLPool is the database/sql pool a driver on database/sql was made with
+// (nil for a driver that only writes inside the caller's transactions). A
+// driver embeds it.
+type SQLPool struct {
+	pool   *sql.DB
+	driver string
+}
+
+// NewSQLPool returns the pool of driver (its package name, for errors).
+func NewSQLPool(driver string, db *sql.DB) SQLPool { return SQLPool{pool: db, driver: driver} }
+
+// DB is the pool (nil if none).
+func (p SQLPool) DB() *sql.DB { return p.pool }
+
+// Close does nothing: the pool is the caller's.
+func (p SQLPool) Close() error { return nil }
+
+// Need returns the pool, or an error saying the driver was made without
+// one.
+func (p SQLPool) Need() (*sql.DB, error) {
+	if p.pool == nil {
+		return nil, fmt.Errorf("%s: this Driver has no database: create it with %s.New(db)", p.driver, p.driver)
+	}
+	return p.pool, nil
+}
+
+// InTx runs fn in a transaction of the pool and commits it, or rolls it
+// back when fn fails.
+func (p SQLPool) InTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	db, err := p.Need()
+	if err != nil {
+		return err
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}

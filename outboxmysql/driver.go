@@ -14,7 +14,7 @@ import (
 // Driver is the outbox on one MySQL or MariaDB server through
 // database/sql.
 type Driver struct {
-	db *sql.DB
+	outboxdriver.SQLPool
 }
 
 // New returns the Driver of the database db connects to (opened with
@@ -22,22 +22,13 @@ type Driver struct {
 // closes db: that is the caller's. db may be nil for a program that only
 // writes events inside its own transactions (WriteTx); every method that
 // needs a connection of its own then fails.
-func New(db *sql.DB) *Driver { return &Driver{db: db} }
+func New(db *sql.DB) *Driver { return &Driver{outboxdriver.NewSQLPool("outboxmysql", db)} }
 
 var (
 	_ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
 	_ outboxdriver.Store           = (*Driver)(nil)
 	_ outboxdriver.Inserter        = (*Driver)(nil)
 )
-
-// errNoDB is returned by the methods that need the Driver's own pool.
-var errNoDB = errors.New("outboxmysql: this Driver has no database: create it with outboxmysql.New(db)")
-
-// DB is the database the Driver was made with (nil if none).
-func (d *Driver) DB() *sql.DB { return d.db }
-
-// Close does nothing: db is the caller's.
-func (d *Driver) Close() error { return nil }
 
 // maxTextLen is the length, in characters, of the VARCHAR columns
 // aggregatetype, aggregateid and type.
@@ -63,18 +54,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 // Insert inserts rows in a transaction of its own on the Driver's
 // database.
 func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
-	if d.db == nil {
-		return errNoDB
-	}
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if err := insert(ctx, tx, t, rows); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return d.InTx(ctx, func(tx *sql.Tx) error { return insert(ctx, tx, t, rows) })
 }
 
 func insert(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {

@@ -250,25 +250,27 @@ func (m *migrator) down(ctx context.Context, target int) ([]int, error) {
 // transaction: instead every step is idempotent, and a migration cut short
 // (a crash, a lost connection) is completed by running Migrate again.
 func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	if d.db == nil {
-		return nil, errNoDB
+	db, err := d.Need()
+	if err != nil {
+		return nil, err
 	}
 	o, err := opts.Resolve()
 	if err != nil {
 		return nil, fmt.Errorf("outboxmysql: %w", err)
 	}
-	return withMigrator(ctx, d.db, t, func(m *migrator) ([]int, error) { return m.up(ctx, o.Partitions) })
+	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.up(ctx, o.Partitions) })
 }
 
 // MigrateDown reverts migrations of t newer than target; target 0 drops
 // the outbox tables and everything in them. Like Migrate, it runs under
 // the migration lock and can be repeated if it was cut short.
 func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target int) ([]int, error) {
-	if d.db == nil {
-		return nil, errNoDB
+	db, err := d.Need()
+	if err != nil {
+		return nil, err
 	}
 	if latest := d.LatestVersion(); target < 0 || target > latest {
 		return nil, fmt.Errorf("outboxmysql: migrate down to %d: use 0 to %d", target, latest)
 	}
-	return withMigrator(ctx, d.db, t, func(m *migrator) ([]int, error) { return m.down(ctx, target) })
+	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.down(ctx, target) })
 }

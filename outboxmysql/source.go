@@ -30,13 +30,14 @@ var _ outboxdriver.Source = (*Source)(nil)
 // database for every query. It does no I/O. t.Schema is the MySQL
 // database; empty means the connection's current one.
 func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
-	if d.db == nil {
-		return nil, errNoDB
+	db, err := d.Need()
+	if err != nil {
+		return nil, err
 	}
 	if err := validate(t); err != nil {
 		return nil, err
 	}
-	s := &Source{db: d.db, n: namesOf(t)}
+	s := &Source{db: db, n: namesOf(t)}
 	if err := s.Init(t, cfg); err != nil {
 		return nil, fmt.Errorf("outboxmysql: %w", err)
 	}

@@ -31,9 +31,13 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	fail := func(err error) (outboxdriver.Status, error) {
 		return st, fmt.Errorf("outboxmysql: status of %s: %w", t, err)
 	}
+	db, err := d.Need()
+	if err != nil {
+		return st, err
+	}
 	n := namesOf(t)
 	var found int
-	if err := d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.TABLES
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.TABLES
 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?)`, schemaArg(t), t.Name, t.Name+"_migrations").Scan(&found); err != nil {
 		return fail(err)
 	}
@@ -41,7 +45,7 @@ WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?)`, schemaAr
 		return st, fmt.Errorf("outboxmysql: %s: %w", t, outboxdriver.ErrNotMigrated)
 	}
 	var ageMicros int64
-	if err := d.db.QueryRowContext(ctx, `SELECT
+	if err := db.QueryRowContext(ctx, `SELECT
     (SELECT COUNT(*) FROM `+n.Table+` WHERE published_at IS NULL),
     (SELECT COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0) FROM `+n.Table+` WHERE published_at IS NULL),
     (SELECT COUNT(*) FROM `+n.Table+` WHERE published_at IS NOT NULL),
@@ -55,11 +59,11 @@ WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?)`, schemaAr
 	if st.SchemaVersion < 2 {
 		return st, nil
 	}
-	if err := d.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+n.DeadLetter+`), (SELECT COUNT(*) FROM `+n.Held+`)`).
+	if err := db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+n.DeadLetter+`), (SELECT COUNT(*) FROM `+n.Held+`)`).
 		Scan(&st.DeadLetters, &st.Held); err != nil {
 		return fail(err)
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT l.`+"`partition`"+`, COALESCE(l.owner, ''), l.epoch,
+	rows, err := db.QueryContext(ctx, `SELECT l.`+"`partition`"+`, COALESCE(l.owner, ''), l.epoch,
        CASE WHEN l.expires_at <= '1970-01-01 00:00:00' THEN -1000000000000000
             ELSE TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) END,
        COALESCE(b.n, 0)
@@ -94,7 +98,11 @@ func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, limit in
 	if err := validate(t); err != nil {
 		return nil, err
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error,
+	db, err := d.Need()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error,
        TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', dead_lettered_at), held
 FROM `+namesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT ?`, limit)
 	if err != nil {
@@ -155,13 +163,17 @@ func (d *Driver) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids 
 	if err := validate(t); err != nil {
 		return nil, err
 	}
+	db, err := d.Need()
+	if err != nil {
+		return nil, err
+	}
 	where, args, ok := idFilter(ids)
 	if !ok {
 		return nil, nil
 	}
 	n := namesOf(t)
 	out, err := func() ([]string, error) {
-		tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
 			return nil, err
 		}
@@ -225,7 +237,11 @@ func (d *Driver) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]
 	if err := validate(t); err != nil {
 		return nil, err
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', at), actor, action, COALESCE(event_id, ''), detail
+	db, err := d.Need()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', at), actor, action, COALESCE(event_id, ''), detail
 FROM `+namesOf(t).Audit+` ORDER BY id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxmysql: audit of %s: %w", t, err)

@@ -15,14 +15,14 @@ import (
 
 // Driver writes events to a PostgreSQL database through database/sql.
 type Driver struct {
-	db *sql.DB
+	outboxdriver.SQLPool
 }
 
 // New returns the Driver of the database db connects to. It does no I/O,
 // and it never closes db: that is the caller's. db may be nil for a
 // program that only writes inside its own transactions (WriteTx,
 // MigrateTx).
-func New(db *sql.DB) *Driver { return &Driver{db: db} }
+func New(db *sql.DB) *Driver { return &Driver{outboxdriver.NewSQLPool("outboxsql", db)} }
 
 var (
 	_ outboxdriver.Writer[*sql.Tx]     = (*Driver)(nil)
@@ -31,8 +31,6 @@ var (
 	_ outboxdriver.Inserter            = (*Driver)(nil)
 )
 
-// errNoDB is returned by the methods that need the Driver's own pool.
-var errNoDB = errors.New("outboxsql: this Driver has no database: create it with outboxsql.New(db)")
 
 // InsertTx inserts rows within tx with one multi-row INSERT (one round trip).
 func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
@@ -50,14 +48,15 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 // Insert inserts rows with one statement (one transaction) on the
 // Driver's database.
 func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
-	if d.db == nil {
-		return errNoDB
+	db, err := d.Need()
+	if err != nil {
+		return err
 	}
 	if len(rows) == 0 {
 		return nil
 	}
 	q, args := statement(t, rows)
-	_, err := d.db.ExecContext(ctx, q, args...)
+	_, err = db.ExecContext(ctx, q, args...)
 	return err
 }
 
@@ -135,14 +134,15 @@ func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target i
 }
 
 func (d *Driver) inTx(ctx context.Context, t outboxdriver.Table, what string, fn func(*sql.Tx, outboxdriver.Table) ([]int, error)) ([]int, error) {
-	if d.db == nil {
-		return nil, errNoDB
+	db, err := d.Need()
+	if err != nil {
+		return nil, err
 	}
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("outboxsql: %w", err)
 	}
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsql: %s %s: %w", what, t, err)
 	}

@@ -2,6 +2,7 @@ package outboxsqlite
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -9,11 +10,11 @@ import (
 
 // DeadLetters lists up to limit dead letters of t, oldest first.
 func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
-	t, err := d.table(t)
+	t, db, err := d.table(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held
+	rows, err := db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held
 FROM `+namesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: list dead letters of %s: %s", t, oneLine(err))
@@ -54,7 +55,7 @@ func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, i
 }
 
 func (d *Driver) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor, action string) (_ []string, err error) {
-	t, err = d.table(t)
+	t, db, err := d.table(t)
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +70,7 @@ func (d *Driver) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids 
 		sel = `SELECT id FROM ` + n.DeadLetter + ` WHERE id IN (SELECT value FROM json_each(?1)) ORDER BY seq`
 		args = []any{stringsJSON(ids)}
 	}
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -123,11 +124,11 @@ FROM ` + n.DeadLetter + chosen + ` ORDER BY seq`, []any{these}})
 
 // Audit lists the newest limit operator actions on t, newest first.
 func (d *Driver) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.AuditEntry, error) {
-	t, err := d.table(t)
+	t, db, err := d.table(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT at, actor, action, coalesce(event_id, ''), detail FROM `+namesOf(t).Audit+` ORDER BY id DESC LIMIT ?`, limit)
+	rows, err := db.QueryContext(ctx, `SELECT at, actor, action, coalesce(event_id, ''), detail FROM `+namesOf(t).Audit+` ORDER BY id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: audit of %s: %s", t, oneLine(err))
 	}
@@ -148,12 +149,13 @@ func (d *Driver) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]
 	return out, nil
 }
 
-// table checks t and fills in the defaults; it fails when the Driver has
-// no pool of its own.
-func (d *Driver) table(t outboxdriver.Table) (outboxdriver.Table, error) {
+// table checks t and fills in the defaults, and returns the Driver's pool;
+// it fails when the Driver has none.
+func (d *Driver) table(t outboxdriver.Table) (outboxdriver.Table, *sql.DB, error) {
 	t, err := table(t)
-	if err == nil && d.db == nil {
-		err = errNoDB
+	if err != nil {
+		return t, nil, err
 	}
-	return t, err
+	db, err := d.Need()
+	return t, db, err
 }

@@ -126,15 +126,22 @@ func render(sql string, t outboxdriver.Table, partitions int) string {
 // applies none. Concurrent migrators queue on the write lock, and the
 // later ones find the work done. opts may be nil.
 func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	if d.db == nil {
-		return nil, errNoDB
+	return d.committed(ctx, t, func(tx *sql.Tx) ([]int, error) { return d.MigrateTx(ctx, tx, t, opts) })
+}
+
+// committed runs fn in a write transaction of the Driver's pool and
+// commits it.
+func (d *Driver) committed(ctx context.Context, t outboxdriver.Table, fn func(*sql.Tx) ([]int, error)) ([]int, error) {
+	db, err := d.Need()
+	if err != nil {
+		return nil, err
 	}
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: migrate %s: %s", t, oneLine(err))
 	}
 	defer tx.Rollback()
-	vs, err := d.MigrateTx(ctx, tx, t, opts)
+	vs, err := fn(tx)
 	if err != nil {
 		return nil, err
 	}
@@ -176,39 +183,26 @@ func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target i
 	if target < 0 {
 		return nil, fmt.Errorf("outboxsqlite: migrate down to %d: the target must be 0 or more", target)
 	}
-	if d.db == nil {
-		return nil, errNoDB
-	}
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("outboxsqlite: migrate %s: %s", t, oneLine(err))
-	}
-	defer tx.Rollback()
-	vs, err := inTx(ctx, tx, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
-		ran, err := migrations.Down(all(), done, target, func(m migrations.Migration) error {
-			if _, err := tx.ExecContext(ctx, render(m.Down, t, 0)); err != nil {
-				return fmt.Errorf("revert migration %03d_%s: %s", m.Version, m.Name, oneLine(err))
-			}
-			_, err := tx.ExecContext(ctx, `DELETE FROM `+namesOf(t).Migrations+` WHERE version = ?`, m.Version)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		if target == 0 {
-			if _, err := tx.ExecContext(ctx, `DROP TABLE `+namesOf(t).Migrations); err != nil {
+	return d.committed(ctx, t, func(tx *sql.Tx) ([]int, error) {
+		return inTx(ctx, tx, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
+			ran, err := migrations.Down(all(), done, target, func(m migrations.Migration) error {
+				if _, err := tx.ExecContext(ctx, render(m.Down, t, 0)); err != nil {
+					return fmt.Errorf("revert migration %03d_%s: %s", m.Version, m.Name, oneLine(err))
+				}
+				_, err := tx.ExecContext(ctx, `DELETE FROM `+namesOf(t).Migrations+` WHERE version = ?`, m.Version)
+				return err
+			})
+			if err != nil {
 				return nil, err
 			}
-		}
-		return ran, nil
+			if target == 0 {
+				if _, err := tx.ExecContext(ctx, `DROP TABLE `+namesOf(t).Migrations); err != nil {
+					return nil, err
+				}
+			}
+			return ran, nil
+		})
 	})
-	if err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("outboxsqlite: migrate %s: commit: %s", t, oneLine(err))
-	}
-	return vs, nil
 }
 
 // inTx runs fn in tx, a write transaction (from Open's pool, BEGIN

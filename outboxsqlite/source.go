@@ -135,11 +135,11 @@ WHERE id IN (SELECT value FROM json_each(?1))`
 // NewSource returns the relay's view of table t in the Driver's database.
 // It does no I/O.
 func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
-	t, err := d.table(t)
+	t, db, err := d.table(t)
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{db: d.db}
+	s := &Source{db: db}
 	if err := s.Init(t, cfg); err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %w", err)
 	}

@@ -19,9 +19,9 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if err != nil {
 		return st, err
 	}
-	db := d.db
-	if db == nil {
-		return st, errNoDB
+	db, err := d.Need()
+	if err != nil {
+		return st, err
 	}
 	fail := func(err error) (outboxdriver.Status, error) {
 		return st, fmt.Errorf("outboxsqlite: status of %s: %s", t, oneLine(err))

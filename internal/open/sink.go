@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/amqpsink"
 	"github.com/outboxkit/outbox/sink/kafkasink"
@@ -56,26 +57,16 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 	if o == nil {
 		o = &SinkOptions{}
 	}
-	if log == nil {
-		log = slog.Default()
-	}
+	log = confval.Logger(log)
 	scheme, _, ok := strings.Cut(raw, ":")
 	if !ok {
 		return nil, fmt.Errorf("sink URL %q has no scheme: use %s", Redact(raw), SinkSchemes)
 	}
 	switch strings.ToLower(scheme) {
 	case "nats", "tls":
-		s, err := natssink.Dial(ctx, raw, &natssink.Config{
+		return natssink.DialStream(ctx, raw, &natssink.Config{
 			Stream: o.NATSStream, Subjects: o.NATSSubjects, NoCreateStream: o.NATSNoCreate, Logger: log,
 		})
-		if err != nil {
-			return nil, err
-		}
-		if err := s.EnsureStream(ctx); err != nil {
-			s.Close()
-			return nil, err
-		}
-		return s, nil
 	case "kafka":
 		return kafkasink.Dial(ctx, raw, &kafkasink.Config{Logger: log})
 	case "amqp", "amqps":
@@ -113,7 +104,7 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 		return webhooksink.New(&webhooksink.Config{URL: raw, Secrets: secrets, AllowPrivate: o.WebhookAllowPrivate, Timeout: o.WebhookTimeout, Logger: log})
 	case "stdout":
 		if raw != "stdout:" && raw != "stdout://" {
-			return nil, fmt.Errorf("sink URL %q: the stdout sink takes no address; write stdout:", raw)
+			return nil, fmt.Errorf("sink URL %q: the stdout sink takes no address; write %q", raw, "stdout:")
 		}
 		return stdoutsink.New(os.Stdout), nil
 	default:

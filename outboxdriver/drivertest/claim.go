@@ -142,6 +142,32 @@ func (s *suite) testRecordFields(t *testing.T) {
 	}
 }
 
+// testInsert: a driver that holds a pool inserts rows in a transaction of
+// its own (outbox.Outbox.Write), in order, and they are claimed like any
+// others.
+func (s *suite) testInsert(t *testing.T) {
+	e := s.newEnv(t, partitions)
+	ins, ok := s.h.Store.(outboxdriver.Inserter)
+	if !ok {
+		t.Fatalf("%s: the Store is no outboxdriver.Inserter: Outbox.Write cannot use it", s.h.Name)
+	}
+	rows := []outboxdriver.Row{
+		{ID: newID(), AggregateType: "order", AggregateID: "1", Type: "Placed", Payload: []byte(`{"n": 1}`)},
+		{ID: newID(), AggregateType: "order", AggregateID: "1", Type: "Paid"},
+	}
+	if err := ins.Insert(e.ctx, e.table, rows); err != nil {
+		t.Fatalf("Insert: %v", err)
+	}
+	if err := ins.Insert(e.ctx, e.table, rows[:1]); err == nil {
+		t.Fatal("Insert of an id that exists succeeded")
+	}
+	src := e.source(outboxdriver.SourceConfig{})
+	got := e.claim(src, e.leaseAll(src), 10)
+	if len(got) != 2 || got[0].ID != rows[0].ID || got[1].ID != rows[1].ID {
+		t.Fatalf("claimed %v after Insert, want the two rows in order and nothing of the refused insert", got)
+	}
+}
+
 // testClaimOrderLimitPartitions: Claim returns records in insertion order,
 // never more than limit, and only of the leased partitions.
 func (s *suite) testClaimOrderLimitPartitions(t *testing.T) {

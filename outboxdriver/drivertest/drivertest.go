@@ -83,6 +83,7 @@ var cases = []testCase{
 	{name: "HostileTableNames", run: (*suite).testHostileNames},
 	{name: "Atomicity", run: (*suite).testAtomicity},
 	{name: "PlainSQLInsert", run: (*suite).testPlainSQLInsert},
+	{name: "Insert", run: (*suite).testInsert},
 	{name: "RecordFields", run: (*suite).testRecordFields},
 	{name: "ClaimOrderLimitPartitions", run: (*suite).testClaimOrderLimitPartitions},
 	{name: "ClaimExcludesBusyPartitions", run: (*suite).testClaimExcludesBusyPartitions},

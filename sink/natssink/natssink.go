@@ -218,6 +218,21 @@ func checkURL(rawURL string) (string, error) {
 	return strings.Join(shown, ","), nil
 }
 
+// DialStream is Dial followed by EnsureStream: a Sink whose stream exists
+// (created, unless Config.NoCreateStream is set). On an error nothing is
+// left open.
+func DialStream(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
+	s, err := Dial(ctx, rawURL, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.EnsureStream(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
 // EnsureStream makes sure Config.Stream exists. A missing stream is created
 // with Config.Subjects and file storage, unless Config.NoCreateStream is set,
 // in which case EnsureStream returns an error. An existing stream is left
