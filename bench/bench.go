@@ -90,7 +90,7 @@ type Config struct {
 	// Defaults to relay.DefaultLanes.
 	Lanes int
 	// Rates are the offered loads of the latency scenario, in events/s.
-	// Defaults to DefaultRates.
+	// Defaults to DefaultRates().
 	Rates []int
 	// Cases, when set, limits the latency scenario to the cells of these
 	// names (idle, idle_poll_10ms, poll_500ms, poll_10ms, notify,
@@ -108,8 +108,8 @@ const (
 	DefaultRounds   = 10
 )
 
-// DefaultWriters are the concurrency levels measured by default.
-var DefaultWriters = []int{1, 8}
+// DefaultWriters returns the concurrency levels measured by default.
+func DefaultWriters() []int { return []int{1, 8} }
 
 // MaxWriters bounds a writer count: every writer holds a connection.
 const MaxWriters = 512
@@ -132,7 +132,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Warmup = 0
 	}
 	if len(c.Writers) == 0 {
-		c.Writers = slices.Clone(DefaultWriters)
+		c.Writers = DefaultWriters()
 	}
 	for _, w := range c.Writers {
 		if w < 1 || w > MaxWriters {

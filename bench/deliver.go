@@ -402,8 +402,10 @@ const (
 	WakeupPoll = "poll"
 )
 
-// LatencyCases are the names of the latency scenario's cells.
-var LatencyCases = []string{"idle", "idle_poll_10ms", "poll_500ms", "poll_10ms", "notify", "notify_long_tx"}
+// LatencyCases returns the names of the latency scenario's cells.
+func LatencyCases() []string {
+	return []string{"idle", "idle_poll_10ms", "poll_500ms", "poll_10ms", "notify", "notify_long_tx"}
+}
 
 // latencyCells lists the latency scenario's cells at rates; with only,
 // those of these names.
@@ -426,8 +428,8 @@ func latencyCells(rates []int, only []string) []latencyCell {
 	return cells
 }
 
-// DefaultRates are the offered loads of the latency scenario, events/s.
-var DefaultRates = []int{100, 1000, 2000, 5000}
+// DefaultRates returns the offered loads of the latency scenario, events/s.
+func DefaultRates() []int { return []int{100, 1000, 2000, 5000} }
 
 // LatencyWriters is the number of writers that share the offered load.
 const LatencyWriters = 8
@@ -817,11 +819,11 @@ func (c Config) deliverDefaults() (Config, error) {
 		c.Batch = DefaultBatch
 	}
 	if len(c.Rates) == 0 {
-		c.Rates = DefaultRates
+		c.Rates = DefaultRates()
 	}
 	for _, name := range c.Cases {
-		if !slices.Contains(LatencyCases, name) {
-			return c, fmt.Errorf("bench: unknown latency case %q: use %s", name, strings.Join(LatencyCases, ", "))
+		if !slices.Contains(LatencyCases(), name) {
+			return c, fmt.Errorf("bench: unknown latency case %q: use %s", name, strings.Join(LatencyCases(), ", "))
 		}
 	}
 	if len(c.Cases) > 0 && len(latencyCells(c.Rates, c.Cases)) == 0 {

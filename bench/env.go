@@ -20,13 +20,15 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// SettingNames are the PostgreSQL settings every run reports: those that
-// decide what a commit costs (whether and how it waits for the WAL to reach
-// the disk, how much it writes, whether commits are grouped), and whether
-// autovacuum clears the dead rows that relayed events leave.
-var SettingNames = []string{
-	"synchronous_commit", "fsync", "wal_sync_method", "wal_level",
-	"full_page_writes", "commit_delay", "shared_buffers", "max_connections", "autovacuum",
+// SettingNames returns the PostgreSQL settings every run reports: those
+// that decide what a commit costs (whether and how it waits for the WAL to
+// reach the disk, how much it writes, whether commits are grouped), and
+// whether autovacuum clears the dead rows that relayed events leave.
+func SettingNames() []string {
+	return []string{
+		"synchronous_commit", "fsync", "wal_sync_method", "wal_level",
+		"full_page_writes", "commit_delay", "shared_buffers", "max_connections", "autovacuum",
+	}
 }
 
 // Env describes the conditions of a run: the server, its settings, the
@@ -34,7 +36,7 @@ var SettingNames = []string{
 type Env struct {
 	// ServerVersion is PostgreSQL's server_version.
 	ServerVersion string `json:"server_version"`
-	// Settings holds the value of every setting in SettingNames.
+	// Settings holds the value of every setting in SettingNames().
 	Settings map[string]string `json:"settings"`
 	// Host is the database host as the client dialled it.
 	Host string `json:"host"`
@@ -69,7 +71,7 @@ type Env struct {
 	CleanupLimit int `json:"cleanup_limit,omitempty"`
 }
 
-// ReadEnv reads the server's version and settings (SettingNames, then
+// ReadEnv reads the server's version and settings (SettingNames(), then
 // extra) and describes the client.
 func ReadEnv(ctx context.Context, pool *pgxpool.Pool, extra ...string) (*Env, error) {
 	e := &Env{
@@ -88,7 +90,7 @@ func ReadEnv(ctx context.Context, pool *pgxpool.Pool, extra ...string) (*Env, er
 	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&e.ServerVersion); err != nil {
 		return nil, fmt.Errorf("bench: read server version: %w", err)
 	}
-	rows, err := pool.Query(ctx, `SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1)`, append(slices.Clone(SettingNames), extra...))
+	rows, err := pool.Query(ctx, `SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1)`, append(SettingNames(), extra...))
 	if err != nil {
 		return nil, fmt.Errorf("bench: read settings: %w", err)
 	}
@@ -102,11 +104,11 @@ func ReadEnv(ctx context.Context, pool *pgxpool.Pool, extra ...string) (*Env, er
 	return e, nil
 }
 
-// SettingsLine renders the settings in SettingNames order, then any other
+// SettingsLine renders the settings in SettingNames() order, then any other
 // in name order, name=value.
 func (e *Env) SettingsLine() string {
 	var b strings.Builder
-	names := slices.Clone(SettingNames)
+	names := SettingNames()
 	for _, n := range slices.Sorted(maps.Keys(e.Settings)) {
 		if !slices.Contains(names, n) {
 			names = append(names, n)

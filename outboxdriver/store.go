@@ -11,6 +11,8 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/outboxkit/outbox/internal/confval"
 )
 
 // Retention says what happens to a row once the broker acknowledged it.
@@ -32,7 +34,7 @@ type SourceConfig struct {
 	// RelayName identifies this relay in the lease and wake-up registries.
 	// Defaults to host-pid-random.
 	RelayName string
-	// Logger defaults to slog.Default().
+	// Logger defaults to warnings and errors as text on standard error.
 	Logger *slog.Logger
 }
 
@@ -53,9 +55,7 @@ func (cfg *SourceConfig) Resolve() (SourceConfig, error) {
 	if c.RelayName == "" {
 		c.RelayName = DefaultRelayName()
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = confval.Logger(c.Logger)
 	return c, nil
 }
 

@@ -31,7 +31,6 @@ var (
 	_ outboxdriver.Inserter            = (*Driver)(nil)
 )
 
-
 // InsertTx inserts rows within tx with one multi-row INSERT (one round trip).
 func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
 	if tx == nil {

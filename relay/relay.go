@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
@@ -99,7 +100,8 @@ type Config struct {
 	// FinishTimeout bounds recording a batch's outcome once the broker has
 	// answered, also while stopping. Defaults to 10s.
 	FinishTimeout time.Duration
-	// Logger defaults to slog.Default(). Payloads are never logged.
+	// Logger defaults to warnings and errors as text on standard error.
+	// Payloads are never logged.
 	Logger *slog.Logger
 	// Metrics receives counts and latencies; nil discards them.
 	Metrics Metrics
@@ -239,9 +241,7 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 		}
 		c.Router = r
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = confval.Logger(c.Logger)
 	m := c.Metrics
 	if m == nil {
 		m = nopMetrics{}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxprom"
@@ -34,8 +35,9 @@ type Options struct {
 	// host-pid-random.
 	RelayName string
 	// Relay configures the engine (batch size, lanes, poll interval,
-	// routing, retries, poison policy, logger, ...). Its Logger, when
-	// set, also serves the sink and the source.
+	// routing, retries, poison policy, logger, ...). Its Logger also
+	// serves the sink and the source; it defaults to warnings and errors
+	// as text on standard error.
 	Relay relay.Config
 	// Sink holds the broker-specific options.
 	Sink SinkOptions
@@ -87,11 +89,8 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	if cfg.Lanes < 1 || cfg.Lanes > 64 {
 		return nil, fmt.Errorf("relayd: lanes %d: use 1 to 64", cfg.Lanes)
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
-		cfg.Logger = log
-	}
+	log := confval.Logger(cfg.Logger)
+	cfg.Logger = log
 	t := outboxdriver.Table{Schema: o.Schema, Name: o.Table}
 	if err := checkNames(t); err != nil {
 		return nil, fmt.Errorf("relayd: %w", err)

@@ -124,9 +124,6 @@ func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 // redact hides a password in a URL.
 func redact(raw string) string { return open.Redact(raw) }
 
-// oneLine keeps an error on one line.
-func oneLine(err error) string { return open.OneLine(err) }
-
 func newLogger(level string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {

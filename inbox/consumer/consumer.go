@@ -100,7 +100,8 @@ type Config struct {
 	// adapters set it from the broker's redelivery timeout.
 	KeepAlive time.Duration
 	// Logger receives retries, dead letters and acknowledgement failures.
-	// Default slog.Default(). Payloads are never logged.
+	// Default: warnings and errors as text on standard error. Payloads
+	// are never logged.
 	Logger *slog.Logger
 	// OnStage, when set, is called at each stage of a message's life. It
 	// must not block. Useful for tracing and fault injection.
@@ -130,9 +131,7 @@ func normalize(cfg *Config) (Config, error) {
 	if c.KeepAlive < 0 {
 		return c, fmt.Errorf("consumer: invalid Config.KeepAlive %v: must be positive (or 0 for none)", c.KeepAlive)
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = confval.Logger(c.Logger)
 	return c, nil
 }
 

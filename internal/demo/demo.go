@@ -265,7 +265,7 @@ func (d *run) openDB(ctx context.Context) error {
 		d.table.Schema = cfg.DBName
 		d.rep.DB = "MySQL/MariaDB " + redact(raw)
 	default:
-		return fmt.Errorf("demo: --db %s: use sqlite://path, postgres://... or mysql://...", redact(raw))
+		return fmt.Errorf("demo: --db %s: use sqlite://path, postgres://user@host:5432/db or mysql://user:pass@host:3306/db", redact(raw))
 	}
 	d.onClose(func() { d.db.Close() })
 	d.dbURL = raw

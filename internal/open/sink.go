@@ -64,11 +64,11 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 	}
 	switch strings.ToLower(scheme) {
 	case "nats", "tls":
-		return natssink.DialStream(ctx, raw, &natssink.Config{
+		return opened(natssink.DialStream(ctx, raw, &natssink.Config{
 			Stream: o.NATSStream, Subjects: o.NATSSubjects, NoCreateStream: o.NATSNoCreate, Logger: log,
-		})
+		}))
 	case "kafka":
-		return kafkasink.Dial(ctx, raw, &kafkasink.Config{Logger: log})
+		return opened(kafkasink.Dial(ctx, raw, &kafkasink.Config{Logger: log}))
 	case "amqp", "amqps":
 		s, err := amqpsink.Dial(ctx, raw, &amqpsink.Config{Exchange: o.AMQPExchange, Declare: o.AMQPDeclare, Logger: log})
 		if err != nil {
@@ -83,7 +83,7 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 		// go-redis logs dial retries through a process-wide logger; send
 		// them to ours at debug level so a failed start-up says one line.
 		redis.SetLogger(redisLogger{log})
-		return redissink.Dial(ctx, raw, &redissink.Config{MaxLen: o.RedisMaxLen, Logger: log})
+		return opened(redissink.Dial(ctx, raw, &redissink.Config{MaxLen: o.RedisMaxLen, Logger: log}))
 	case "mqtt", "mqtts":
 		qos := o.MQTTQoS
 		if qos == 0 {
@@ -92,7 +92,7 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 		if qos != 1 && qos != 2 {
 			return nil, fmt.Errorf("MQTT QoS %d: use 1 or 2 (QoS 0 can lose messages)", o.MQTTQoS)
 		}
-		return mqttsink.Dial(ctx, raw, &mqttsink.Config{QoS: byte(qos), Logger: log})
+		return opened(mqttsink.Dial(ctx, raw, &mqttsink.Config{QoS: byte(qos), Logger: log}))
 	case "http", "https":
 		secrets := o.WebhookSecrets
 		if len(secrets) == 0 && os.Getenv("OUTBOX_WEBHOOK_SECRETS") != "" {
@@ -101,7 +101,7 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 		if len(secrets) == 0 {
 			return nil, errors.New("webhook sink: no signing secret: pass --webhook-secret whsec_... (or OUTBOX_WEBHOOK_SECRETS); make one with `openssl rand -base64 32` and prefix it with whsec_")
 		}
-		return webhooksink.New(&webhooksink.Config{URL: raw, Secrets: secrets, AllowPrivate: o.WebhookAllowPrivate, Timeout: o.WebhookTimeout, Logger: log})
+		return opened(webhooksink.New(&webhooksink.Config{URL: raw, Secrets: secrets, AllowPrivate: o.WebhookAllowPrivate, Timeout: o.WebhookTimeout, Logger: log}))
 	case "stdout":
 		if raw != "stdout:" && raw != "stdout://" {
 			return nil, fmt.Errorf("sink URL %q: the stdout sink takes no address; write %q", raw, "stdout:")
@@ -110,6 +110,15 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 	default:
 		return nil, fmt.Errorf("sink URL %q: unknown scheme %q: use %s", Redact(raw), scheme, SinkSchemes)
 	}
+}
+
+// opened returns s as a sink.Sink, or a nil one when err is set: a nil
+// *T in a sink.Sink would not be nil, and its Close would panic.
+func opened[T sink.Sink](s T, err error) (sink.Sink, error) {
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // redisLogger passes go-redis's own messages to slog at debug level.

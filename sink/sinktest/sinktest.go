@@ -48,10 +48,11 @@
 //     not permanent, for every message, and nothing after Close is stored.
 //   - Outage (Outage): while the broker is unreachable, Publish returns
 //     within 15s (with a 60s ctx), no result is permanent, at least one is an
-//     error, and any nil result is really held; after restore, publishing the
-//     same messages again succeeds (retried for up to 45s while the client
-//     reconnects) and Read shows each exactly once (DedupeKey) or at least
-//     once.
+//     error (the suite publishes until one fails, for up to 10s, and once
+//     more after that), and any nil result is really held; after restore,
+//     publishing the same messages again succeeds (retried for up to 45s
+//     while the client reconnects) and Read shows each exactly once
+//     (DedupeKey) or at least once.
 //
 // After every subtest, once all its cleanups (the harness's too) have run,
 // the suite checks that no goroutine started during the subtest is still
@@ -137,6 +138,9 @@ const (
 	// outageBound how fast it must return nonetheless.
 	outageCtx   = 60 * time.Second
 	outageBound = 15 * time.Second
+	// noticeFor is how long the suite keeps publishing during an outage
+	// until a Publish fails.
+	noticeFor = 10 * time.Second
 	// recoverFor is how long the suite keeps publishing after an outage
 	// ends, while the client reconnects.
 	recoverFor = 45 * time.Second
@@ -775,14 +779,12 @@ func (s *suite) outage(t *testing.T) {
 		msgs[i] = sink.Message{ID: s.id(t, i), Destination: d[i%2], Key: fmt.Appendf(nil, "agg-%d", i%4),
 			Value: fmt.Appendf(nil, `{"seq":%d}`, i)}
 	}
-	// Publish right after the cut, and again once the client had time to
-	// notice the connection is gone.
 	var ackedInOutage []sink.Message
+	ackedIDs := map[string]bool{}
 	errorsSeen := 0
-	for round, batch := range [][]sink.Message{msgs[:10], msgs[10:]} {
-		if round > 0 {
-			time.Sleep(time.Second)
-		}
+	// publishInOutage publishes batch as the round'th Publish during the
+	// outage, checks its results and returns how many are errors.
+	publishInOutage := func(round int, batch []sink.Message) (failed int) {
 		ctx, cancel := context.WithTimeout(context.Background(), outageCtx)
 		start := time.Now()
 		errs := publish(t, snk, ctx, batch)
@@ -796,7 +798,10 @@ func (s *suite) outage(t *testing.T) {
 			switch {
 			case err == nil:
 				acked++
-				ackedInOutage = append(ackedInOutage, batch[i])
+				if !ackedIDs[batch[i].ID] {
+					ackedIDs[batch[i].ID] = true
+					ackedInOutage = append(ackedInOutage, batch[i])
+				}
 			case sink.IsPermanent(err):
 				t.Errorf("round %d, message %d: a broker outage made it fail permanently: %v", round, i, err)
 			default:
@@ -808,6 +813,22 @@ func (s *suite) outage(t *testing.T) {
 		}
 		t.Logf("round %d: Publish during the outage returned after %v: %d errors (%d marked sink.Unavailable), %d nil; first result: %v",
 			round, el.Round(time.Millisecond), len(errs)-acked, unavailable, acked, errs[0])
+		return len(errs) - acked
+	}
+	// Publish right after the cut, and again once the sink has noticed the
+	// connection is gone: it shows by an error, in the first round or in
+	// one of the rounds that follow until then.
+	noticed := publishInOutage(0, msgs[:10]) > 0
+	noticeBy := time.Now().Add(noticeFor)
+	for round := 1; ; round++ {
+		after := noticed
+		if publishInOutage(round, msgs[10:]) > 0 {
+			noticed = true
+		}
+		if after || time.Now().After(noticeBy) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if errorsSeen == 0 {
 		t.Errorf("every Publish succeeded during the outage: Harness.Outage did not make the broker unreachable")

@@ -132,8 +132,9 @@ func TestPerTest(t *testing.T) {
 	n := 0
 	get := sinktest.PerTest(func(*testing.T) int { n++; return n })
 	t.Run("a", func(t *testing.T) {
-		if get(t) != 1 || get(t) != 1 {
-			t.Fatal("not kept per test")
+		first, again := get(t), get(t)
+		if first != 1 || again != 1 {
+			t.Fatalf("get returned %d, then %d, want 1 twice: not kept per test", first, again)
 		}
 	})
 	t.Run("b", func(t *testing.T) {

@@ -3,6 +3,7 @@ package webhooksink
 import (
 	"encoding/base64"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -24,15 +25,16 @@ const conformanceLimit = 1 << 20
 // endpointEnv is one conformance test's receiver: an HTTP server that
 // verifies and records webhooks, behind a fault proxy.
 type endpointEnv struct {
-	proxy *faultproxy.Proxy
-	mu    sync.Mutex
-	got   []sinktest.Received
+	proxy  *faultproxy.Proxy
+	mu     sync.Mutex
+	got    []sinktest.Received
+	active map[net.Conn]bool // connections with a request being read or answered
 }
 
 func TestConformance(t *testing.T) {
 	env := sinktest.PerTest(func(t *testing.T) *endpointEnv {
-		e := &endpointEnv{}
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e := &endpointEnv{active: map[net.Conn]bool{}}
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			body, err := io.ReadAll(r.Body)
 			if err != nil {
 				return
@@ -66,6 +68,16 @@ func TestConformance(t *testing.T) {
 			e.mu.Unlock()
 			w.WriteHeader(http.StatusNoContent)
 		}))
+		srv.Config.ConnState = func(c net.Conn, st http.ConnState) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if st == http.StateActive {
+				e.active[c] = true
+			} else {
+				delete(e.active, c)
+			}
+		}
+		srv.Start()
 		t.Cleanup(srv.Close)
 		p, err := faultproxy.Start(srv.Listener.Addr().String())
 		if err != nil {
@@ -82,23 +94,28 @@ func TestConformance(t *testing.T) {
 		Dest: func(t *testing.T, name string) string { return "conformance." + name },
 		Read: func(t *testing.T, dests []string, want int) []sinktest.Received {
 			e := env(t)
-			read := func() []sinktest.Received {
+			// read returns what arrived, and whether a request is still
+			// being received or answered.
+			read := func() (out []sinktest.Received, busy bool) {
 				e.mu.Lock()
 				defer e.mu.Unlock()
-				var out []sinktest.Received
 				for _, r := range e.got {
 					if slices.Contains(dests, r.Destination) {
 						out = append(out, r)
 					}
 				}
-				return out
+				return out, len(e.active) > 0
 			}
+			// Wait for want messages and then for the endpoint to be idle,
+			// so that a duplicate the endpoint is still receiving shows.
 			deadline := time.Now().Add(5 * time.Second)
-			for len(read()) < want && time.Now().Before(deadline) {
+			for {
+				got, busy := read()
+				if (len(got) >= want && !busy) || time.Now().After(deadline) {
+					return got
+				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			time.Sleep(50 * time.Millisecond) // let duplicates show
-			return read()
 		},
 		KeyHeader: strings.ToLower(KeyHeader),
 		TooLarge: func(t *testing.T, dest string) *sink.Message {

@@ -92,6 +92,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -179,7 +180,8 @@ type Config struct {
 	TLSConfig *tls.Config
 	// UserAgent is the User-Agent header. Default "outboxkit-webhooksink".
 	UserAgent string
-	// Logger receives warnings. Default: discard.
+	// Logger receives warnings. Default: warnings and errors as text on
+	// standard error.
 	Logger *slog.Logger
 }
 
@@ -194,6 +196,7 @@ type Sink struct {
 	client    *http.Client
 	transport *http.Transport
 	log       *slog.Logger
+	now       func() time.Time // the clock of webhook-timestamp: time.Now, a test's stub
 
 	// ctx is cancelled by Close, with ErrClosed as its cause.
 	ctx    context.Context
@@ -216,7 +219,7 @@ func New(cfg *Config) (*Sink, error) {
 	c := *cfg
 	c.URLs = maps.Clone(cfg.URLs)
 	c.Allow = append([]netip.Prefix(nil), cfg.Allow...)
-	s := &Sink{cfg: c, urls: map[string]*endpoint{}}
+	s := &Sink{cfg: c, urls: map[string]*endpoint{}, now: time.Now}
 	if c.URL == "" && len(c.URLs) == 0 {
 		return nil, errors.New("webhooksink: Config.URL is empty and Config.URLs has no entry: no destination has an endpoint")
 	}
@@ -276,10 +279,7 @@ func New(cfg *Config) (*Sink, error) {
 	if c.UserAgent == "" {
 		s.cfg.UserAgent = DefaultUserAgent
 	}
-	s.log = c.Logger
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
+	s.log = confval.Logger(c.Logger)
 
 	dialer := &net.Dialer{
 		Timeout:   s.cfg.Timeout,
@@ -592,7 +592,7 @@ func (s *Sink) deliver(ctx context.Context, m *sink.Message) error {
 	if h.Get("User-Agent") == "" {
 		h.Set("User-Agent", s.cfg.UserAgent)
 	}
-	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	ts := strconv.FormatInt(s.now().Unix(), 10)
 	// Set directly: the specification spells them in lower case.
 	h[HeaderID] = []string{m.ID}
 	h[HeaderTimestamp] = []string{ts}

@@ -226,6 +226,11 @@ func TestRetryAfter500GetsSameIDAndFreshSignature(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	s := newSink(t, Config{URL: srv.URL + "/${destination}"})
+	// The sink's clock, so that the retry comes a second later without
+	// waiting for one.
+	var clock atomic.Int64
+	clock.Store(time.Now().Unix())
+	s.now = func() time.Time { return time.Unix(clock.Load(), 0) }
 	m := []sink.Message{msg("evt-retry", "orders", "k", `{"a":1}`)}
 	errs := s.Publish(testenv.Context(t, 30*time.Second), m)
 	if errs[0] == nil || sink.IsPermanent(errs[0]) || sink.IsUnavailable(errs[0]) {
@@ -235,7 +240,7 @@ func TestRetryAfter500GetsSameIDAndFreshSignature(t *testing.T) {
 	if !errors.As(errs[0], &se) || se.StatusCode != 500 {
 		t.Fatalf("500: %v is not a *StatusError", errs[0])
 	}
-	time.Sleep(1100 * time.Millisecond) // a new second, so the timestamp changes
+	clock.Add(1) // a second later, so the timestamp changes
 	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), m))
 	reqs := srv.requests()
 	if len(reqs) != 2 {
@@ -526,8 +531,17 @@ func TestCancelledContext(t *testing.T) {
 		}
 	})
 	t.Run("during", func(t *testing.T) {
+		// The endpoint cancels the ctx when the first request reaches it,
+		// so that Publish is mid-flight, and holds every request.
+		ctx, cancel := context.WithCancel(testenv.Context(t, 30*time.Second))
+		defer cancel()
+		var cancelledAt atomic.Int64 // UnixNano
 		release := make(chan struct{})
 		srv := newServer(t, func(w http.ResponseWriter, r *http.Request, n int) {
+			if n == 0 {
+				cancelledAt.Store(time.Now().UnixNano())
+				cancel()
+			}
 			select {
 			case <-release:
 			case <-r.Context().Done():
@@ -535,11 +549,12 @@ func TestCancelledContext(t *testing.T) {
 		})
 		defer close(release)
 		s := newSink(t, Config{URL: srv.URL + "/x"})
-		ctx, cancel := context.WithCancel(context.Background())
-		time.AfterFunc(200*time.Millisecond, cancel)
-		start := time.Now()
 		errs := s.Publish(ctx, []sink.Message{msg("1", "d", "a", "{}"), msg("2", "d", "a", "{}"), msg("3", "d", "b", "{}")})
-		if d := time.Since(start); d > 2*time.Second {
+		at := cancelledAt.Load()
+		if at == 0 {
+			t.Fatalf("no request reached the endpoint: %v", errs)
+		}
+		if d := time.Since(time.Unix(0, at)); d > 2*time.Second {
 			t.Fatalf("Publish returned %v after the cancel", d)
 		}
 		for i, err := range errs {
@@ -710,9 +725,13 @@ func TestConfigErrors(t *testing.T) {
 
 func TestClose(t *testing.T) {
 	release := make(chan struct{})
+	arrived := make(chan struct{}) // closed when the second request is at the endpoint
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, n int) {
 		if n == 0 {
 			return
+		}
+		if n == 1 {
+			close(arrived)
 		}
 		select {
 		case <-release:
@@ -722,16 +741,25 @@ func TestClose(t *testing.T) {
 	defer close(release)
 	s := newSink(t, Config{URL: srv.URL + "/x"})
 	requireNoErrors(t, s.Publish(testenv.Context(t, 30*time.Second), []sink.Message{msg("1", "d", "", "{}")}))
-	done := make(chan []error)
+	done := make(chan []error, 1)
 	go func() { done <- s.Publish(context.Background(), []sink.Message{msg("2", "d", "", "{}")}) }()
-	for len(srv.requests()) < 2 {
-		time.Sleep(5 * time.Millisecond)
+	select {
+	case <-arrived:
+	case errs := <-done:
+		t.Fatalf("Publish returned %v before its request reached the endpoint", errs)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second request did not reach the endpoint within 10s")
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if errs := <-done; !errors.Is(errs[0], ErrClosed) || sink.IsPermanent(errs[0]) {
-		t.Fatalf("Publish cut short by Close: %v", errs[0])
+	select {
+	case errs := <-done:
+		if !errors.Is(errs[0], ErrClosed) || sink.IsPermanent(errs[0]) {
+			t.Fatalf("Publish cut short by Close: %v", errs[0])
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Publish still runs 10s after Close")
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
