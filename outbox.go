@@ -23,7 +23,8 @@ type Event struct {
 	// the destination: outbox.event.<aggregatetype>. Required.
 	AggregateType string
 	// AggregateID identifies the entity; it is the message key and the unit
-	// of ordering. Required.
+	// of ordering. Required, and without CR, LF or NUL: the key reaches
+	// every broker unchanged.
 	AggregateID string
 	// Type names what happened ("OrderPlaced"). Required.
 	Type string
@@ -208,8 +209,8 @@ func toRow(e *Event) (outboxdriver.Row, error) {
 	switch {
 	case strings.TrimSpace(e.AggregateType) == "":
 		return invalid("AggregateType is empty")
-	case strings.TrimSpace(e.AggregateID) == "":
-		return invalid("AggregateID is empty")
+	case outboxdriver.CheckAggregateID(e.AggregateID) != nil:
+		return invalid("AggregateID %q: %v", e.AggregateID, outboxdriver.CheckAggregateID(e.AggregateID))
 	case strings.TrimSpace(e.Type) == "":
 		return invalid("Type is empty")
 	case e.Payload != nil && e.RawPayload != nil:

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -82,6 +85,10 @@ type Record struct {
 	Payload []byte
 	// Headers are the event's own headers.
 	Headers map[string]string
+	// HeadersErr says why the headers column could not be read as headers
+	// (see DecodeHeaders), or is nil. The relay dead-letters such an event
+	// rather than publish it without the headers its writer meant.
+	HeadersErr error
 	// TraceContext is the stored tracingspancontext, or "".
 	TraceContext string
 	// CreatedAt is when the row was inserted (database clock).
@@ -100,23 +107,35 @@ func NewRecords(limit int) []Record {
 }
 
 // ParseHeaders reads a headers column (a JSON object) into a Record's
-// Headers. Rows written by plain SQL may hold any JSON object: non-string
-// values are kept as their JSON text and nulls are dropped, so one odd row
-// never blocks the relay; anything that is not a JSON object is no headers.
-// The common empty cases skip the JSON decoder.
+// Headers, leniently: what DecodeHeaders refuses is dropped. Sources use
+// DecodeHeaders, so that the relay dead-letters such an event instead.
 func ParseHeaders[T string | []byte](col T) map[string]string {
-	if len(col) == 0 || string(col) == "{}" {
-		return nil
+	h, _ := DecodeHeaders(col)
+	return h
+}
+
+// DecodeHeaders reads a headers column into a Record's Headers. An empty
+// column (SQL NULL), the JSON null and {} are no headers. Rows written by
+// plain SQL may hold any JSON object: a value that is not a string is kept
+// as its JSON text. A column that is not a JSON object, or a header whose
+// value is null, cannot be published as the writer meant it: DecodeHeaders
+// then returns the headers it could read and an error that names the
+// problem (never the values). The common empty cases skip the JSON decoder.
+func DecodeHeaders[T string | []byte](col T) (map[string]string, error) {
+	if len(col) == 0 || string(col) == "{}" || string(col) == "null" {
+		return nil, nil
 	}
 	var m map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(col), &m); err != nil || len(m) == 0 {
-		return nil
+	if err := json.Unmarshal([]byte(col), &m); err != nil {
+		return nil, fmt.Errorf("the headers column holds %s, not a JSON object of header names to string values", jsonKind(col))
 	}
+	var null []string
 	out := make(map[string]string, len(m))
 	for k, v := range m {
 		var str string
 		switch {
 		case string(v) == "null": // json.Unmarshal would make it ""
+			null = append(null, k)
 		case json.Unmarshal(v, &str) == nil:
 			out[k] = str
 		default:
@@ -124,9 +143,49 @@ func ParseHeaders[T string | []byte](col T) map[string]string {
 		}
 	}
 	if len(out) == 0 {
-		return nil
+		out = nil
 	}
-	return out
+	if len(null) > 0 {
+		slices.Sort(null)
+		return out, fmt.Errorf("the headers column gives header(s) %q the value null; give a string, or leave the header out", null)
+	}
+	return out, nil
+}
+
+// jsonKind names what a headers column holds, for messages that must not
+// show its value.
+func jsonKind[T string | []byte](col T) string {
+	if !json.Valid([]byte(col)) {
+		return "text that is not JSON"
+	}
+	switch strings.TrimSpace(string(col))[0] {
+	case '[':
+		return "a JSON array"
+	case '"':
+		return "a JSON string"
+	case 't', 'f':
+		return "a JSON boolean"
+	default:
+		return "a JSON number"
+	}
+}
+
+// CheckAggregateID reports why id cannot be an aggregate id, or nil. The
+// aggregate id is the message key, which must reach the broker unchanged:
+// it must not be blank, and must hold no CR, LF or NUL (brokers that carry
+// the key as a header, NATS among them, cannot hold a line break in one).
+// WriteTx refuses such an event; the relay dead-letters such a row written
+// by plain SQL.
+func CheckAggregateID(id string) error {
+	switch {
+	case strings.TrimSpace(id) == "":
+		return errors.New("the aggregate id is empty")
+	case strings.ContainsAny(id, "\r\n"):
+		return errors.New("the aggregate id contains a line break (CR or LF)")
+	case strings.IndexByte(id, 0) >= 0:
+		return errors.New("the aggregate id contains a NUL byte")
+	}
+	return nil
 }
 
 // Failure records a publish that did not succeed.

@@ -260,7 +260,7 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 			return nil, err
 		}
 		r.SetPayload(payload, payload != nil, raw)
-		r.Headers = outboxdriver.ParseHeaders(headers)
+		r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders(headers)
 		r.CreatedAt = time.UnixMicro(micros).UTC()
 		out = append(out, r)
 	}

@@ -5,8 +5,10 @@
 // pgx.Tx, Write in a transaction of its own, Queue on a pgx.Batch, Begin
 // for a transaction whose events travel with its COMMIT), the Store of the
 // command line (migrations, status, dead letters, audit) and the maker of
-// the relay's Source (claims with FOR UPDATE SKIP LOCKED, wake-ups by
-// LISTEN/NOTIFY).
+// the relay's sources: Source (claims with FOR UPDATE SKIP LOCKED, wake-ups
+// by LISTEN/NOTIFY) and CDCSource (log tailing through logical
+// replication, docs/cdc.md). WithMessages and WithInsertDelete make a
+// writer for log tailing's other write modes.
 package outboxpgx
 
 import (
@@ -26,6 +28,9 @@ import (
 // value is not usable; call New.
 type Driver struct {
 	pool *pgxpool.Pool
+	// messages writes events as logical decoding messages (WithMessages),
+	// insertDelete as rows deleted again at once (WithInsertDelete).
+	messages, insertDelete bool
 
 	mu    sync.Mutex
 	multi map[outboxdriver.Table]string
@@ -36,9 +41,34 @@ type Driver struct {
 // I/O, and it never closes pool: that is the caller's. pool may be nil for
 // a program that only writes events inside its own transactions
 // (WriteTx); every method that needs a connection of its own then fails.
-func New(pool *pgxpool.Pool) *Driver {
-	return &Driver{pool: pool, multi: map[outboxdriver.Table]string{}, one: map[outboxdriver.Table]string{}}
+func New(pool *pgxpool.Pool, opts ...Option) *Driver {
+	d := &Driver{pool: pool, multi: map[outboxdriver.Table]string{}, one: map[outboxdriver.Table]string{}}
+	for _, o := range opts {
+		o(d)
+	}
+	return d
 }
+
+// Option configures a Driver.
+type Option func(*Driver)
+
+// WithMessages makes the Driver write events as transactional logical
+// decoding messages instead of rows (docs/cdc.md, Message mode): WriteTx,
+// Write, Queue and a Tx from Begin emit one pg_logical_emit_message(true,
+// MessagePrefix(table), content) per event, with the content format of
+// MessageVersion. Nothing is inserted, so nothing is left to delete or
+// vacuum; only a relay with --source cdc (a CDCSource) reads such events,
+// and only what is written while its replication slot exists: create the
+// slot first (`outbox migrate --cdc`, or start the relay).
+func WithMessages() Option { return func(d *Driver) { d.messages, d.insertDelete = true, false } }
+
+// WithInsertDelete makes the Driver write each event as a row and delete
+// it again in the same statement (docs/cdc.md, Insert+delete mode;
+// Debezium's recommended pattern): the INSERT reaches the WAL, so a relay
+// with --source cdc publishes it, and the table stays empty. The polling
+// relay never sees such events: use it only with log tailing. It needs the
+// table migrated to version 4.
+func WithInsertDelete() Option { return func(d *Driver) { d.insertDelete, d.messages = true, false } }
 
 var (
 	_ outboxdriver.Writer[pgx.Tx]     = (*Driver)(nil)
@@ -138,6 +168,12 @@ func (d *Driver) QueueInsert(batch any, t outboxdriver.Table, rows []outboxdrive
 
 // statement returns the INSERT statement and its arguments for rows.
 func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
+	switch {
+	case d.messages:
+		return messageStatement(t, rows)
+	case d.insertDelete:
+		return insertDeleteStatement(t, rows)
+	}
 	if len(rows) == 1 {
 		r := rows[0]
 		return d.sql(t, 1), []any{r.ID, r.AggregateType, r.AggregateID, r.Type, text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))}

@@ -315,7 +315,7 @@ func scanRecords(rows pgx.Rows, limit int) ([]outboxdriver.Record, error) {
 			return nil, err
 		}
 		r.SetPayload(payload, payload != nil, raw)
-		r.Headers = outboxdriver.ParseHeaders(headers)
+		r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders(headers)
 		out = append(out, r)
 	}
 	return out, rows.Err()

@@ -262,7 +262,7 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 		}
 		r.SetPayload([]byte(payload.String), payload.Valid, raw)
 		if headers.Valid {
-			r.Headers = outboxdriver.ParseHeaders(headers.String)
+			r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders(headers.String)
 		}
 		r.CreatedAt = parseTime(created)
 		out = append(out, r)

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/sink"
@@ -41,6 +42,14 @@ type Options struct {
 	Relay relay.Config
 	// Sink holds the broker-specific options.
 	Sink SinkOptions
+	// Source picks how the relay finds committed events: SourcePoll (the
+	// default: claims rows, woken by LISTEN/NOTIFY) or SourceCDC (tails
+	// PostgreSQL's WAL through logical replication; docs/cdc.md).
+	Source string
+	// CDC configures log tailing (Source SourceCDC): slot, publication,
+	// mode, whether to create what is missing. Its SourceConfig is taken
+	// from Retention, RelayName and Relay.Logger above.
+	CDC outboxpgx.CDCConfig
 	// MaxConns bounds the database pool; defaults to the relay's lanes
 	// plus three (one for LISTEN, one for lease upkeep, one to spare).
 	MaxConns int32
@@ -57,6 +66,12 @@ type Options struct {
 	// environment. `outbox relay` turns it on.
 	OneCPUWhileIdle bool
 }
+
+// The sources Options.Source names.
+const (
+	SourcePoll = "poll"
+	SourceCDC  = "cdc"
+)
 
 // Relay is a relay opened by Open, with everything it opened.
 type Relay struct {
@@ -121,7 +136,18 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	if rl.snk, err = open.Sink(ctx, sinkURL, &o.Sink, log); err != nil {
 		return nil, err
 	}
-	if rl.src, err = rl.db.Store.NewSource(t, &outboxdriver.SourceConfig{Retention: o.Retention, RelayName: o.RelayName, Logger: log}); err != nil {
+	srcCfg := outboxdriver.SourceConfig{Retention: o.Retention, RelayName: o.RelayName, Logger: log}
+	switch o.Source {
+	case "", SourcePoll:
+		rl.src, err = rl.db.Store.NewSource(t, &srcCfg)
+	case SourceCDC:
+		cdc := o.CDC
+		cdc.SourceConfig = srcCfg
+		rl.src, err = open.CDCSource(ctx, rl.db, t, &cdc)
+	default:
+		err = fmt.Errorf("relayd: unknown source %q: use %s or %s", o.Source, SourcePoll, SourceCDC)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if o.Retention == outboxdriver.RetentionDelete {

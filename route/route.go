@@ -157,7 +157,18 @@ const maxCached = 4096
 // id, value = payload, headers "id", the event's own headers (sorted by
 // name), "traceparent"/"tracestate" from the stored trace context, then the
 // configured header columns.
+//
+// A record that cannot become the message its writer meant is an error,
+// which the relay dead-letters without retrying: an aggregate id that
+// cannot be the key unchanged (outboxdriver.CheckAggregateID), or a
+// headers column that could not be read (Record.HeadersErr).
 func (r *Router) Message(rec *outboxdriver.Record) (sink.Message, error) {
+	if err := outboxdriver.CheckAggregateID(rec.AggregateID); err != nil {
+		return sink.Message{}, fmt.Errorf("route: event %s: %w: the message key must equal the aggregate id", rec.ID, err)
+	}
+	if rec.HeadersErr != nil {
+		return sink.Message{}, fmt.Errorf("route: event %s: %w", rec.ID, rec.HeadersErr)
+	}
 	dest, err := r.Destination(rec)
 	if err != nil {
 		return sink.Message{}, err

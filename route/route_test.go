@@ -3,6 +3,7 @@ package route
 import (
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,5 +124,34 @@ func TestFixedDestination(t *testing.T) {
 	}
 	if _, err := New(&Config{Destination: "x", RouteBy: "type"}); err == nil {
 		t.Fatal("a fixed destination with a route-by column was accepted")
+	}
+}
+
+// The key must equal the aggregate id: a record whose aggregate id cannot
+// be carried unchanged, or whose headers column could not be read, is an
+// error (the relay dead-letters it) rather than a message that differs
+// from what was written.
+func TestRecordThatCannotBeCarriedUnchangedIsAnError(t *testing.T) {
+	r, err := New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		edit func(*outboxdriver.Record)
+		want string
+	}{
+		"empty aggregate id": {func(rec *outboxdriver.Record) { rec.AggregateID = "" }, "empty"},
+		"CR LF":              {func(rec *outboxdriver.Record) { rec.AggregateID = "4\r\n2" }, "line break"},
+		"LF":                 {func(rec *outboxdriver.Record) { rec.AggregateID = "4\n2" }, "line break"},
+		"unreadable headers": {func(rec *outboxdriver.Record) {
+			rec.Headers, rec.HeadersErr = outboxdriver.DecodeHeaders(`[1]`)
+		}, "JSON array"},
+	} {
+		rc := rec()
+		c.edit(rc)
+		m, err := r.Message(rc)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), rc.ID) {
+			t.Errorf("%s: Message = key %q, %v; want an error naming the event and saying %q", name, m.Key, err, c.want)
+		}
 	}
 }

@@ -107,6 +107,12 @@ Scenarios:
 			if batch < 1 || batch > bench.MaxBatch {
 				return fmt.Errorf("--batch %d: use 1 to %d", batch, bench.MaxBatch)
 			}
+			if err := intIn("lanes", lanes, 1, 64); err != nil {
+				return err
+			}
+			if err := durationIn("linger", linger, 0, time.Second); err != nil {
+				return err
+			}
 			if len(writers) == 0 {
 				return fmt.Errorf("--writers: give at least one writer count")
 			}
@@ -114,6 +120,13 @@ Scenarios:
 				if w < 1 || w > bench.MaxWriters {
 					return fmt.Errorf("--writers %d: use 1 to %d", w, bench.MaxWriters)
 				}
+			}
+			raw, err := f.dbURL()
+			if err != nil {
+				return err
+			}
+			if scheme, _, ok := strings.Cut(strings.ToLower(raw), "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+				return fmt.Errorf("--db %s://...: bench runs on PostgreSQL only (its scenarios measure PostgreSQL's commit, LISTEN/NOTIFY and vacuum); pass a postgres:// URL", scheme)
 			}
 			ctx := cmd.Context()
 			pool, err := f.connect(ctx, int32(max(slices.Max(writers), bench.LatencyWriters+4)))

@@ -36,6 +36,13 @@ end). --serve keeps the relay running afterwards, with its metrics on
   outbox demo --serve --metrics-addr 127.0.0.1:9464`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := firstError(
+				intIn("orders", cfg.Orders, 1, 1_000_000),
+				intIn("writers", cfg.Writers, 1, 64),
+				intIn("rate", cfg.Rate, 1, 100_000),
+			); err != nil {
+				return err
+			}
 			if cfg.MetricsAddr != "" && !cfg.Serve {
 				return errors.New("--metrics-addr needs --serve")
 			}

@@ -64,11 +64,13 @@ func checkDemoCounts(t *testing.T, out string, orders int) {
 }
 
 func TestDemoOnTheEmbeddedDefault(t *testing.T) {
-	out, errOut, code := run(t, nil, "demo", "--orders", "40", "--rate", "200")
+	t.Parallel()
+	out, errOut, code := runBinary(t, raceBin, nil, "demo", "--orders", "40", "--rate", "200")
 	checkDemo(t, out, errOut, code)
 }
 
 func TestDemoOnPostgreSQLAndNATS(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Pool(t) // fails clearly when PostgreSQL is down
 	testenv.JetStream(t)
 	demoTables := func() (n int) {
@@ -79,7 +81,7 @@ func TestDemoOnPostgreSQLAndNATS(t *testing.T) {
 		return n
 	}
 	before := demoTables()
-	out, errOut, code := run(t, nil, "demo", "--orders", "40", "--rate", "200", "--db", dbURL(), "--sink", testenv.NATSURL())
+	out, errOut, code := runBinary(t, raceBin, nil, "demo", "--orders", "40", "--rate", "200", "--db", dbURL(), "--sink", testenv.NATSURL())
 	checkDemo(t, out, errOut, code)
 	if after := demoTables(); after != before {
 		t.Errorf("the demo left %d table(s) behind", after-before)
@@ -87,8 +89,9 @@ func TestDemoOnPostgreSQLAndNATS(t *testing.T) {
 }
 
 func TestDemoOnMariaDB(t *testing.T) {
+	t.Parallel()
 	mysqlDB(t, mysqlServerURL()) // fails clearly when MariaDB is down
-	out, errOut, code := run(t, nil, "demo", "--orders", "40", "--rate", "200", "--db", mysqlServerURL(), "--sink", testenv.NATSURL())
+	out, errOut, code := runBinary(t, raceBin, nil, "demo", "--orders", "40", "--rate", "200", "--db", mysqlServerURL(), "--sink", testenv.NATSURL())
 	checkDemo(t, out, errOut, code)
 }
 
@@ -97,8 +100,9 @@ func TestDemoOnMariaDB(t *testing.T) {
 // the demo's database; SIGINT then ends it with status 0 and removes the
 // demo's files.
 func TestDemoServeKeepsTheRelayUp(t *testing.T) {
+	t.Parallel()
 	addr := freeAddr(t)
-	cmd := exec.Command(bin, "demo", "--orders", "20", "--rate", "200", "--serve", "--metrics-addr", addr)
+	cmd := exec.Command(raceBin, "demo", "--orders", "20", "--rate", "200", "--serve", "--metrics-addr", addr)
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -34,11 +35,15 @@ func newDLQList() *cobra.Command {
 		Short: "List dead letters, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
-				dls, err := st.DeadLetters(ctx, t, limit)
+			if err := intIn("limit", limit, 1, 1_000_000); err != nil {
+				return err
+			}
+			return f.withOps(cmd, 2, &ops.Config{MaxPage: limit}, func(ctx context.Context, o *ops.Ops, _ outboxdriver.Store) error {
+				page, err := o.DeadLetters(ctx, cliActor(""), outboxdriver.DeadLetterQuery{Limit: limit})
 				if err != nil {
 					return err
 				}
+				dls := page.DeadLetters
 				out := cmd.OutOrStdout()
 				if asJSON {
 					if dls == nil {
@@ -65,7 +70,7 @@ func newDLQList() *cobra.Command {
 func newDLQAct(action string) *cobra.Command {
 	var f dbFlags
 	var all bool
-	var actor string
+	var actor, reason string
 	short := map[string]string{
 		"retry":   "Move dead letters back into the outbox (same id, same place in their aggregate)",
 		"discard": "Delete dead letters for good and release the aggregates held behind them",
@@ -85,15 +90,12 @@ func newDLQAct(action string) *cobra.Command {
 				}
 				ids = append(ids, u.String())
 			}
-			if actor == "" {
-				actor = defaultActor()
-			}
-			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
-				do := st.RetryDeadLetters
+			return f.withOps(cmd, 2, nil, func(ctx context.Context, o *ops.Ops, _ outboxdriver.Store) error {
+				do := o.Retry
 				if action == "discard" {
-					do = st.DiscardDeadLetters
+					do = o.Discard
 				}
-				done, err := do(ctx, t, ids, actor)
+				done, err := do(ctx, cliActor(actor), ids, reason)
 				if err != nil {
 					return err
 				}
@@ -108,7 +110,8 @@ func newDLQAct(action string) *cobra.Command {
 	}
 	f.register(cmd)
 	cmd.Flags().BoolVar(&all, "all", false, "act on every dead letter")
-	cmd.Flags().StringVar(&actor, "actor", "", "who acts, for the audit table (default user@host)")
+	cmd.Flags().StringVar(&actor, "actor", "", "who acts, for the audit table (default user@host); the command line acts with the operator role")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit table")
 	return cmd
 }
 
@@ -120,14 +123,21 @@ func newDLQAudit() *cobra.Command {
 		Short: "Show the newest operator actions on dead letters as JSON lines",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
-				entries, err := st.Audit(ctx, t, limit)
+			if err := intIn("limit", limit, 1, 1_000_000); err != nil {
+				return err
+			}
+			return f.withOps(cmd, 2, &ops.Config{MaxPage: limit}, func(ctx context.Context, o *ops.Ops, _ outboxdriver.Store) error {
+				records, err := o.Audit(ctx, cliActor(""), outboxdriver.AuditQuery{Limit: limit})
 				if err != nil {
 					return err
 				}
 				enc := json.NewEncoder(cmd.OutOrStdout())
-				for _, e := range entries {
-					if err := enc.Encode(e); err != nil {
+				for _, r := range records {
+					var line any = r
+					if r.ID == 0 { // a database without the full audit trail
+						line = r.AuditEntry
+					}
+					if err := enc.Encode(line); err != nil {
 						return err
 					}
 				}
@@ -152,6 +162,16 @@ func notFound(asked, done []string) string {
 		}
 	}
 	return "no dead letter with id " + strings.Join(miss, ", ")
+}
+
+// cliActor is who acts on the command line: name (default user@host) with
+// the operator role. Whoever can run the command can reach the database
+// with its credentials anyway; the console is where roles are enforced.
+func cliActor(name string) ops.Actor {
+	if name == "" {
+		name = defaultActor()
+	}
+	return ops.Actor{Name: name, Role: ops.Operator}
 }
 
 func defaultActor() string {

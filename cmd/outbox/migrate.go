@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -18,21 +19,40 @@ func newMigrate() *cobra.Command {
 	var f dbFlags
 	var down int
 	var opts outboxdriver.MigrateOptions
-	var inboxOnly bool
+	var inboxOnly, force bool
 	var inboxTable string
+	var cdc cdcSetupFlags
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox table, its dead-letter table and wake-up trigger",
 		Long: `Create or upgrade the outbox table in one transaction. Migrations are
-versioned; a second run changes nothing. --down N reverts to version N
-(--down 0 drops the outbox tables and their data).
+versioned; a second run changes nothing. --down N reverts to version N.
+--down 0 drops the outbox tables and their data: it refuses, saying how
+many rows would be lost, while the table holds unpublished or kept events
+or dead letters, unless --force is given.
+
+--partitions is fixed when the table is created: on an existing table a
+different count is refused (drain it, --down 0 and migrate again to
+change it).
 
 --inbox creates or upgrades a consumer's inbox tables (--inbox-table, its
 _versions, _dead_letter and _migrations companions) instead of the outbox:
 a service that consumes and publishes runs migrate once with and once
-without it.`,
+without it.
+
+--cdc also creates what log tailing (outbox relay --source cdc) streams
+from: the publication of the table's inserts and the replication slot
+(PostgreSQL; wal_level = logical, a role with REPLICATION). Writers that
+write logical decoding messages need the slot before their first event.
+--down 0 drops them again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := intIn("partitions", opts.Partitions, 1, outboxdriver.MaxPartitions); err != nil {
+				return err
+			}
+			if force && (inboxOnly || !cmd.Flags().Changed("down") || down != 0) {
+				return fmt.Errorf("--force goes with --down 0 of the outbox tables only: it drops them with the events still in them")
+			}
 			if inboxOnly {
 				return f.migrateInbox(cmd, inboxTable, down)
 			}
@@ -42,12 +62,22 @@ without it.`,
 					if down < 0 || down > st.LatestVersion() {
 						return fmt.Errorf("--down %d: use a version between 0 and %d", down, st.LatestVersion())
 					}
+					if down == 0 && !force {
+						if err := refuseToDropRows(ctx, t, st); err != nil {
+							return err
+						}
+					}
 					vs, err := st.MigrateDown(ctx, t, down)
 					if err != nil {
 						return err
 					}
 					fmt.Fprintf(out, "%s: reverted %d migration(s) %v, now at version %d\n", t, len(vs), vs, down)
 					return nil
+				}
+				if cmd.Flags().Changed("partitions") {
+					if err := refusePartitionChange(ctx, t, st, opts.Partitions); err != nil {
+						return err
+					}
 				}
 				vs, err := st.Migrate(ctx, t, &opts)
 				if err != nil {
@@ -58,15 +88,20 @@ without it.`,
 				} else {
 					fmt.Fprintf(out, "%s: applied migration(s) %v, now at version %d\n", t, vs, st.LatestVersion())
 				}
+				if cdc.on {
+					return cdc.setup(ctx, out, t, st)
+				}
 				return nil
 			})
 		},
 	}
 	f.register(cmd)
 	cmd.Flags().IntVar(&down, "down", 0, "revert to this schema version instead of upgrading")
-	cmd.Flags().IntVar(&opts.Partitions, "partitions", 64, "number of partitions aggregates hash into (fixed at creation; bounds how many relays share the table)")
+	cmd.Flags().BoolVar(&force, "force", false, "with --down 0: drop the tables even though they hold events or dead letters")
+	cmd.Flags().IntVar(&opts.Partitions, "partitions", outboxdriver.DefaultPartitions, "number of partitions aggregates hash into (fixed at creation; bounds how many relays share the table)")
 	cmd.Flags().BoolVar(&inboxOnly, "inbox", false, "migrate the consumer-side inbox tables instead of the outbox (PostgreSQL, MySQL/MariaDB and SQLite)")
 	cmd.Flags().StringVar(&inboxTable, "inbox-table", "inbox", "name of the inbox table, with --inbox")
+	cdc.register(cmd)
 	return cmd
 }
 
@@ -88,6 +123,9 @@ func (f *dbFlags) migrateInbox(cmd *cobra.Command, name string, down int) error 
 			migrateDown func(context.Context, outboxdriver.Table, int) ([]int, error)
 			latest      int
 		)
+		if cs, ok := st.(closingStore); ok {
+			st = cs.Store // the driver, which knows its pool
+		}
 		pg, isPG := st.(interface{ Pool() *pgxpool.Pool })
 		lite, isSQL := st.(interface{ DB() *sql.DB })
 		switch {
@@ -137,4 +175,33 @@ func (f *dbFlags) migrateInbox(cmd *cobra.Command, name string, down int) error 
 		}
 		return nil
 	})
+}
+
+// refuseToDropRows returns an error, saying how many of each, when
+// dropping t would lose unpublished or kept events or dead letters.
+func refuseToDropRows(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
+	s, err := st.Status(ctx, t)
+	if errors.Is(err, outboxdriver.ErrNotMigrated) {
+		return nil // nothing to lose
+	}
+	if err != nil {
+		return fmt.Errorf("--down 0: cannot count the rows it would drop: %w (--force drops the tables without counting)", err)
+	}
+	if s.Backlog == 0 && s.Published == 0 && s.DeadLetters == 0 {
+		return nil
+	}
+	return fmt.Errorf("--down 0 would drop %s with %d unpublished event(s), %d published event(s) kept by --retention keep and %d dead letter(s); "+
+		"let the relay publish them and retry or discard the dead letters (outbox dlq), or pass --force to drop them", t, s.Backlog, s.Published, s.DeadLetters)
+}
+
+// refusePartitionChange returns an error when t exists with another number
+// of partitions than n: the count is fixed when the table is created.
+func refusePartitionChange(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store, n int) error {
+	s, err := st.Status(ctx, t)
+	if err != nil || len(s.Partitions) == 0 || len(s.Partitions) == n {
+		// Not created yet (or not yet partitioned): Migrate creates n.
+		return nil
+	}
+	return fmt.Errorf("--partitions %d: %s already has %d partitions, and the count is fixed when the table is created; it cannot change "+
+		"(to change it: drain the table, migrate --down 0, then migrate --partitions %d)", n, t, len(s.Partitions), n)
 }

@@ -296,10 +296,10 @@ func TestMySQLCLIErrorsAreClearOneLiners(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unparsable url", []string{"status", "--db", "mysql://u:secret@%zz/x"}, "invalid --db URL"},
+		{"unparsable url", []string{"status", "--db", "mysql://u:secret@%zz/x"}, "invalid database URL"},
 		{"no database", []string{"status", "--db", "mysql://root:secret@127.0.0.1:3306/"}, "no database"},
 		{"hostile database", []string{"status", "--db", "mysql://root:secret@127.0.0.1:3306/a%60b"}, "not a valid identifier"},
-		{"bad parameter", []string{"status", "--db", "mysql://root:secret@127.0.0.1:3306/test?timeout=soon"}, "invalid --db URL"},
+		{"bad parameter", []string{"status", "--db", "mysql://root:secret@127.0.0.1:3306/test?timeout=soon"}, "invalid database URL"},
 		{"unreachable server", []string{"status", "--db", "mysql://root:secret@127.0.0.1:1/test"}, `cannot connect to MySQL/MariaDB at 127.0.0.1:1 (database "test")`},
 		{"hostile table", []string{"migrate", "--db", db, "--table", "x`; DROP TABLE y; --"}, "not a valid identifier"},
 		{"not migrated", []string{"status", "--db", db, "--table", "nothing_here"}, "run `outbox migrate`"},

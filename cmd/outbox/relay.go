@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
@@ -32,6 +33,10 @@ func newRelay() *cobra.Command {
 		logLevel    string
 		poison      string
 		rcfg        relay.Config
+		source      string
+		cdc         outboxpgx.CDCConfig
+		cdcCreate   bool
+		cdcMode     string
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -45,6 +50,14 @@ While batches come back short the relay runs on one P (GOMAXPROCS=1: less
 CPU for a chain of round trips); from the first full batch (a backlog) on
 every CPU the runtime would use, until batches have been short for a second.
 GOMAXPROCS in the environment turns this off.
+
+--source cdc tails PostgreSQL's WAL instead (logical replication, pgoutput):
+no claim queries, commit order, and events written as logical decoding
+messages (no table rows). It needs wal_level = logical and a role with
+REPLICATION; it creates its publication and replication slot when they are
+missing (--cdc-create=false: an error instead). One relay streams a slot at
+a time; others wait as standbys and take over within about two --lease-ttl.
+See docs/cdc.md.
 
 Sinks (--sink):
   nats://host:port            NATS JetStream; stream OUTBOX on outbox.event.> is
@@ -90,6 +103,23 @@ Sinks (--sink):
 			if poll < time.Millisecond {
 				return fmt.Errorf("--poll-interval %s: use at least 1ms", poll)
 			}
+			if err := firstError(
+				durationIn("linger", rcfg.Linger, 0, time.Second),
+				durationIn("shutdown-grace", grace, 0, 0),
+				durationIn("keep-for", rcfg.CleanupAfter, 0, 0),
+				durationIn("lease-ttl", rcfg.LeaseTTL, 300*time.Millisecond, 0),
+				intAtLeast("max-attempts", rcfg.MaxAttempts, 1),
+				durationIn("retry-base", rcfg.RetryBase, time.Millisecond, 0),
+				durationIn("webhook-timeout", sf.webhookTimeout, time.Millisecond, 0),
+			); err != nil {
+				return err
+			}
+			if rcfg.RetryMax < rcfg.RetryBase {
+				return fmt.Errorf("--retry-max %s: use at least --retry-base (%s)", rcfg.RetryMax, rcfg.RetryBase)
+			}
+			if sf.redisMaxLen < 0 {
+				return fmt.Errorf("--redis-maxlen %d: must not be negative (0 never trims)", sf.redisMaxLen)
+			}
 			if rcfg.Poison, err = relay.ParsePolicy(poison); err != nil {
 				return fmt.Errorf("--poison-policy: %w", err)
 			}
@@ -123,6 +153,9 @@ Sinks (--sink):
 			}
 			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
 			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
+			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdc, cdcCreate, cdcMode); err != nil {
+				return err
+			}
 			var reg *prometheus.Registry
 			if ln != nil {
 				reg = prometheus.NewRegistry()
@@ -147,6 +180,11 @@ Sinks (--sink):
 	cmd.Flags().DurationVar(&rcfg.Linger, "linger", 0, "while traffic is light, wait this long between claims so events gather into fuller batches (less CPU, up to this much more latency)")
 	cmd.Flags().IntVar(&rcfg.Lanes, "lanes", relay.DefaultLanes, "batches kept in flight at once while working off a backlog (1 turns pipelining off)")
 	cmd.Flags().DurationVar(&poll, "poll-interval", 500*time.Millisecond, "longest wait for a wake-up before looking again")
+	cmd.Flags().StringVar(&source, "source", relayd.SourcePoll, "how committed events are found: poll (claim rows) or cdc (tail PostgreSQL's WAL; docs/cdc.md)")
+	cmd.Flags().StringVar(&cdc.Slot, "cdc-slot", "", "with --source cdc: replication slot (default outbox_<schema>_<table>)")
+	cmd.Flags().StringVar(&cdc.Publication, "cdc-publication", "", "with --source cdc: publication of the table's inserts (default: the slot's name)")
+	cmd.Flags().BoolVar(&cdcCreate, "cdc-create", true, "with --source cdc: create the publication and the slot when missing")
+	cmd.Flags().StringVar(&cdcMode, "cdc-mode", "table", "with --source cdc: how writers write events, table (rows) or message (logical decoding messages); decides what a lost slot means")
 	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")
 	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at; see --keep-for)")
@@ -173,6 +211,28 @@ Sinks (--sink):
 	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
 	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
 	return cmd
+}
+
+// cdcOptions checks the --source and --cdc-* flags.
+func cdcOptions(cmd *cobra.Command, source string, cdc outboxpgx.CDCConfig, create bool, mode string) (string, outboxpgx.CDCConfig, error) {
+	switch source {
+	case relayd.SourcePoll:
+		for _, name := range []string{"cdc-slot", "cdc-publication", "cdc-create", "cdc-mode"} {
+			if cmd.Flags().Changed(name) {
+				return "", cdc, fmt.Errorf("--%s goes with --source cdc", name)
+			}
+		}
+		return source, cdc, nil
+	case relayd.SourceCDC:
+	default:
+		return "", cdc, fmt.Errorf("--source %q: use poll or cdc", source)
+	}
+	var err error
+	if cdc.Mode, err = outboxpgx.ParseCDCMode(mode); err != nil {
+		return "", cdc, fmt.Errorf("--cdc-mode: %w", err)
+	}
+	cdc.NoCreate = !create
+	return source, cdc, nil
 }
 
 func parseRetention(s string) (outboxdriver.Retention, error) {

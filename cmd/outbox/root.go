@@ -20,8 +20,11 @@ func newRoot() *cobra.Command {
 		Short:         "Transactional outbox: migrate tables, relay events to a broker, report status",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       versionText(),
 	}
-	root.AddCommand(newDemo(), newMigrate(), newRelay(), newStatus(), newDLQ(), newBench())
+	root.SetVersionTemplate("{{.Version}}")
+	root.AddCommand(newVersion())
+	root.AddCommand(newDemo(), newMigrate(), newRelay(), newStatus(), newDLQ(), newBench(), newConsole())
 	return root
 }
 

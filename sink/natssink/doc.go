@@ -15,10 +15,16 @@
 // the same key keep their order because the whole batch is submitted in
 // order.
 //
-// Errors that retrying cannot fix (a payload larger than the server's
-// max_payload or the stream's max_msg_size, an invalid subject or header
-// name) are marked [sink.Permanent]. Everything else (no stream for the
-// subject, timeouts, a closed or reconnecting connection) is transient.
+// Errors that retrying cannot fix are marked [sink.Permanent]: a payload
+// larger than the server's max_payload or the stream's max_msg_size, an
+// invalid subject or header name, a key or header value with a line break
+// (a NATS header cannot carry one unchanged), and the stream's refusal of
+// the message itself, told by its JetStream API error code: a header it
+// cannot satisfy (Nats-Expected-Last-Sequence, error 10071, and the other
+// Nats-Expected-* headers) or one that asks for what the stream does not
+// allow (rollup, per-message TTL, counters, schedules, batches).
+// Everything else (no stream for the subject, a full or sealed stream,
+// timeouts, a closed or reconnecting connection) is transient.
 //
 // Use [Dial] to let the sink own its connection, or [New] to publish through
 // a JetStream context the caller manages. Call [Sink.EnsureStream] at

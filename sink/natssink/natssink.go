@@ -1,6 +1,7 @@
 package natssink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -366,6 +367,10 @@ func (s *Sink) Publish(ctx context.Context, msgs []sink.Message) []error {
 			errs[i] = sink.Permanent(fmt.Errorf("natssink: publish to subject %q: invalid subject: %w", m.Destination, err))
 			continue
 		}
+		if err := checkLineBreaks(m); err != nil {
+			errs[i] = sink.Permanent(fmt.Errorf("natssink: publish to subject %q: %w", m.Destination, err))
+			continue
+		}
 		nm := toNATS(m)
 		var opts []jetstream.PublishOpt
 		if m.ID != "" {
@@ -520,6 +525,8 @@ func (s *Sink) classify(m *sink.Message, err error) error {
 		return sink.Permanent(fmt.Errorf("natssink: publish to subject %q: invalid subject: %w", subj, err))
 	case errors.Is(err, nats.ErrBadHeaderMsg):
 		return sink.Permanent(fmt.Errorf("natssink: publish to subject %q: invalid header name (NATS header names are printable ASCII without spaces or any of \"():;<=>?@[\\]{}/,): %w", subj, err))
+	case refusedForGood(err):
+		return sink.Permanent(fmt.Errorf("natssink: publish to subject %q: the stream refuses this message as it is (a header it cannot satisfy, or a feature the stream has off); publishing it again cannot succeed: %w", subj, err))
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		return fmt.Errorf("natssink: publish to subject %q: no stream listens on subject %q (check Config.Subjects %q of stream %q, and that the stream exists): %w",
 			subj, subj, s.cfg.Subjects, s.cfg.Stream, err)
@@ -535,6 +542,57 @@ func (s *Sink) classify(m *sink.Message, err error) error {
 	default:
 		return fmt.Errorf("natssink: publish to subject %q: %w", subj, err)
 	}
+}
+
+// refusedForGood reports whether err is the stream's refusal of the
+// message itself, by JetStream API error code: a header it cannot satisfy
+// (Nats-Expected-Stream, Nats-Expected-Last-Msg-Id,
+// Nats-Expected-Last-Sequence, Nats-Expected-Last-Subject-Sequence) or
+// that asks for something the stream does not allow (headers too large,
+// rollup, per-message TTL, counters, schedules, atomic or batch publish).
+// The same message meets the same refusal every time. Refusals that say
+// nothing about the message (no stream, no space, a sealed stream, too
+// many requests, a condition that is "temporarily unavailable") stay
+// transient.
+func refusedForGood(err error) bool {
+	var jsErr jetstream.JetStreamError
+	if !errors.As(err, &jsErr) || jsErr.APIError() == nil {
+		return false
+	}
+	switch c := jsErr.APIError().ErrorCode; c {
+	case 10060, // JSStreamNotMatchErr: expected stream does not match
+		10070, // JSStreamWrongLastMsgIDErrF
+		jetstream.JSErrCodeStreamWrongLastSequence,         // 10071
+		jetstream.JSErrCodeStreamWrongLastSequenceConstant, // 10164
+		10193, // JSStreamExpectedLastSeqPerSubjectInvalid
+		10097, // JSStreamHeaderExceedsMaximumErr
+		10111, // JSStreamRollupFailedF: rollup not permitted or invalid
+		10165, // JSMessageTTLInvalidErr
+		10166, // JSMessageTTLDisabledErr
+		10227: // JSMessageSourceHdrNotAllowedErr
+		return true
+	default:
+		return c >= 10168 && c <= 10172 || // message counters
+			c >= 10174 && c <= 10179 || // atomic publish
+			c >= 10188 && c <= 10192 || c == 10203 || c == 10212 || c == 10223 || // message schedules
+			c >= 10199 && c <= 10201 || // atomic publish batches
+			c >= 10205 && c <= 10208 // batch publish
+	}
+}
+
+// checkLineBreaks reports a key or header value with a CR or LF: a NATS
+// header cannot carry one (the client would send a space instead), and
+// the message must arrive as it was written.
+func checkLineBreaks(m *sink.Message) error {
+	if bytes.ContainsAny(m.Key, "\r\n") {
+		return fmt.Errorf("the key contains a line break (CR or LF), which the NATS header %q cannot carry unchanged", KeyHeader)
+	}
+	for _, h := range m.Headers {
+		if strings.ContainsAny(h.Value, "\r\n") {
+			return fmt.Errorf("the value of header %q contains a line break (CR or LF), which a NATS header cannot carry unchanged", h.Key)
+		}
+	}
+	return nil
 }
 
 func messageSize(m *sink.Message) int {

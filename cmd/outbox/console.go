@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxkit/outbox/console"
+	"github.com/outboxkit/outbox/ops"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// defaultUsersFile is where the console's users are kept when neither
+// --users nor OUTBOX_CONSOLE_USERS says.
+const defaultUsersFile = "console-users.json"
+
+func usersFile(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if env := os.Getenv("OUTBOX_CONSOLE_USERS"); env != "" {
+		return env
+	}
+	return defaultUsersFile
+}
+
+func newConsole() *cobra.Command {
+	var f dbFlags
+	var addr, users, tlsCert, tlsKey, logLevel string
+	var dev, proxyTLS bool
+	var sensitive []string
+	cmd := &cobra.Command{
+		Use:   "console",
+		Short: "Serve the operations console: web pages and a JSON API over the outbox, for users with roles (docs/console.md)",
+		Long: `Serve the operations console: the overview, the dead letters (filter, detail,
+retry, discard) and the audit, as web pages and as a JSON API under /api/v1.
+
+It refuses to start without users: add them with 'outbox console user add'.
+--dev runs it without users on the loopback only, everyone signed in as an
+operator. A non-loopback address needs --tls-cert and --tls-key, or
+--proxy-tls when a reverse proxy in front terminates TLS.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			if (tlsCert == "") != (tlsKey == "") {
+				return errors.New("--tls-cert and --tls-key go together")
+			}
+			path := usersFile(users)
+			u, err := console.LoadUsers(path)
+			if err != nil {
+				return err
+			}
+			if len(u.Users) == 0 && !dev {
+				return fmt.Errorf("no console users in %s, so nobody could sign in: add one with `outbox console user add NAME --role viewer|operator|approver --users %s`, or try it with --dev on the loopback", path, path)
+			}
+			loopback := console.LoopbackAddr(addr)
+			switch {
+			case dev && !loopback:
+				return fmt.Errorf("--dev listens on the loopback only; --addr %s is not (use 127.0.0.1:PORT or localhost:PORT)", addr)
+			case !loopback && tlsCert == "" && !proxyTLS:
+				return fmt.Errorf("--addr %s is reachable from other machines: serve HTTPS with --tls-cert and --tls-key, or put a TLS-terminating reverse proxy in front and pass --proxy-tls", addr)
+			}
+			return f.withOps(cmd, 8, &ops.Config{SensitivePaths: sensitive, Logger: log}, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
+				t := o.Table()
+				status, err := st.Status(ctx, t)
+				if err != nil {
+					return err
+				}
+				if status.SchemaVersion < status.LatestSchemaVersion {
+					return fmt.Errorf("%s is at schema version %d; the console needs %d: run `outbox migrate`", t, status.SchemaVersion, status.LatestSchemaVersion)
+				}
+				srv, err := console.New(o, &console.Config{Users: u, Dev: dev, SecureCookies: tlsCert != "" || proxyTLS, Logger: log})
+				if err != nil {
+					return err
+				}
+				return serveConsole(ctx, cmd.ErrOrStderr(), srv, addr, tlsCert, tlsKey, dev && len(u.Users) == 0, t)
+			})
+		},
+	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on (host:port)")
+	fl.StringVar(&users, "users", "", "users file (default "+defaultUsersFile+", or OUTBOX_CONSOLE_USERS)")
+	fl.StringVar(&tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
+	fl.StringVar(&tlsKey, "tls-key", "", "the certificate's private key (PEM)")
+	fl.BoolVar(&proxyTLS, "proxy-tls", false, "a reverse proxy in front terminates TLS: mark cookies Secure and allow a non-loopback --addr without --tls-cert")
+	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only")
+	fl.StringArrayVar(&sensitive, "sensitive-path", nil, "JSON path masked in payloads, e.g. customer.email or cards.*.number (repeatable)")
+	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.AddCommand(newConsoleUser())
+	return cmd
+}
+
+// serveConsole listens on addr and serves srv until ctx ends.
+func serveConsole(ctx context.Context, stderr io.Writer, srv *console.Server, addr, cert, key string, devNoUsers bool, t outboxdriver.Table) error {
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12},
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	scheme := "http"
+	if cert != "" {
+		scheme = "https"
+	}
+	if devNoUsers {
+		fmt.Fprintln(stderr, strings.Repeat("!", 72))
+		fmt.Fprintln(stderr, "!! DEV MODE: no users; every browser on this machine is signed in as")
+		fmt.Fprintln(stderr, "!! \"dev\" with the operator role. Loopback only. Not for production.")
+		fmt.Fprintln(stderr, strings.Repeat("!", 72))
+	}
+	fmt.Fprintf(stderr, "outbox console for %s on %s://%s\n", t, scheme, ln.Addr())
+	done := make(chan error, 1)
+	go func() {
+		if cert != "" {
+			done <- hs.ServeTLS(ln, cert, key)
+		} else {
+			done <- hs.Serve(ln)
+		}
+	}()
+	select {
+	case err := <-done:
+		return fmt.Errorf("console: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = hs.Shutdown(sctx)
+	if serveErr := <-done; !errors.Is(serveErr, http.ErrServerClosed) && err == nil {
+		err = serveErr
+	}
+	return err
+}
+
+func newConsoleUser() *cobra.Command {
+	cmd := &cobra.Command{Use: "user", Short: "Add, list or remove the console's users"}
+	var users string
+	cmd.PersistentFlags().StringVar(&users, "users", "", "users file (default "+defaultUsersFile+", or OUTBOX_CONSOLE_USERS)")
+
+	var role string
+	var fromStdin bool
+	add := &cobra.Command{
+		Use:   "add NAME --role viewer|operator|approver",
+		Short: "Add a user; print their password (unless --password-stdin) and API token once",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := ops.ParseRole(role)
+			if err != nil {
+				return fmt.Errorf("--role: %w", err)
+			}
+			path := usersFile(users)
+			u, err := console.LoadUsers(path)
+			if err != nil {
+				return err
+			}
+			password, generated := console.NewPassword(), true
+			if fromStdin {
+				line, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+				if err != nil && !errors.Is(err, io.EOF) {
+					return fmt.Errorf("--password-stdin: %w", err)
+				}
+				password, generated = strings.TrimRight(line, "\r\n"), false
+			}
+			token, err := u.Add(args[0], r, password)
+			if err != nil {
+				return err
+			}
+			if err := u.Save(path); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "added %s (%s) to %s\n", args[0], r, path)
+			if generated {
+				fmt.Fprintf(out, "password:  %s\n", password)
+			}
+			fmt.Fprintf(out, "API token: %s\n", token)
+			fmt.Fprintln(out, "They are shown this once; the file keeps only their hashes. A running console reads the file when it starts.")
+			return nil
+		},
+	}
+	add.Flags().StringVar(&role, "role", "", "viewer (reads), operator (reads, retries, discards) or approver (reads, approves others' requests)")
+	add.Flags().BoolVar(&fromStdin, "password-stdin", false, "read the password from the first line of standard input instead of generating one")
+	_ = add.MarkFlagRequired("role")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the users and their roles",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			u, err := console.LoadUsers(usersFile(users))
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tROLE\tCREATED")
+			for _, x := range u.Users {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", x.Name, x.Role, x.Created.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	remove := &cobra.Command{
+		Use:   "remove NAME",
+		Short: "Remove a user (a running console keeps them until it restarts)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := usersFile(users)
+			u, err := console.LoadUsers(path)
+			if err != nil {
+				return err
+			}
+			if err := u.Remove(args[0]); err != nil {
+				return err
+			}
+			if err := u.Save(path); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s from %s\n", args[0], path)
+			return nil
+		},
+	}
+	cmd.AddCommand(add, list, remove)
+	return cmd
+}

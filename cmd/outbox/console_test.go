@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// lockedBuffer is a bytes.Buffer for a command that writes while the
+// test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// inProcess runs the command line in this process with ctx and input.
+func inProcess(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, args ...string) error {
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	return root.ExecuteContext(ctx)
+}
+
+func runInProcess(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	var out lockedBuffer
+	err := inProcess(testenv.Context(t, time.Minute), strings.NewReader(stdin), &out, &out, args...)
+	return out.String(), err
+}
+
+// The console fails closed: it does not start without users (unless
+// --dev), --dev listens on the loopback only, and a non-loopback address
+// needs TLS; a database whose driver cannot serve it is refused.
+func TestConsoleFailsClosed(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	users := filepath.Join(dir, "users.json")
+	pg := testenv.DatabaseURL()
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"console", "--db", pg, "--users", users}, "no console users"},
+		{[]string{"console", "--db", pg, "--users", users, "--dev", "--addr", "0.0.0.0:0"}, "--dev listens on the loopback only"},
+		{[]string{"console", "--db", pg, "--users", users, "--tls-cert", "x.pem"}, "--tls-cert and --tls-key go together"},
+	}
+	for _, c := range cases {
+		if out, err := runInProcess(t, "", c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v (output %q); want an error saying %q", c.args, err, out, c.want)
+		}
+	}
+	if _, err := runInProcess(t, "", "console", "user", "add", "olga", "--role", "operator", "--users", users); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runInProcess(t, "", "console", "--db", pg, "--users", users, "--addr", "0.0.0.0:0"); err == nil || !strings.Contains(err.Error(), "--proxy-tls") {
+		t.Errorf("a non-loopback address without TLS: %v; want a refusal naming --tls-cert and --proxy-tls", err)
+	}
+	lite := "sqlite://" + filepath.Join(dir, "app.db")
+	if _, err := runInProcess(t, "", "migrate", "--db", lite); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runInProcess(t, "", "console", "--db", lite, "--users", users); err == nil || !strings.Contains(err.Error(), "cannot serve the console") {
+		t.Errorf("console on SQLite: %v; want a refusal saying its driver cannot serve the console", err)
+	}
+}
+
+// `outbox console user` adds (printing the password and token once),
+// lists and removes users; the file keeps hashes only, readable by its
+// owner only.
+func TestConsoleUsers(t *testing.T) {
+	t.Parallel()
+	users := filepath.Join(t.TempDir(), "users.json")
+	out, err := runInProcess(t, "", "console", "user", "add", "vera", "--role", "viewer", "--users", users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	password := regexp.MustCompile(`password:\s+(\S+)`).FindStringSubmatch(out)
+	token := regexp.MustCompile(`API token: (obx_\S+)`).FindStringSubmatch(out)
+	if password == nil || token == nil {
+		t.Fatalf("user add printed %q; want the password and the token", out)
+	}
+	if _, err := runInProcess(t, "a password from a script\n", "console", "user", "add", "olga", "--role", "operator", "--users", users, "--password-stdin"); err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{password[1], token[1], "a password from a script"} {
+		if strings.Contains(string(file), secret) {
+			t.Fatalf("the users file holds %q in the clear:\n%s", secret, file)
+		}
+	}
+	if fi, err := os.Stat(users); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("users file mode %v (%v); want 0600", fi.Mode(), err)
+	}
+	refusals := [][]string{
+		{"console", "user", "add", "vera", "--role", "viewer", "--users", users},
+		{"console", "user", "add", "root", "--role", "admin", "--users", users},
+		{"console", "user", "add", "bad name", "--role", "viewer", "--users", users},
+		{"console", "user", "remove", "nobody", "--users", users},
+	}
+	for _, args := range refusals {
+		if _, err := runInProcess(t, "", args...); err == nil {
+			t.Errorf("%v succeeded", args)
+		}
+	}
+	if _, err := runInProcess(t, "short\n", "console", "user", "add", "pia", "--role", "viewer", "--users", users, "--password-stdin"); err == nil {
+		t.Error("a 5-byte password was accepted")
+	}
+	if _, err := runInProcess(t, "", "console", "user", "remove", "vera", "--users", users); err != nil {
+		t.Fatal(err)
+	}
+	list, err := runInProcess(t, "", "console", "user", "list", "--users", users)
+	if err != nil || !strings.Contains(list, "olga") || strings.Contains(list, "vera") {
+		t.Fatalf("user list = %q, %v; want olga only", list, err)
+	}
+}
+
+// `outbox console` serves a migrated PostgreSQL table: an API client with
+// its token reads the overview, and the command stops when its context
+// ends.
+func TestConsoleServes(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	ctx := testenv.Context(t, time.Minute)
+	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	users := filepath.Join(t.TempDir(), "users.json")
+	out, err := runInProcess(t, "", "console", "user", "add", "vera", "--role", "viewer", "--users", users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := regexp.MustCompile(`API token: (obx_\S+)`).FindStringSubmatch(out)[1]
+	sctx, stop := context.WithCancel(ctx)
+	var stderr lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- inProcess(sctx, strings.NewReader(""), io.Discard, &stderr, "console", "--db", testenv.DatabaseURL(), "--schema", tb.Schema,
+			"--users", users, "--addr", "127.0.0.1:0")
+	}()
+	listening := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
+	var base string
+	for deadline := time.Now().Add(30 * time.Second); base == ""; {
+		if m := listening.FindStringSubmatch(stderr.String()); m != nil {
+			base = m[1]
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("console ended before listening: %v; stderr %q", err, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("console not listening after 30s; stderr %q", stderr.String())
+		}
+	}
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/api/v1/overview", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"backlog": 0`) {
+		t.Fatalf("overview: %d %s", resp.StatusCode, body)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("console after its context ended: %v", err)
+	}
+}

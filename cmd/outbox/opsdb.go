@@ -1,0 +1,47 @@
+package main
+
+import (
+	"context"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxkit/outbox/internal/open"
+	"github.com/outboxkit/outbox/ops"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// withOps is withDB for the commands that go through package ops: it
+// hands ops the driver itself (not a wrapper), so that ops sees what the
+// driver can do beyond a Store (filters, the full audit), and closes the
+// pool afterwards.
+func (f *dbFlags) withOps(cmd *cobra.Command, maxConns int32, cfg *ops.Config, fn func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error) error {
+	t, err := f.tableName()
+	if err != nil {
+		return err
+	}
+	raw, err := f.dbURL()
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	db, err := open.Database(ctx, raw, maxConns)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if t.Schema == "" {
+		t.Schema = db.Store.DefaultSchema()
+		if db.Scheme == "mysql" {
+			cfg, err := open.MySQLConfig(raw)
+			if err != nil {
+				return err
+			}
+			t.Schema = cfg.DBName
+		}
+	}
+	o, err := ops.New(db.Store, t, cfg)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, o, db.Store)
+}

@@ -1,0 +1,193 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"time"
+
+	"github.com/outboxkit/outbox/ops"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// The JSON shapes of the API; openapi.json describes them.
+
+type overviewJSON struct {
+	Table                       string          `json:"table"`
+	Backlog                     int64           `json:"backlog"`
+	OldestUnpublishedAgeSeconds float64         `json:"oldest_unpublished_age_seconds"`
+	DeadLetters                 int64           `json:"dead_letters"`
+	PublishedKept               int64           `json:"published_kept"`
+	HeldAggregates              int64           `json:"held_aggregates"`
+	SchemaVersion               int             `json:"schema_version"`
+	LatestSchemaVersion         int             `json:"latest_schema_version"`
+	Partitions                  []partitionJSON `json:"partitions"`
+}
+
+type partitionJSON struct {
+	Partition        int     `json:"partition"`
+	Owner            string  `json:"owner"`
+	Epoch            int64   `json:"epoch"`
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
+	Backlog          int64   `json:"backlog"`
+}
+
+type deadLettersJSON struct {
+	DeadLetters []outboxdriver.DeadLetter `json:"dead_letters"`
+	// Next is the after parameter of the next page, null on the last.
+	Next *string `json:"next"`
+}
+
+type deadLetterJSON struct {
+	outboxdriver.DeadLetter
+	Seq          int64             `json:"seq"`
+	CreatedAt    time.Time         `json:"created_at"`
+	Headers      map[string]string `json:"headers"`
+	TraceContext string            `json:"tracingspancontext"`
+	Payload      string            `json:"payload"`
+	PayloadNote  string            `json:"payload_note"`
+	Masked       int               `json:"masked"`
+}
+
+type auditJSON struct {
+	Entries []outboxdriver.AuditRecord `json:"entries"`
+	// NextBefore is the before parameter of the next page, null on the
+	// last.
+	NextBefore *int64 `json:"next_before"`
+}
+
+type actionJSON struct {
+	ID     string `json:"id"`
+	Action string `json:"action"`
+}
+
+func (s *Server) overviewAPI(q *req) {
+	st, err := s.ops.Overview(q.ctx(), q.actor)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	js := overviewJSON{
+		Table: st.Table.String(), Backlog: st.Backlog, OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
+		DeadLetters: st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
+		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion, Partitions: []partitionJSON{},
+	}
+	for _, p := range st.Partitions {
+		js.Partitions = append(js.Partitions, partitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
+	}
+	q.json(http.StatusOK, js)
+}
+
+func (s *Server) deadLettersAPI(q *req) {
+	dq, err := s.deadLetterQuery(q.r.URL.Query())
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	pg, err := s.ops.DeadLetters(q.ctx(), q.actor, dq)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	js := deadLettersJSON{DeadLetters: pg.DeadLetters}
+	if js.DeadLetters == nil {
+		js.DeadLetters = []outboxdriver.DeadLetter{}
+	}
+	if pg.Next != nil {
+		n := pg.Next.String()
+		js.Next = &n
+	}
+	q.json(http.StatusOK, js)
+}
+
+func (s *Server) deadLetterAPI(q *req) {
+	v, err := s.ops.DeadLetter(q.ctx(), q.actor, q.r.PathValue("id"))
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	h := v.Headers
+	if h == nil {
+		h = map[string]string{}
+	}
+	q.json(http.StatusOK, deadLetterJSON{DeadLetter: v.DeadLetter, Seq: v.Seq, CreatedAt: v.CreatedAt, Headers: h,
+		TraceContext: v.TraceContext, Payload: v.Payload, PayloadNote: v.PayloadNote, Masked: v.Masked})
+}
+
+// actAPI retries or discards one dead letter; the body, optional, is
+// {"reason": "..."}.
+func (s *Server) actAPI(action string) func(*req) {
+	return func(q *req) {
+		var body struct {
+			Reason string `json:"reason"`
+		}
+		if err := readJSON(q.r, &body); err != nil {
+			q.failErr(err)
+			return
+		}
+		do := s.ops.Retry
+		if action == "discard" {
+			do = s.ops.Discard
+		}
+		id := q.r.PathValue("id")
+		done, err := do(q.ctx(), q.actor, []string{id}, body.Reason)
+		if err == nil && len(done) == 0 {
+			err = fmt.Errorf("dead letter %s: %w", id, outboxdriver.ErrNotFound)
+		}
+		if err != nil {
+			q.failErr(err)
+			return
+		}
+		q.json(http.StatusOK, actionJSON{ID: done[0], Action: action})
+	}
+}
+
+func (s *Server) auditAPI(q *req) {
+	aq, err := s.auditQuery(q.r.URL.Query())
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	recs, err := s.ops.Audit(q.ctx(), q.actor, aq)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	js := auditJSON{Entries: recs}
+	if js.Entries == nil {
+		js.Entries = []outboxdriver.AuditRecord{}
+	}
+	if len(recs) == aq.Limit {
+		js.NextBefore = &recs[len(recs)-1].ID
+	}
+	q.json(http.StatusOK, js)
+}
+
+// readJSON reads an optional JSON body into v: empty is fine, anything
+// else must be JSON with known fields only.
+func readJSON(r *http.Request, v any) error {
+	b, err := io.ReadAll(r.Body)
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return &ops.InputError{Field: "body", Reason: fmt.Sprintf("larger than %d bytes", tooBig.Limit)}
+	}
+	if err != nil {
+		return &ops.InputError{Field: "body", Reason: "could not be read"}
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		return &ops.InputError{Field: "body", Reason: "send Content-Type: application/json"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &ops.InputError{Field: "body", Reason: "not the JSON object this call takes: " + oneLine(err.Error(), 120)}
+	}
+	return nil
+}

@@ -1,0 +1,450 @@
+package console
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/ops"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+//go:embed openapi.json
+var openAPI []byte
+
+// OpenAPI returns the OpenAPI document of the JSON API.
+func OpenAPI() []byte { return append([]byte(nil), openAPI...) }
+
+// Config configures a Server.
+type Config struct {
+	// Users may sign in. Without any, New refuses unless Dev is set.
+	Users *Users
+	// Dev runs the console for development: without users, every browser
+	// is signed in as "dev" with the operator role; requests must name a
+	// loopback host (localhost, 127.0.0.1, [::1]), which keeps other
+	// sites' pages out through DNS rebinding. `outbox console --dev` also
+	// listens on the loopback only.
+	Dev bool
+	// SecureCookies marks the cookies Secure, names the session cookie
+	// with the __Host- prefix and sends Strict-Transport-Security. Set it
+	// whenever browsers reach the console over HTTPS, directly or through
+	// a proxy that terminates TLS.
+	SecureCookies bool
+	// LoginAttempts failed sign-ins (or bad API tokens) from one address,
+	// or for one user name, within LoginWindow block that address or name
+	// until the window has passed. Defaults: 5 within 15 minutes.
+	LoginAttempts int
+	LoginWindow   time.Duration
+	// SessionIdle ends a session unused for this long (default 30
+	// minutes); SessionMax ends any session this old (default 12 hours).
+	SessionIdle, SessionMax time.Duration
+	// PageSize is the default page of lists (default 50); ops caps it.
+	PageSize int
+	// Logger defaults to warnings and errors as text on standard error.
+	Logger *slog.Logger
+}
+
+// Server is the console: an http.Handler.
+type Server struct {
+	ops    *ops.Ops
+	cfg    Config
+	dir    *directory
+	sess   *sessions
+	fails  *limiter
+	views  map[string]*template.Template
+	static fs.FS
+	cop    *http.CrossOriginProtection
+	mux    *http.ServeMux
+	routes []route
+	log    *slog.Logger
+	now    func() time.Time
+	cookie string
+}
+
+// Route is a method and path pattern the Server answers.
+type Route struct {
+	Method, Pattern string
+	// Public routes need no sign-in; API routes answer JSON.
+	Public, API bool
+}
+
+type route struct {
+	Route
+	h func(*req)
+}
+
+// New returns a console over o. It fails when the Store behind o cannot
+// do everything the console shows (ops.Ops.Complete), and when there are
+// no users and cfg.Dev is not set.
+func New(o *ops.Ops, cfg *Config) (*Server, error) {
+	if o == nil {
+		return nil, errors.New("console: no ops")
+	}
+	if err := o.Complete(); err != nil {
+		return nil, fmt.Errorf("console: the database's driver cannot serve the console (PostgreSQL can): %w", err)
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.LoginAttempts == 0 {
+		c.LoginAttempts = 5
+	}
+	if c.LoginWindow == 0 {
+		c.LoginWindow = 15 * time.Minute
+	}
+	if c.SessionIdle == 0 {
+		c.SessionIdle = 30 * time.Minute
+	}
+	if c.SessionMax == 0 {
+		c.SessionMax = 12 * time.Hour
+	}
+	if c.PageSize == 0 {
+		c.PageSize = 50
+	}
+	if c.LoginAttempts < 1 || c.LoginWindow < 0 || c.SessionIdle < 0 || c.SessionMax < 0 || c.PageSize < 1 {
+		return nil, errors.New("console: LoginAttempts, LoginWindow, SessionIdle, SessionMax and PageSize must be positive")
+	}
+	c.PageSize = min(c.PageSize, o.MaxPage())
+	if c.Users != nil {
+		if err := c.Users.check(); err != nil {
+			return nil, fmt.Errorf("console: %w", err)
+		}
+	}
+	dir := newDirectory(c.Users)
+	if dir.empty() && !c.Dev {
+		return nil, errors.New("console: no users, so nobody could sign in: add one with `outbox console user add NAME --role viewer|operator|approver`, or run with --dev on the loopback")
+	}
+	s := &Server{ops: o, cfg: c, dir: dir, log: confval.Logger(c.Logger), now: time.Now, cop: http.NewCrossOriginProtection()}
+	s.sess = newSessions(func() time.Time { return s.now() }, c.SessionIdle, c.SessionMax)
+	s.fails = newLimiter(func() time.Time { return s.now() }, c.LoginAttempts, c.LoginWindow)
+	s.cookie = "outbox_session"
+	if c.SecureCookies {
+		s.cookie = "__Host-outbox_session"
+	}
+	var err error
+	if s.views, err = parseViews(); err != nil {
+		return nil, err
+	}
+	if s.static, err = fs.Sub(assets, "static"); err != nil {
+		return nil, err
+	}
+	s.routes = s.routeTable()
+	s.mux = http.NewServeMux()
+	for _, rt := range s.routes {
+		s.mux.HandleFunc(rt.Method+" "+rt.Pattern, s.wrap(rt))
+	}
+	s.mux.HandleFunc("/", s.wrap(route{Route{Public: true}, func(q *req) {
+		q.api = strings.HasPrefix(q.r.URL.Path, "/api/")
+		q.fail(http.StatusNotFound, "no such page")
+	}}))
+	return s, nil
+}
+
+// Routes lists what the Server answers.
+func (s *Server) Routes() []Route {
+	out := make([]Route, len(s.routes))
+	for i, r := range s.routes {
+		out[i] = r.Route
+	}
+	return out
+}
+
+// ServeHTTP answers one request. Every response, the mux's own included,
+// carries the security headers.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	nonce := randomString(18)
+	s.headers(w, nonce)
+	s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nonceKey{}, nonce)))
+}
+
+type nonceKey struct{}
+
+func (s *Server) routeTable() []route {
+	html := func(method, pattern string, h func(*req)) route {
+		return route{Route{Method: method, Pattern: pattern}, h}
+	}
+	api := func(method, pattern string, h func(*req)) route {
+		return route{Route{Method: method, Pattern: pattern, API: true}, h}
+	}
+	public := func(r route) route { r.Public = true; return r }
+	return []route{
+		public(html("GET", "/login", s.loginPage)),
+		public(html("POST", "/login", s.login)),
+		public(html("GET", "/static/{file}", s.staticFile)),
+		html("POST", "/logout", s.logout),
+		html("GET", "/{$}", s.overviewPage),
+		html("GET", "/dead-letters", s.deadLettersPage),
+		html("GET", "/dead-letters/{id}", s.deadLetterPage),
+		html("POST", "/dead-letters/{id}/retry", s.actPage("retry")),
+		html("POST", "/dead-letters/{id}/discard", s.actPage("discard")),
+		html("GET", "/audit", s.auditPage),
+		public(api("GET", "/api/v1/openapi.json", s.openAPI)),
+		api("GET", "/api/v1/overview", s.overviewAPI),
+		api("GET", "/api/v1/dead-letters", s.deadLettersAPI),
+		api("GET", "/api/v1/dead-letters/{id}", s.deadLetterAPI),
+		api("POST", "/api/v1/dead-letters/{id}/retry", s.actAPI("retry")),
+		api("POST", "/api/v1/dead-letters/{id}/discard", s.actAPI("discard")),
+		api("GET", "/api/v1/audit", s.auditAPI),
+	}
+}
+
+// req is one request being answered.
+type req struct {
+	s     *Server
+	w     http.ResponseWriter
+	r     *http.Request
+	api   bool
+	nonce string
+	sess  *session // nil for an API token
+	actor ops.Actor
+}
+
+func (q *req) ctx() context.Context { return q.r.Context() }
+
+// maxBody bounds what a request may send.
+const maxBody = 64 << 10
+
+func (s *Server) wrap(rt route) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		nonce, _ := r.Context().Value(nonceKey{}).(string)
+		if nonce == "" { // called without ServeHTTP
+			nonce = randomString(18)
+			s.headers(w, nonce)
+		}
+		q := &req{s: s, w: w, r: r, api: rt.API, nonce: nonce}
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		if s.cfg.Dev && !loopbackHost(r.Host) {
+			q.fail(http.StatusMisdirectedRequest, "in dev mode the console answers only requests to localhost, 127.0.0.1 or [::1]")
+			return
+		}
+		what := r.Method + " " + r.URL.Path
+		if !safeMethod(r.Method) {
+			if err := s.cop.Check(r); err != nil {
+				s.ops.Refused(q.ctx(), ops.Actor{Name: "(anonymous)"}, what, "cross-origin request from "+clientIP(r))
+				q.fail(http.StatusForbidden, "cross-origin request refused")
+				return
+			}
+		}
+		if !rt.Public {
+			if !s.authenticate(q) {
+				return
+			}
+			if !safeMethod(r.Method) && q.sess != nil {
+				tok := r.Header.Get("X-CSRF-Token")
+				if tok == "" && !rt.API {
+					tok = r.PostFormValue("csrf")
+				}
+				if !sameToken(tok, q.sess.csrf) {
+					s.ops.Refused(q.ctx(), q.actor, what, "missing or wrong CSRF token")
+					q.fail(http.StatusForbidden, "missing or wrong CSRF token: reload the page and try again")
+					return
+				}
+			}
+		}
+		rt.h(q)
+	}
+}
+
+// authenticate finds who sends q: an API token, a session cookie, or (dev
+// mode without users) a new dev session. It answers the request itself
+// and returns false when nobody is signed in.
+func (s *Server) authenticate(q *req) bool {
+	r := q.r
+	ip := clientIP(r)
+	if h := r.Header.Get("Authorization"); h != "" {
+		if s.fails.blocked("ip:" + ip) {
+			q.fail(http.StatusTooManyRequests, "too many failed attempts from your address: try again later")
+			return false
+		}
+		tok, ok := strings.CutPrefix(h, "Bearer ")
+		var u *User
+		if ok {
+			u = s.dir.token(strings.TrimSpace(tok))
+		}
+		if u == nil {
+			why := "unknown API token from " + ip
+			if s.fails.fail("ip:" + ip) {
+				why += "; this address is blocked for " + s.cfg.LoginWindow.String()
+			}
+			s.ops.Refused(q.ctx(), ops.Actor{Name: "(bad token)"}, r.Method+" "+r.URL.Path, why)
+			q.w.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)
+			q.fail(http.StatusUnauthorized, "unknown API token")
+			return false
+		}
+		q.actor = u.Actor()
+		return true
+	}
+	if c, err := r.Cookie(s.cookie); err == nil {
+		if x := s.sess.get(c.Value); x != nil {
+			q.sess, q.actor = x, x.actor
+			return true
+		}
+	}
+	if s.cfg.Dev && s.dir.empty() && r.Method == http.MethodGet && !q.api {
+		x := s.sess.create(ops.Actor{Name: "dev", Role: ops.Operator})
+		s.setSession(q.w, x)
+		q.sess, q.actor = x, x.actor
+		return true
+	}
+	if q.api {
+		q.w.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)
+		q.fail(http.StatusUnauthorized, "sign in: send Authorization: Bearer <token>")
+		return false
+	}
+	if r.Method == http.MethodGet {
+		http.Redirect(q.w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+		return false
+	}
+	q.fail(http.StatusUnauthorized, "your session ended: sign in again")
+	return false
+}
+
+func (s *Server) setSession(w http.ResponseWriter, x *session) {
+	http.SetCookie(w, &http.Cookie{Name: s.cookie, Value: x.id, Path: "/", HttpOnly: true, Secure: s.cfg.SecureCookies,
+		SameSite: http.SameSiteStrictMode, MaxAge: int(s.cfg.SessionMax.Seconds())})
+}
+
+// CSP returns the Content-Security-Policy of a response with nonce.
+func CSP(nonce string) string {
+	return "default-src 'none'; script-src 'nonce-" + nonce + "'; style-src 'nonce-" + nonce + "'; img-src 'self'; " +
+		"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+}
+
+func (s *Server) headers(w http.ResponseWriter, nonce string) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", CSP(nonce))
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	h.Set("Cross-Origin-Resource-Policy", "same-origin")
+	h.Set("Permissions-Policy", "camera=(), microphone=(), geolocation=(), payment=(), usb=()")
+	h.Set("Cache-Control", "no-store")
+	if s.cfg.SecureCookies {
+		h.Set("Strict-Transport-Security", "max-age=63072000")
+	}
+}
+
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
+
+// clientIP is the address the request came from (a proxy's, behind one).
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// loopbackHost reports whether a Host header names the loopback.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// LoopbackAddr reports whether a listen address (host:port) is on the
+// loopback only.
+func LoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	return loopbackHost(host)
+}
+
+// fail answers q with status and a message: a page, or JSON for the API.
+func (q *req) fail(status int, msg string) {
+	if q.api {
+		q.json(status, map[string]any{"error": map[string]any{"status": status, "message": msg}})
+		return
+	}
+	q.render(status, "error", "Error", struct {
+		Status  int
+		Text    string
+		Message string
+	}{status, http.StatusText(status), msg})
+}
+
+// failErr answers q with the status err calls for.
+func (q *req) failErr(err error) {
+	var denied *ops.DeniedError
+	var input *ops.InputError
+	switch {
+	case errors.As(err, &denied):
+		q.fail(http.StatusForbidden, fmt.Sprintf("your role (%s) may not %s", denied.Actor.Role, denied.Operation))
+	case errors.As(err, &input):
+		q.fail(http.StatusBadRequest, input.Error())
+	case errors.Is(err, outboxdriver.ErrNotFound):
+		q.fail(http.StatusNotFound, "no such dead letter (it may have been retried or discarded)")
+	case errors.Is(err, outboxdriver.ErrNotMigrated):
+		q.fail(http.StatusServiceUnavailable, "the outbox table does not exist: run `outbox migrate`")
+	case errors.Is(err, ops.ErrUnsupported):
+		q.fail(http.StatusNotImplemented, "not supported by this database")
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		q.fail(http.StatusServiceUnavailable, "the database did not answer in time")
+	default:
+		q.s.log.Error("console: request failed", "method", q.r.Method, "path", q.r.URL.Path, "err", err)
+		q.fail(http.StatusServiceUnavailable, "the database could not answer; the console's log says why")
+	}
+}
+
+func (q *req) json(status int, v any) {
+	q.w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	q.w.WriteHeader(status)
+	enc := json.NewEncoder(q.w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		q.s.log.Debug("console: write response", "err", err)
+	}
+}
+
+// formValue reads a form field of a POST (bounded by maxBody).
+func (q *req) formValue(name string) string { return q.r.PostFormValue(name) }
+
+func (s *Server) staticFile(q *req) {
+	name := q.r.PathValue("file")
+	b, err := fs.ReadFile(s.static, name)
+	if err != nil || strings.Contains(name, "/") {
+		q.fail(http.StatusNotFound, "no such file")
+		return
+	}
+	ct := map[string]string{".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}[path.Ext(name)]
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	q.w.Header().Set("Content-Type", ct)
+	q.w.Header().Set("Cache-Control", "private, max-age=300")
+	_, _ = q.w.Write(b)
+}
+
+func (s *Server) openAPI(q *req) {
+	q.w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	_, _ = q.w.Write(openAPI)
+}

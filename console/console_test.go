@@ -1,0 +1,568 @@
+package console_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/outboxkit/outbox/console"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/ops"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// The role matrix: every route the console answers, for every role, with
+// the status that role gets. Acting routes answer 303 (pages) or 200
+// (API) when allowed; any refusal is 403. The test fails when a route is
+// added without a row here.
+var roleMatrix = []struct {
+	method, pattern            string
+	viewer, operator, approver int
+}{
+	{"GET", "/login", 200, 200, 200},
+	{"POST", "/login", 303, 303, 303},
+	{"GET", "/static/{file}", 200, 200, 200},
+	{"POST", "/logout", 303, 303, 303},
+	{"GET", "/{$}", 200, 200, 200},
+	{"GET", "/dead-letters", 200, 200, 200},
+	{"GET", "/dead-letters/{id}", 200, 200, 200},
+	{"POST", "/dead-letters/{id}/retry", 403, 303, 403},
+	{"POST", "/dead-letters/{id}/discard", 403, 303, 403},
+	{"GET", "/audit", 200, 200, 200},
+	{"GET", "/api/v1/openapi.json", 200, 200, 200},
+	{"GET", "/api/v1/overview", 200, 200, 200},
+	{"GET", "/api/v1/dead-letters", 200, 200, 200},
+	{"GET", "/api/v1/dead-letters/{id}", 200, 200, 200},
+	{"POST", "/api/v1/dead-letters/{id}/retry", 403, 200, 403},
+	{"POST", "/api/v1/dead-letters/{id}/discard", 403, 200, 403},
+	{"GET", "/api/v1/audit", 200, 200, 200},
+}
+
+func TestRoleMatrix(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	listed := map[string]bool{}
+	for _, m := range roleMatrix {
+		listed[m.method+" "+m.pattern] = true
+	}
+	for _, rt := range r.srv.Routes() {
+		if !listed[rt.Method+" "+rt.Pattern] {
+			t.Errorf("route %s %s has no row in the role matrix", rt.Method, rt.Pattern)
+		}
+		delete(listed, rt.Method+" "+rt.Pattern)
+	}
+	for k := range listed {
+		t.Errorf("the role matrix lists %s, which the console does not answer", k)
+	}
+	for _, m := range roleMatrix {
+		for _, role := range ops.Roles() {
+			want := map[ops.Role]int{ops.Viewer: m.viewer, ops.Operator: m.operator, ops.Approver: m.approver}[role]
+			u := r.users[role]
+			id := r.deadLetter()
+			path := fill(m.pattern, id)
+			before := r.state()
+			var got int
+			switch {
+			case m.pattern == "/login" && m.method == "POST":
+				got = r.browser().signIn(u.name, u.password)
+			case strings.HasPrefix(m.pattern, "/api/"):
+				got, _ = r.api(m.method, path, u.token, nil)
+			default:
+				b := r.browser()
+				b.login(u)
+				if m.method == "POST" {
+					got, _ = b.post(path, url.Values{"reason": {"matrix"}}, true)
+				} else {
+					got, _ = b.get(path)
+				}
+			}
+			if got != want {
+				t.Errorf("%s %s as %s: %d, want %d", m.method, m.pattern, role, got, want)
+			}
+			if got == http.StatusForbidden {
+				after := r.state()
+				if after.backlog != before.backlog || after.dead != before.dead {
+					t.Errorf("%s %s as %s was refused but changed %+v into %+v", m.method, m.pattern, role, before, after)
+				}
+				if last := r.audit()[0]; last.Action != ops.ActionDenied || last.Actor != u.name || last.Role != string(role) {
+					t.Errorf("%s %s as %s was refused; newest audit row %+v, want a denied row for %s", m.method, m.pattern, role, last, u.name)
+				}
+			}
+		}
+	}
+}
+
+// The OpenAPI document the console serves describes exactly its API
+// routes, and names the permission each needs as the role matrix does.
+func TestOpenAPIMatchesRoutes(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	doc := r.openAPIOperations()
+	routes := map[string]bool{}
+	for _, rt := range r.srv.Routes() {
+		if rt.API {
+			routes[rt.Method+" "+rt.Pattern] = true
+			if !strings.HasPrefix(rt.Pattern, "/api/v1/") {
+				t.Errorf("API route %s outside /api/v1/", rt.Pattern)
+			}
+		} else if strings.HasPrefix(rt.Pattern, "/api/") {
+			t.Errorf("page route %s under /api/", rt.Pattern)
+		}
+	}
+	var missing, extra []string
+	for op := range routes {
+		if _, ok := doc[op]; !ok {
+			missing = append(missing, op)
+		}
+	}
+	for op := range doc {
+		if !routes[op] {
+			extra = append(extra, op)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(extra)
+	if missing != nil || extra != nil {
+		t.Fatalf("OpenAPI document and routes differ: routes not in the document %v; document operations with no route %v", missing, extra)
+	}
+	for _, m := range roleMatrix {
+		perm, ok := doc[m.method+" "+m.pattern]
+		if !ok {
+			continue
+		}
+		want := "read"
+		switch {
+		case m.viewer == 403 && m.approver == 403:
+			want = "act"
+		case m.pattern == "/api/v1/openapi.json":
+			want = "none"
+		}
+		if perm != want {
+			t.Errorf("%s %s: x-outbox-permission %q, the role matrix says %q", m.method, m.pattern, perm, want)
+		}
+	}
+	if !json.Valid(console.OpenAPI()) {
+		t.Fatal("OpenAPI() is not JSON")
+	}
+}
+
+// Every state-changing operation of the API (walked from the OpenAPI
+// document) leaves audit rows: the action with actor, role and reason
+// when allowed, a denied row when refused. So do the pages' actions and
+// sign-in and sign-out.
+func TestAuditForEveryStateChange(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	var posts []string
+	for op := range r.openAPIOperations() {
+		if strings.HasPrefix(op, "POST ") {
+			posts = append(posts, strings.TrimPrefix(op, "POST "))
+		}
+	}
+	if len(posts) < 2 {
+		t.Fatalf("the OpenAPI document has %d POST operations; want retry and discard at least", len(posts))
+	}
+	operator, viewer := r.users[ops.Operator], r.users[ops.Viewer]
+	for _, p := range posts {
+		action := p[strings.LastIndex(p, "/")+1:]
+		id := r.deadLetter()
+		mark := r.lastAuditID()
+		if code, body := r.api("POST", fill(p, id), viewer.token, map[string]string{"reason": "no"}); code != 403 {
+			t.Fatalf("POST %s as viewer: %d %s", p, code, body)
+		}
+		if code, body := r.api("POST", fill(p, id), operator.token, map[string]string{"reason": "audit walk"}); code != 200 {
+			t.Fatalf("POST %s as operator: %d %s", p, code, body)
+		}
+		rows := r.auditSince(mark)
+		if len(rows) != 2 {
+			t.Fatalf("POST %s left %d audit rows, want 2: %+v", p, len(rows), rows)
+		}
+		if d := rows[0]; d.Action != ops.ActionDenied || d.Actor != "vera" || d.Role != "viewer" {
+			t.Errorf("POST %s refused to vera: audit %+v", p, d)
+		}
+		if a := rows[1]; a.Action != action || a.Actor != "otto" || a.Role != "operator" || a.EventID != id || a.Reason != "audit walk" {
+			t.Errorf("POST %s by otto: audit %+v; want %s of %s by otto (operator), reason \"audit walk\"", p, a, action, id)
+		}
+	}
+
+	// The pages: every POST route but the sign-in (below).
+	b := r.browser()
+	b.login(operator)
+	for _, rt := range r.srv.Routes() {
+		if rt.Method != "POST" || rt.API || rt.Pattern == "/login" || rt.Pattern == "/logout" {
+			continue
+		}
+		id := r.deadLetter()
+		mark := r.lastAuditID()
+		if code, _ := b.post(fill(rt.Pattern, id), url.Values{"reason": {"from the page"}}, true); code != 303 {
+			t.Fatalf("POST %s: %d", rt.Pattern, code)
+		}
+		rows := r.auditSince(mark)
+		if len(rows) != 1 || rows[0].EventID != id || rows[0].Actor != "otto" || rows[0].Role != "operator" || rows[0].Reason != "from the page" {
+			t.Errorf("POST %s: audit %+v", rt.Pattern, rows)
+		}
+	}
+	mark := r.lastAuditID()
+	if code, _ := b.post("/logout", nil, true); code != 303 {
+		t.Fatalf("sign-out: %d", code)
+	}
+	b.signIn("otto", "wrong password!")
+	b.signIn("otto", operator.password)
+	rows := r.auditSince(mark)
+	var got []string
+	for _, x := range rows {
+		got = append(got, x.Action+":"+x.Actor+":"+x.Role)
+	}
+	if strings.Join(got, " ") != "logout:otto:operator login-failed:otto: login:otto:operator" {
+		t.Fatalf("sign-out, failed and good sign-in audited as %v", got)
+	}
+}
+
+// A state change from a signed-in browser needs the session's CSRF token
+// and must come from the console's own origin; a refusal changes nothing
+// and is audited.
+func TestCSRF(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	id := r.deadLetter()
+	b := r.browser()
+	b.login(r.users[ops.Operator])
+	before := r.state()
+	for _, p := range []string{"/dead-letters/" + id + "/retry", "/dead-letters/" + id + "/discard", "/logout"} {
+		if code, _ := b.post(p, url.Values{"reason": {"no token"}}, false); code != 403 {
+			t.Errorf("POST %s without a CSRF token: %d, want 403", p, code)
+		}
+		if code, _ := b.post(p, url.Values{"csrf": {"forged"}}, false); code != 403 {
+			t.Errorf("POST %s with a wrong CSRF token: %d, want 403", p, code)
+		}
+	}
+	// The API with a session cookie needs the token in X-CSRF-Token.
+	req, _ := http.NewRequestWithContext(r.ctx, "POST", r.url+"/api/v1/dead-letters/"+id+"/retry", nil)
+	if code, _ := r.do(b.c, req); code != 403 {
+		t.Errorf("API POST with the session cookie and no CSRF header: %d, want 403", code)
+	}
+	// A cross-site request is refused even with the right token.
+	req, _ = http.NewRequestWithContext(r.ctx, "POST", r.url+"/dead-letters/"+id+"/retry", strings.NewReader(url.Values{"csrf": {b.csrf}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	if code, _ := r.do(b.c, req); code != 403 {
+		t.Errorf("cross-site POST: %d, want 403", code)
+	}
+	after := r.state()
+	if after.dead != before.dead || after.backlog != before.backlog || after.audit != before.audit+8 {
+		t.Fatalf("refused requests changed %+v into %+v; want only 8 more audit rows", before, after)
+	}
+	for _, a := range r.audit()[:8] {
+		if a.Action != ops.ActionDenied {
+			t.Errorf("refusal audited as %+v", a)
+		}
+	}
+	// With the token, from the same origin, it works.
+	req, _ = http.NewRequestWithContext(r.ctx, "POST", r.url+"/api/v1/dead-letters/"+id+"/retry", nil)
+	req.Header.Set("X-CSRF-Token", b.csrf)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	if code, body := r.do(b.c, req); code != 200 {
+		t.Fatalf("API POST with the session and its CSRF header: %d %s", code, body)
+	}
+	// The sign-in form needs its own token.
+	code, _ := r.browser().post("/login", url.Values{"name": {"otto"}, "password": {r.users[ops.Operator].password}}, false)
+	if code != 403 {
+		t.Fatalf("sign-in without the form token: %d, want 403", code)
+	}
+}
+
+// Malformed filters, oversized pages, unknown and malformed ids, bad
+// bodies and bad tokens get a 4xx and change nothing (a bad token is
+// audited).
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	id := r.deadLetter()
+	op := r.users[ops.Operator].token
+	unknown := "0190a0a0-0000-7000-8000-000000000000"
+	cases := []struct {
+		method, path string
+		body         any
+		want         int
+	}{
+		{"GET", "/api/v1/dead-letters?limit=100000", nil, 400},
+		{"GET", "/api/v1/dead-letters?limit=0", nil, 400},
+		{"GET", "/api/v1/dead-letters?limit=ten", nil, 400},
+		{"GET", "/api/v1/dead-letters?since=yesterday", nil, 400},
+		{"GET", "/api/v1/dead-letters?since=2030-01-02&until=2020-01-01", nil, 400},
+		{"GET", "/api/v1/dead-letters?after=abc", nil, 400},
+		{"GET", "/api/v1/dead-letters?colour=red", nil, 400},
+		{"GET", "/api/v1/dead-letters?type=a&type=b", nil, 400},
+		{"GET", "/api/v1/dead-letters?error=" + strings.Repeat("x", 300), nil, 400},
+		{"GET", "/api/v1/audit?before=-1", nil, 400},
+		{"GET", "/api/v1/audit?event_id=nope", nil, 400},
+		{"GET", "/api/v1/audit?limit=501", nil, 400},
+		{"GET", "/api/v1/dead-letters/" + unknown, nil, 404},
+		{"GET", "/api/v1/dead-letters/not-a-uuid", nil, 400},
+		{"POST", "/api/v1/dead-letters/" + unknown + "/retry", nil, 404},
+		{"POST", "/api/v1/dead-letters/" + unknown + "/discard", nil, 404},
+		{"POST", "/api/v1/dead-letters/1%27%20OR%201=1/retry", nil, 400},
+		{"POST", "/api/v1/dead-letters/" + id + "/retry", map[string]any{"reason": 7}, 400},
+		{"POST", "/api/v1/dead-letters/" + id + "/retry", map[string]any{"why": "x"}, 400},
+		{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 1001)}, 400},
+		{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 70000)}, 400},
+		{"GET", "/api/v1/nothing", nil, 404},
+		{"DELETE", "/api/v1/audit", nil, 404},
+	}
+	before := r.state()
+	for _, c := range cases {
+		code, body := r.api(c.method, c.path, op, c.body)
+		if code != c.want {
+			t.Errorf("%s %s: %d %s; want %d", c.method, c.path, code, body, c.want)
+		}
+		var e struct {
+			Error struct{ Message string } `json:"error"`
+		}
+		if json.Unmarshal(body, &e) != nil || e.Error.Message == "" {
+			t.Errorf("%s %s: body %s; want a JSON error with a message", c.method, c.path, body)
+		}
+	}
+	if after := r.state(); after != before {
+		t.Fatalf("bad input changed %+v into %+v", before, after)
+	}
+	// A bad token is refused and audited; it changes nothing else.
+	if code, _ := r.api("POST", "/api/v1/dead-letters/"+id+"/retry", "obx_forged", nil); code != 401 {
+		t.Fatalf("a forged token: %d, want 401", code)
+	}
+	if code, _ := r.api("GET", "/api/v1/overview", "", nil); code != 401 {
+		t.Fatalf("no token: %d, want 401", code)
+	}
+	after := r.state()
+	if after.dead != before.dead || after.audit != before.audit+1 || r.audit()[0].Action != ops.ActionDenied {
+		t.Fatalf("a forged token changed %+v into %+v (newest audit %+v); want one denied row more", before, after, r.audit()[0])
+	}
+	// A page with a bad filter says so.
+	b := r.browser()
+	b.login(r.users[ops.Viewer])
+	if code, page := b.get("/dead-letters?since=soon"); code != 400 || !strings.Contains(string(page), "since") {
+		t.Fatalf("page with a bad filter: %d\n%s", code, page)
+	}
+}
+
+// Failed sign-ins are audited and rate-limited: after five for one
+// address, the sixth is refused even with the right password, and nothing
+// about it reaches the password check.
+func TestLoginRateLimit(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	u := r.users[ops.Viewer]
+	b := r.browser()
+	for i := range 5 {
+		if code := b.signIn(u.name, fmt.Sprintf("wrong-%d-password", i)); code != http.StatusUnauthorized {
+			t.Fatalf("wrong password %d: %d, want 401", i, code)
+		}
+	}
+	if code := b.signIn(u.name, u.password); code != http.StatusTooManyRequests {
+		t.Fatalf("sign-in after 5 failures: %d, want 429", code)
+	}
+	if code := r.browser().signIn(r.users[ops.Operator].name, r.users[ops.Operator].password); code != http.StatusTooManyRequests {
+		t.Fatalf("another user from the same address: %d, want 429", code)
+	}
+	var failed, blockedNote int
+	for _, a := range r.audit() {
+		if a.Action == ops.ActionLoginFailed && a.Actor == "vera" {
+			failed++
+			if strings.Contains(a.Detail, "blocked") {
+				blockedNote++
+			}
+		}
+		if a.Action == ops.ActionLogin {
+			t.Fatalf("a sign-in got through: %+v", a)
+		}
+	}
+	if failed != 5 || blockedNote != 1 {
+		t.Fatalf("%d failed sign-ins audited (%d saying blocked); want 5 (1)", failed, blockedNote)
+	}
+}
+
+// The session cookie is HttpOnly, SameSite=Strict and on /, Secure with
+// the __Host- prefix when the console is served over HTTPS; signing out
+// ends the session.
+func TestSessionCookie(t *testing.T) {
+	t.Parallel()
+	for _, secure := range []bool{false, true} {
+		r := newRig(t, &rigOptions{users: true, cfg: console.Config{SecureCookies: secure}})
+		b := r.browser()
+		// By hand: a cookie jar keeps Secure cookies for https only.
+		form, err := http.Get(r.url + "/login")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := tokenField.FindStringSubmatch(readAll(t, form))
+		var loginCookie *http.Cookie
+		for _, x := range form.Cookies() {
+			if x.Name == "outbox_login" {
+				loginCookie = x
+			}
+		}
+		if m == nil || loginCookie == nil || !loginCookie.HttpOnly || loginCookie.Secure != secure || loginCookie.SameSite != http.SameSiteStrictMode {
+			t.Fatalf("secure=%v: sign-in form token %v, cookie %+v", secure, m, loginCookie)
+		}
+		req, _ := http.NewRequestWithContext(r.ctx, "POST", r.url+"/login", strings.NewReader(url.Values{"token": {m[1]}, "name": {"vera"}, "password": {r.users[ops.Viewer].password}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(&http.Cookie{Name: loginCookie.Name, Value: loginCookie.Value})
+		resp, err := b.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("secure=%v: sign-in %d", secure, resp.StatusCode)
+		}
+		var c *http.Cookie
+		for _, x := range resp.Cookies() {
+			if strings.HasSuffix(x.Name, "outbox_session") {
+				c = x
+			}
+		}
+		if c == nil {
+			t.Fatalf("secure=%v: no session cookie in %v", secure, resp.Header["Set-Cookie"])
+		}
+		wantName := map[bool]string{false: "outbox_session", true: "__Host-outbox_session"}[secure]
+		if c.Name != wantName || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Path != "/" || c.Secure != secure || c.Domain != "" {
+			t.Fatalf("secure=%v: cookie %+v", secure, c)
+		}
+		if got := resp.Header.Get("Strict-Transport-Security") != ""; got != secure {
+			t.Fatalf("secure=%v: HSTS sent %v", secure, got)
+		}
+		if secure {
+			continue // the cookie jar keeps Secure cookies for https only
+		}
+		b.login(r.users[ops.Viewer])
+		if code, _ := b.post("/logout", nil, true); code != 303 {
+			t.Fatalf("sign-out: %d", code)
+		}
+		if code, _ := b.get("/"); code != http.StatusSeeOther {
+			t.Fatalf("overview after sign-out: %d, want a redirect to the sign-in", code)
+		}
+	}
+}
+
+// The Content-Security-Policy is a header with a fresh nonce per response
+// and default-src 'none'; pages load their script and style with that
+// nonce and have no inline script, event handler or style attribute.
+func TestCSPHeader(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	csp := regexp.MustCompile(`^default-src 'none'; script-src 'nonce-([A-Za-z0-9_-]{24})'; style-src 'nonce-([A-Za-z0-9_-]{24})'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'$`)
+	b := r.browser()
+	b.login(r.users[ops.Operator])
+	id := r.deadLetter()
+	seen := map[string]bool{}
+	for _, path := range []string{"/login", "/", "/dead-letters", "/dead-letters/" + id, "/audit", "/nothing-here", "/api/v1/overview"} {
+		req, _ := http.NewRequestWithContext(r.ctx, "GET", r.url+path, nil)
+		resp, err := b.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var page strings.Builder
+		_, _ = fmt.Fprint(&page, readAll(t, resp))
+		h := resp.Header
+		m := csp.FindStringSubmatch(h.Get("Content-Security-Policy"))
+		if m == nil || m[1] != m[2] {
+			t.Fatalf("%s: Content-Security-Policy %q", path, h.Get("Content-Security-Policy"))
+		}
+		if seen[m[1]] {
+			t.Fatalf("%s: nonce %s used twice", path, m[1])
+		}
+		seen[m[1]] = true
+		for k, v := range map[string]string{"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"} {
+			if h.Get(k) != v {
+				t.Errorf("%s: %s %q, want %q", path, k, h.Get(k), v)
+			}
+		}
+		if !strings.HasPrefix(h.Get("Content-Type"), "text/html") {
+			continue
+		}
+		p := page.String()
+		for _, tag := range regexp.MustCompile(`<(script|link)[^>]*>`).FindAllString(p, -1) {
+			if !strings.Contains(tag, `nonce="`+m[1]+`"`) || !strings.Contains(tag, `src="/static/`) && !strings.Contains(tag, `href="/static/`) {
+				t.Errorf("%s: %s without this response's nonce or not from /static/", path, tag)
+			}
+		}
+		if regexp.MustCompile(`<script[^>]*>[^<]`).MatchString(p) || regexp.MustCompile(`(?i)\son[a-z]+=|\sstyle=|javascript:`).MatchString(p) {
+			t.Errorf("%s: inline script, event handler or style attribute in\n%s", path, p)
+		}
+	}
+}
+
+// Fail closed: without users the console does not start unless in dev
+// mode; a Store that cannot serve it is refused; dev mode answers only
+// requests that name a loopback host.
+func TestFailClosed(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	o, err := ops.New(outboxpgx.New(pool), tb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []*console.Config{nil, {}, {Users: &console.Users{}}} {
+		if _, err := console.New(o, cfg); err == nil || !strings.Contains(err.Error(), "no users") {
+			t.Fatalf("New(%+v) = %v; want a refusal for want of users", cfg, err)
+		}
+	}
+	basic, err := ops.New(struct{ outboxdriver.Store }{outboxpgx.New(pool)}, tb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := console.New(basic, &console.Config{Dev: true}); !errors.Is(err, ops.ErrUnsupported) {
+		t.Fatalf("New over a plain Store = %v; want ErrUnsupported", err)
+	}
+	bad := &console.Users{Users: []console.User{{Name: "x", Role: "root", PasswordHash: "nope"}}}
+	if _, err := console.New(o, &console.Config{Users: bad}); err == nil {
+		t.Fatal("New accepted a user with an unknown role and no hash")
+	}
+	for _, addr := range []string{"127.0.0.1:8080", "localhost:1", "[::1]:80"} {
+		if !console.LoopbackAddr(addr) {
+			t.Errorf("LoopbackAddr(%q) = false", addr)
+		}
+	}
+	for _, addr := range []string{":8080", "0.0.0.0:8080", "10.0.0.1:80", "example.com:80", "[::]:80"} {
+		if console.LoopbackAddr(addr) {
+			t.Errorf("LoopbackAddr(%q) = true", addr)
+		}
+	}
+
+	r := newRig(t, &rigOptions{cfg: console.Config{Dev: true}})
+	b := r.browser()
+	code, page := b.get("/")
+	if code != 200 || !strings.Contains(string(page), "Dev mode") || !strings.Contains(string(page), `id="user">dev<`) {
+		t.Fatalf("dev mode overview: %d\n%s", code, page)
+	}
+	req, _ := http.NewRequestWithContext(r.ctx, "GET", r.url+"/", nil)
+	req.Host = "attacker.example:8080"
+	if code, _ := r.do(http.DefaultClient, req); code != http.StatusMisdirectedRequest {
+		t.Fatalf("dev mode, Host attacker.example: %d, want 421", code)
+	}
+	if code, _ := r.api("GET", "/api/v1/overview", "", nil); code != 401 {
+		t.Fatalf("dev mode API without a token: %d, want 401", code)
+	}
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,286 @@
+package console_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/outboxkit/outbox/console"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/ops"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// A user of the test console: name, role, password and API token.
+type testUser struct {
+	name, password, token string
+	role                  ops.Role
+}
+
+// rig is a console over a fresh table on the test PostgreSQL, served on
+// the loopback, with one user per role.
+type rig struct {
+	t     *testing.T
+	ctx   context.Context
+	pool  *pgxpool.Pool
+	tb    outboxdriver.Table
+	st    *outboxpgx.Driver
+	srv   *console.Server
+	url   string
+	users map[ops.Role]testUser
+}
+
+type rigOptions struct {
+	cfg   console.Config
+	users bool // false: no users (dev mode tests)
+}
+
+func newRig(t *testing.T, o *rigOptions) *rig {
+	t.Helper()
+	if o == nil {
+		o = &rigOptions{users: true}
+	}
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	st := outboxpgx.New(pool)
+	ctx := testenv.Context(t, 2*time.Minute)
+	if _, err := st.Migrate(ctx, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, ctx: ctx, pool: pool, tb: tb, st: st, users: map[ops.Role]testUser{}}
+	cfg := o.cfg
+	if o.users {
+		u := &console.Users{Cost: bcrypt.MinCost}
+		for _, x := range []testUser{{name: "vera", role: ops.Viewer}, {name: "otto", role: ops.Operator}, {name: "anna", role: ops.Approver}} {
+			x.password = "password-of-" + x.name
+			tok, err := u.Add(x.name, x.role, x.password)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x.token = tok
+			r.users[x.role] = x
+		}
+		cfg.Users = u
+	}
+	op, err := ops.New(st, tb, &ops.Config{SensitivePaths: []string{"customer.email"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.srv, err = console.New(op, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(r.srv)
+	t.Cleanup(hs.Close)
+	r.url = hs.URL
+	return r
+}
+
+// deadLetter adds one dead letter and returns its id.
+func (r *rig) deadLetter() string {
+	r.t.Helper()
+	return testenv.AddDeadLetters(r.t, r.pool, r.tb, testenv.DeadLetterRow{
+		AggregateType: "order", AggregateID: testenv.Hex(r.t), Type: "OrderPlaced",
+		Payload: `{"orderId":42,"customer":{"email":"ada@example.com"}}`, Headers: `{"tenant":"t1"}`,
+		LastError: "broker refused: 400 Bad Request", Attempts: 3, Held: true,
+	})[0]
+}
+
+// state is what a refused or malformed request must leave as it was.
+type state struct {
+	backlog, dead, held int64
+	audit               int
+}
+
+func (r *rig) state() state {
+	r.t.Helper()
+	st, err := r.st.Status(r.ctx, r.tb)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit())}
+}
+
+// audit returns the newest audit rows, newest first.
+func (r *rig) audit() []outboxdriver.AuditRecord {
+	r.t.Helper()
+	recs, err := r.st.FindAudit(r.ctx, r.tb, outboxdriver.AuditQuery{Limit: 1000})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return recs
+}
+
+// auditSince returns the rows newer than the id given, oldest first.
+func (r *rig) auditSince(id int64) []outboxdriver.AuditRecord {
+	var out []outboxdriver.AuditRecord
+	recs := r.audit()
+	for i := len(recs) - 1; i >= 0; i-- {
+		if recs[i].ID > id {
+			out = append(out, recs[i])
+		}
+	}
+	return out
+}
+
+func (r *rig) lastAuditID() int64 {
+	if recs := r.audit(); len(recs) > 0 {
+		return recs[0].ID
+	}
+	return 0
+}
+
+// api sends an API request with the token (none when "").
+func (r *rig) api(method, path, token string, body any) (int, []byte) {
+	r.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(r.ctx, method, r.url+path, rd)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	return r.do(http.DefaultClient, req)
+}
+
+func (r *rig) do(c *http.Client, req *http.Request) (int, []byte) {
+	r.t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// browser is a signed-in (or not) browser: cookies, no redirects followed.
+type browser struct {
+	r    *rig
+	c    *http.Client
+	csrf string
+}
+
+func (r *rig) browser() *browser {
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return &browser{r: r, c: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+var (
+	csrfField  = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+	tokenField = regexp.MustCompile(`name="token" value="([^"]+)"`)
+)
+
+// login signs in as u and keeps the session's CSRF token.
+func (b *browser) login(u testUser) {
+	b.r.t.Helper()
+	if code := b.signIn(u.name, u.password); code != http.StatusSeeOther {
+		b.r.t.Fatalf("sign-in of %s answered %d, want 303", u.name, code)
+	}
+	code, page := b.get("/")
+	m := csrfField.FindSubmatch(page)
+	if code != http.StatusOK || m == nil {
+		b.r.t.Fatalf("overview after sign-in: %d, no CSRF token in\n%s", code, page)
+	}
+	b.csrf = string(m[1])
+}
+
+// signIn posts the sign-in form (fetched first for its token).
+func (b *browser) signIn(name, password string) int {
+	b.r.t.Helper()
+	_, page := b.get("/login")
+	m := tokenField.FindSubmatch(page)
+	if m == nil {
+		b.r.t.Fatalf("no form token on the sign-in page:\n%s", page)
+	}
+	code, _ := b.post("/login", url.Values{"token": {string(m[1])}, "name": {name}, "password": {password}}, false)
+	return code
+}
+
+func (b *browser) get(path string) (int, []byte) {
+	b.r.t.Helper()
+	req, err := http.NewRequestWithContext(b.r.ctx, "GET", b.r.url+path, nil)
+	if err != nil {
+		b.r.t.Fatal(err)
+	}
+	return b.r.do(b.c, req)
+}
+
+// post sends a form, with the session's CSRF token when withCSRF.
+func (b *browser) post(path string, form url.Values, withCSRF bool) (int, []byte) {
+	b.r.t.Helper()
+	if form == nil {
+		form = url.Values{}
+	}
+	if withCSRF {
+		form.Set("csrf", b.csrf)
+	}
+	req, err := http.NewRequestWithContext(b.r.ctx, "POST", b.r.url+path, strings.NewReader(form.Encode()))
+	if err != nil {
+		b.r.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	return b.r.do(b.c, req)
+}
+
+// openAPIOperations reads the served OpenAPI document: "METHOD path" ->
+// the operation's x-outbox-permission.
+func (r *rig) openAPIOperations() map[string]string {
+	r.t.Helper()
+	code, body := r.api("GET", "/api/v1/openapi.json", "", nil)
+	if code != http.StatusOK {
+		r.t.Fatalf("openapi.json: %d", code)
+	}
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Permission string `json:"x-outbox-permission"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		r.t.Fatalf("openapi.json: %v", err)
+	}
+	ops := map[string]string{}
+	for path, methods := range doc.Paths {
+		for m, op := range methods {
+			ops[strings.ToUpper(m)+" "+path] = op.Permission
+		}
+	}
+	return ops
+}
+
+// fill puts an id into a route pattern.
+func fill(pattern, id string) string {
+	p := strings.ReplaceAll(pattern, "{id}", id)
+	p = strings.ReplaceAll(p, "{file}", "console.css")
+	return strings.ReplaceAll(p, "{$}", "")
+}

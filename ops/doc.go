@@ -1,0 +1,26 @@
+// Package ops holds the operations every surface of the outbox shares:
+// the command line's `outbox dlq` and the web console call the same
+// functions, so the two can never disagree about who may do what, or
+// about what is recorded.
+//
+// Every operation takes the Actor who asks (a name and a Role), checks
+// that the role allows it, calls the Store, and leaves an audit row: the
+// Store writes the rows of a dead-letter action in the same transaction
+// as the change, and ops writes the rows of everything else that must be
+// on record (a refused request, a login). A refusal is itself audited.
+//
+// Roles:
+//
+//   - viewer reads everything: the overview, dead letters (payloads with
+//     the configured sensitive paths masked) and the audit.
+//   - operator reads everything and acts: retries and discards dead
+//     letters.
+//   - approver reads everything and approves or rejects what other users
+//     request (two-person approval; no request needs approval yet).
+//
+// The full set of operations (filtered listing, the detail of one dead
+// letter, role and reason in every audit row) needs a Store that is also
+// an outboxdriver.Inspector, Auditor and DeadLetterActions, as the
+// PostgreSQL driver outboxpgx is; on other Stores, ops offers what the
+// Store has and answers the rest with ErrUnsupported.
+package ops

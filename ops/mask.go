@@ -1,0 +1,210 @@
+package ops
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// View is one dead letter as shown to a user: the payload pretty-printed,
+// with the sensitive paths masked.
+type View struct {
+	outboxdriver.DeadLetter
+	Seq          int64
+	CreatedAt    time.Time
+	Headers      map[string]string
+	TraceContext string
+	// Payload is what to show of the payload: indented JSON, or text.
+	Payload string
+	// PayloadNote says what was left out or masked, or is "".
+	PayloadNote string
+	// Masked counts the values masked.
+	Masked int
+}
+
+// Mask is what a masked value shows instead.
+const Mask = "***"
+
+// maxShown is the largest payload shown; a larger one is summarised.
+const maxShown = 1 << 20
+
+func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
+	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext}
+	switch {
+	case d.Payload == nil && d.PayloadRaw == nil:
+		v.PayloadNote = "no payload"
+	case d.Payload == nil:
+		raw := d.PayloadRaw
+		switch {
+		case len(o.masks) > 0:
+			v.PayloadNote = fmt.Sprintf("%d bytes that are not JSON: hidden, because sensitive paths are configured and cannot be found in them", len(raw))
+		case len(raw) > maxShown:
+			v.PayloadNote = fmt.Sprintf("%d bytes that are not JSON: too large to show", len(raw))
+		case utf8.Valid(raw):
+			v.Payload, v.PayloadNote = string(raw), "not JSON: shown as text"
+		default:
+			shown := raw[:min(len(raw), 4096)]
+			v.Payload = hex.Dump(shown)
+			v.PayloadNote = fmt.Sprintf("%d bytes that are not JSON: the first %d shown in hexadecimal", len(raw), len(shown))
+		}
+	case len(d.Payload) > maxShown:
+		v.PayloadNote = fmt.Sprintf("%d bytes of JSON: too large to show", len(d.Payload))
+	default:
+		tree, err := decodeTree(json.NewDecoder(bytes.NewReader(d.Payload)), 0)
+		if err != nil {
+			if len(o.masks) > 0 {
+				v.PayloadNote = "JSON that could not be read for masking: hidden"
+				return v
+			}
+			v.Payload, v.PayloadNote = string(d.Payload), "shown as stored"
+			return v
+		}
+		for _, m := range o.masks {
+			v.Masked += tree.mask(m)
+		}
+		var b strings.Builder
+		tree.write(&b, "")
+		v.Payload = b.String()
+		if v.Masked > 0 {
+			v.PayloadNote = fmt.Sprintf("%d sensitive value(s) masked", v.Masked)
+		}
+	}
+	return v
+}
+
+// parsePath reads a dot-separated JSON path.
+func parsePath(p string) ([]string, error) {
+	if p == "" {
+		return nil, errors.New("empty")
+	}
+	segs := strings.Split(p, ".")
+	for _, s := range segs {
+		if s == "" {
+			return nil, errors.New("an empty segment: write segments separated by single dots, e.g. customer.email")
+		}
+	}
+	return segs, nil
+}
+
+// jnode is a JSON value that keeps the order of object keys.
+type jnode struct {
+	kind byte // '{', '[' or 0 for a scalar
+	keys []string
+	vals []*jnode
+	leaf any // a scalar: string, json.Number, bool or nil
+}
+
+const maxDepth = 512
+
+func decodeTree(dec *json.Decoder, depth int) (*jnode, error) {
+	if depth == 0 {
+		dec.UseNumber()
+		n, err := decodeTree(dec, 1)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			return nil, errors.New("more than one JSON value")
+		}
+		return n, nil
+	}
+	if depth > maxDepth {
+		return nil, errors.New("nested too deeply")
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return &jnode{leaf: tok}, nil
+	}
+	n := &jnode{kind: byte(d)}
+	for dec.More() {
+		if d == '{' {
+			k, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			n.keys = append(n.keys, k.(string))
+		}
+		v, err := decodeTree(dec, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		n.vals = append(n.vals, v)
+	}
+	if _, err := dec.Token(); err != nil { // the closing delimiter
+		return nil, err
+	}
+	return n, nil
+}
+
+// mask replaces every value at path with Mask and returns how many.
+func (n *jnode) mask(path []string) int {
+	if len(path) == 0 {
+		*n = jnode{leaf: Mask}
+		return 1
+	}
+	count := 0
+	for i, v := range n.vals {
+		var match bool
+		switch n.kind {
+		case '{':
+			match = path[0] == "*" || path[0] == n.keys[i]
+		case '[':
+			match = path[0] == "*" || path[0] == strconv.Itoa(i)
+		}
+		if match {
+			count += v.mask(path[1:])
+		}
+	}
+	return count
+}
+
+func (n *jnode) write(b *strings.Builder, indent string) {
+	switch n.kind {
+	case 0:
+		b.WriteString(scalar(n.leaf))
+		return
+	case '{', '[':
+		closing := map[byte]string{'{': "}", '[': "]"}[n.kind]
+		b.WriteByte(n.kind)
+		if len(n.vals) == 0 {
+			b.WriteString(closing)
+			return
+		}
+		inner := indent + "  "
+		for i, v := range n.vals {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("\n" + inner)
+			if n.kind == '{' {
+				b.WriteString(scalar(n.keys[i]) + ": ")
+			}
+			v.write(b, inner)
+		}
+		b.WriteString("\n" + indent + closing)
+	}
+}
+
+func scalar(v any) string {
+	if num, ok := v.(json.Number); ok {
+		return string(num)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	return strings.TrimSuffix(buf.String(), "\n")
+}

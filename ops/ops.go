@@ -1,0 +1,419 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Role is what a user may do.
+type Role string
+
+// The roles, from the least to the most trusted in what they change.
+const (
+	Viewer   Role = "viewer"
+	Operator Role = "operator"
+	Approver Role = "approver"
+)
+
+// Roles lists every role.
+func Roles() []Role { return []Role{Viewer, Operator, Approver} }
+
+// ParseRole reads a role's name.
+func ParseRole(s string) (Role, error) {
+	for _, r := range Roles() {
+		if string(r) == s {
+			return r, nil
+		}
+	}
+	return "", fmt.Errorf("unknown role %q: use viewer, operator or approver", s)
+}
+
+// Permission is something a role may be allowed to do.
+type Permission string
+
+// The permissions.
+const (
+	// Read: the overview, dead letters and the audit.
+	Read Permission = "read"
+	// Act: retry and discard dead letters.
+	Act Permission = "act"
+	// Approve: approve or reject another user's request.
+	Approve Permission = "approve"
+)
+
+// May reports whether r has permission p. An unknown role has none.
+func (r Role) May(p Permission) bool {
+	switch r {
+	case Viewer:
+		return p == Read
+	case Operator:
+		return p == Read || p == Act
+	case Approver:
+		return p == Read || p == Approve
+	}
+	return false
+}
+
+// Actor is who asks for an operation.
+type Actor struct {
+	Name string
+	Role Role
+}
+
+func (a Actor) String() string { return a.Name + " (" + string(a.Role) + ")" }
+
+// Audit actions ops records besides the Store's own retry and discard.
+const (
+	ActionDenied      = "denied"
+	ActionLogin       = "login"
+	ActionLoginFailed = "login-failed"
+	ActionLogout      = "logout"
+)
+
+// Errors for branching. Every error ops returns for bad input is an
+// *InputError; a refusal is a *DeniedError.
+var (
+	// ErrDenied is wrapped by a *DeniedError.
+	ErrDenied = errors.New("permission denied")
+	// ErrNotFound: the dead letter asked for does not exist.
+	ErrNotFound = outboxdriver.ErrNotFound
+	// ErrUnsupported: the Store cannot do this (it is not an Inspector,
+	// Auditor or DeadLetterActions).
+	ErrUnsupported = errors.New("not supported by this database's driver")
+)
+
+// DeniedError says that an actor's role does not allow an operation.
+type DeniedError struct {
+	Actor     Actor
+	Operation string
+	Need      Permission
+}
+
+func (e *DeniedError) Error() string {
+	return fmt.Sprintf("%s may not %s: the %s role does not allow it", e.Actor, e.Operation, e.Actor.Role)
+}
+
+// Unwrap returns ErrDenied.
+func (e *DeniedError) Unwrap() error { return ErrDenied }
+
+// InputError is a request ops refuses as malformed before it reaches the
+// database.
+type InputError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InputError) Error() string { return e.Field + ": " + e.Reason }
+
+// Config configures Ops. The zero value is usable.
+type Config struct {
+	// MaxPage is the largest page of dead letters or audit rows one call
+	// returns; a larger limit is refused. Defaults to 500.
+	MaxPage int
+	// SensitivePaths are the payload fields masked wherever a payload is
+	// shown: dot-separated JSON paths ("customer.email", "cards.*.number";
+	// * matches any key or array index). A payload that is not JSON is
+	// hidden whole when any path is set.
+	SensitivePaths []string
+	// Logger defaults to warnings and errors as text on standard error.
+	Logger *slog.Logger
+}
+
+// DefaultMaxPage is Config.MaxPage's default.
+const DefaultMaxPage = 500
+
+// Limits on filter text, so a request cannot make the database compare
+// megabytes.
+const (
+	maxFilterLen = 256
+	maxReasonLen = 1000
+)
+
+// Ops runs the operations on one outbox table.
+type Ops struct {
+	st    outboxdriver.Store
+	t     outboxdriver.Table
+	ins   outboxdriver.Inspector
+	aud   outboxdriver.Auditor
+	act   outboxdriver.DeadLetterActions
+	cfg   Config
+	masks [][]string
+	log   *slog.Logger
+}
+
+// New returns the operations on table t of st. t must name its schema.
+func New(st outboxdriver.Store, t outboxdriver.Table, cfg *Config) (*Ops, error) {
+	if st == nil {
+		return nil, errors.New("ops: no Store")
+	}
+	if err := t.WithDefaults().Validate(); err != nil {
+		return nil, fmt.Errorf("ops: %w", err)
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.MaxPage == 0 {
+		c.MaxPage = DefaultMaxPage
+	}
+	if c.MaxPage < 0 {
+		return nil, fmt.Errorf("ops: MaxPage %d: want a positive number", c.MaxPage)
+	}
+	o := &Ops{st: st, t: t, cfg: c, log: confval.Logger(c.Logger)}
+	for _, p := range c.SensitivePaths {
+		segs, err := parsePath(p)
+		if err != nil {
+			return nil, fmt.Errorf("ops: sensitive path %q: %w", p, err)
+		}
+		o.masks = append(o.masks, segs)
+	}
+	o.ins, _ = st.(outboxdriver.Inspector)
+	o.aud, _ = st.(outboxdriver.Auditor)
+	o.act, _ = st.(outboxdriver.DeadLetterActions)
+	return o, nil
+}
+
+// Complete returns nil when the Store offers every operation (filtered
+// listing, detail, the full audit), or an error that names what it lacks.
+// The console needs a complete Store.
+func (o *Ops) Complete() error {
+	var miss []string
+	if o.ins == nil {
+		miss = append(miss, "outboxdriver.Inspector")
+	}
+	if o.aud == nil {
+		miss = append(miss, "outboxdriver.Auditor")
+	}
+	if o.act == nil {
+		miss = append(miss, "outboxdriver.DeadLetterActions")
+	}
+	if miss != nil {
+		return fmt.Errorf("%T is not %s: %w", o.st, strings.Join(miss, ", "), ErrUnsupported)
+	}
+	return nil
+}
+
+// Table is the table the operations act on.
+func (o *Ops) Table() outboxdriver.Table { return o.t }
+
+// MaxPage is the largest page one call returns.
+func (o *Ops) MaxPage() int { return o.cfg.MaxPage }
+
+// allow checks that a's role has p for operation op; a refusal is audited
+// and returned as a *DeniedError.
+func (o *Ops) allow(ctx context.Context, a Actor, op string, p Permission) error {
+	if a.Name != "" && a.Role.May(p) {
+		return nil
+	}
+	err := &DeniedError{Actor: a, Operation: op, Need: p}
+	o.record(ctx, outboxdriver.AuditRecord{
+		AuditEntry: outboxdriver.AuditEntry{Actor: a.Name, Action: ActionDenied, Detail: op + ": needs the " + string(p) + " permission"},
+		Role:       string(a.Role),
+	})
+	return err
+}
+
+// record appends r to the audit, or logs why it could not.
+func (o *Ops) record(ctx context.Context, r outboxdriver.AuditRecord) {
+	if err := o.Record(ctx, r); err != nil {
+		o.log.Error("ops: audit row not written", "action", r.Action, "actor", r.Actor, "err", err)
+	}
+}
+
+// Record appends r to the audit table: for things that are not dead-letter
+// actions, such as a login. It needs an Auditor Store.
+func (o *Ops) Record(ctx context.Context, r outboxdriver.AuditRecord) error {
+	if o.aud == nil {
+		return fmt.Errorf("ops: record %s: %w", r.Action, ErrUnsupported)
+	}
+	r.Actor, r.Detail, r.Reason = clip(r.Actor, 200), clip(r.Detail, 2000), clip(r.Reason, maxReasonLen)
+	return o.aud.AppendAudit(ctx, o.t, r)
+}
+
+// Refused records that a request by a was refused before any operation
+// ran (a missing CSRF token, a bad API token): what was asked and why.
+func (o *Ops) Refused(ctx context.Context, a Actor, what, why string) {
+	o.record(ctx, outboxdriver.AuditRecord{
+		AuditEntry: outboxdriver.AuditEntry{Actor: a.Name, Action: ActionDenied, Detail: what + ": " + why},
+		Role:       string(a.Role),
+	})
+}
+
+// Overview summarises the table: backlog, oldest age, dead letters, held
+// aggregates, partitions and their leases.
+func (o *Ops) Overview(ctx context.Context, a Actor) (outboxdriver.Status, error) {
+	if err := o.allow(ctx, a, "view the overview", Read); err != nil {
+		return outboxdriver.Status{}, err
+	}
+	return o.st.Status(ctx, o.t)
+}
+
+// DeadLetters lists one page of the dead letters q selects, oldest first.
+func (o *Ops) DeadLetters(ctx context.Context, a Actor, q outboxdriver.DeadLetterQuery) (outboxdriver.DeadLetterPage, error) {
+	if err := o.allow(ctx, a, "list dead letters", Read); err != nil {
+		return outboxdriver.DeadLetterPage{}, err
+	}
+	if err := o.checkLimit(q.Limit); err != nil {
+		return outboxdriver.DeadLetterPage{}, err
+	}
+	for _, f := range []struct{ name, v string }{{"aggregatetype", q.AggregateType}, {"aggregateid", q.AggregateID}, {"type", q.Type}, {"error", q.ErrorContains}} {
+		if len(f.v) > maxFilterLen || !utf8.ValidString(f.v) || strings.ContainsRune(f.v, 0) {
+			return outboxdriver.DeadLetterPage{}, &InputError{f.name, fmt.Sprintf("at most %d bytes of text", maxFilterLen)}
+		}
+	}
+	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Since.Before(q.Until) {
+		return outboxdriver.DeadLetterPage{}, &InputError{"since", "must be before until"}
+	}
+	if o.ins != nil {
+		return o.ins.FindDeadLetters(ctx, o.t, q)
+	}
+	if q != (outboxdriver.DeadLetterQuery{Limit: q.Limit}) {
+		return outboxdriver.DeadLetterPage{}, fmt.Errorf("ops: filter dead letters: %w", ErrUnsupported)
+	}
+	dls, err := o.st.DeadLetters(ctx, o.t, q.Limit)
+	return outboxdriver.DeadLetterPage{DeadLetters: dls}, err
+}
+
+// DeadLetter returns one dead letter with its payload (masked) and
+// headers.
+func (o *Ops) DeadLetter(ctx context.Context, a Actor, id string) (View, error) {
+	if err := o.allow(ctx, a, "view a dead letter", Read); err != nil {
+		return View{}, err
+	}
+	u, err := ParseID(id)
+	if err != nil {
+		return View{}, err
+	}
+	if o.ins == nil {
+		return View{}, fmt.Errorf("ops: show a dead letter: %w", ErrUnsupported)
+	}
+	d, err := o.ins.DeadLetter(ctx, o.t, u)
+	if err != nil {
+		return View{}, err
+	}
+	return o.view(d), nil
+}
+
+// Retry moves dead letters back into the outbox (ids nil: all of them),
+// each audited with a's name and role and the reason, and returns the ids
+// moved. Ids that are not dead letters are left out of the result.
+func (o *Ops) Retry(ctx context.Context, a Actor, ids []string, reason string) ([]string, error) {
+	return o.move(ctx, a, "retry dead letters", ids, reason, func(ids []string, by outboxdriver.Acting) ([]string, error) {
+		if o.act != nil {
+			return o.act.RetryDeadLettersAs(ctx, o.t, ids, by)
+		}
+		return o.st.RetryDeadLetters(ctx, o.t, ids, by.Name)
+	})
+}
+
+// Discard deletes dead letters for good and releases the aggregates held
+// behind them (ids nil: all of them), each audited with a's name and role
+// and the reason, and returns the ids deleted.
+func (o *Ops) Discard(ctx context.Context, a Actor, ids []string, reason string) ([]string, error) {
+	return o.move(ctx, a, "discard dead letters", ids, reason, func(ids []string, by outboxdriver.Acting) ([]string, error) {
+		if o.act != nil {
+			return o.act.DiscardDeadLettersAs(ctx, o.t, ids, by)
+		}
+		return o.st.DiscardDeadLetters(ctx, o.t, ids, by.Name)
+	})
+}
+
+func (o *Ops) move(ctx context.Context, a Actor, op string, ids []string, reason string, do func([]string, outboxdriver.Acting) ([]string, error)) ([]string, error) {
+	if err := o.allow(ctx, a, op, Act); err != nil {
+		return nil, err
+	}
+	if ids != nil && len(ids) == 0 {
+		return nil, &InputError{"ids", "name at least one dead letter"}
+	}
+	canon := make([]string, len(ids))
+	for i, id := range ids {
+		u, err := ParseID(id)
+		if err != nil {
+			return nil, err
+		}
+		canon[i] = u
+	}
+	if ids == nil {
+		canon = nil
+	}
+	if len(reason) > maxReasonLen || !utf8.ValidString(reason) {
+		return nil, &InputError{"reason", fmt.Sprintf("at most %d bytes of text", maxReasonLen)}
+	}
+	return do(canon, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
+}
+
+// Audit lists the audit rows q selects, newest first.
+func (o *Ops) Audit(ctx context.Context, a Actor, q outboxdriver.AuditQuery) ([]outboxdriver.AuditRecord, error) {
+	if err := o.allow(ctx, a, "read the audit", Read); err != nil {
+		return nil, err
+	}
+	if err := o.checkLimit(q.Limit); err != nil {
+		return nil, err
+	}
+	for _, f := range []struct{ name, v string }{{"actor", q.Actor}, {"action", q.Action}} {
+		if len(f.v) > maxFilterLen || !utf8.ValidString(f.v) {
+			return nil, &InputError{f.name, fmt.Sprintf("at most %d bytes of text", maxFilterLen)}
+		}
+	}
+	if q.EventID != "" {
+		id, err := ParseID(q.EventID)
+		if err != nil {
+			return nil, err
+		}
+		q.EventID = id
+	}
+	if q.Before < 0 {
+		return nil, &InputError{"before", "want the id of an audit row"}
+	}
+	if o.aud != nil {
+		return o.aud.FindAudit(ctx, o.t, q)
+	}
+	if q != (outboxdriver.AuditQuery{Limit: q.Limit}) {
+		return nil, fmt.Errorf("ops: filter the audit: %w", ErrUnsupported)
+	}
+	entries, err := o.st.Audit(ctx, o.t, q.Limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]outboxdriver.AuditRecord, len(entries))
+	for i, e := range entries {
+		out[i] = outboxdriver.AuditRecord{AuditEntry: e}
+	}
+	return out, nil
+}
+
+func (o *Ops) checkLimit(n int) error {
+	if n < 1 || n > o.cfg.MaxPage {
+		return &InputError{"limit", fmt.Sprintf("between 1 and %d", o.cfg.MaxPage)}
+	}
+	return nil
+}
+
+// ParseID checks that id is an event id (a UUID) and returns its canonical
+// form.
+func ParseID(id string) (string, error) {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return "", &InputError{"id", fmt.Sprintf("%q is not an event id (a UUID)", clip(id, 64))}
+	}
+	return u.String(), nil
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}

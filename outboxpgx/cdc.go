@@ -1,0 +1,863 @@
+package outboxpgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox/internal/pgschema"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// CDCMode says which writes a CDC source expects, which decides what it
+// does when its replication slot was lost (dropped or invalidated). It
+// reads every kind of write whatever the mode: rows (plain inserts, and
+// insert+delete) and logical decoding messages.
+type CDCMode int
+
+const (
+	// CDCTable: events are rows of the outbox table. A lost slot is
+	// reported and made again, and the rows still in the table are relayed
+	// (drained) before the new slot's stream: nothing is lost. The default.
+	CDCTable CDCMode = iota
+	// CDCMessages: events are logical decoding messages (WithMessages),
+	// which exist only in the WAL. A lost slot stops the relay with an
+	// error that names the LSN from which messages may be lost.
+	CDCMessages
+)
+
+// String returns "table" or "message".
+func (m CDCMode) String() string {
+	if m == CDCMessages {
+		return "message"
+	}
+	return "table"
+}
+
+// ParseCDCMode parses "table" or "message".
+func ParseCDCMode(s string) (CDCMode, error) {
+	switch s {
+	case "table":
+		return CDCTable, nil
+	case "message", "messages":
+		return CDCMessages, nil
+	}
+	return 0, fmt.Errorf("unknown CDC mode %q: use table or message", s)
+}
+
+// CDCConfig configures a CDC source. The zero value relays the table's
+// default slot and publication, creating them when missing.
+type CDCConfig struct {
+	outboxdriver.SourceConfig
+	// Slot is the logical replication slot. Defaults to DefaultSlot(t):
+	// derived from schema and table, so two outbox tables never share one.
+	// Lower-case letters, digits and underscores, at most 63.
+	Slot string
+	// Publication is the publication of the outbox table's inserts the
+	// slot streams. Defaults to the slot's name.
+	Publication string
+	// NoCreate makes a missing slot or publication an error instead of
+	// creating it.
+	NoCreate bool
+	// Mode says what a lost slot means (CDCMode). Defaults to CDCTable.
+	Mode CDCMode
+	// MaxPending bounds the events decoded and not yet published that
+	// the source keeps in memory: it stops reading the stream while it
+	// holds that many, between transactions (one transaction is always
+	// read whole). Defaults to 10000.
+	MaxPending int
+	// StatusInterval is the longest time between two standby status
+	// updates to the server, which confirm the LSN the slot may release
+	// WAL up to. Defaults to 10s; it must stay below the server's
+	// wal_sender_timeout.
+	StatusInterval time.Duration
+}
+
+const (
+	defaultMaxPending     = 10000
+	defaultStatusInterval = 10 * time.Second
+	drainPage             = 1000
+)
+
+var slotRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// DefaultSlot is the default replication slot (and publication) name of
+// table t: "outbox_<schema>_<table>", lower-cased, with a hash of the
+// names appended when that was needed to keep it unique (upper-case
+// letters) or short enough (63 bytes).
+func DefaultSlot(t outboxdriver.Table) string {
+	t = t.WithDefaults()
+	raw := "outbox_" + t.Schema + "_" + t.Name
+	name := strings.ToLower(raw)
+	if name == raw && len(name) <= 63 {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(t.String()))
+	return fmt.Sprintf("%s_%08x", name[:min(len(name), 54)], h.Sum32())
+}
+
+// resolve fills the defaults of cfg (nil: none) for table t.
+func (cfg *CDCConfig) resolve(t outboxdriver.Table) (CDCConfig, error) {
+	c := CDCConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Slot == "" {
+		c.Slot = DefaultSlot(t)
+	}
+	if !slotRE.MatchString(c.Slot) {
+		return c, fmt.Errorf("replication slot name %q: use 1 to 63 lower-case letters, digits and underscores", c.Slot)
+	}
+	if c.Publication == "" {
+		c.Publication = c.Slot
+	}
+	if err := outboxdriver.ValidateIdent("publication", c.Publication); err != nil {
+		return c, err
+	}
+	if c.Mode != CDCTable && c.Mode != CDCMessages {
+		return c, fmt.Errorf("unknown CDC mode %d", c.Mode)
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = defaultMaxPending
+	}
+	if c.MaxPending < 1 {
+		return c, fmt.Errorf("CDC MaxPending %d must be positive", c.MaxPending)
+	}
+	if c.StatusInterval == 0 {
+		c.StatusInterval = defaultStatusInterval
+	}
+	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > time.Minute {
+		return c, fmt.Errorf("CDC StatusInterval %s: use 10ms to 1m", c.StatusInterval)
+	}
+	return c, nil
+}
+
+// CDCSource is the relay's view of an outbox table through PostgreSQL's
+// logical replication (docs/cdc.md): it streams the table's inserts and
+// the table's logical decoding messages from a replication slot with the
+// pgoutput plugin, and hands them to the relay in commit order, through
+// the same outboxdriver.Source seam as the polling Source, so routing,
+// sinks, retries, dead letters and metrics are the same.
+//
+// One relay streams a slot at a time: the source presents the slot as a
+// single partition whose lease (in the table's _cdc companion, with an
+// epoch) the relay engine acquires and renews like any other; standbys
+// take over once it expires. The slot confirms an LSN only past
+// transactions whose every event the broker acknowledged or the relay
+// dead-lettered, and only after a batch's outcome was recorded under a
+// lease the database still judged valid; after a crash the stream resumes
+// from the confirmed LSN.
+type CDCSource struct {
+	outboxdriver.SourceBase
+	pool   *pgxpool.Pool
+	cfg    CDCConfig
+	names  outboxdriver.Names
+	q      queries
+	cq     cdcQueries
+	prefix string
+
+	mu         sync.Mutex
+	queue      queue
+	gen        int // counts streams started: a batch of an older one records nothing in memory
+	lease      outboxdriver.Lease
+	leased     bool
+	leaseUntil time.Time // by the local clock, a bound the database's judgement is no later than
+	st         *stream
+	deadLSN    pglogrepl.LSN // events of transactions up to it may be dead letters already
+	target     pglogrepl.LSN // the LSN to confirm next
+	closed     bool
+
+	wake chan struct{} // signalled when something may have become claimable
+}
+
+var (
+	_ outboxdriver.Source = (*CDCSource)(nil)
+	_ outboxdriver.Waker  = (*CDCSource)(nil)
+)
+
+type cdcQueries struct {
+	ensure, acquire, renew, release, fence, row   string
+	deadLetter, mark, isDeadLetter, held, cleanup string
+	// setState and setStateFenced record a change of the slot's state;
+	// the fenced form only under the lease ($2 relay, $3 epoch).
+	setState, setStateFenced [4]string
+}
+
+// slotState is a change of a slot's state in the _cdc companion.
+type slotState int
+
+const (
+	slotDrained slotState = iota // the rows the slot does not hold were relayed
+	slotCreated                  // the slot exists: missing, it is lost
+	slotNew                      // a new slot: the table's rows are to be drained
+	slotOwned                    // changes nothing: checks the lease
+)
+
+func newCDCQueries(t outboxdriver.Table) cdcQueries {
+	n := pgschema.NamesOf(t)
+	cdc := t.Qualified("_cdc")
+	q := cdcQueries{
+		ensure: `INSERT INTO ` + cdc + ` (slot, publication) VALUES ($1, $2)
+ON CONFLICT (slot) DO UPDATE SET publication = excluded.publication WHERE ` + cdc + `.publication <> excluded.publication`,
+		acquire: `UPDATE ` + cdc + `
+SET owner = $2, epoch = epoch + 1, expires_at = clock_timestamp() + $3 * interval '1 millisecond', updated_at = now()
+WHERE slot = $1 AND (owner IS NULL OR expires_at <= clock_timestamp())
+RETURNING epoch`,
+		renew: `UPDATE ` + cdc + ` SET expires_at = clock_timestamp() + $4 * interval '1 millisecond'
+WHERE slot = $1 AND owner = $2 AND epoch = $3
+RETURNING epoch`,
+		release: `UPDATE ` + cdc + ` SET owner = NULL, expires_at = '-infinity' WHERE slot = $1 AND owner = $2 AND epoch = $3`,
+		fence:   `SELECT ` + t.Qualified("_cdc_fence") + `($1, $2, $3, $4::pg_lsn, $5::pg_lsn)`,
+		row:     `SELECT drained, dead_lsn::text FROM ` + cdc + ` WHERE slot = $1`,
+		setState: [4]string{
+			slotDrained: `UPDATE ` + cdc + ` SET drained = true WHERE slot = $1`,
+			slotCreated: `UPDATE ` + cdc + ` SET slot_created = true WHERE slot = $1`,
+			slotNew:     `UPDATE ` + cdc + ` SET drained = false, confirmed_lsn = NULL WHERE slot = $1`,
+			slotOwned:   `UPDATE ` + cdc + ` SET updated_at = now() WHERE slot = $1`,
+		},
+		deadLetter: `INSERT INTO ` + n.DeadLetter + ` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
+    headers, tracingspancontext, payload_raw, attempts, last_error, held)
+SELECT u.id, u.at, u.aid, u.ty, u.p::json, u.seq, u.ca, coalesce(u.h::jsonb, '{}'::jsonb), u.tc, u.raw, u.att, u.err, u.hold
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::timestamptz[],
+            $8::text[], $9::text[], $10::bytea[], $11::integer[], $12::text[], $13::boolean[])
+  AS u(id, at, aid, ty, p, seq, ca, h, tc, raw, att, err, hold)
+ON CONFLICT (id) DO NOTHING`,
+		mark:         `SELECT ` + t.Qualified("_cdc_mark") + `($1::uuid[], $2::bigint[], $3)`,
+		isDeadLetter: `SELECT id::text FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])`,
+		held:         `SELECT aggregatetype, aggregateid, event_id::text FROM ` + n.Held + ` WHERE reason = 'dead-lettered'`,
+		cleanup: `DELETE FROM ` + n.Table + ` WHERE id = ANY (ARRAY(
+    SELECT id FROM ` + n.Table + `
+    WHERE published_at < clock_timestamp() - $1 * interval '1 millisecond'
+    ORDER BY published_at
+    LIMIT $2))`,
+	}
+	for i, sql := range q.setState {
+		// A stale streamer changes nothing.
+		q.setStateFenced[i] = sql + ` AND owner = $2 AND epoch = $3 AND expires_at > clock_timestamp()`
+	}
+	return q
+}
+
+// NewCDCSource returns the relay's view of table t through logical
+// replication. It does no I/O: the relay's first claim under the slot's
+// lease creates what is missing (publication, slot) and starts streaming.
+// Close it after the relay stopped.
+func (d *Driver) NewCDCSource(t outboxdriver.Table, cfg *CDCConfig) (*CDCSource, error) {
+	if d.pool == nil {
+		return nil, errNoPool
+	}
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("outboxpgx: %w", err)
+	}
+	c, err := cfg.resolve(t)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: %w", err)
+	}
+	src := &CDCSource{
+		pool: d.pool, cfg: c, names: pgschema.NamesOf(t), cq: newCDCQueries(t),
+		prefix: MessagePrefix(t), queue: newQueue(), wake: make(chan struct{}, 1),
+	}
+	if err := src.Init(t, &c.SourceConfig); err != nil {
+		return nil, fmt.Errorf("outboxpgx: %w", err)
+	}
+	src.q = newQueries(t, src.Cfg.Retention)
+	return src, nil
+}
+
+// Slot is the replication slot the source streams.
+func (s *CDCSource) Slot() string { return s.cfg.Slot }
+
+// Publication is the publication the slot streams.
+func (s *CDCSource) Publication() string { return s.cfg.Publication }
+
+// signal wakes a Wait.
+func (s *CDCSource) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Check fails, with a one-line reason and what to do, when the database
+// cannot serve log tailing: wal_level is not logical, the role may not
+// replicate, or the table is not migrated for it. It warns when the
+// server keeps WAL for slots without bound (max_slot_wal_keep_size).
+func (s *CDCSource) Check(ctx context.Context) error {
+	var walLevel, keep string
+	var replication, migrated bool
+	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
+       coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
+       to_regclass($1) IS NOT NULL`, s.Table.Qualified("_cdc")).Scan(&walLevel, &keep, &replication, &migrated)
+	if err != nil {
+		return fmt.Errorf("outboxpgx: check log tailing: %w", err)
+	}
+	switch {
+	case walLevel != "logical":
+		return fmt.Errorf("outboxpgx: log tailing needs wal_level = logical, and the server runs with %s: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL", walLevel)
+	case !replication:
+		return errors.New("outboxpgx: log tailing needs a role with the REPLICATION attribute: run ALTER ROLE <the relay's role> REPLICATION")
+	case !migrated:
+		return fmt.Errorf("outboxpgx: %s is not migrated for log tailing (no %s_cdc table): run `outbox migrate`", s.Table, s.Table.Name)
+	}
+	if keep == "-1" {
+		s.Log.Warn("outboxpgx: max_slot_wal_keep_size is unbounded: a slot that stops moving (a relay down for long) keeps WAL until the disk is full; set it, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'",
+			"slot", s.cfg.Slot)
+	}
+	return nil
+}
+
+// Setup creates what the source streams from when it is missing: the
+// table's row in its _cdc companion, the publication and the replication
+// slot (`outbox migrate --cdc`). It does not stream. Events written as
+// logical decoding messages exist for the relay only from the slot's
+// creation on: set it up before writers switch to messages. A slot that
+// existed and is gone is handled as the streamer does (Mode). Setup
+// ignores NoCreate.
+func (s *CDCSource) Setup(ctx context.Context) error {
+	if err := s.Check(ctx); err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, s.cq.ensure, s.cfg.Slot, s.cfg.Publication); err != nil {
+		return fmt.Errorf("outboxpgx: set up log tailing of %s: %w", s.Table, migrateHint(err, s.Table))
+	}
+	if err := s.ensurePublication(ctx, true); err != nil {
+		return err
+	}
+	return s.ensureSlot(ctx, true, func(ctx context.Context, st slotState) error {
+		_, err := s.pool.Exec(ctx, s.cq.setState[st], s.cfg.Slot) // not under a lease
+		return err
+	})
+}
+
+// Heartbeat checks the database and releases the aggregates held behind
+// dead letters an operator discarded. The slot is one partition: every
+// relay's fair share is it, and the first to lease it streams.
+func (s *CDCSource) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
+	s.NoteTTL(ttl)
+	// Only holds older than the query may be released: one recorded
+	// meanwhile may be missing from its answer.
+	s.mu.Lock()
+	before := maps.Clone(s.queue.held)
+	s.mu.Unlock()
+	rows, err := s.pool.Query(ctx, s.cq.held)
+	if err != nil {
+		return 0, 0, fmt.Errorf("outboxpgx: heartbeat: %w", err)
+	}
+	inDB := map[aggKey]string{}
+	var k aggKey
+	var id string
+	_, err = pgx.ForEachRow(rows, []any{&k.typ, &k.id, &id}, func() error { inDB[k] = id; return nil })
+	if err != nil {
+		return 0, 0, fmt.Errorf("outboxpgx: heartbeat: %w", err)
+	}
+	s.mu.Lock()
+	released := false
+	for k, id := range before {
+		if inDB[k] != id && s.queue.held[k] == id {
+			delete(s.queue.held, k) // discarded by an operator
+			released = true
+		}
+	}
+	s.mu.Unlock()
+	if released {
+		s.signal()
+	}
+	return 1, 1, nil
+}
+
+// Acquire takes the slot's lease when nobody holds it (free, or
+// expired), with a new epoch: the relay's next claim streams under it.
+func (s *CDCSource) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	started := time.Now()
+	var pb pgx.Batch
+	pb.Queue(s.cq.ensure, s.cfg.Slot, s.cfg.Publication)
+	var epochs []int64
+	pb.Queue(s.cq.acquire, s.cfg.Slot, s.Cfg.RelayName, ttl.Milliseconds()).Query(func(rows pgx.Rows) error {
+		var err error
+		epochs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
+	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
+		return nil, fmt.Errorf("outboxpgx: acquire the lease of slot %s: %w", s.cfg.Slot, migrateHint(err, s.Table))
+	}
+	if len(epochs) == 0 {
+		return nil, nil
+	}
+	l := outboxdriver.Lease{Partition: 0, Epoch: epochs[0]}
+	s.mu.Lock()
+	s.lease, s.leased, s.leaseUntil = l, true, started.Add(ttl)
+	s.mu.Unlock()
+	s.Log.Info("outboxpgx: leased replication slot; streaming", "slot", s.cfg.Slot, "epoch", l.Epoch)
+	return []outboxdriver.Lease{l}, nil
+}
+
+// Renew extends the slot's lease. Once it is lost, the stream stops at
+// once: the slot is free for the new owner, and nothing of this relay's is
+// confirmed any more.
+func (s *CDCSource) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	started := time.Now()
+	l := leases[0]
+	rows, err := s.pool.Query(ctx, s.cq.renew, s.cfg.Slot, s.Cfg.RelayName, l.Epoch, ttl.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: renew the lease of slot %s: %w", s.cfg.Slot, err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: renew the lease of slot %s: %w", s.cfg.Slot, err)
+	}
+	if len(got) == 0 {
+		s.Log.Warn("outboxpgx: lost the lease of the replication slot; stopping the stream", "slot", s.cfg.Slot, "epoch", l.Epoch)
+		s.mu.Lock()
+		s.leased = false
+		s.mu.Unlock()
+		s.stopStream()
+		return nil, nil
+	}
+	s.mu.Lock()
+	if s.leased && s.lease == l {
+		s.leaseUntil = started.Add(ttl)
+	}
+	s.mu.Unlock()
+	return []outboxdriver.Lease{l}, nil
+}
+
+// Release stops the stream and gives the slot's lease up, so that a
+// standby takes over at once.
+func (s *CDCSource) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
+	if len(leases) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	s.leased = false
+	s.mu.Unlock()
+	s.stopStream()
+	if _, err := s.pool.Exec(ctx, s.cq.release, s.cfg.Slot, s.Cfg.RelayName, leases[0].Epoch); err != nil {
+		return fmt.Errorf("outboxpgx: release the lease of slot %s: %w", s.cfg.Slot, err)
+	}
+	return nil
+}
+
+// Cleanup deletes up to limit rows published (and kept) longer than
+// olderThan ago.
+func (s *CDCSource) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
+	if len(leases) == 0 || limit <= 0 {
+		return 0, nil
+	}
+	tag, err := s.pool.Exec(ctx, s.cq.cleanup, olderThan.Milliseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("outboxpgx: clean up published rows: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Wait blocks until events may be claimable (a transaction was decoded, a
+// retry is due, an aggregate was released), d has passed, or ctx ends.
+func (s *CDCSource) Wait(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	if at := s.queue.nextRetry(); !at.IsZero() {
+		d = max(0, min(d, time.Until(at)))
+	}
+	s.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.wake:
+		return nil
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// SetIdle does nothing: the stream wakes the relay.
+func (s *CDCSource) SetIdle(context.Context, time.Duration) error { return nil }
+
+// WakesOnCommit reports true: a decoded commit ends Wait.
+func (s *CDCSource) WakesOnCommit() bool { return true }
+
+// Close stops the stream. The pool stays open: it belongs to the caller.
+func (s *CDCSource) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.stopStream()
+	return nil
+}
+
+// Claim hands out up to limit events whose transactions have committed,
+// in commit order, none of an aggregate whose earlier event is still in
+// flight, waiting for a retry or held behind a dead letter. Under a lease
+// it does not stream yet, it starts the stream (which first creates what
+// is missing) and returns what is decoded so far, often nothing. It
+// returns the error that ended the stream before, once, and streams again
+// at the next claim.
+func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("outboxpgx: claim limit %d must be positive", limit)
+	}
+	b := &cdcBatch{src: s, BatchState: outboxdriver.NewBatchState("outboxpgx", leases)}
+	if len(leases) == 0 {
+		return b, nil
+	}
+	l := leases[0]
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errors.New("outboxpgx: claim: the CDC source is closed")
+	}
+	st := s.st
+	if st != nil && st.epoch != l.Epoch {
+		s.mu.Unlock()
+		s.stopStream() // streamed under an older lease
+		s.mu.Lock()
+		st = s.st
+	}
+	if st != nil && st.ended() {
+		err := st.err
+		s.st = nil
+		s.resetLocked()
+		s.mu.Unlock()
+		return nil, err
+	}
+	if st == nil {
+		s.startStream(l)
+		s.mu.Unlock()
+		return b, nil
+	}
+	evs := s.queue.claim(limit, time.Now())
+	b.gen, b.epoch = s.gen, l.Epoch
+	check := s.needsCheck(evs)
+	s.mu.Unlock()
+	if len(check) > 0 {
+		var err error
+		if evs, err = s.skipDeadLetters(ctx, b.gen, evs, check); err != nil {
+			s.mu.Lock()
+			if b.gen == s.gen {
+				for _, e := range evs {
+					s.queue.release(e)
+				}
+			}
+			s.mu.Unlock()
+			return nil, err
+		}
+	}
+	b.events = evs
+	if len(evs) > 0 {
+		b.Open()
+		b.Recs = make([]outboxdriver.Record, len(evs))
+		for i, e := range evs {
+			b.Recs[i] = e.record()
+		}
+	}
+	return b, nil
+}
+
+// needsCheck returns the ids of evs that may be in the dead-letter table
+// already: replayed after a restart from before the last dead letter, or
+// the dead letter an aggregate is held behind. s.mu is held.
+func (s *CDCSource) needsCheck(evs []*event) []string {
+	var ids []string
+	for _, e := range evs {
+		if (e.tx.end != 0 && e.tx.end <= s.deadLSN) || s.queue.held[e.key()] == e.ID {
+			ids = append(ids, e.ID)
+		}
+	}
+	return ids
+}
+
+// skipDeadLetters drops from evs, as done, the events whose ids among
+// check are in the dead-letter table: they were dead-lettered before (the
+// stream replays them), or an aggregate is held behind them and an
+// operator has not retried them yet.
+func (s *CDCSource) skipDeadLetters(ctx context.Context, gen int, evs []*event, check []string) ([]*event, error) {
+	rows, err := s.pool.Query(ctx, s.cq.isDeadLetter, uuidArray(check))
+	if err != nil {
+		return evs, fmt.Errorf("outboxpgx: claim: look up dead letters: %w", err)
+	}
+	dead, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return evs, fmt.Errorf("outboxpgx: claim: look up dead letters: %w", err)
+	}
+	if len(dead) == 0 {
+		return evs, nil
+	}
+	isDead := map[string]bool{}
+	for _, id := range dead {
+		isDead[id] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.gen {
+		return nil, nil // the stream restarted: it replays them
+	}
+	kept := evs[:0]
+	for _, e := range evs {
+		if isDead[e.ID] {
+			s.queue.done(e)
+			continue
+		}
+		kept = append(kept, e)
+	}
+	if s.queue.advance() {
+		s.target = max(s.target, s.queue.mark)
+	}
+	if s.st != nil {
+		s.st.roomy()
+	}
+	return kept, nil
+}
+
+// cdcBatch is a claim of a CDC source: events held in memory, marked
+// claimed until the outcome is recorded.
+type cdcBatch struct {
+	outboxdriver.BatchState
+	src    *CDCSource
+	events []*event
+	gen    int
+	epoch  int64
+}
+
+// Finish records the outcome in one implicit transaction, fenced by the
+// slot's lease: published rows are deleted (or marked, with retention
+// keep), dead letters are written to the dead-letter table (and their rows
+// removed), and the LSN the slot may confirm is recorded. Only once that
+// committed does the stream confirm it. Retries wait in memory. If the
+// lease was lost, nothing is recorded and Finish wraps ErrLeaseLost.
+func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
+	if ok, err := b.StartFinish(); !ok {
+		return err
+	}
+	s := b.src
+	byID := make(map[string][]*event, len(b.events))
+	for _, e := range b.events {
+		byID[e.ID] = append(byID[e.ID], e)
+	}
+	plan := out.Plan()
+	var finished []*event
+	var rowIDs []string
+	var rowXids []int64
+	var unhold []string
+	s.mu.Lock()
+	for _, id := range plan.Published {
+		for _, e := range byID[id] {
+			finished = append(finished, e)
+			if e.row {
+				rowIDs, rowXids = append(rowIDs, id), append(rowXids, int64(e.tx.xid))
+			}
+			if s.queue.held[e.key()] == id {
+				unhold = append(unhold, id)
+			}
+		}
+	}
+	var dead []*event
+	var deadErr []string
+	var deadHold []bool
+	var deadRows []string
+	var deadXids []int64
+	var deadLSN pglogrepl.LSN
+	var holdIDs []string
+	for _, f := range plan.DeadLetters {
+		for _, e := range byID[f.ID] {
+			finished = append(finished, e)
+			dead = append(dead, e)
+			deadErr = append(deadErr, outboxdriver.ErrorText(f.Err))
+			deadHold = append(deadHold, f.Hold && !e.orphan)
+			if f.Hold && !e.orphan {
+				holdIDs = append(holdIDs, f.ID)
+			}
+			if e.row {
+				deadRows, deadXids = append(deadRows, f.ID), append(deadXids, int64(e.tx.xid))
+			}
+			deadLSN = max(deadLSN, e.tx.end)
+		}
+	}
+	var lsn pglogrepl.LSN
+	sameGen := b.gen == s.gen
+	if sameGen {
+		if m := s.queue.markIf(finished); m > s.queue.mark {
+			lsn = m
+		}
+	}
+	s.mu.Unlock()
+
+	var pb pgx.Batch
+	pb.Queue(s.cq.fence, s.cfg.Slot, s.Cfg.RelayName, b.epoch, lsnArg(lsn), lsnArg(deadLSN))
+	if len(rowIDs) > 0 {
+		pb.Queue(s.cq.mark, uuidArray(rowIDs), rowXids, s.Cfg.Retention == outboxdriver.RetentionKeep)
+	}
+	if len(unhold) > 0 {
+		pb.Queue(s.q.unhold, uuidArray(unhold))
+	}
+	if len(dead) > 0 {
+		pb.Queue(s.cq.deadLetter, deadArgs(dead, deadErr, deadHold)...)
+		if len(deadRows) > 0 {
+			pb.Queue(s.cq.mark, uuidArray(deadRows), deadXids, false)
+		}
+		if len(holdIDs) > 0 {
+			pb.Queue(s.q.holdDead, uuidArray(holdIDs))
+		}
+		if len(plan.Flow) > 0 {
+			pb.Queue(s.q.unhold, uuidArray(plan.Flow))
+		}
+	}
+	// One implicit transaction: the statements of a batch sent without
+	// BEGIN commit together or not at all. A transaction the stream sent
+	// may not be visible for a moment yet (cq.mark): then again.
+	err := s.pool.SendBatch(ctx, &pb).Close()
+	for wait := time.Millisecond; notVisible(err) && wait < 2*time.Second; wait *= 2 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		err = s.pool.SendBatch(ctx, &pb).Close()
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	current := b.gen == s.gen
+	if err != nil {
+		if current {
+			for _, e := range b.events {
+				s.queue.release(e)
+			}
+		}
+		s.signal()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Hint == "outbox-lease-lost" {
+			return fmt.Errorf("outboxpgx: finish batch of %d: %w: %s", len(b.events), outboxdriver.ErrLeaseLost, pgErr.Message)
+		}
+		return fmt.Errorf("outboxpgx: finish batch of %d: %w", len(b.events), err)
+	}
+	if !current {
+		return nil // the stream restarted meanwhile: it replays these events
+	}
+	for _, e := range finished {
+		s.queue.done(e)
+	}
+	for _, f := range plan.DeadLetters {
+		if f.Hold {
+			for _, e := range byID[f.ID] {
+				if !e.orphan {
+					s.queue.held[e.key()] = f.ID
+				}
+			}
+		}
+	}
+	for _, id := range unhold {
+		for _, e := range byID[id] {
+			if s.queue.held[e.key()] == id {
+				delete(s.queue.held, e.key())
+			}
+		}
+	}
+	now := time.Now()
+	for _, f := range plan.Retries {
+		for _, e := range byID[f.ID] {
+			s.queue.retry(e, now.Add(f.RetryAfter))
+		}
+	}
+	for _, e := range b.events {
+		s.queue.release(e) // neither published nor failed: untouched
+	}
+	if s.queue.advance() {
+		s.target = max(s.target, s.queue.mark)
+		if s.st != nil {
+			s.st.kick()
+		}
+	}
+	if s.st != nil && len(finished) > 0 {
+		s.st.roomy()
+		if s.queue.drainLeft == 0 && slices.ContainsFunc(finished, func(e *event) bool { return e.tx.drain }) {
+			s.st.kick() // the reader records the slot drained
+		}
+	}
+	s.signal()
+	return nil
+}
+
+// Release makes the batch's events claimable again, untouched.
+func (b *cdcBatch) Release(context.Context) {
+	if !b.StartRelease() {
+		return
+	}
+	s := b.src
+	s.mu.Lock()
+	if b.gen == s.gen {
+		for _, e := range b.events {
+			s.queue.release(e)
+		}
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+// notVisible reports whether err says that rows of a transaction the
+// stream sent are not visible yet.
+func notVisible(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Hint == "outbox-not-visible"
+}
+
+// lsnArg is an LSN as a pg_lsn argument; 0 is NULL.
+func lsnArg(l pglogrepl.LSN) any {
+	if l == 0 {
+		return nil
+	}
+	return l.String()
+}
+
+// deadArgs are the arguments of the dead-letter insert.
+func deadArgs(evs []*event, errs []string, hold []bool) []any {
+	n := len(evs)
+	ids, ats, aids, tys := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	ps, hs, tcs := make([]*string, n), make([]*string, n), make([]*string, n)
+	seqs, atts := make([]int64, n), make([]int32, n)
+	cas := make([]time.Time, n)
+	raws := make([][]byte, n)
+	for i, e := range evs {
+		ids[i], ats[i], aids[i], tys[i] = e.ID, pgText(e.AggregateType), pgText(e.AggregateID), pgText(e.Type)
+		ps[i], raws[i], tcs[i] = text(e.Payload), e.RawPayload, text([]byte(pgText(e.TraceContext)))
+		if len(e.HeadersJSON) > 0 && e.bad == nil {
+			hs[i] = text(e.HeadersJSON)
+		}
+		seqs[i], atts[i], cas[i] = e.Seq, int32(e.attempts+1), e.CreatedAt
+	}
+	return []any{uuidArray(ids), ats, aids, tys, ps, seqs, cas, hs, tcs, raws, atts, errs, hold}
+}
+
+// pgText makes s storable as PostgreSQL text: valid UTF-8, no NUL.
+func pgText(s string) string {
+	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "?")
+}
+
+// migrateHint adds what to do to an error about a missing _cdc table.
+func migrateHint(err error, t outboxdriver.Table) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("%w: %s is not migrated for log tailing: run `outbox migrate`", outboxdriver.ErrNotMigrated, t)
+	}
+	return err
+}

@@ -1,0 +1,276 @@
+package outboxpgx
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// event is one event a CDC source decoded (from an INSERT into the outbox
+// table, a logical decoding message, or a row read while draining the
+// table), with its place in the queue.
+type event struct {
+	ID            string
+	AggregateType string
+	AggregateID   string
+	Type          string
+	// Payload is the JSON payload, RawPayload a payload that is not JSON;
+	// at most one is set.
+	Payload    []byte
+	RawPayload []byte
+	// HeadersJSON is the headers as the writer stored them (a JSON object).
+	HeadersJSON  json.RawMessage
+	TraceContext string
+	Seq          int64
+	CreatedAt    time.Time
+	// row says the event is a row of the outbox table (recorded there once
+	// published); otherwise it was a message and lives only in the WAL.
+	row bool
+	// bad says why the event cannot be published as its writer meant it
+	// (a message that does not follow the format); the relay dead-letters
+	// it.
+	bad error
+	// orphan says the event names no valid aggregate (a message that does
+	// not follow the format): it orders and holds nothing but itself.
+	orphan bool
+
+	tx        *txn
+	state     evState
+	attempts  int
+	notBefore time.Time // of a retry
+	rec       outboxdriver.Record
+}
+
+type evState uint8
+
+const (
+	evReady   evState = iota
+	evClaimed         // in a batch
+	evRetry           // waiting for notBefore
+	evDone            // published or dead-lettered (or known to be)
+)
+
+// key is the aggregate of e.
+func (e *event) key() aggKey {
+	if e.orphan {
+		return aggKey{"\x00", e.ID}
+	}
+	return aggKey{e.AggregateType, e.AggregateID}
+}
+
+type aggKey struct{ typ, id string }
+
+// record returns the event as the relay sees it.
+func (e *event) record() outboxdriver.Record {
+	r := e.rec
+	r.Attempts = e.attempts
+	return r
+}
+
+// seal fills the record the relay is handed.
+func (e *event) seal() {
+	r := outboxdriver.Record{
+		ID: e.ID, Seq: e.Seq, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.Type,
+		TraceContext: e.TraceContext, CreatedAt: e.CreatedAt,
+	}
+	switch {
+	case e.Payload != nil:
+		r.Payload = e.Payload
+	case e.RawPayload != nil:
+		r.Payload = e.RawPayload
+	}
+	r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders([]byte(e.HeadersJSON))
+	if e.bad != nil {
+		// Routing refuses a record whose headers could not be read, and
+		// the relay dead-letters it: the same path serves a message that
+		// is not an outbox event.
+		r.HeadersErr = e.bad
+		if e.orphan {
+			r.AggregateID = e.ID // routed as far as the reason
+		}
+	}
+	e.rec = r
+}
+
+// txn is one committed transaction's events, in the order they were
+// written. end is the end of its commit record, the LSN the slot may
+// confirm once every event of it and of every earlier transaction is
+// done; rows read while draining the table have none (0).
+type txn struct {
+	end pglogrepl.LSN
+	// xid is the transaction's id (0 for drained rows, which are visible).
+	xid uint32
+	// drain says the events are rows read from the table (stream.drain).
+	drain  bool
+	events []*event
+	left   int // events not done
+}
+
+// queue holds the decoded events until they are done, in commit order,
+// and decides what may be claimed: an event is claimable when no earlier
+// event of its aggregate is still in flight, waiting for a retry or held
+// behind a dead letter. It is not safe for concurrent use; the source
+// guards it.
+type queue struct {
+	txns []*txn
+	// held maps an aggregate held behind a dead letter (poison policy
+	// hold) to that dead letter's id: its later events wait until the
+	// dead letter comes back (retried by an operator: the same id is
+	// inserted again) and is published, or is discarded.
+	held map[aggKey]string
+	// pending counts events not done; drainLeft those of them that were
+	// read from the table.
+	pending, drainLeft int
+	// mark is the end of the newest transaction that is done together
+	// with every transaction before it: the LSN the slot may confirm.
+	mark pglogrepl.LSN
+}
+
+func newQueue() queue { return queue{held: map[aggKey]string{}} }
+
+// push appends a committed transaction.
+func (q *queue) push(t *txn) {
+	t.left = len(t.events)
+	for _, e := range t.events {
+		e.tx = t
+		e.seal()
+	}
+	q.pending += t.left
+	if t.drain {
+		q.drainLeft += t.left
+	}
+	q.txns = append(q.txns, t)
+	q.advance()
+}
+
+// claim takes up to limit claimable events, in commit order.
+func (q *queue) claim(limit int, now time.Time) []*event {
+	var out []*event
+	blocked := map[aggKey]bool{}
+	for _, t := range q.txns {
+		if t.left == 0 {
+			continue
+		}
+		for _, e := range t.events {
+			if e.state == evDone {
+				continue
+			}
+			k := e.key()
+			ready := e.state == evReady || (e.state == evRetry && !now.Before(e.notBefore))
+			if h, ok := q.held[k]; ok {
+				// Only the dead letter itself, back from the dead-letter
+				// table, goes ahead of the events held behind it.
+				if ready && e.ID == h && !blocked[k] {
+					e.state = evClaimed
+					out = append(out, e)
+					blocked[k] = true
+					if len(out) == limit {
+						return out
+					}
+				}
+				continue
+			}
+			if blocked[k] {
+				continue
+			}
+			if !ready {
+				blocked[k] = true
+				continue
+			}
+			e.state = evClaimed
+			out = append(out, e)
+			if len(out) == limit {
+				return out
+			}
+		}
+	}
+	return out
+}
+
+// done marks e published or dead-lettered.
+func (q *queue) done(e *event) {
+	if e.state == evDone {
+		return
+	}
+	e.state = evDone
+	e.tx.left--
+	q.pending--
+	if e.tx.drain {
+		q.drainLeft--
+	}
+}
+
+// release makes e claimable again, untouched.
+func (q *queue) release(e *event) {
+	if e.state == evClaimed {
+		e.state = evReady
+	}
+}
+
+// retry makes e claimable again at at, one attempt more.
+func (q *queue) retry(e *event, at time.Time) {
+	if e.state == evDone {
+		return
+	}
+	e.attempts++
+	e.state, e.notBefore = evRetry, at
+}
+
+// advance drops the transactions done at the front and moves mark past
+// them. It reports whether mark moved.
+func (q *queue) advance() bool {
+	moved := false
+	i := 0
+	for ; i < len(q.txns) && q.txns[i].left == 0; i++ {
+		if end := q.txns[i].end; end > q.mark {
+			q.mark, moved = end, true
+		}
+	}
+	if i > 0 {
+		clear(q.txns[:i])
+		q.txns = q.txns[i:]
+	}
+	return moved
+}
+
+// markIf returns the mark the queue would reach once the events of done
+// are done, without changing anything.
+func (q *queue) markIf(done []*event) pglogrepl.LSN {
+	left := map[*txn]int{}
+	for _, e := range done {
+		if e.state != evDone {
+			left[e.tx]++
+		}
+	}
+	mark := q.mark
+	for _, t := range q.txns {
+		if t.left-left[t] > 0 {
+			break
+		}
+		mark = max(mark, t.end)
+	}
+	return mark
+}
+
+// nextRetry returns when the earliest waiting retry is due (zero: none).
+func (q *queue) nextRetry() time.Time {
+	var at time.Time
+	for _, t := range q.txns {
+		for _, e := range t.events {
+			if e.state == evRetry && (at.IsZero() || e.notBefore.Before(at)) {
+				at = e.notBefore
+			}
+		}
+	}
+	return at
+}
+
+// reset forgets every event: the stream they came from ended, and the
+// next one replays them from the slot's confirmed LSN.
+func (q *queue) reset() {
+	clear(q.txns)
+	q.txns, q.pending, q.drainLeft, q.mark = nil, 0, 0, 0
+}

@@ -1,0 +1,107 @@
+package outboxpgx
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+func qev(agg, id string) *event {
+	return &event{ID: id, AggregateType: "order", AggregateID: agg, Type: "T"}
+}
+
+func qids(evs []*event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.ID
+	}
+	return out
+}
+
+// The queue hands out events in commit order, never an event whose
+// aggregate has an earlier one in flight or waiting for a retry, and its
+// mark moves only past transactions done together with all before them.
+func TestQueueOrderAndMark(t *testing.T) {
+	q := newQueue()
+	now := time.Now()
+	t1 := &txn{end: 100, events: []*event{qev("a", "a1"), qev("b", "b1")}}
+	t2 := &txn{end: 200, events: []*event{qev("a", "a2"), qev("c", "c1")}}
+	t3 := &txn{end: 300}
+	q.push(t1)
+	q.push(t2)
+	q.push(t3)
+	if got := qids(q.claim(3, now)); !slices.Equal(got, []string{"a1", "b1", "a2"}) {
+		t.Fatalf("first claim = %v", got)
+	}
+	// a1, b1, a2 are in flight: only c1 is claimable.
+	if got := qids(q.claim(10, now)); !slices.Equal(got, []string{"c1"}) {
+		t.Fatalf("second claim = %v, want [c1]", got)
+	}
+	a1, b1, a2, c1 := t1.events[0], t1.events[1], t2.events[0], t2.events[1]
+	if m := q.markIf([]*event{a1, b1}); m != 100 {
+		t.Fatalf("markIf(t1 done) = %v, want 100", m)
+	}
+	if m := q.markIf([]*event{a2, c1}); m != 0 {
+		t.Fatalf("markIf(t2 done, t1 not) = %v, want 0", m)
+	}
+	// a1 fails and waits for a retry: a2 must not overtake it.
+	q.done(b1)
+	q.retry(a1, now.Add(time.Hour))
+	q.release(a2)
+	q.done(c1)
+	if q.advance() {
+		t.Fatal("mark moved while t1 is not done")
+	}
+	if got := qids(q.claim(10, now)); len(got) != 0 {
+		t.Fatalf("claim while a1 waits = %v, want none", got)
+	}
+	if got := qids(q.claim(10, now.Add(2*time.Hour))); !slices.Equal(got, []string{"a1", "a2"}) {
+		t.Fatalf("claim once a1 is due = %v, want [a1 a2]", got)
+	}
+	if a1.attempts != 1 {
+		t.Fatalf("a1 attempts = %d, want 1", a1.attempts)
+	}
+	q.done(a1)
+	if !q.advance() || q.mark != 100 {
+		t.Fatalf("mark = %v, want 100", q.mark)
+	}
+	q.done(a2)
+	if !q.advance() || q.mark != 300 || q.pending != 0 || len(q.txns) != 0 {
+		t.Fatalf("mark = %v pending = %d txns = %d, want 300, 0, 0", q.mark, q.pending, len(q.txns))
+	}
+}
+
+// An aggregate held behind a dead letter lets only that dead letter
+// through (back from the dead-letter table, same id); other aggregates
+// flow on.
+func TestQueueHeldAggregate(t *testing.T) {
+	q := newQueue()
+	now := time.Now()
+	q.held[aggKey{"order", "a"}] = "dead"
+	q.push(&txn{end: 10, events: []*event{qev("a", "a2"), qev("b", "b1")}})
+	q.push(&txn{end: 20, events: []*event{qev("a", "dead")}})
+	got := q.claim(10, now)
+	if !slices.Equal(qids(got), []string{"b1", "dead"}) {
+		t.Fatalf("claim = %v, want [b1 dead]", qids(got))
+	}
+	for _, e := range got {
+		q.done(e)
+	}
+	delete(q.held, aggKey{"order", "a"})
+	if got := qids(q.claim(10, now)); !slices.Equal(got, []string{"a2"}) {
+		t.Fatalf("claim after release = %v, want [a2]", got)
+	}
+}
+
+// Rows drained from the table have no LSN: they never move the mark.
+func TestQueueDrainedRowsHaveNoLSN(t *testing.T) {
+	q := newQueue()
+	q.push(&txn{events: []*event{qev("a", "r1")}})
+	e := q.claim(1, time.Now())[0]
+	q.done(e)
+	if q.advance() || q.mark != pglogrepl.LSN(0) {
+		t.Fatalf("mark = %v after a drained row, want 0", q.mark)
+	}
+}

@@ -1,0 +1,798 @@
+package outboxpgx
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// stream is one run of a CDC source's streamer under one lease epoch: it
+// makes the publication and slot when missing, drains the rows a new slot
+// does not hold, then reads the slot's stream into the queue and confirms
+// what the source says it may.
+type stream struct {
+	src    *CDCSource
+	epoch  int64
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // why it ended; read after done
+
+	// drained says the rows a new slot does not hold were relayed (or
+	// there were none to relay); the reader records it once they are.
+	drained bool
+
+	kickMu     sync.Mutex
+	kicked     bool
+	recvCancel context.CancelFunc
+	room       chan struct{} // signalled when events are done
+}
+
+func (st *stream) ended() bool {
+	select {
+	case <-st.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// kick makes the reader send a standby status update now (the LSN to
+// confirm moved) instead of at its next interval.
+func (st *stream) kick() {
+	st.kickMu.Lock()
+	st.kicked = true
+	if st.recvCancel != nil {
+		st.recvCancel()
+	}
+	st.kickMu.Unlock()
+	st.roomy()
+}
+
+// roomy wakes a reader waiting for room in the queue: events are done.
+func (st *stream) roomy() {
+	select {
+	case st.room <- struct{}{}:
+	default:
+	}
+}
+
+// receiving registers the cancel func of the reader's receive; it reports
+// false (and registers nothing) when a kick came meanwhile.
+func (st *stream) receiving(cancel context.CancelFunc) bool {
+	st.kickMu.Lock()
+	defer st.kickMu.Unlock()
+	if st.kicked {
+		st.kicked = false
+		return false
+	}
+	st.recvCancel = cancel
+	return true
+}
+
+func (st *stream) received() {
+	st.kickMu.Lock()
+	st.recvCancel = nil
+	st.kicked = false
+	st.kickMu.Unlock()
+}
+
+// resetLocked forgets the queued events: the stream they came from is
+// gone. Batches claimed before record nothing in memory. s.mu is held.
+func (s *CDCSource) resetLocked() {
+	s.queue.reset()
+	s.gen++
+	s.target = 0
+}
+
+// startStream starts streaming under lease l. s.mu is held.
+func (s *CDCSource) startStream(l outboxdriver.Lease) {
+	ctx, cancel := context.WithCancel(context.Background())
+	st := &stream{src: s, epoch: l.Epoch, cancel: cancel, done: make(chan struct{}), room: make(chan struct{}, 1)}
+	s.resetLocked()
+	s.st = st
+	go func() {
+		err := st.run(ctx)
+		if ctx.Err() != nil {
+			err = nil // stopped
+		} else if err == nil {
+			err = errors.New("outboxpgx: the replication stream ended")
+		}
+		if err != nil {
+			s.Log.Error("outboxpgx: log tailing stopped", "slot", s.cfg.Slot, "err", err)
+		}
+		st.err = err
+		close(st.done)
+		s.signal()
+	}()
+}
+
+// stopStream stops the stream, if any, and waits for it.
+func (s *CDCSource) stopStream() {
+	s.mu.Lock()
+	st := s.st
+	s.st = nil
+	if st != nil {
+		s.resetLocked()
+	}
+	s.mu.Unlock()
+	if st != nil {
+		st.cancel()
+		<-st.done
+	}
+}
+
+// current reports whether st is still the source's stream. s.mu is held.
+func (st *stream) current() bool { return st.src.st == st }
+
+var errStopped = errors.New("stream stopped")
+
+// run sets up and reads the stream until ctx ends or it fails.
+func (st *stream) run(ctx context.Context) error {
+	s := st.src
+	if err := s.ensurePublication(ctx, !s.cfg.NoCreate); err != nil {
+		return err
+	}
+	if err := s.ensureSlot(ctx, !s.cfg.NoCreate, st.fenced); err != nil {
+		return err
+	}
+	var drained bool
+	var dead string
+	if err := s.pool.QueryRow(ctx, s.cq.row, s.cfg.Slot).Scan(&drained, &dead); err != nil {
+		return fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
+	}
+	deadLSN, err := pglogrepl.ParseLSN(dead)
+	if err != nil {
+		return fmt.Errorf("outboxpgx: slot %s: dead_lsn %q: %w", s.cfg.Slot, dead, err)
+	}
+	if err := st.loadHeld(ctx, deadLSN); err != nil {
+		return err
+	}
+	st.drained = drained
+	if !drained {
+		if err := st.drain(ctx); err != nil {
+			return err
+		}
+	}
+	conn, err := st.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.close(conn)
+	return st.read(ctx, conn)
+}
+
+// close closes the replication connection and waits (a little) until the
+// server has let go of the slot, so that a standby or `migrate --down`
+// finds it free.
+func (st *stream) close(conn *pgconn.PgConn) {
+	s := st.src
+	pid := conn.PID()
+	conn.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		var busy bool
+		err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)`, s.cfg.Slot, pid).Scan(&busy)
+		if err != nil || !busy {
+			return
+		}
+		t := time.NewTimer(5 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// loadHeld loads the aggregates held behind dead letters, and the LSN up
+// to which replayed events may be dead letters already.
+func (st *stream) loadHeld(ctx context.Context, deadLSN pglogrepl.LSN) error {
+	s := st.src
+	rows, err := s.pool.Query(ctx, s.cq.held)
+	if err != nil {
+		return fmt.Errorf("outboxpgx: read held aggregates: %w", err)
+	}
+	held := map[aggKey]string{}
+	var k aggKey
+	var id string
+	if _, err := pgx.ForEachRow(rows, []any{&k.typ, &k.id, &id}, func() error { held[k] = id; return nil }); err != nil {
+		return fmt.Errorf("outboxpgx: read held aggregates: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !st.current() {
+		return errStopped
+	}
+	s.queue.held = held
+	s.deadLSN = deadLSN
+	return nil
+}
+
+// ensurePublication makes the publication of the table's inserts when it
+// is missing, and fails when it exists without the table.
+func (s *CDCSource) ensurePublication(ctx context.Context, create bool) error {
+	var exists, hasTable bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
+		s.cfg.Publication, s.Table.Schema, s.Table.Name).Scan(&exists, &hasTable)
+	if err != nil {
+		return fmt.Errorf("outboxpgx: look up publication %s: %w", s.cfg.Publication, err)
+	}
+	switch {
+	case exists && hasTable:
+		return nil
+	case exists:
+		return fmt.Errorf("outboxpgx: publication %s does not publish %s: run ALTER PUBLICATION %s ADD TABLE %s, or name another publication",
+			s.cfg.Publication, s.Table, outboxdriver.QuoteIdent(s.cfg.Publication), s.Table.Qualified(""))
+	case !create:
+		return fmt.Errorf("outboxpgx: publication %s does not exist: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'), or let the relay create it",
+			s.cfg.Publication, outboxdriver.QuoteIdent(s.cfg.Publication), s.Table.Qualified(""))
+	}
+	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` FOR TABLE `+s.Table.Qualified("")+` WITH (publish = 'insert')`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+		return nil // made meanwhile
+	}
+	if err != nil {
+		return fmt.Errorf("outboxpgx: create publication %s: %w", s.cfg.Publication, err)
+	}
+	s.Log.Info("outboxpgx: created publication", "publication", s.cfg.Publication, "table", s.Table.String())
+	return nil
+}
+
+// ensureSlot makes the slot when it is missing. A slot that existed and
+// is gone (dropped, or invalidated by max_slot_wal_keep_size) is lost: in
+// table mode it is made again and the rows still in the table are drained
+// first; in message mode that is an error naming the LSN from which
+// messages were not relayed. mark records the slot's state (the
+// streamer's marks are fenced by its lease).
+func (s *CDCSource) ensureSlot(ctx context.Context, create bool, mark func(context.Context, slotState) error) error {
+	var plugin, walStatus string
+	var sameDB, found bool
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(plugin, ''), database = current_database(), coalesce(wal_status, '')
+FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &sameDB, &walStatus)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return fmt.Errorf("outboxpgx: look up replication slot %s: %w", s.cfg.Slot, err)
+	default:
+		found = true
+	}
+	if found && (plugin != "pgoutput" || !sameDB) {
+		return fmt.Errorf("outboxpgx: replication slot %s exists but is not a pgoutput slot of this database: name another slot", s.cfg.Slot)
+	}
+	var created bool
+	var confirmed string
+	if err := s.pool.QueryRow(ctx, `SELECT slot_created, coalesce(confirmed_lsn::text, '') FROM `+s.Table.Qualified("_cdc")+` WHERE slot = $1`, s.cfg.Slot).Scan(&created, &confirmed); err != nil {
+		return fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
+	}
+	if found && walStatus != "lost" {
+		if !created {
+			return mark(ctx, slotCreated)
+		}
+		return nil
+	}
+	if found || created {
+		what := "was dropped"
+		if found {
+			what = "was invalidated (it fell behind by more than max_slot_wal_keep_size)"
+		}
+		from := confirmed
+		if from == "" {
+			from = "its creation"
+		}
+		if s.cfg.Mode == CDCMessages {
+			return fmt.Errorf("outboxpgx: replication slot %s %s: events written as logical decoding messages after LSN %s were not relayed and cannot be; to stream again from now on, accept the loss with UPDATE %s SET slot_created = false WHERE slot = '%s'",
+				s.cfg.Slot, what, from, s.Table.Qualified("_cdc"), s.cfg.Slot)
+		}
+		s.Log.Error("outboxpgx: replication slot lost; making it again and relaying the rows still in the table first (no row is lost; logical decoding messages written meanwhile are)",
+			"slot", s.cfg.Slot, "lost", what, "confirmed_lsn", from)
+		if found {
+			if _, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
+				return fmt.Errorf("outboxpgx: drop invalidated replication slot %s: %w", s.cfg.Slot, slotError(err, s.cfg.Slot))
+			}
+		}
+	}
+	if !create {
+		return fmt.Errorf("outboxpgx: replication slot %s does not exist: run SELECT pg_create_logical_replication_slot('%s', 'pgoutput'), or let the relay create it", s.cfg.Slot, s.cfg.Slot)
+	}
+	// Not drained from now on: the new slot does not hold the rows that
+	// are in the table already.
+	if err := mark(ctx, slotNew); err != nil {
+		return err
+	}
+	var lsn string
+	if err := s.pool.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, s.cfg.Slot).Scan(&lsn); err != nil {
+		return fmt.Errorf("outboxpgx: create replication slot %s: %w", s.cfg.Slot, slotError(err, s.cfg.Slot))
+	}
+	s.Log.Info("outboxpgx: created replication slot", "slot", s.cfg.Slot, "lsn", lsn)
+	return mark(ctx, slotCreated)
+}
+
+// fenced records a change of the slot's state under the lease; it fails
+// with ErrLeaseLost when the lease is gone.
+func (st *stream) fenced(ctx context.Context, state slotState) error {
+	s := st.src
+	tag, err := s.pool.Exec(ctx, s.cq.setStateFenced[state], s.cfg.Slot, s.Cfg.RelayName, st.epoch)
+	if err != nil {
+		return fmt.Errorf("outboxpgx: slot %s: %w", s.cfg.Slot, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("outboxpgx: slot %s: %w: another relay streams it now", s.cfg.Slot, outboxdriver.ErrLeaseLost)
+	}
+	return nil
+}
+
+// slotError says what to do about the common failures of slot commands.
+func slotError(err error, slot string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch {
+	case pgErr.Code == "55000" && strings.Contains(pgErr.Message, "wal_level"):
+		return fmt.Errorf("log tailing needs wal_level = logical: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL (%s)", pgErr.Message)
+	case pgErr.Code == "42501":
+		return fmt.Errorf("the relay's role may not replicate: run ALTER ROLE <the relay's role> REPLICATION (%s)", pgErr.Message)
+	case pgErr.Code == "53400":
+		return fmt.Errorf("no replication slot is free: raise max_replication_slots, or drop an unused slot (%s)", pgErr.Message)
+	case pgErr.Code == "55006":
+		return fmt.Errorf("replication slot %s is busy: another process streams from it (%s)", slot, pgErr.Message)
+	}
+	return err
+}
+
+// drain queues the rows that were in the table when the slot was made (the
+// slot's stream holds only what commits after it), page by page in seq
+// order, as transactions without an LSN ahead of everything the stream
+// brings: the stream starts once they are read, its events of the same
+// aggregates wait behind them, and the slot confirms nothing until they
+// are done (held ones included: they stay in the table, and a restart
+// reads them again). Rows committed while it reads may come again from
+// the stream: duplicates, never a loss. The reader marks the slot drained
+// once every row was published or dead-lettered (markDrained).
+func (st *stream) drain(ctx context.Context) error {
+	s := st.src
+	s.Log.Info("outboxpgx: relaying the rows already in the table before streaming", "slot", s.cfg.Slot)
+	sql := `SELECT id::text, aggregatetype, aggregateid, type, payload::text, payload_raw, headers::text,
+       coalesce(tracingspancontext, ''), created_at, seq
+FROM ` + s.names.Table + ` WHERE published_at IS NULL AND seq > $1 ORDER BY seq LIMIT $2`
+	var last int64 = -1 << 63
+	for {
+		room, err := st.waitRoom(ctx)
+		if err != nil {
+			return err
+		}
+		t := &txn{drain: true}
+		rows, err := s.pool.Query(ctx, sql, last, min(drainPage, room))
+		if err != nil {
+			return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+		}
+		for rows.Next() {
+			e := &event{row: true}
+			var payload, headers *string
+			if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &e.RawPayload, &headers, &e.TraceContext, &e.CreatedAt, &e.Seq); err != nil {
+				rows.Close()
+				return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+			}
+			if payload != nil {
+				e.Payload, e.RawPayload = []byte(*payload), nil
+			}
+			if headers != nil {
+				e.HeadersJSON = []byte(*headers)
+			}
+			t.events = append(t.events, e)
+			last = e.Seq
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+		}
+		if len(t.events) > 0 {
+			if err := st.push(t); err != nil {
+				return err
+			}
+		}
+		if len(t.events) < min(drainPage, room) {
+			break
+		}
+	}
+	return st.markDrained(ctx)
+}
+
+// markDrained records that the slot is drained once no row read from the
+// table is pending.
+func (st *stream) markDrained(ctx context.Context) error {
+	s := st.src
+	if st.drained {
+		return nil
+	}
+	s.mu.Lock()
+	left := s.queue.drainLeft
+	s.mu.Unlock()
+	if left > 0 {
+		return nil
+	}
+	if err := st.fenced(ctx, slotDrained); err != nil {
+		return err
+	}
+	st.drained = true
+	s.Log.Info("outboxpgx: relayed the rows that were in the table before the slot", "slot", s.cfg.Slot)
+	return nil
+}
+
+// waitRoom waits until the queue holds fewer than MaxPending events and
+// returns how many more it may take.
+func (st *stream) waitRoom(ctx context.Context) (int, error) {
+	s := st.src
+	for {
+		s.mu.Lock()
+		if !st.current() {
+			s.mu.Unlock()
+			return 0, errStopped
+		}
+		room := s.cfg.MaxPending - s.queue.pending
+		s.mu.Unlock()
+		if room > 0 {
+			return room, nil
+		}
+		select {
+		case <-st.room:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// push queues a committed transaction and wakes the relay.
+func (st *stream) push(t *txn) error {
+	s := st.src
+	s.mu.Lock()
+	if !st.current() {
+		s.mu.Unlock()
+		return errStopped
+	}
+	s.queue.push(t)
+	if s.queue.advance() && s.leased && time.Now().Before(s.leaseUntil) {
+		// Transactions without events of this table at the front: nothing
+		// to wait for.
+		s.target = max(s.target, s.queue.mark)
+	}
+	s.mu.Unlock()
+	if len(t.events) > 0 {
+		s.signal()
+	}
+	return nil
+}
+
+// connect opens the replication connection and starts streaming from the
+// slot's confirmed LSN. A stale streamer still connected to the slot (its
+// lease expired, and this relay holds it now) is terminated first.
+func (st *stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	s := st.src
+	cfg := s.pool.Config().ConnConfig.Config.Copy()
+	cfg.RuntimeParams["replication"] = "database"
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "outbox"
+	}
+	// The text forms the decoder reads.
+	cfg.RuntimeParams["datestyle"] = "ISO"
+	cfg.RuntimeParams["timezone"] = "UTC"
+	cfg.RuntimeParams["bytea_output"] = "hex"
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return nil, fmt.Errorf("outboxpgx: log tailing needs a role with the REPLICATION attribute: run ALTER ROLE %s REPLICATION (%s)", cfg.User, pgErr.Message)
+		}
+		return nil, fmt.Errorf("outboxpgx: open the replication connection: %w", err)
+	}
+	// Only under the lease: a relay whose lease expired must not stop the
+	// new owner's stream.
+	if err := st.fenced(ctx, slotOwned); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	if err := st.takeOver(ctx); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{
+			"proto_version '1'",
+			"publication_names '" + outboxdriver.QuoteIdent(s.cfg.Publication) + "'",
+			"messages 'true'",
+		},
+	})
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("outboxpgx: start streaming slot %s: %w", s.cfg.Slot, slotError(err, s.cfg.Slot))
+	}
+	return conn, nil
+}
+
+// takeOver terminates the process still streaming the slot, if any: this
+// relay holds the lease, so that one is a stale streamer (or a stranger),
+// and it must not confirm anything any more. It waits until the slot is
+// free.
+func (st *stream) takeOver(ctx context.Context) error {
+	s := st.src
+	deadline := time.Now().Add(10 * time.Second)
+	for warned := false; ; {
+		var pid int32
+		err := s.pool.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && pid == 0) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("outboxpgx: look up replication slot %s: %w", s.cfg.Slot, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("outboxpgx: replication slot %s is busy: process %d streams from it and could not be stopped", s.cfg.Slot, pid)
+		}
+		if !warned {
+			s.Log.Warn("outboxpgx: replication slot is streamed by another process; this relay holds its lease and stops it", "slot", s.cfg.Slot, "pid", pid)
+			warned = true
+			if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+				return fmt.Errorf("outboxpgx: replication slot %s is busy: process %d streams from it: %w", s.cfg.Slot, pid, err)
+			}
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// read decodes the stream into the queue until ctx ends or the stream
+// fails, and sends a standby status update with the LSN the source may
+// confirm whenever it moved, or at least every StatusInterval.
+func (st *stream) read(ctx context.Context, conn *pgconn.PgConn) error {
+	s := st.src
+	d := decoder{src: s, rels: map[uint32]*relation{}, types: pgtype.NewMap()}
+	var sent pglogrepl.LSN
+	next := time.Now()
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.mu.Lock()
+		if !st.current() {
+			s.mu.Unlock()
+			return nil
+		}
+		target := s.target
+		full := s.queue.pending >= s.cfg.MaxPending
+		s.mu.Unlock()
+		if err := st.markDrained(ctx); err != nil {
+			return err
+		}
+		if now := time.Now(); target > sent || !now.Before(next) {
+			pos := max(target, sent)
+			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
+				return fmt.Errorf("outboxpgx: send standby status of slot %s: %w", s.cfg.Slot, err)
+			}
+			sent, next = pos, now.Add(s.cfg.StatusInterval)
+		}
+		if full && d.cur == nil {
+			// Enough in memory: read on once the relay caught up a little.
+			t := time.NewTimer(time.Until(next))
+			select {
+			case <-st.room:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			continue
+		}
+		rctx, cancel := context.WithDeadline(ctx, next)
+		if !st.receiving(cancel) {
+			cancel()
+			continue
+		}
+		msg, err := conn.ReceiveMessage(rctx)
+		st.received()
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
+				continue // time for a status update, or a kick
+			}
+			return fmt.Errorf("outboxpgx: stream slot %s: %w", s.cfg.Slot, err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("outboxpgx: stream slot %s: %w", s.cfg.Slot, err)
+				}
+				st.idle(ka.ServerWALEnd, d.cur == nil)
+				if ka.ReplyRequested {
+					next = time.Time{}
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("outboxpgx: stream slot %s: %w", s.cfg.Slot, err)
+				}
+				t, err := d.decode(x.WALData)
+				if err != nil {
+					return fmt.Errorf("outboxpgx: stream slot %s at %s: %w", s.cfg.Slot, x.WALStart, err)
+				}
+				if t != nil {
+					if err := st.push(t); err != nil {
+						return nil
+					}
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("outboxpgx: stream slot %s: %w", s.cfg.Slot, slotError(pgconn.ErrorResponseToPgError(m), s.cfg.Slot))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("outboxpgx: stream slot %s: the server ended the stream", s.cfg.Slot)
+		}
+	}
+}
+
+// idle confirms the server's WAL end from a keepalive when nothing is
+// pending (every event received so far is done, and no transaction is
+// half read): the slot then keeps no WAL for an idle outbox on a busy
+// database. Only under a lease the local clock says is still held.
+func (st *stream) idle(walEnd pglogrepl.LSN, between bool) {
+	s := st.src
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if between && st.current() && s.queue.pending == 0 && len(s.queue.txns) == 0 && s.leased && time.Now().Before(s.leaseUntil) {
+		s.target = max(s.target, walEnd)
+	}
+}
+
+// decoder turns pgoutput messages into transactions of events.
+type decoder struct {
+	src   *CDCSource
+	rels  map[uint32]*relation
+	types *pgtype.Map
+	cur   *txn
+	at    time.Time // the commit time of cur
+}
+
+// relation is what the decoder knows of a relation: whether it is the
+// outbox table, and where its columns are.
+type relation struct {
+	ours bool
+	col  map[string]int
+}
+
+// decode handles one pgoutput message and returns a transaction when it
+// committed.
+func (d *decoder) decode(data []byte) (*txn, error) {
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	s := d.src
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessage:
+		r := &relation{ours: m.Namespace == s.Table.Schema && m.RelationName == s.Table.Name, col: map[string]int{}}
+		for i, c := range m.Columns {
+			r.col[c.Name] = i
+		}
+		d.rels[m.RelationID] = r
+	case *pglogrepl.BeginMessage:
+		d.cur, d.at = &txn{xid: m.Xid}, m.CommitTime
+	case *pglogrepl.InsertMessage:
+		r := d.rels[m.RelationID]
+		if r == nil || !r.ours || d.cur == nil {
+			return nil, nil
+		}
+		d.cur.events = append(d.cur.events, d.row(r, m.Tuple))
+	case *pglogrepl.LogicalDecodingMessage:
+		if !m.Transactional || m.Prefix != s.prefix || d.cur == nil {
+			if m.Prefix == s.prefix && !m.Transactional {
+				s.Log.Warn("outboxpgx: ignored a non-transactional message with the outbox's prefix: write events with pg_logical_emit_message(true, ...)", "lsn", m.LSN.String())
+			}
+			return nil, nil
+		}
+		d.cur.events = append(d.cur.events, d.message(m))
+	case *pglogrepl.CommitMessage:
+		t := d.cur
+		d.cur = nil
+		if t == nil {
+			return nil, nil
+		}
+		t.end = m.TransactionEndLSN
+		return t, nil
+	case *pglogrepl.TruncateMessage:
+		s.Log.Warn("outboxpgx: ignored a TRUNCATE of the outbox table: truncated rows that were not relayed yet are gone", "table", s.Table.String())
+	}
+	return nil, nil
+}
+
+// row decodes an INSERT into the outbox table.
+func (d *decoder) row(r *relation, tup *pglogrepl.TupleData) *event {
+	e := &event{row: true, CreatedAt: d.at}
+	get := func(name string) ([]byte, bool) {
+		i, ok := r.col[name]
+		if !ok || tup == nil || i >= len(tup.Columns) {
+			return nil, false
+		}
+		c := tup.Columns[i]
+		if c.DataType != pglogrepl.TupleDataTypeText {
+			return nil, false
+		}
+		return c.Data, true
+	}
+	str := func(name string) string { b, _ := get(name); return string(b) }
+	e.ID, e.AggregateType, e.AggregateID, e.Type = str("id"), str("aggregatetype"), str("aggregateid"), str("type")
+	e.TraceContext = str("tracingspancontext")
+	if b, ok := get("seq"); ok {
+		e.Seq, _ = strconv.ParseInt(string(b), 10, 64)
+	}
+	if b, ok := get("created_at"); ok {
+		var at time.Time
+		if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &at); err == nil {
+			e.CreatedAt = at
+		}
+	}
+	if b, ok := get("payload"); ok {
+		e.Payload = b
+	} else if b, ok := get("payload_raw"); ok {
+		raw, err := hex.DecodeString(strings.TrimPrefix(string(b), `\x`))
+		if err != nil {
+			e.bad = fmt.Errorf("payload_raw is not hex bytea text: %v", err)
+		}
+		e.RawPayload = raw
+	}
+	if b, ok := get("headers"); ok {
+		e.HeadersJSON = b
+	}
+	return e
+}
+
+// message decodes a logical decoding message with the outbox's prefix.
+func (d *decoder) message(m *pglogrepl.LogicalDecodingMessage) *event {
+	content := bytes.Clone(m.Content)
+	ev, err := decodeMessage(content)
+	e := &ev
+	e.Seq, e.CreatedAt = int64(m.LSN), d.at
+	if err != nil {
+		// Dead-lettered with the content as its raw payload.
+		e.bad = fmt.Errorf("the message at LSN %s is %w", m.LSN, err)
+		e.Payload, e.RawPayload, e.HeadersJSON = nil, content, nil
+		if e.ID == "" {
+			e.ID = uuid.NewSHA1(uuid.NameSpaceOID, []byte(d.src.prefix+"@"+m.LSN.String())).String()
+		}
+		e.orphan = outboxdriver.CheckAggregateID(e.AggregateID) != nil || strings.TrimSpace(e.AggregateType) == ""
+	}
+	return e
+}

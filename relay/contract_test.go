@@ -1,0 +1,113 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/sink"
+	"github.com/outboxkit/outbox/sink/natssink"
+	"github.com/outboxkit/outbox/sink/stdoutsink"
+)
+
+// lockedBuffer is an io.Writer a test can read while a sink writes to it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Rows written by plain SQL that cannot become the message their writer
+// meant (an aggregate id that cannot be the key unchanged, a headers
+// column that is not a JSON object of values) are dead-lettered at once
+// with a cause that says so, on every sink; the others flow.
+func TestRowsThatCannotBePublishedAsWrittenAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"nats", "stdout"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			var out lockedBuffer
+			var wrap func(sink.Sink) sink.Sink
+			if name == "stdout" {
+				wrap = func(sink.Sink) sink.Sink { return stdoutsink.New(&out) }
+			}
+			e.start(t, wrap, relay.Config{})
+			causes := map[string]string{
+				"00000000-0000-7000-8000-000000000001": "the aggregate id is empty",
+				"00000000-0000-7000-8000-000000000002": "the aggregate id contains a line break",
+				"00000000-0000-7000-8000-000000000003": "the headers column holds a JSON array",
+				"00000000-0000-7000-8000-000000000004": `header(s) ["tenant"] the value null`,
+			}
+			_, err := e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Qualified("")+` (id, aggregatetype, aggregateid, type, payload, headers) VALUES
+				('00000000-0000-7000-8000-000000000001', 'order', '', 'OrderPlaced', '{}', '{}'),
+				('00000000-0000-7000-8000-000000000002', 'order', E'4\r\n2', 'OrderPlaced', '{}', '{}'),
+				('00000000-0000-7000-8000-000000000003', 'order', '7', 'OrderPlaced', '{}', '[1, 2]'),
+				('00000000-0000-7000-8000-000000000004', 'order', '8', 'OrderPlaced', '{}', '{"tenant": null}'),
+				('00000000-0000-7000-8000-000000000005', 'order', '42', 'OrderPlaced', '{}', '{"tenant": "acme"}')`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for st := e.status(t); st.Backlog != 0 || st.DeadLetters != int64(len(causes)); st = e.status(t) {
+				if time.Now().After(deadline) {
+					t.Fatalf("backlog %d, dead letters %d after 30s; want 0 and %d", st.Backlog, st.DeadLetters, len(causes))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			rows, err := e.pool.Query(context.Background(), `SELECT id::text, attempts, last_error FROM `+e.table.Qualified("_dead_letter"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var id, lastErr string
+				var attempts int
+				if err := rows.Scan(&id, &attempts, &lastErr); err != nil {
+					t.Fatal(err)
+				}
+				if want := causes[id]; want == "" || !strings.Contains(lastErr, want) || attempts != 1 {
+					t.Errorf("dead letter %s: attempts %d, last_error %q; want 1 attempt (permanent) and a cause saying %q", id, attempts, lastErr, want)
+				}
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			// The one good event arrived, its key the aggregate id.
+			var keys []string
+			if name == "nats" {
+				for _, m := range testenv.StreamMessages(t, e.stream) {
+					keys = append(keys, m.Header.Get(natssink.KeyHeader))
+				}
+			} else {
+				for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+					var line struct{ Key string }
+					if err := json.Unmarshal([]byte(l), &line); err != nil {
+						t.Fatalf("stdout line %q: %v", l, err)
+					}
+					keys = append(keys, line.Key)
+				}
+			}
+			if len(keys) != 1 || keys[0] != "42" {
+				t.Fatalf("published keys %q, want only [\"42\"]", keys)
+			}
+		})
+	}
+}

@@ -1,0 +1,107 @@
+package relayd_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/relayd"
+	"github.com/outboxkit/outbox/route"
+)
+
+// Options.Source "cdc" relays by log tailing: Open checks the database,
+// the first claim creates the publication and the slot, a row and a
+// logical decoding message both reach the broker, and Stop leaves no
+// goroutine behind and lets go of the slot, so that migrate --down drops
+// it.
+func TestOpenWithLogTailing(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	pool := testenv.CDCPool(t)
+	tb := outboxdriver.Table{Schema: testenv.Name("t"), Name: "outbox"}
+	drv := outboxpgx.New(pool)
+	testenv.CDCTurn(t, pool, func() {
+		if _, err := drv.Migrate(ctx, tb, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Cleanup(func() {
+		testenv.CDCTurn(t, pool, func() {
+			if _, err := drv.MigrateDown(context.Background(), tb, 0); err != nil {
+				t.Errorf("migrate down: %v", err)
+			}
+			pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+outboxdriver.QuoteIdent(tb.Schema)+` CASCADE`)
+		})
+	})
+	_, js := testenv.JetStream(t)
+	st, prefix := testenv.Stream(t, js)
+	router, err := route.New(&route.Config{Destination: prefix + ".all"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testenv.CDCDatabaseURL(t)
+	before := goroutinesOnly()
+	rl, err := relayd.Open(ctx, url, testenv.NATSURL(), &relayd.Options{
+		Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceCDC,
+		Relay: relay.Config{Router: router, LeaseTTL: time.Second},
+		Sink:  relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.CDCTurn(t, pool, func() { // the relay creates the slot
+		if err := rl.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var streaming bool
+			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+				WHERE s.slot_name = $1)`, outboxpgx.DefaultSlot(tb)).Scan(&streaming)
+			if err == nil && streaming {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the relay does not stream after 30s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	for _, opts := range [][]outboxpgx.Option{nil, {outboxpgx.WithMessages()}} {
+		ob, err := outbox.New(outboxpgx.New(pool, opts...), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "Placed", Payload: []byte(`{"n": 1}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitStreamMsgs(t, st, 2, 30*time.Second)
+	if err := rl.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := goleak.Find(before...); err != nil {
+		t.Fatalf("Stop left goroutines behind: %v", err)
+	}
+}
+
+// Open refuses a source it does not know.
+func TestOpenRefusesAnUnknownSource(t *testing.T) {
+	ctx := testenv.Context(t, time.Minute)
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: "binlog"})
+	if err == nil || !strings.Contains(err.Error(), `unknown source "binlog"`) {
+		t.Fatalf("Open with source binlog = %v", err)
+	}
+}
