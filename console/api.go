@@ -17,23 +17,8 @@ import (
 // The JSON shapes of the API; openapi.json describes them.
 
 type overviewJSON struct {
-	Table                       string          `json:"table"`
-	Backlog                     int64           `json:"backlog"`
-	OldestUnpublishedAgeSeconds float64         `json:"oldest_unpublished_age_seconds"`
-	DeadLetters                 int64           `json:"dead_letters"`
-	PublishedKept               int64           `json:"published_kept"`
-	HeldAggregates              int64           `json:"held_aggregates"`
-	SchemaVersion               int             `json:"schema_version"`
-	LatestSchemaVersion         int             `json:"latest_schema_version"`
-	Partitions                  []partitionJSON `json:"partitions"`
-}
-
-type partitionJSON struct {
-	Partition        int     `json:"partition"`
-	Owner            string  `json:"owner"`
-	Epoch            int64   `json:"epoch"`
-	ExpiresInSeconds float64 `json:"expires_in_seconds"`
-	Backlog          int64   `json:"backlog"`
+	Table string `json:"table"`
+	ops.StatusJSON
 }
 
 type deadLettersJSON struct {
@@ -71,14 +56,7 @@ func (s *Server) overviewAPI(q *req) {
 		q.failErr(err)
 		return
 	}
-	js := overviewJSON{
-		Table: st.Table.String(), Backlog: st.Backlog, OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
-		DeadLetters: st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
-		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion, Partitions: []partitionJSON{},
-	}
-	for _, p := range st.Partitions {
-		js.Partitions = append(js.Partitions, partitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
-	}
+	js := overviewJSON{Table: st.Table.String(), StatusJSON: ops.NewStatusJSON(st)}
 	q.json(http.StatusOK, js)
 }
 

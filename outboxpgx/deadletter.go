@@ -34,10 +34,36 @@ FROM `+n.DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT $1`, limit)
 // published). ids nil means every dead letter. Each move is recorded in the
 // audit table under actor. It returns the ids moved.
 func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	return d.retryDeadLetters(ctx, t, ids, outboxdriver.Acting{Name: actor}, false)
+}
+
+// DiscardDeadLetters deletes dead letters for good and releases the
+// aggregates held behind them. ids nil means every dead letter. Each
+// deletion is recorded in the audit table under actor. It returns the ids
+// deleted.
+func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+	return d.discardDeadLetters(ctx, t, ids, outboxdriver.Acting{Name: actor}, false)
+}
+
+// auditRow returns the audit CTE's columns and values for action on the
+// rows of alias, and the arguments from the first one, $first: with
+// acting, also the role and reason of schema version 5.
+func auditRow(alias, action string, first int, by outboxdriver.Acting, acting bool) (cols, vals string, args []any) {
+	detail := alias + `.aggregatetype || '/' || ` + alias + `.aggregateid || ' ' || ` + alias + `.type || ' after: ' || ` + alias + `.last_error`
+	arg := func(k int) string { return fmt.Sprintf("$%d", first+k) }
+	if !acting {
+		return `actor, action, event_id, detail`, arg(0) + `, '` + action + `', ` + alias + `.id, ` + detail, []any{by.Name}
+	}
+	return `actor, role, action, event_id, detail, reason`,
+		arg(0) + `, ` + arg(1) + `, '` + action + `', ` + alias + `.id, ` + detail + `, ` + arg(2), []any{by.Name, by.Role, by.Reason}
+}
+
+func (d *Driver) retryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting, acting bool) ([]string, error) {
 	n, err := d.names(t)
 	if err != nil {
 		return nil, err
 	}
+	cols, vals, audit := auditRow("m", "retry", 3, by, acting)
 	rows, err := d.pool.Query(ctx, `WITH moved AS (
     DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[]) RETURNING *
 ), back AS (
@@ -46,42 +72,47 @@ func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids
     FROM moved ORDER BY seq
     RETURNING id, seq
 ), audit AS (
-    INSERT INTO `+n.Audit+` (actor, action, event_id, detail)
-    SELECT $2, 'retry', m.id, m.aggregatetype || '/' || m.aggregateid || ' ' || m.type || ' after: ' || m.last_error FROM moved m
+    INSERT INTO `+n.Audit+` (`+cols+`)
+    SELECT `+vals+` FROM moved m
 )
 SELECT b.id::text FROM back AS b
 -- Relays drop their floors (floor.go): the rows are back below them.
-CROSS JOIN (SELECT pg_notify($3, '`+rewindPayload+`')) AS rewind
-ORDER BY b.seq`, ids, actor, t.WithDefaults().Channel())
+CROSS JOIN (SELECT pg_notify($2, '`+rewindPayload+`')) AS rewind
+ORDER BY b.seq`, append([]any{ids, t.WithDefaults().Channel()}, audit...)...)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: retry dead letters of %s: %w", t, err)
+		return nil, auditErr(t, "retry dead letters of", err)
 	}
-	return collectIDs(rows, "retry", t)
+	moved, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, auditErr(t, "retry dead letters of", err)
+	}
+	return moved, nil
 }
 
-// DiscardDeadLetters deletes dead letters for good and releases the
-// aggregates held behind them. ids nil means every dead letter. Each
-// deletion is recorded in the audit table under actor. It returns the ids
-// deleted.
-func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
+func (d *Driver) discardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting, acting bool) ([]string, error) {
 	n, err := d.names(t)
 	if err != nil {
 		return nil, err
 	}
+	cols, vals, audit := auditRow("g", "discard", 2, by, acting)
 	rows, err := d.pool.Query(ctx, `WITH gone AS (
     DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
     RETURNING id, seq, aggregatetype, aggregateid, type, last_error
 ), unheld AS (
     DELETE FROM `+n.Held+` h USING gone g WHERE h.event_id = g.id
 ), audit AS (
-    INSERT INTO `+n.Audit+` (actor, action, event_id, detail)
-    SELECT $2, 'discard', g.id, g.aggregatetype || '/' || g.aggregateid || ' ' || g.type || ' after: ' || g.last_error FROM gone g
+    INSERT INTO `+n.Audit+` (`+cols+`)
+    SELECT `+vals+` FROM gone g
 )
-SELECT id::text FROM gone ORDER BY seq`, ids, actor)
+SELECT id::text FROM gone ORDER BY seq`, append([]any{ids}, audit...)...)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: discard dead letters of %s: %w", t, err)
+		return nil, auditErr(t, "discard dead letters of", err)
 	}
-	return collectIDs(rows, "discard", t)
+	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, auditErr(t, "discard dead letters of", err)
+	}
+	return gone, nil
 }
 
 // Audit lists the newest limit operator actions on t, newest first.
@@ -108,12 +139,4 @@ func (d *Driver) names(t outboxdriver.Table) (outboxdriver.Names, error) {
 		return outboxdriver.Names{}, errNoPool
 	}
 	return pgschema.NamesOf(t), nil
-}
-
-func collectIDs(rows pgx.Rows, what string, t outboxdriver.Table) ([]string, error) {
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: %s dead letters of %s: %w", what, t, err)
-	}
-	return ids, nil
 }

@@ -171,60 +171,13 @@ LIMIT $5`, q.Actor, q.Action, event, q.Before, q.Limit)
 // RetryDeadLettersAs is RetryDeadLetters with each audit row carrying
 // by's name, role and reason.
 func (d *Driver) RetryDeadLettersAs(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
-	n, err := d.names(t)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := d.pool.Query(ctx, `WITH moved AS (
-    DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[]) RETURNING *
-), back AS (
-    INSERT INTO `+n.Table+` (id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw)
-    SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw
-    FROM moved ORDER BY seq
-    RETURNING id, seq
-), audit AS (
-    INSERT INTO `+n.Audit+` (actor, role, action, event_id, detail, reason)
-    SELECT $2, $4, 'retry', m.id, m.aggregatetype || '/' || m.aggregateid || ' ' || m.type || ' after: ' || m.last_error, $5 FROM moved m
-)
-SELECT b.id::text FROM back AS b
--- Relays drop their floors (floor.go): the rows are back below them.
-CROSS JOIN (SELECT pg_notify($3, '`+rewindPayload+`')) AS rewind
-ORDER BY b.seq`, ids, by.Name, t.WithDefaults().Channel(), by.Role, by.Reason)
-	if err != nil {
-		return nil, auditErr(t, "retry dead letters of", err)
-	}
-	moved, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, auditErr(t, "retry dead letters of", err)
-	}
-	return moved, nil
+	return d.retryDeadLetters(ctx, t, ids, by, true)
 }
 
 // DiscardDeadLettersAs is DiscardDeadLetters with each audit row carrying
 // by's name, role and reason.
 func (d *Driver) DiscardDeadLettersAs(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
-	n, err := d.names(t)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := d.pool.Query(ctx, `WITH gone AS (
-    DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
-    RETURNING id, seq, aggregatetype, aggregateid, type, last_error
-), unheld AS (
-    DELETE FROM `+n.Held+` h USING gone g WHERE h.event_id = g.id
-), audit AS (
-    INSERT INTO `+n.Audit+` (actor, role, action, event_id, detail, reason)
-    SELECT $2, $3, 'discard', g.id, g.aggregatetype || '/' || g.aggregateid || ' ' || g.type || ' after: ' || g.last_error, $4 FROM gone g
-)
-SELECT id::text FROM gone ORDER BY seq`, ids, by.Name, by.Role, by.Reason)
-	if err != nil {
-		return nil, auditErr(t, "discard dead letters of", err)
-	}
-	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, auditErr(t, "discard dead letters of", err)
-	}
-	return gone, nil
+	return d.discardDeadLetters(ctx, t, ids, by, true)
 }
 
 // auditErr wraps err; an audit table without the columns of schema

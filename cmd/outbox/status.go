@@ -11,29 +11,15 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // statusJSON is the stable JSON shape of `outbox status --json`.
 type statusJSON struct {
-	Schema                      string          `json:"schema"`
-	Table                       string          `json:"table"`
-	Backlog                     int64           `json:"backlog"`
-	OldestUnpublishedAgeSeconds float64         `json:"oldest_unpublished_age_seconds"`
-	DeadLetters                 int64           `json:"dead_letters"`
-	PublishedKept               int64           `json:"published_kept"`
-	HeldAggregates              int64           `json:"held_aggregates"`
-	SchemaVersion               int             `json:"schema_version"`
-	LatestSchemaVersion         int             `json:"latest_schema_version"`
-	Partitions                  []partitionJSON `json:"partitions"`
-}
-
-type partitionJSON struct {
-	Partition        int     `json:"partition"`
-	Owner            string  `json:"owner"`
-	Epoch            int64   `json:"epoch"`
-	ExpiresInSeconds float64 `json:"expires_in_seconds"`
-	Backlog          int64   `json:"backlog"`
+	Schema string `json:"schema"`
+	Table  string `json:"table"`
+	ops.StatusJSON
 }
 
 func newStatus() *cobra.Command {
@@ -51,16 +37,7 @@ func newStatus() *cobra.Command {
 				}
 				out := cmd.OutOrStdout()
 				if asJSON {
-					js := statusJSON{
-						Schema: t.Schema, Table: t.Name, Backlog: st.Backlog,
-						OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
-						DeadLetters:                 st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
-						SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
-						Partitions: []partitionJSON{},
-					}
-					for _, p := range st.Partitions {
-						js.Partitions = append(js.Partitions, partitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
-					}
+					js := statusJSON{Schema: t.Schema, Table: t.Name, StatusJSON: ops.NewStatusJSON(st)}
 					return json.NewEncoder(out).Encode(js)
 				}
 				fmt.Fprintf(out, "table                     %s\n", t)

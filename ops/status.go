@@ -1,0 +1,40 @@
+package ops
+
+import "github.com/outboxkit/outbox/outboxdriver"
+
+// StatusJSON is the JSON shape of a table's status that `outbox status
+// --json` and the console's API share; each puts the table's name beside
+// it in its own way.
+type StatusJSON struct {
+	Backlog                     int64           `json:"backlog"`
+	OldestUnpublishedAgeSeconds float64         `json:"oldest_unpublished_age_seconds"`
+	DeadLetters                 int64           `json:"dead_letters"`
+	PublishedKept               int64           `json:"published_kept"`
+	HeldAggregates              int64           `json:"held_aggregates"`
+	SchemaVersion               int             `json:"schema_version"`
+	LatestSchemaVersion         int             `json:"latest_schema_version"`
+	Partitions                  []PartitionJSON `json:"partitions"`
+}
+
+// PartitionJSON is one partition's lease in StatusJSON.
+type PartitionJSON struct {
+	Partition        int     `json:"partition"`
+	Owner            string  `json:"owner"`
+	Epoch            int64   `json:"epoch"`
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
+	Backlog          int64   `json:"backlog"`
+}
+
+// NewStatusJSON renders st; an expired lease shows 0 seconds left.
+func NewStatusJSON(st outboxdriver.Status) StatusJSON {
+	js := StatusJSON{
+		Backlog: st.Backlog, OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
+		DeadLetters: st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
+		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
+		Partitions: make([]PartitionJSON, 0, len(st.Partitions)),
+	}
+	for _, p := range st.Partitions {
+		js.Partitions = append(js.Partitions, PartitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
+	}
+	return js
+}
