@@ -1,0 +1,89 @@
+package kafkaconsumer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/inbox/inboxpgx"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/tracing/tracingtest"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/sink/kafkasink"
+)
+
+// One trace runs from the writer's span through the relay's publish span
+// (PostgreSQL, then Kafka) into the consumer's process span, in which the
+// handler runs.
+func TestOneTraceFromWriterThroughKafkaToTheHandler(t *testing.T) {
+	f := newFixture(t, 1)
+	ctx := testenv.Context(t, time.Minute)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	tr := tp.Tracer("test")
+
+	obTable := outboxdriver.Table{Schema: f.tbl.Schema, Name: "outbox"}
+	drv := outboxpgx.New(f.pool)
+	if _, err := drv.Migrate(ctx, obTable, nil); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(drv, &outbox.Config{Schema: obTable.Schema, Table: obTable.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := newID()
+	wctx, span := tr.Start(ctx, "place order")
+	if err := pgx.BeginFunc(wctx, f.pool, func(tx pgx.Tx) error {
+		return ob.WriteTx(wctx, tx, outbox.Event{ID: id, AggregateType: "order", AggregateID: "42", Type: "OrderPlaced", Payload: []byte(`{"order":42}`)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	span.End()
+
+	src, err := drv.NewSource(obTable, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	snk, err := kafkasink.New(cl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := relay.New(src, snk, &relay.Config{PollInterval: 100 * time.Millisecond, TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rl.Stop(context.Background()) })
+
+	ib, err := inbox.New(inboxpgx.New(f.pool), &inbox.Config{Consumer: "billing", Schema: f.tbl.Schema, Table: f.tbl.Name, TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := f.handler("billing")
+	start(t, ib, func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		ctx, span := tr.Start(ctx, "apply order")
+		defer span.End()
+		return h(ctx, tx, msg)
+	}, f.config("billing"))
+
+	if p := tracingtest.Wait(30*time.Second, exp, "place order", "apply order", topic, id); p != "" {
+		t.Fatal(p)
+	}
+}
