@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -152,6 +153,22 @@ Sinks (--sink):
 				return err
 			}
 			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
+			tp, shutdownTracing, err := tracerFromEnv(ctx, log)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				// Flush the spans still queued; a collector that is gone
+				// costs at most a few seconds here.
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if err := shutdownTracing(sctx); err != nil {
+					log.Warn("tracing: flushing spans at exit failed", "err", err)
+				}
+			}()
+			if tp != nil {
+				rcfg.TracerProvider = tp
+			}
 			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
 			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdc, cdcCreate, cdcMode); err != nil {
 				return err
