@@ -46,6 +46,8 @@ const (
 // publishOperation is messaging.operation.name of the relay's spans.
 const publishOperation = "publish"
 
+var publishKind = trace.WithSpanKind(trace.SpanKindProducer)
+
 // system returns the messaging.system attribute of the relay's sink.
 func (r *Relay) system() attribute.KeyValue {
 	if s, ok := r.snk.(sink.Systemer); ok && s.System() != "" {
@@ -63,21 +65,31 @@ func (r *Relay) startPublish(ctx context.Context, tr trace.Tracer, rec *outboxdr
 		ctx = tracing.Extract(ctx, tracing.Stored(rec.TraceContext))
 	}
 	name := publishOperation
-	attrs := []attribute.KeyValue{
-		r.sys,
-		semconv.MessagingOperationTypeSend,
-		semconv.MessagingOperationName(publishOperation),
-		semconv.MessagingMessageID(rec.ID),
-		AttrAttempt.Int(rec.Attempts + 1),
-		AttrPartition.Int(rec.Partition),
-		AttrAggregateType.String(rec.AggregateType),
-		AttrEventType.String(rec.Type),
-	}
 	if m != nil {
 		name += " " + m.Destination
-		attrs = append(attrs, semconv.MessagingDestinationName(m.Destination))
 	}
-	ctx, span := tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	ctx, span := tr.Start(ctx, name, publishKind)
+	if span.IsRecording() {
+		// Attributes only for a span that records: a sampler that samples
+		// nothing must cost as little as possible (docs/tracing.md).
+		attrs := [...]attribute.KeyValue{
+			r.sys,
+			semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName(publishOperation),
+			semconv.MessagingMessageID(rec.ID),
+			AttrAttempt.Int(rec.Attempts + 1),
+			AttrPartition.Int(rec.Partition),
+			AttrAggregateType.String(rec.AggregateType),
+			AttrEventType.String(rec.Type),
+			semconv.MessagingDestinationName(""),
+		}
+		n := len(attrs) - 1
+		if m != nil {
+			attrs[n] = semconv.MessagingDestinationName(m.Destination)
+			n++
+		}
+		span.SetAttributes(attrs[:n]...)
+	}
 	if m != nil {
 		hs := m.Headers[:0]
 		for _, h := range m.Headers {
@@ -94,19 +106,23 @@ func (r *Relay) startPublish(ctx context.Context, tr trace.Tracer, rec *outboxdr
 // endPublish ends a publish span with the event's outcome, at the time
 // the broker answered.
 func endPublish(span trace.Span, outcome string, err error, at time.Time) {
-	span.SetAttributes(AttrOutcome.String(outcome))
-	if err != nil {
-		class := "transient"
-		switch {
-		case sink.IsPermanent(err):
-			class = "permanent"
-		case outcome == OutcomeDeferred:
-			class = "unavailable"
+	if span.IsRecording() {
+		span.SetAttributes(AttrOutcome.String(outcome))
+		if err != nil {
+			class := "transient"
+			switch {
+			case sink.IsPermanent(err):
+				class = "permanent"
+			case outcome == OutcomeDeferred:
+				class = "unavailable"
+			}
+			span.SetAttributes(semconv.ErrorTypeKey.String(class))
+			span.SetStatus(codes.Error, err.Error())
 		}
-		span.SetAttributes(semconv.ErrorTypeKey.String(class))
-		span.SetStatus(codes.Error, err.Error())
+		span.End(trace.WithTimestamp(at))
+		return
 	}
-	span.End(trace.WithTimestamp(at))
+	span.End()
 }
 
 // traceAttr is the trace_id attribute of a log line about rec: the trace
