@@ -216,7 +216,11 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				continue
 			}
 			if tr != nil {
-				spans = append(spans, r.startPublish(pctx, tr, &recs[i], &m))
+				// A copy of its own, so that m stays on the stack while
+				// tracing is off: not an allocation per event.
+				tm := m
+				spans = append(spans, r.startPublish(pctx, tr, &recs[i], &tm))
+				m = tm
 			}
 			msgs, pos, dests = append(msgs, m), append(pos, i), append(dests, m.Destination)
 			wave = append(wave, a)
