@@ -188,8 +188,9 @@ type Relay struct {
 
 	leases leaseState
 
-	tracing *tracing.Provider
-	sys     attribute.KeyValue // messaging.system of snk
+	tracing   *tracing.Provider
+	sys       attribute.KeyValue // messaging.system of snk
+	spanNames spanNames
 }
 
 // New returns a Relay; it does no I/O. The caller keeps ownership of src

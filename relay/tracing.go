@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -66,9 +67,9 @@ func (r *Relay) startPublish(ctx context.Context, tr trace.Tracer, rec *outboxdr
 	}
 	name := publishOperation
 	if m != nil {
-		name += " " + m.Destination
+		name = r.spanNames.get(m.Destination)
 	}
-	ctx, span := tr.Start(ctx, name, publishKind)
+	_, span := tr.Start(ctx, name, publishKind)
 	if span.IsRecording() {
 		// Attributes only for a span that records: a sampler that samples
 		// nothing must cost as little as possible (docs/tracing.md).
@@ -97,10 +98,43 @@ func (r *Relay) startPublish(ctx context.Context, tr trace.Tracer, rec *outboxdr
 				hs = append(hs, h)
 			}
 		}
+		sc := span.SpanContext()
+		if sc.IsValid() {
+			hs = append(hs, sink.Header{Key: tracing.Traceparent, Value: tracing.Traceparent00(sc)})
+			if sc.TraceState().Len() > 0 {
+				hs = append(hs, sink.Header{Key: tracing.Tracestate, Value: sc.TraceState().String()})
+			}
+		}
 		m.Headers = hs
-		tracing.Propagator.Inject(ctx, headerCarrier{m})
 	}
 	return span
+}
+
+// spanNames remembers the publish span's name of each destination, so
+// that naming a span costs no allocation; like the router's cache of
+// destinations it is bounded.
+type spanNames struct {
+	mu    sync.RWMutex
+	names map[string]string
+}
+
+func (c *spanNames) get(dest string) string {
+	c.mu.RLock()
+	n, ok := c.names[dest]
+	c.mu.RUnlock()
+	if ok {
+		return n
+	}
+	n = publishOperation + " " + dest
+	c.mu.Lock()
+	if c.names == nil {
+		c.names = map[string]string{}
+	}
+	if len(c.names) < 4096 {
+		c.names[dest] = n
+	}
+	c.mu.Unlock()
+	return n
 }
 
 // endPublish ends a publish span with the event's outcome, at the time
@@ -132,24 +166,4 @@ func traceAttr(rec *outboxdriver.Record, span trace.Span) slog.Attr {
 		return tracing.LogAttr(span.SpanContext().TraceID().String())
 	}
 	return tracing.LogAttr(tracing.TraceID(tracing.Stored(rec.TraceContext).Get(tracing.Traceparent)))
-}
-
-// headerCarrier lets the propagator append headers to a message.
-type headerCarrier struct{ m *sink.Message }
-
-func (c headerCarrier) Get(key string) string {
-	v, _ := c.m.Header(key)
-	return v
-}
-
-func (c headerCarrier) Set(key, value string) {
-	c.m.Headers = append(c.m.Headers, sink.Header{Key: key, Value: value})
-}
-
-func (c headerCarrier) Keys() []string {
-	keys := make([]string, len(c.m.Headers))
-	for i, h := range c.m.Headers {
-		keys[i] = h.Key
-	}
-	return keys
 }

@@ -7,6 +7,7 @@ package tracing
 
 import (
 	"context"
+	"encoding/hex"
 	"log/slog"
 	"reflect"
 	"strings"
@@ -119,6 +120,21 @@ func (Stored) Keys() []string { return []string{Traceparent, Tracestate} }
 // Extract returns ctx with the remote span context carrier holds, if any.
 func Extract(ctx context.Context, carrier propagation.TextMapCarrier) context.Context {
 	return Propagator.Extract(ctx, carrier)
+}
+
+// Traceparent00 returns the W3C traceparent header value of sc, as the
+// propagator's Inject writes it (version 00), in one allocation.
+func Traceparent00(sc trace.SpanContext) string {
+	var b [55]byte
+	b[0], b[1], b[2] = '0', '0', '-'
+	tid, sid := sc.TraceID(), sc.SpanID()
+	hex.Encode(b[3:35], tid[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], sid[:])
+	b[52] = '-'
+	flags := [1]byte{byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))}
+	hex.Encode(b[53:55], flags[:])
+	return string(b[:])
 }
 
 // TraceID returns the trace id of a traceparent value
