@@ -73,7 +73,7 @@ func traced(t *testing.T, tp trace.TracerProvider, recs []outboxdriver.Record, f
 func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
 	m := map[attribute.Key]string{}
 	for _, kv := range s.Attributes() {
-		m[kv.Key] = kv.Value.Emit()
+		m[kv.Key] = kv.Value.String()
 	}
 	return m
 }

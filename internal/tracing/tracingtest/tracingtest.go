@@ -83,7 +83,7 @@ func messageID(s sdktrace.ReadOnlySpan) string { return attr(s, "messaging.messa
 func attr(s sdktrace.ReadOnlySpan, key string) string {
 	for _, kv := range s.Attributes() {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""
