@@ -1,12 +1,10 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,23 +18,6 @@ import (
 	"github.com/outboxkit/outbox/inbox/inboxpgx"
 	"github.com/outboxkit/outbox/internal/testenv"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A message whose handler fails runs in a process span, a child of the
 // traceparent it carries (its header name in HTTP's case), that records
@@ -54,7 +35,7 @@ func TestFailingMessageIsTracedAndItsLogLinesCarryTheTraceID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	eng, err := consumer.New(ib, func(context.Context, pgx.Tx, inbox.Message) error { return errors.New("no such account") },
 		&consumer.Config{MaxAttempts: 2, RetryBase: time.Millisecond, RetryMax: time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {

@@ -4,13 +4,26 @@
 package tracingtest
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink"
 )
 
 // Chain looks in exp for the spans of one event: the writer's span named
@@ -95,4 +108,46 @@ func names(exp *tracetest.InMemoryExporter) string {
 		n = append(n, s.Name())
 	}
 	return strings.Join(n, ", ")
+}
+
+// WriterAndRelay migrates an outbox table in schema, writes one event
+// (aggregate type "order") in a span named writer of tp, committed, and
+// starts a relay with tp from that table to snk (routed by router, nil
+// for Debezium's default), stopped when the test ends. It returns the
+// event's id.
+func WriterAndRelay(t *testing.T, pool *pgxpool.Pool, schema string, tp trace.TracerProvider, writer string, snk sink.Sink, router *route.Router) string {
+	t.Helper()
+	ctx := testenv.Context(t, time.Minute)
+	tbl := outboxdriver.Table{Schema: schema, Name: "outbox"}
+	drv := outboxpgx.New(pool)
+	if _, err := drv.Migrate(ctx, tbl, nil); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(drv, &outbox.Config{Schema: tbl.Schema, Table: tbl.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	wctx, span := tp.Tracer("test").Start(ctx, writer)
+	err = pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
+		return ob.WriteTx(wctx, tx, outbox.Event{ID: id, AggregateType: "order", AggregateID: "42", Type: "OrderPlaced", Payload: []byte(`{"order":42}`)})
+	})
+	span.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := drv.NewSource(tbl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	rl, err := relay.New(src, snk, &relay.Config{Router: router, PollInterval: 100 * time.Millisecond, TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rl.Stop(context.Background()) })
+	return id
 }
