@@ -37,7 +37,7 @@ func BenchmarkProcess(b *testing.B) {
 		name string
 		tp   trace.TracerProvider
 	}{{"off", nil}, {"noop", noop.NewTracerProvider()}, {"never-sample", never}, {"always-sample", always},
-		{"never-sample/no-stored-context", never}} {
+		{"off-no-stored-context", nil}, {"never-sample-no-stored-context", never}} {
 		b.Run(c.name, func(b *testing.B) {
 			recs := benchBatch()
 			if strings.HasSuffix(c.name, "no-stored-context") {
