@@ -60,6 +60,12 @@ missing (--cdc-create=false: an error instead). One relay streams a slot at
 a time; others wait as standbys and take over within about two --lease-ttl.
 See docs/cdc.md.
 
+With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
+it exports an OpenTelemetry span per published event over OTLP
+(http/protobuf, or grpc per OTEL_EXPORTER_OTLP_PROTOCOL), honouring the
+standard OTEL_* variables (sampler, batching, resource, headers), and
+flushes them at exit. See docs/tracing.md.
+
 Sinks (--sink):
   nats://host:port            NATS JetStream; stream OUTBOX on outbox.event.> is
                               created if missing (--nats-no-create-stream)
