@@ -250,6 +250,9 @@ func (ib *Inbox[TTx]) Retention() time.Duration { return ib.cfg.Retention }
 // Under REPEATABLE READ or SERIALIZABLE isolation, PostgreSQL reports a
 // concurrent copy as a serialization failure instead of waiting; retry the
 // transaction as usual.
+//
+// With tracing on (Config.TracerProvider), the call is a process span, a
+// child of the message's traceparent header, and fn's ctx carries it.
 func (ib *Inbox[TTx]) HandleTx(ctx context.Context, tx TTx, msg Message, fn func(ctx context.Context, tx TTx) error) (Result, error) {
 	start := time.Now()
 	ctx, span := ib.startProcess(ctx, &msg)
