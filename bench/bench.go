@@ -86,6 +86,11 @@ type Config struct {
 	DatabaseURL string
 	// Linger is the relay's Linger in the latency scenario.
 	Linger time.Duration
+	// TraceNeverSample makes the drain scenario also drain with tracing
+	// on and a sampler that samples nothing (case relay_traced), in
+	// Rounds pairs with the untraced relay, alternating which goes first,
+	// and report its throughput over the untraced relay's.
+	TraceNeverSample bool
 	// Lanes is the relay's Lanes in the drain and latency scenarios.
 	// Defaults to relay.DefaultLanes.
 	Lanes int

@@ -26,6 +26,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgschema"
@@ -47,6 +49,9 @@ const (
 	CaseDrainBroker = "raw_broker"
 	// CaseDrainRelay is the relay draining the backlog to the broker.
 	CaseDrainRelay = "relay"
+	// CaseDrainRelayTraced is CaseDrainRelay with tracing on and a
+	// sampler that samples nothing (Config.TraceNeverSample).
+	CaseDrainRelayTraced = "relay_traced"
 )
 
 // DeliveryFigures are the figures of the delivery scenarios (drain and
@@ -78,6 +83,13 @@ type DeliveryFigures struct {
 	// time, in cores, when the relay ran as a process of its own
 	// (Config.RelayBinary); 0 otherwise.
 	RelayCores float64 `json:"relay_cores,omitempty"`
+	// RelayCPUMicrosPerEvent is, for the drain's relay cases, the relay's
+	// own CPU time per event (the median drain's): less sensitive to other
+	// load on the machine than the throughput.
+	RelayCPUMicrosPerEvent float64 `json:"relay_cpu_us_per_event,omitempty"`
+	// RelayCPURatios are, for relay_traced, its relay CPU per event over
+	// the untraced relay's, pair by pair.
+	RelayCPURatios []float64 `json:"relay_cpu_ratios,omitempty"`
 	// PeakHeapMiB is the largest live Go heap (measured at each garbage
 	// collection) seen while the cell ran.
 	PeakHeapMiB float64 `json:"peak_heap_mib"`
@@ -165,6 +177,11 @@ FROM generate_series(1, $1::bigint) AS g ORDER BY g`, n, int64(DrainAggregates))
 // publishing to a fresh sink, and a counter of the events it recorded as
 // published.
 func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Duration) (*relay.Relay, *atomic.Int64, func(), error) {
+	return s.newTracedRelay(ctx, batch, poll, nil)
+}
+
+// newTracedRelay is newRelay with the tracer provider tp (nil: none).
+func (s *deliverSetup) newTracedRelay(ctx context.Context, batch int, poll time.Duration, tp trace.TracerProvider) (*relay.Relay, *atomic.Int64, func(), error) {
 	src, err := outboxpgx.New(s.pool).NewSource(s.table, &outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, nil, nil, err
@@ -177,6 +194,7 @@ func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Durati
 	var recorded atomic.Int64
 	r, err := relay.New(src, snk, &relay.Config{
 		BatchSize: batch, PollInterval: poll, Lanes: s.lanes, Linger: s.linger, Router: s.router, Logger: slog.New(slog.DiscardHandler),
+		TracerProvider: tp,
 		OnStage: func(st relay.Stage, n int) {
 			if st == relay.StageRecorded {
 				recorded.Add(int64(n))
@@ -259,59 +277,118 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s\n", CaseDrainBroker, results[1].PerSecond)
 	msgs = nil
 
-	// (c) The relay.
-	if err := s.fill(ctx, n); err != nil {
-		return nil, err
-	}
-	var (
+	// (c) The relay; with TraceNeverSample also traced, in alternating
+	// pairs of drains.
+	type drained struct {
 		elapsed         time.Duration
 		cores, relayCPU float64
 		peak, rss       float64
-	)
-	if cfg.RelayBinary != "" {
-		m0, _ = readCPU()
-		t0 = time.Now()
-		child, err := s.startRelayProcess(ctx, cfg, 500*time.Millisecond)
-		if err != nil {
-			return nil, err
+	}
+	drainRelay := func(traced bool) (d drained, err error) {
+		if err := s.fill(ctx, n); err != nil {
+			return d, err
 		}
-		err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool {
-			var done bool
-			err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
-			return err == nil && done
-		})
-		elapsed = time.Since(t0)
-		cores = child.cpu().Seconds() / elapsed.Seconds()
-		relayCPU = cpuPerEvent(m0, n)
-		rss = child.peakRSS()
-		child.stop()
-		if err != nil {
-			return nil, fmt.Errorf("bench: the relay process did not drain the backlog: %w", err)
+		if cfg.RelayBinary != "" {
+			var env []string
+			if traced {
+				// Tracing on, sampling nothing: the endpoint is never
+				// called.
+				env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1", "OTEL_TRACES_SAMPLER=always_off"}
+			}
+			m0, _ := readCPU()
+			t0 := time.Now()
+			child, err := s.startRelayProcess(ctx, cfg, 500*time.Millisecond, env...)
+			if err != nil {
+				return d, err
+			}
+			err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool {
+				var done bool
+				err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
+				return err == nil && done
+			})
+			d.elapsed = time.Since(t0)
+			d.cores = child.cpu().Seconds() / d.elapsed.Seconds()
+			d.relayCPU = cpuPerEvent(m0, n)
+			d.rss = child.peakRSS()
+			child.stop()
+			if err != nil {
+				return d, fmt.Errorf("bench: the relay process did not drain the backlog: %w", err)
+			}
+			return d, nil
 		}
-	} else {
-		r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond)
+		var tp trace.TracerProvider
+		if traced {
+			sdk := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+			defer sdk.Shutdown(context.WithoutCancel(ctx))
+			tp = sdk
+		}
+		r, recorded, closeRelay, err := s.newTracedRelay(ctx, cfg.Batch, 500*time.Millisecond, tp)
 		if err != nil {
-			return nil, err
+			return d, err
 		}
 		runtime.GC() // the raw publishes' garbage must not count as the relay's heap
 		heap := startHeapSampler()
 		cpu0 := processCPU()
-		m0, _ = readCPU()
-		t0 = time.Now()
+		m0, _ := readCPU()
+		t0 := time.Now()
 		if err := r.Start(ctx); err != nil {
 			closeRelay()
-			return nil, err
+			return d, err
 		}
 		err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
-		elapsed = time.Since(t0)
-		cores = (processCPU() - cpu0).Seconds() / elapsed.Seconds()
-		relayCPU = cpuPerEvent(m0, n)
-		peak = heap.stop()
+		d.elapsed = time.Since(t0)
+		d.cores = (processCPU() - cpu0).Seconds() / d.elapsed.Seconds()
+		d.relayCPU = cpuPerEvent(m0, n)
+		d.peak = heap.stop()
 		closeRelay()
 		if err != nil {
-			return nil, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
+			return d, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
+		}
+		return d, nil
+	}
+	pairs := 1
+	if cfg.TraceNeverSample {
+		pairs = max(cfg.Rounds, 1)
+	}
+	var plain, traced []drained
+	var pairRatios, cpuRatios []float64
+	cpuPerEv := func(d drained) float64 { return d.cores * d.elapsed.Seconds() * 1e6 / float64(n) }
+	for i := range pairs {
+		order := []bool{false}
+		if cfg.TraceNeverSample {
+			order = []bool{i%2 == 1, i%2 == 0} // untraced first in even pairs
+		}
+		for _, tr := range order {
+			d, err := drainRelay(tr)
+			if err != nil {
+				return nil, err
+			}
+			if tr {
+				traced = append(traced, d)
+			} else {
+				plain = append(plain, d)
+			}
+			fmt.Fprintf(cfg.Progress, "drain: pair %d, traced %v: %.0f events/s\n", i+1, tr, float64(n)/d.elapsed.Seconds())
+		}
+		if cfg.TraceNeverSample {
+			pairRatios = append(pairRatios, plain[i].elapsed.Seconds()/traced[i].elapsed.Seconds())
+			cpuRatios = append(cpuRatios, cpuPerEv(traced[i])/cpuPerEv(plain[i]))
 		}
 	}
+	median := func(ds []drained) drained {
+		ds = slices.Clone(ds)
+		slices.SortFunc(ds, func(a, b drained) int { return cmp.Compare(a.elapsed, b.elapsed) })
+		return ds[len(ds)/2]
+	}
+	perSecond := func(ds []drained) []float64 {
+		out := make([]float64, len(ds))
+		for i, d := range ds {
+			out[i] = float64(n) / d.elapsed.Seconds()
+		}
+		return out
+	}
+	md := median(plain)
+	elapsed, cores, relayCPU, peak, rss := md.elapsed, md.cores, md.relayCPU, md.peak, md.rss
 	var seen sync.Map
 	var delivered atomic.Int64
 	stopConsume, err := s.broker.Consume(ctx, func(id string) {
@@ -323,10 +400,11 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		return nil, err
 	}
 	if stopConsume != nil {
-		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= int64(n) })
+		want := int64(n * (len(plain) + len(traced)))
+		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= want })
 		stopConsume()
-		if err != nil || delivered.Load() != int64(n) {
-			return nil, fmt.Errorf("check: the consumer saw %d distinct events of %d drained", delivered.Load(), n)
+		if err != nil || delivered.Load() != want {
+			return nil, fmt.Errorf("check: the consumer saw %d distinct events of %d drained", delivered.Load(), want)
 		}
 	}
 	var left int64
@@ -338,6 +416,7 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	}
 	f := fig()
 	f.ProcessCores, f.PeakHeapMiB, f.RelayPeakRSSMiB, f.CPUMicrosPerEvent = cores, peak, rss, relayCPU
+	f.RelayCPUMicrosPerEvent = cpuPerEv(md)
 	limit := min(results[0].PerSecond, results[1].PerSecond)
 	if _, isNull := s.broker.(nullBroker); isNull {
 		limit = results[0].PerSecond
@@ -348,9 +427,31 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		f.CPULimit = float64(runtime.NumCPU()) * 1e6 / both
 		f.VsCPULimit = rr.PerSecond / f.CPULimit
 	}
+	rr.RoundsPerSecond = perSecond(plain)
 	results = append(results, rr)
 	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (%.2f of the lower limit)\n", CaseDrainRelay, rr.PerSecond, f.VsLimit)
+	if cfg.TraceNeverSample {
+		mt := median(traced)
+		ft := fig()
+		ft.ProcessCores, ft.PeakHeapMiB, ft.RelayPeakRSSMiB, ft.CPUMicrosPerEvent = mt.cores, mt.peak, mt.rss, mt.relayCPU
+		ft.RelayCPUMicrosPerEvent = cpuPerEv(mt)
+		ft.RelayCPURatios = cpuRatios
+		rt := result(CaseDrainRelayTraced, fmt.Sprintf("the relay with tracing on and a sampler that samples nothing (OpenTelemetry SDK, NeverSample), in %d pairs of drains with relay, alternating which goes first", pairs), mt.elapsed, ft)
+		rt.RoundsPerSecond = perSecond(traced)
+		rt.VsBaseline = &Comparison{Case: CaseDrainRelay, Ratio: medianOf(pairRatios), RoundRatios: pairRatios}
+		results = append(results, rt)
+		fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (median pair ratio %.3f of relay; relay CPU per event %.3f of relay's)\n",
+			CaseDrainRelayTraced, rt.PerSecond, rt.VsBaseline.Ratio, medianOf(cpuRatios))
+	}
 	return results, nil
+}
+
+// medianOf returns the median of vs (of an even count, the mean of the
+// middle two).
+func medianOf(vs []float64) float64 {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	return (s[(len(s)-1)/2] + s[len(s)/2]) / 2
 }
 
 // drainSQL drains the table with the relay's SQL path alone.
@@ -845,7 +946,7 @@ type relayProcess struct {
 
 // startRelayProcess starts the relay as a child process and waits until it
 // holds the table's partitions.
-func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll time.Duration) (*relayProcess, error) {
+func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll time.Duration, env ...string) (*relayProcess, error) {
 	if cfg.DatabaseURL == "" {
 		return nil, errors.New("bench: Config.RelayBinary needs Config.DatabaseURL")
 	}
@@ -854,6 +955,7 @@ func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll t
 		"--batch", strconv.Itoa(cfg.Batch), "--lanes", strconv.Itoa(cmp.Or(cfg.Lanes, relay.DefaultLanes)), "--linger", cfg.Linger.String(), "--log-level", "error"},
 		s.broker.RelayArgs()...)
 	cmd := exec.Command(cfg.RelayBinary, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -953,13 +1055,16 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 		for _, r := range results {
 			d := r.Delivery
 			vs, cpuLim, vsCPU, cores, heap := "-", "-", "-", "-", "-"
-			if r.Case == CaseDrainRelay {
+			if r.Case == CaseDrainRelay || r.Case == CaseDrainRelayTraced {
 				vs, cores, heap = fmt.Sprintf("%.2f", d.VsLimit), fmt.Sprintf("%.2f", d.ProcessCores), fmt.Sprintf("%.1f heap", d.PeakHeapMiB)
 				if d.RelayPeakRSSMiB > 0 {
 					heap = fmt.Sprintf("%.1f RSS", d.RelayPeakRSSMiB)
 				}
 				if d.CPULimit > 0 {
 					cpuLim, vsCPU = fmt.Sprintf("%.0f", d.CPULimit), fmt.Sprintf("%.2f", d.VsCPULimit)
+				}
+				if c := r.VsBaseline; c != nil {
+					vs = fmt.Sprintf("%.3f of %s", c.Ratio, c.Case)
 				}
 			}
 			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, d.CPUMicrosPerEvent, cpuLim, vsCPU, cores, heap)
@@ -988,6 +1093,23 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 			fmt.Fprintf(&b, "  %-15s %s\n", r.Case, r.Description)
 		}
 	}
+	for _, r := range results {
+		if c := r.VsBaseline; c != nil && len(c.RoundRatios) > 0 {
+			rs := make([]string, len(c.RoundRatios))
+			for i, v := range c.RoundRatios {
+				rs[i] = fmt.Sprintf("%.3f", v)
+			}
+			fmt.Fprintf(&b, "  %s over %s, pair by pair: %s (the row shows the median)\n", r.Case, c.Case, strings.Join(rs, " "))
+			if d := r.Delivery; d != nil && len(d.RelayCPURatios) > 0 {
+				cs := make([]string, len(d.RelayCPURatios))
+				for i, v := range d.RelayCPURatios {
+					cs[i] = fmt.Sprintf("%.3f", v)
+				}
+				fmt.Fprintf(&b, "  relay CPU per event: %s %.1f µs, %s %.1f µs (the median drains); %s over %s pair by pair: %s, median %.3f\n",
+					c.Case, baseCPU(results, c.Case), r.Case, d.RelayCPUMicrosPerEvent, r.Case, c.Case, strings.Join(cs, " "), medianOf(d.RelayCPURatios))
+			}
+		}
+	}
 	if first.Scenario == "drain" {
 		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; relay cores: the relay's CPU time over the drain (its own\n  process, or this one when it runs in process); relay memory: the relay process's peak RSS, or the largest live Go heap in process\n")
 	} else {
@@ -995,4 +1117,14 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// baseCPU returns the relay CPU per event of the result of case c.
+func baseCPU(results []Result, c string) float64 {
+	for _, r := range results {
+		if r.Case == c && r.Delivery != nil {
+			return r.Delivery.RelayCPUMicrosPerEvent
+		}
+	}
+	return 0
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/sink"
@@ -183,19 +185,21 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
 	defer cancel()
 	plan := newWaves(recs)
+	tr := r.tracing.Tracer() // nil: tracing off, no span and no cost
 	var (
-		out        outboxdriver.Outcome
-		failedDest []string // destination of out.Failed[i]
-		succeeded  int
-		permanent  int
-		n          = plan.aggregates()
-		msgs       = make([]sink.Message, 0, n)
-		pos        = make([]int, 0, n)
-		dests      = make([]string, 0, n)
-		wave       = make([]*aggregate, 0, n) // the aggregate of msgs[j]
+		out       outboxdriver.Outcome
+		failed    []failedEvent // of out.Failed[i]
+		succeeded int
+		permanent int
+		n         = plan.aggregates()
+		msgs      = make([]sink.Message, 0, n)
+		pos       = make([]int, 0, n)
+		dests     = make([]string, 0, n)
+		wave      = make([]*aggregate, 0, n) // the aggregate of msgs[j]
+		spans     []trace.Span               // the publish span of msgs[j], when tracing
 	)
 	for {
-		msgs, pos, dests, wave = msgs[:0], pos[:0], dests[:0], wave[:0]
+		msgs, pos, dests, wave, spans = msgs[:0], pos[:0], dests[:0], wave[:0], spans[:0]
 		for _, a := range plan.next() {
 			i := a.at()
 			m, err := r.cfg.Router.Message(&recs[i])
@@ -203,9 +207,20 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				r.metrics.PublishFailed("", true)
 				permanent++
 				f := r.failure(&recs[i], err, true)
-				out.Failed, failedDest = append(out.Failed, f), append(failedDest, "")
+				fe := failedEvent{rec: i, at: time.Now()}
+				if tr != nil {
+					fe.span = r.startPublish(pctx, tr, &recs[i], nil)
+				}
+				out.Failed, failed = append(out.Failed, f), append(failed, fe)
 				r.afterDeadLetter(a)
 				continue
+			}
+			if tr != nil {
+				// A copy of its own, so that m stays on the stack while
+				// tracing is off: not an allocation per event.
+				tm := m
+				spans = append(spans, r.startPublish(pctx, tr, &recs[i], &tm))
+				m = tm
 			}
 			msgs, pos, dests = append(msgs, m), append(pos, i), append(dests, m.Destination)
 			wave = append(wave, a)
@@ -214,18 +229,30 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			break
 		}
 		results := r.snk.Publish(pctx, msgs)
-		if len(results) != len(msgs) {
-			b.Release(ctx)
-			return false, fmt.Errorf("relay: the sink returned %d results for %d messages", len(results), len(msgs))
-		}
 		now := time.Now()
+		if len(results) != len(msgs) {
+			err := fmt.Errorf("relay: the sink returned %d results for %d messages", len(results), len(msgs))
+			for _, s := range spans {
+				endPublish(s, OutcomeDeferred, err, now)
+			}
+			endFailed(out.Failed, failed, false)
+			b.Release(ctx)
+			return false, err
+		}
 		for j, err := range results {
 			rec, a := &recs[pos[j]], wave[j]
+			var span trace.Span
+			if tr != nil {
+				span = spans[j]
+			}
 			if err == nil {
 				out.Published = append(out.Published, rec.ID)
 				r.metrics.Published(dests[j], now.Sub(rec.CreatedAt))
 				succeeded++
 				a.advance()
+				if span != nil {
+					endPublish(span, OutcomePublished, nil, now)
+				}
 				continue
 			}
 			perm := sink.IsPermanent(err)
@@ -233,13 +260,16 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			if !perm && (sink.IsUnavailable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 				outage = err
 				a.block()
+				if span != nil {
+					endPublish(span, OutcomeDeferred, err, now)
+				}
 				continue
 			}
 			if perm {
 				permanent++
 			}
 			f := r.failure(rec, err, perm)
-			out.Failed, failedDest = append(out.Failed, f), append(failedDest, dests[j])
+			out.Failed, failed = append(out.Failed, f), append(failed, failedEvent{dest: dests[j], rec: pos[j], span: span, at: now})
 			if f.DeadLetter {
 				r.afterDeadLetter(a)
 			} else {
@@ -247,8 +277,13 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			}
 		}
 	}
+	recorded := true
 	if succeeded == 0 && permanent == 0 && len(out.Failed) > 0 {
 		outage = out.Failed[0].Err // nothing got through: the broker, not the events
+		recorded = false
+	}
+	endFailed(out.Failed, failed, recorded)
+	if !recorded {
 		out.Failed = nil
 	}
 	if len(out.Published) == 0 && len(out.Failed) == 0 {
@@ -256,11 +291,12 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		return false, outage
 	}
 	r.stage(StagePublished, len(out.Published))
-	for _, f := range out.Failed {
+	for i, f := range out.Failed {
+		tid := traceAttr(&recs[failed[i].rec], failed[i].span)
 		if f.DeadLetter {
-			r.log.Warn("relay: dead-lettering event", "id", f.ID, "hold_aggregate", f.Hold, "err", f.Err)
+			r.log.Warn("relay: dead-lettering event", "id", f.ID, "hold_aggregate", f.Hold, "err", f.Err, tid)
 		} else {
-			r.log.Warn("relay: publish failed; will retry", "id", f.ID, "retry_in", f.RetryAfter, "err", f.Err)
+			r.log.Warn("relay: publish failed; will retry", "id", f.ID, "retry_in", f.RetryAfter, "err", f.Err, tid)
 		}
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FinishTimeout)
@@ -278,9 +314,9 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	r.stage(StageRecorded, len(recs))
 	for i, f := range out.Failed {
 		if f.DeadLetter {
-			r.metrics.DeadLettered(failedDest[i])
+			r.metrics.DeadLettered(failed[i].dest)
 		} else {
-			r.metrics.Retried(failedDest[i])
+			r.metrics.Retried(failed[i].dest)
 		}
 	}
 	clean = outage == nil && len(out.Published) == len(recs)
@@ -293,6 +329,33 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		}
 	}
 	return clean, outage
+}
+
+// failedEvent is what process keeps about the event of out.Failed[i].
+type failedEvent struct {
+	dest string     // its destination ("" when it could not be routed)
+	rec  int        // its position in the batch
+	span trace.Span // its publish span, when tracing
+	at   time.Time  // when the broker answered
+}
+
+// endFailed ends the publish spans of failed events: retried or
+// dead-lettered when recorded, deferred when the batch met an outage
+// instead.
+func endFailed(fs []outboxdriver.Failure, failed []failedEvent, recorded bool) {
+	for i, fe := range failed {
+		if fe.span == nil {
+			continue
+		}
+		outcome := OutcomeDeferred
+		switch {
+		case recorded && fs[i].DeadLetter:
+			outcome = OutcomeDeadLettered
+		case recorded:
+			outcome = OutcomeRetried
+		}
+		endPublish(fe.span, outcome, fs[i].Err, fe.at)
+	}
 }
 
 // failure turns a publish error into a retry or a dead letter.

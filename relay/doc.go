@@ -9,6 +9,11 @@
 // previous was acknowledged), so a failed event is never overtaken by a
 // later event of its own aggregate; other aggregates flow on.
 //
+// With a tracer provider (Config.TracerProvider, or the global one once
+// the application sets it), every publish is an OpenTelemetry producer
+// span, a child of the trace context its writer stored, and the message
+// carries that span's traceparent (docs/tracing.md).
+//
 // The engine never imports a database or broker client: it talks to an
 // outboxdriver.Source and a sink.Sink.
 package relay

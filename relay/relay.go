@@ -8,7 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/internal/tracing"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
@@ -105,6 +109,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives counts and latencies; nil discards them.
 	Metrics Metrics
+	// TracerProvider makes the publish span of every event: a child of the
+	// trace context its writer stored, whose traceparent and tracestate the
+	// message carries (docs/tracing.md). Nil means otel.GetTracerProvider(),
+	// looked up at every batch, so nothing is made until the application
+	// sets one; with a no-op provider tracing costs nothing per event.
+	TracerProvider trace.TracerProvider
 	// OnStage, when set, is called at each stage of the relay's work with
 	// the number of events concerned. It must not block. Useful for
 	// tracing and fault injection.
@@ -177,6 +187,10 @@ type Relay struct {
 	done      chan struct{}
 
 	leases leaseState
+
+	tracing   *tracing.Provider
+	sys       attribute.KeyValue // messaging.system of snk
+	spanNames spanNames
 }
 
 // New returns a Relay; it does no I/O. The caller keeps ownership of src
@@ -246,7 +260,9 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if m == nil {
 		m = nopMetrics{}
 	}
-	return &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m}, nil
+	r := &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m, tracing: tracing.NewProvider(c.TracerProvider)}
+	r.sys = r.system()
+	return r, nil
 }
 
 // Start starts relaying in the background and returns at once. It fails if

@@ -32,6 +32,8 @@ func newBench() *cobra.Command {
 		lanes    int
 		relayOut bool
 		linger   time.Duration
+
+		traceNeverSample bool
 	)
 	var list []string
 	for _, s := range bench.Scenarios() {
@@ -66,6 +68,9 @@ ways: the relay's SQL path alone (raw_sql), the same messages published
 straight to the broker with asynchronous acks and no database (raw_broker),
 and one relay publishing to the broker (relay), counted by a consumer. It
 reports the relay's events/s over the lower of the two raw limits.
+With --trace-never-sample it also drains with tracing on and a sampler that
+samples nothing (relay_traced), in --rounds pairs of drains alternating which
+goes first, and reports the traced relay's events/s over the untraced one's.
 
 The latency scenario runs one relay against the broker while writers commit
 one event per transaction at each offered rate of --rates (open loop), and a
@@ -135,19 +140,20 @@ Scenarios:
 			}
 			defer pool.Close()
 			cfg := bench.Config{
-				Pool:     pool,
-				Duration: duration,
-				Warmup:   warmup,
-				Writers:  writers,
-				Rounds:   rounds,
-				Events:   events,
-				Batch:    batch,
-				Sink:     sinkURL,
-				Rates:    rates,
-				Cases:    cases,
-				Lanes:    lanes,
-				Linger:   linger,
-				Progress: cmd.ErrOrStderr(),
+				Pool:             pool,
+				Duration:         duration,
+				Warmup:           warmup,
+				Writers:          writers,
+				Rounds:           rounds,
+				Events:           events,
+				Batch:            batch,
+				Sink:             sinkURL,
+				Rates:            rates,
+				Cases:            cases,
+				Lanes:            lanes,
+				Linger:           linger,
+				TraceNeverSample: traceNeverSample,
+				Progress:         cmd.ErrOrStderr(),
 			}
 			if retention && !cmd.Flags().Changed("rounds") {
 				cfg.Rounds = 0 // the scenario's own default
@@ -199,6 +205,7 @@ Scenarios:
 	cmd.Flags().StringSliceVar(&cases, "cases", nil, "latency: run only the cells of these names ("+strings.Join(bench.LatencyCases(), ", ")+")")
 	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency: the relay's lanes (batches in flight under a backlog)")
 	cmd.Flags().DurationVar(&linger, "linger", 0, "latency: the relay's --linger")
+	cmd.Flags().BoolVar(&traceNeverSample, "trace-never-sample", false, "drain: also drain with tracing on and a sampler that samples nothing (case relay_traced), in --rounds pairs with the untraced relay, and report the ratio")
 	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "drain, latency: run the relay as a child process (this binary's `relay`), to measure its CPU and memory apart")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -58,6 +59,12 @@ REPLICATION; it creates its publication and replication slot when they are
 missing (--cdc-create=false: an error instead). One relay streams a slot at
 a time; others wait as standbys and take over within about two --lease-ttl.
 See docs/cdc.md.
+
+With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
+it exports an OpenTelemetry span per published event over OTLP
+(http/protobuf, or grpc per OTEL_EXPORTER_OTLP_PROTOCOL), honouring the
+standard OTEL_* variables (sampler, batching, resource, headers), and
+flushes them at exit. See docs/tracing.md.
 
 Sinks (--sink):
   nats://host:port            NATS JetStream; stream OUTBOX on outbox.event.> is
@@ -152,6 +159,22 @@ Sinks (--sink):
 				return err
 			}
 			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
+			tp, shutdownTracing, err := tracerFromEnv(ctx, log)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				// Flush the spans still queued; a collector that is gone
+				// costs at most a few seconds here.
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if err := shutdownTracing(sctx); err != nil {
+					log.Warn("tracing: flushing spans at exit failed", "err", err)
+				}
+			}()
+			if tp != nil {
+				rcfg.TracerProvider = tp
+			}
 			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
 			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdc, cdcCreate, cdcMode); err != nil {
 				return err
