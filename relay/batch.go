@@ -16,6 +16,8 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 	var (
 		failures       int // consecutive claims that failed (database)
 		brokerFailures int // consecutive batches that met a broker outage
+		dbDown         time.Time
+		brokerDown     time.Time // when the first of them failed
 	)
 	wk := newWakeups(r.src, r.cfg.PollInterval, r.log)
 	for ctx.Err() == nil {
@@ -32,13 +34,19 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			if failures == 0 {
+				dbDown = time.Now()
+			}
 			failures++
 			d := backoff.Delay(failures, breakerBase, breakerMax)
-			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d)
+			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d, "failures", failures)
 			sleep(ctx, d)
 			continue
 		}
-		failures = 0 // the database answered; a broker outage counts anew below
+		if failures > 0 {
+			r.log.Warn("relay: recovered: the database answers again", "failures", failures, "down_for", time.Since(dbDown).Round(time.Millisecond))
+			failures = 0 // a broker outage counts anew below
+		}
 		recs := b.Records()
 		r.metrics.Claimed(len(recs))
 		if len(recs) == 0 {
@@ -58,27 +66,32 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			// A backlog: work it off in lanes.
 			outage = r.lanes(ctx, pubCtx)
 		}
+		if outage == nil && brokerFailures > 0 {
+			r.log.Warn("relay: recovered: the broker takes messages again", "failures", brokerFailures, "down_for", time.Since(brokerDown).Round(time.Millisecond))
+			brokerFailures = 0
+		}
 		if clean && !full {
 			switch wk.caughtUp(ctx) {
 			case claimAgain:
 				continue
 			case awaitWakeup:
-				brokerFailures = 0
 				r.linger(ctx, claimed)
 				r.waitForWork(ctx, r.cfg.PollInterval)
 				continue
 			}
 		}
 		if outage == nil {
-			brokerFailures = 0
 			if wk.steady && !full {
 				r.linger(ctx, claimed)
 			}
 			continue
 		}
+		if brokerFailures == 0 {
+			brokerDown = time.Now()
+		}
 		brokerFailures++
 		d := backoff.Delay(brokerFailures, breakerBase, breakerMax)
-		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "err", outage)
+		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "failures", brokerFailures, "err", outage)
 		sleep(ctx, d)
 	}
 }
@@ -186,6 +199,8 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	var (
 		out        outboxdriver.Outcome
 		failedDest []string // destination of out.Failed[i]
+		failedRec  []*outboxdriver.Record
+		failedAs   []DeadLetterClass // why out.Failed[i] is dead-lettered, if it is
 		succeeded  int
 		permanent  int
 		n          = plan.aggregates()
@@ -204,6 +219,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				permanent++
 				f := r.failure(&recs[i], err, true)
 				out.Failed, failedDest = append(out.Failed, f), append(failedDest, "")
+				failedRec, failedAs = append(failedRec, &recs[i]), append(failedAs, DeadLetterInvalid)
 				r.afterDeadLetter(a)
 				continue
 			}
@@ -240,6 +256,11 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			}
 			f := r.failure(rec, err, perm)
 			out.Failed, failedDest = append(out.Failed, f), append(failedDest, dests[j])
+			class := DeadLetterExhausted
+			if perm {
+				class = DeadLetterRefused
+			}
+			failedRec, failedAs = append(failedRec, rec), append(failedAs, class)
 			if f.DeadLetter {
 				r.afterDeadLetter(a)
 			} else {
@@ -256,11 +277,14 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		return false, outage
 	}
 	r.stage(StagePublished, len(out.Published))
-	for _, f := range out.Failed {
+	for i, f := range out.Failed {
+		rec := failedRec[i]
 		if f.DeadLetter {
-			r.log.Warn("relay: dead-lettering event", "id", f.ID, "hold_aggregate", f.Hold, "err", f.Err)
+			r.log.Warn("relay: dead-lettering event", "event_id", rec.ID, "aggregatetype", rec.AggregateType, "aggregateid", rec.AggregateID,
+				"partition", rec.Partition, "attempt", rec.Attempts+1, "destination", failedDest[i], "class", failedAs[i], "hold_aggregate", f.Hold, "err", f.Err)
 		} else {
-			r.log.Warn("relay: publish failed; will retry", "id", f.ID, "retry_in", f.RetryAfter, "err", f.Err)
+			r.log.Warn("relay: publish failed; will retry", "event_id", rec.ID, "aggregatetype", rec.AggregateType, "aggregateid", rec.AggregateID,
+				"partition", rec.Partition, "attempt", rec.Attempts+1, "destination", failedDest[i], "retry_in", f.RetryAfter, "err", f.Err)
 		}
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FinishTimeout)
@@ -279,6 +303,9 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	for i, f := range out.Failed {
 		if f.DeadLetter {
 			r.metrics.DeadLettered(failedDest[i])
+			if c, ok := r.metrics.(DeadLetterClasses); ok {
+				c.DeadLetteredAs(failedDest[i], failedAs[i])
+			}
 		} else {
 			r.metrics.Retried(failedDest[i])
 		}

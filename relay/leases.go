@@ -83,9 +83,18 @@ func (r *Relay) upkeep(ctx context.Context) {
 	relays, partitions, err := r.src.Heartbeat(ctx, ttl)
 	if err != nil {
 		if ctx.Err() == nil {
-			r.log.Warn("relay: lease upkeep failed; partitions are kept until their leases expire", "err", err)
+			if r.upkeepFailures == 0 {
+				r.upkeepDown = time.Now()
+			}
+			r.upkeepFailures++
+			r.log.Warn("relay: lease upkeep failed; partitions are kept until their leases expire", "err", err, "failures", r.upkeepFailures)
 		}
 		return
+	}
+	if r.upkeepFailures > 0 {
+		r.log.Warn("relay: recovered: lease upkeep reaches the database again", "failures", r.upkeepFailures,
+			"down_for", time.Since(r.upkeepDown).Round(time.Millisecond))
+		r.upkeepFailures = 0
 	}
 	owned := r.leases.snapshot()
 	kept, err := r.src.Renew(ctx, owned, ttl)
