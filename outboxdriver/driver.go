@@ -298,7 +298,7 @@ type Status struct {
 	// Held counts aggregates whose later events wait for an earlier one.
 	Held int64
 	// OldestHeldAge is how long the aggregate held longest has been held,
-	// 0 when none is (PostgreSQL only; 0 on the other databases).
+	// 0 when none is.
 	OldestHeldAge time.Duration
 	// Partitions lists every partition's lease.
 	Partitions []PartitionStatus

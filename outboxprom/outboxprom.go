@@ -237,18 +237,20 @@ func (m *Metrics) DeadLetteredAs(dest string, class relay.DeadLetterClass) {
 }
 
 var (
-	backlogDesc   = prometheus.NewDesc("outbox_backlog_events", "Unpublished events in the outbox table.", nil, nil)
-	ageDesc       = prometheus.NewDesc("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished event (0 when none).", nil, nil)
-	deadDesc      = prometheus.NewDesc("outbox_dead_letter_events", "Events in the dead-letter table.", nil, nil)
-	upDesc        = prometheus.NewDesc("outbox_status_up", "1 when the last status read from the database succeeded.", nil, nil)
-	heldDesc      = prometheus.NewDesc("outbox_held_aggregates", "Aggregates whose later events wait for an earlier one (retrying or dead-lettered under the hold policy).", nil, nil)
-	heldAgeDesc   = prometheus.NewDesc("outbox_oldest_held_age_seconds", "How long the aggregate held longest has been held (0 when none).", nil, nil)
-	unownedDesc   = prometheus.NewDesc("outbox_partitions_unowned", "Partitions no live relay leases.", nil, nil)
-	etaDesc       = prometheus.NewDesc("outbox_drain_eta_seconds", "Estimated seconds until this relay has published the backlog of its partitions at its publish rate of the last RateWindow (0 with no backlog, +Inf when nothing was published).", nil, nil)
-	destBacklog   = prometheus.NewDesc("outbox_destination_backlog_events", "Unpublished events by destination (at most MaxDestinations labels, the rest as \"other\").", []string{"destination"}, nil)
-	destAge       = prometheus.NewDesc("outbox_destination_oldest_unpublished_age_seconds", "Age of the oldest unpublished event by destination.", []string{"destination"}, nil)
-	statusTimeout = 5 * time.Second
+	backlogDesc = prometheus.NewDesc("outbox_backlog_events", "Unpublished events in the outbox table.", nil, nil)
+	ageDesc     = prometheus.NewDesc("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished event (0 when none).", nil, nil)
+	deadDesc    = prometheus.NewDesc("outbox_dead_letter_events", "Events in the dead-letter table.", nil, nil)
+	upDesc      = prometheus.NewDesc("outbox_status_up", "1 when the last status read from the database succeeded.", nil, nil)
+	heldDesc    = prometheus.NewDesc("outbox_held_aggregates", "Aggregates whose later events wait for an earlier one (retrying or dead-lettered under the hold policy).", nil, nil)
+	heldAgeDesc = prometheus.NewDesc("outbox_oldest_held_age_seconds", "How long the aggregate held longest has been held (0 when none).", nil, nil)
+	unownedDesc = prometheus.NewDesc("outbox_partitions_unowned", "Partitions no live relay leases.", nil, nil)
+	etaDesc     = prometheus.NewDesc("outbox_drain_eta_seconds", "Estimated seconds until this relay has published the backlog of its partitions at its publish rate of the last RateWindow (0 with no backlog, +Inf when nothing was published).", nil, nil)
+	destBacklog = prometheus.NewDesc("outbox_destination_backlog_events", "Unpublished events by destination (at most MaxDestinations labels, the rest as \"other\").", []string{"destination"}, nil)
+	destAge     = prometheus.NewDesc("outbox_destination_oldest_unpublished_age_seconds", "Age of the oldest unpublished event by destination.", []string{"destination"}, nil)
 )
+
+// statusTimeout bounds the reads of one scrape.
+const statusTimeout = 5 * time.Second
 
 type statusCollector struct {
 	cfg  Config
