@@ -201,10 +201,6 @@ type Relay struct {
 	done      chan struct{}
 
 	leases leaseState
-	// Lease upkeeps that failed in a row, and when the first did; only
-	// manageLeases touches them.
-	upkeepFailures int
-	upkeepDown     time.Time
 }
 
 // New returns a Relay; it does no I/O. The caller keeps ownership of src

@@ -312,9 +312,11 @@ func TestLogsLinkAndNeverHoldPayloads(t *testing.T) {
 	testenv.WaitStreamMsgs(t, r.st, 5, time.Minute)
 	r.until("a line saying the relay recovered from the broker outage", func() bool { return h.has("recovered: the broker") })
 	r.db.Cut()
-	r.until("a line saying a claim failed", func() bool { return h.has("claim failed") })
+	r.until("lines saying a claim and a lease upkeep failed", func() bool { return h.has("claim failed") && h.has("lease upkeep failed") })
 	r.db.Restore()
-	r.until("a line saying the relay recovered from the database outage", func() bool { return h.has("recovered: the database") })
+	r.until("lines saying the relay recovered from the database outage", func() bool {
+		return h.has("recovered: the database") && h.has("recovered: lease upkeep")
+	})
 	if err := r.rl.Stop(r.ctx); err != nil {
 		t.Fatal(err)
 	}
