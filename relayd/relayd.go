@@ -55,7 +55,9 @@ type Options struct {
 	// plus three (one for LISTEN, one for lease upkeep, one to spare).
 	MaxConns int32
 	// Registerer, when set, gets the relay's Prometheus metrics
-	// (package outboxprom), its backlog and oldest-event age included.
+	// (package outboxprom): the engine's counters and the table's gauges,
+	// the backlog and oldest-event age by destination (PostgreSQL) and the
+	// drain estimate included (docs/operations.md, Metrics).
 	Registerer prometheus.Registerer
 	// OneCPUWhileIdle runs the process on one P (GOMAXPROCS=1) while the
 	// relay's batches come back short, and on the runtime's default from
