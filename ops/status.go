@@ -11,6 +11,7 @@ type StatusJSON struct {
 	DeadLetters                 int64           `json:"dead_letters"`
 	PublishedKept               int64           `json:"published_kept"`
 	HeldAggregates              int64           `json:"held_aggregates"`
+	OldestHeldAgeSeconds        float64         `json:"oldest_held_age_seconds"`
 	SchemaVersion               int             `json:"schema_version"`
 	LatestSchemaVersion         int             `json:"latest_schema_version"`
 	Partitions                  []PartitionJSON `json:"partitions"`
@@ -30,7 +31,8 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 	js := StatusJSON{
 		Backlog: st.Backlog, OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
 		DeadLetters: st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
-		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
+		OldestHeldAgeSeconds: st.OldestHeldAge.Seconds(),
+		SchemaVersion:        st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
 		Partitions: make([]PartitionJSON, 0, len(st.Partitions)),
 	}
 	for _, p := range st.Partitions {

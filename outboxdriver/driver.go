@@ -297,6 +297,9 @@ type Status struct {
 	Published int64
 	// Held counts aggregates whose later events wait for an earlier one.
 	Held int64
+	// OldestHeldAge is how long the aggregate held longest has been held,
+	// 0 when none is.
+	OldestHeldAge time.Duration
 	// Partitions lists every partition's lease.
 	Partitions []PartitionStatus
 	// SchemaVersion is the applied migration; LatestSchemaVersion the

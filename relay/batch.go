@@ -18,6 +18,8 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 	var (
 		failures       int // consecutive claims that failed (database)
 		brokerFailures int // consecutive batches that met a broker outage
+		dbDown         time.Time
+		brokerDown     time.Time // when the first of them failed
 	)
 	wk := newWakeups(r.src, r.cfg.PollInterval, r.log)
 	for ctx.Err() == nil {
@@ -34,13 +36,19 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			if failures == 0 {
+				dbDown = time.Now()
+			}
 			failures++
 			d := backoff.Delay(failures, breakerBase, breakerMax)
-			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d)
+			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d, "failures", failures)
 			sleep(ctx, d)
 			continue
 		}
-		failures = 0 // the database answered; a broker outage counts anew below
+		if failures > 0 {
+			r.log.Warn("relay: recovered: the database answers again", "failures", failures, "down_for", time.Since(dbDown).Round(time.Millisecond))
+			failures = 0 // a broker outage counts anew below
+		}
 		recs := b.Records()
 		r.metrics.Claimed(len(recs))
 		if len(recs) == 0 {
@@ -60,27 +68,32 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			// A backlog: work it off in lanes.
 			outage = r.lanes(ctx, pubCtx)
 		}
+		if outage == nil && brokerFailures > 0 {
+			r.log.Warn("relay: recovered: the broker takes messages again", "failures", brokerFailures, "down_for", time.Since(brokerDown).Round(time.Millisecond))
+			brokerFailures = 0
+		}
 		if clean && !full {
 			switch wk.caughtUp(ctx) {
 			case claimAgain:
 				continue
 			case awaitWakeup:
-				brokerFailures = 0
 				r.linger(ctx, claimed)
 				r.waitForWork(ctx, r.cfg.PollInterval)
 				continue
 			}
 		}
 		if outage == nil {
-			brokerFailures = 0
 			if wk.steady && !full {
 				r.linger(ctx, claimed)
 			}
 			continue
 		}
+		if brokerFailures == 0 {
+			brokerDown = time.Now()
+		}
 		brokerFailures++
 		d := backoff.Delay(brokerFailures, breakerBase, breakerMax)
-		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "err", outage)
+		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "failures", brokerFailures, "err", outage)
 		sleep(ctx, d)
 	}
 }
@@ -207,7 +220,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				r.metrics.PublishFailed("", true)
 				permanent++
 				f := r.failure(&recs[i], err, true)
-				fe := failedEvent{rec: i, at: time.Now()}
+				fe := failedEvent{rec: i, at: time.Now(), class: DeadLetterInvalid}
 				if tr != nil {
 					fe.span = r.startPublish(pctx, tr, &recs[i], nil)
 				}
@@ -269,7 +282,11 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				permanent++
 			}
 			f := r.failure(rec, err, perm)
-			out.Failed, failed = append(out.Failed, f), append(failed, failedEvent{dest: dests[j], rec: pos[j], span: span, at: now})
+			class := DeadLetterExhausted
+			if perm {
+				class = DeadLetterRefused
+			}
+			out.Failed, failed = append(out.Failed, f), append(failed, failedEvent{dest: dests[j], rec: pos[j], span: span, at: now, class: class})
 			if f.DeadLetter {
 				r.afterDeadLetter(a)
 			} else {
@@ -292,11 +309,14 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	}
 	r.stage(StagePublished, len(out.Published))
 	for i, f := range out.Failed {
-		tid := traceAttr(&recs[failed[i].rec], failed[i].span)
+		rec, fe := &recs[failed[i].rec], failed[i]
+		tid := traceAttr(rec, fe.span)
 		if f.DeadLetter {
-			r.log.Warn("relay: dead-lettering event", "id", f.ID, "hold_aggregate", f.Hold, "err", f.Err, tid)
+			r.log.Warn("relay: dead-lettering event", "event_id", rec.ID, "aggregatetype", rec.AggregateType, "aggregateid", rec.AggregateID,
+				"partition", rec.Partition, "attempt", rec.Attempts+1, "destination", fe.dest, "class", fe.class, "hold_aggregate", f.Hold, "err", f.Err, tid)
 		} else {
-			r.log.Warn("relay: publish failed; will retry", "id", f.ID, "retry_in", f.RetryAfter, "err", f.Err, tid)
+			r.log.Warn("relay: publish failed; will retry", "event_id", rec.ID, "aggregatetype", rec.AggregateType, "aggregateid", rec.AggregateID,
+				"partition", rec.Partition, "attempt", rec.Attempts+1, "destination", fe.dest, "retry_in", f.RetryAfter, "err", f.Err, tid)
 		}
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FinishTimeout)
@@ -315,6 +335,9 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	for i, f := range out.Failed {
 		if f.DeadLetter {
 			r.metrics.DeadLettered(failed[i].dest)
+			if c, ok := r.metrics.(DeadLetterClasses); ok {
+				c.DeadLetteredAs(failed[i].dest, failed[i].class)
+			}
 		} else {
 			r.metrics.Retried(failed[i].dest)
 		}
@@ -333,10 +356,11 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 
 // failedEvent is what process keeps about the event of out.Failed[i].
 type failedEvent struct {
-	dest string     // its destination ("" when it could not be routed)
-	rec  int        // its position in the batch
-	span trace.Span // its publish span, when tracing
-	at   time.Time  // when the broker answered
+	dest  string          // its destination ("" when it could not be routed)
+	rec   int             // its position in the batch
+	span  trace.Span      // its publish span, when tracing
+	at    time.Time       // when the broker answered
+	class DeadLetterClass // why it is dead-lettered, if it is
 }
 
 // endFailed ends the publish spans of failed events: retried or

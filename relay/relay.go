@@ -146,8 +146,32 @@ type Metrics interface {
 	Retried(destination string)
 	// DeadLettered reports one event moved to the dead-letter table.
 	DeadLettered(destination string)
-	// PartitionsOwned reports how many partitions this relay leases.
+	// PartitionsOwned reports, after every lease upkeep that reached the
+	// database, how many partitions this relay leases (and 0 at Stop).
 	PartitionsOwned(n int)
+}
+
+// DeadLetterClass says why an event was dead-lettered.
+type DeadLetterClass string
+
+// The classes of dead letters.
+const (
+	// DeadLetterInvalid: the record cannot become the message its writer
+	// meant (it cannot be routed, its aggregate id cannot be the key, its
+	// headers cannot be read). Nothing was sent.
+	DeadLetterInvalid DeadLetterClass = "invalid"
+	// DeadLetterRefused: the broker refused the message for good (a
+	// permanent error, sink.Permanent).
+	DeadLetterRefused DeadLetterClass = "refused"
+	// DeadLetterExhausted: every one of Config.MaxAttempts failed.
+	DeadLetterExhausted DeadLetterClass = "exhausted"
+)
+
+// DeadLetterClasses is implemented by a Metrics that also counts dead
+// letters by class (package outboxprom does). The relay calls it beside
+// Metrics.DeadLettered.
+type DeadLetterClasses interface {
+	DeadLetteredAs(destination string, class DeadLetterClass)
 }
 
 type nopMetrics struct{}

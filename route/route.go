@@ -130,7 +130,15 @@ func New(cfg *Config) (*Router, error) {
 
 // Destination returns the destination of rec.
 func (r *Router) Destination(rec *outboxdriver.Record) (string, error) {
-	v := r.by(rec)
+	return r.DestinationOf(r.by(rec))
+}
+
+// RouteBy names the column whose value picks the destination.
+func (r *Router) RouteBy() string { return r.byName }
+
+// DestinationOf returns the destination of an event whose RouteBy column
+// holds v.
+func (r *Router) DestinationOf(v string) (string, error) {
 	// Routed values repeat (an aggregate type, say): remember what the
 	// regex made of the last few rather than run it for every event.
 	if d, ok := r.cache.Load(v); ok {

@@ -46,6 +46,9 @@ func newStatus() *cobra.Command {
 				fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
 				fmt.Fprintf(out, "published, kept           %d\n", st.Published)
 				fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
+				if st.Held > 0 {
+					fmt.Fprintf(out, "oldest hold               %s\n", st.OldestHeldAge.Round(1e6))
+				}
 				fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
 				printPartitions(out, st.Partitions)
 				return nil
