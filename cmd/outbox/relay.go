@@ -37,6 +37,7 @@ func newRelay() *cobra.Command {
 		cdc         outboxpgx.CDCConfig
 		cdcCreate   bool
 		cdcMode     string
+		contracts   contractFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -151,6 +152,9 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
+			if rcfg.Contracts, err = contracts.relayChecker(); err != nil {
+				return err
+			}
 			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
 			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
 			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdc, cdcCreate, cdcMode); err != nil {
@@ -210,6 +214,7 @@ Sinks (--sink):
 	cmd.Flags().StringArrayVar(&sf.webhookSecrets, "webhook-secret", nil, "Standard Webhooks signing secret whsec_...; repeat to sign with several during rotation (or OUTBOX_WEBHOOK_SECRETS)")
 	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
 	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
+	contracts.register(cmd, "check every event against its contract before publishing; a violation is dead-lettered with cause contract")
 	return cmd
 }
 
