@@ -458,3 +458,14 @@ func present(v any, path []string) bool {
 	}
 	return false
 }
+
+// DataSchema returns the URI of an event's contract (its "dataschema", or
+// the schema's $id): the given version, or the latest for "". It returns
+// "" when the registry names none.
+func (r *Registry) DataSchema(aggregateType, eventType, version string) string {
+	c, err := r.Lookup(aggregateType, eventType, version)
+	if err != nil || c == nil {
+		return ""
+	}
+	return c.DataSchema
+}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/ops"
-	"github.com/outboxkit/outbox/relay"
 )
 
 // exitError ends the command with its own exit status (main prints err
@@ -112,16 +111,6 @@ func (f *contractFlags) load() (*contract.Registry, error) {
 		if err := reg.SetMissing(contract.Missing(f.missing)); err != nil {
 			return nil, fmt.Errorf("--contracts-missing: %w", err)
 		}
-	}
-	return reg, nil
-}
-
-// relayChecker is load as a relay.Checker: nil (not a typed nil) without
-// the flag.
-func (f *contractFlags) relayChecker() (relay.Checker, error) {
-	reg, err := f.load()
-	if reg == nil || err != nil {
-		return nil, err
 	}
 	return reg, nil
 }

@@ -38,6 +38,7 @@ func newRelay() *cobra.Command {
 		cdcCreate   bool
 		cdcMode     string
 		contracts   contractFlags
+		ce          cloudEventsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -93,6 +94,13 @@ Sinks (--sink):
 					}
 				}
 				rc.RouteBy, rc.Regex, rc.Replacement = "", "", ""
+			}
+			registry, err := contracts.load()
+			if err != nil {
+				return err
+			}
+			if rc.CloudEvents, err = ce.config(&sf, t, registry); err != nil {
+				return err
 			}
 			router, err := route.New(&rc)
 			if err != nil {
@@ -152,8 +160,8 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
-			if rcfg.Contracts, err = contracts.relayChecker(); err != nil {
-				return err
+			if registry != nil {
+				rcfg.Contracts = registry
 			}
 			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
 			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
@@ -214,6 +222,7 @@ Sinks (--sink):
 	cmd.Flags().StringArrayVar(&sf.webhookSecrets, "webhook-secret", nil, "Standard Webhooks signing secret whsec_...; repeat to sign with several during rotation (or OUTBOX_WEBHOOK_SECRETS)")
 	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
 	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
+	ce.register(cmd)
 	contracts.register(cmd, "check every event against its contract before publishing; a violation is dead-lettered with cause contract")
 	return cmd
 }
