@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxkit/outbox/reconcile"
+)
+
+// reconcileFile is the --config file: the business checks and the
+// consumers' inboxes.
+type reconcileFile struct {
+	Checks  []reconcile.Check `json:"checks"`
+	Inboxes []reconcile.Inbox `json:"inboxes"`
+}
+
+func newReconcile() *cobra.Command {
+	var (
+		f      dbFlags
+		cfg    reconcile.Config
+		file   string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "reconcile",
+		Short: "Find what the guarantees cannot: stuck events, held aggregates, old dead letters, business rows without their event, events without their effect (exit 0 clean, 1 findings, 2 error)",
+		Long: `Read the outbox (PostgreSQL) and report:
+  pending         events unpublished for longer than --pending-after, per aggregate type
+  held            aggregates held for longer than --held-after
+  dead-letter     dead letters older than --dead-letter-after
+  missing-event   business rows without their event (the checks of --config)
+  missing-effect  published events a consumer's inbox has not recorded after
+                  --grace (the inboxes of --config; needs --retention keep)
+  version-gap     a jump in an aggregate's version header (--version-header)
+It changes nothing. Exit status 0: clean; 1: findings; 2: an error (a query
+that fails or runs longer than --timeout). docs/operations.md#reconciliation
+says what to do with each finding.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := firstError(
+				durationIn("pending-after", cfg.PendingAfter, time.Second, 0),
+				durationIn("held-after", cfg.HeldAfter, time.Second, 0),
+				durationIn("dead-letter-after", cfg.DeadLetterAfter, time.Second, 0),
+				durationIn("window", cfg.Window, time.Second, 0),
+				durationIn("grace", cfg.Grace, 0, 0),
+				durationIn("timeout", cfg.Timeout, time.Millisecond, 0),
+			); err != nil {
+				return &exitError{2, err}
+			}
+			if file != "" {
+				raw, err := os.ReadFile(file)
+				if err != nil {
+					return &exitError{2, fmt.Errorf("--config: %w", err)}
+				}
+				var rf reconcileFile
+				dec := json.NewDecoder(bytes.NewReader(raw))
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(&rf); err != nil {
+					return &exitError{2, fmt.Errorf("--config %s: %w", file, err)}
+				}
+				for i, c := range rf.Checks {
+					if c.Name == "" || strings.TrimSpace(c.Business) == "" || strings.TrimSpace(c.Events) == "" {
+						return &exitError{2, fmt.Errorf("--config %s: check %d needs a name, a business query and an events query", file, i)}
+					}
+				}
+				cfg.Checks, cfg.Inboxes = rf.Checks, rf.Inboxes
+			}
+			t, err := f.tableName()
+			if err != nil {
+				return &exitError{2, err}
+			}
+			ctx := cmd.Context()
+			pool, err := f.connect(ctx, 2)
+			if err != nil {
+				return &exitError{2, err}
+			}
+			defer pool.Close()
+			if t.Schema == "" {
+				t.Schema = "public"
+			}
+			rep, err := reconcile.Run(ctx, pool, t, &cfg)
+			if err != nil {
+				return &exitError{2, err}
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if err := json.NewEncoder(out).Encode(rep); err != nil {
+					return &exitError{2, err}
+				}
+			} else if len(rep.Findings) == 0 {
+				fmt.Fprintln(out, "clean: nothing found")
+			} else {
+				for _, fd := range rep.Findings {
+					scope := fd.AggregateType
+					if fd.Check != "" {
+						scope = fd.Check
+					}
+					fmt.Fprintf(out, "%-14s %-12s %s\n", fd.Kind, scope, fd.Detail)
+					if len(fd.IDs) > 0 {
+						fmt.Fprintf(out, "%-14s %-12s ids: %s\n", "", "", strings.Join(fd.IDs, ", "))
+					}
+				}
+			}
+			if len(rep.Findings) > 0 {
+				return &exitError{1, fmt.Errorf("%d finding(s)", len(rep.Findings))}
+			}
+			return nil
+		},
+	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.DurationVar(&cfg.PendingAfter, "pending-after", 5*time.Minute, "an event unpublished for longer is a finding")
+	fl.DurationVar(&cfg.HeldAfter, "held-after", 15*time.Minute, "an aggregate held for longer is a finding")
+	fl.DurationVar(&cfg.DeadLetterAfter, "dead-letter-after", time.Hour, "a dead letter older than this is a finding")
+	fl.DurationVar(&cfg.Window, "window", 24*time.Hour, "how far back the checks, inboxes and version gaps look")
+	fl.DurationVar(&cfg.Grace, "grace", 5*time.Minute, "how long a consumer may take to record a published event")
+	fl.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "longest any one query may run")
+	fl.StringVar(&cfg.VersionHeader, "version-header", "", "header holding each event's per-aggregate version; report jumps (off when empty)")
+	fl.StringVar(&file, "config", "", `JSON file: {"checks": [{"name", "business", "events"}], "inboxes": [{"table", "consumer", "aggregate_types"}]}`)
+	fl.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	return cmd
+}
