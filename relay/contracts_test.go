@@ -39,31 +39,11 @@ func TestRelayDeadLettersContractViolations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for st := e.status(t); st.Backlog != 0 || st.DeadLetters != int64(len(bad)); st = e.status(t) {
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog %d, dead letters %d after 30s; want 0 and %d", st.Backlog, st.DeadLetters, len(bad))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	rows, err := e.pool.Query(context.Background(), `SELECT id::text, attempts, last_error FROM `+e.table.Qualified("_dead_letter"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id, lastErr string
-		var attempts int
-		if err := rows.Scan(&id, &attempts, &lastErr); err != nil {
-			t.Fatal(err)
-		}
+	for id, dl := range e.waitDeadLetters(t, len(bad)) {
 		want := bad[id]
-		if want == "" || !strings.HasPrefix(lastErr, relay.CauseContract+": ") || !strings.Contains(lastErr, want) || attempts != 1 {
-			t.Errorf("dead letter %s: attempts %d, last_error %q; want 1 attempt and cause contract saying %q", id, attempts, lastErr, want)
+		if want == "" || !strings.HasPrefix(dl.lastErr, relay.CauseContract+": ") || !strings.Contains(dl.lastErr, want) || dl.attempts != 1 {
+			t.Errorf("dead letter %s: attempts %d, last_error %q; want 1 attempt and cause contract saying %q", id, dl.attempts, dl.lastErr, want)
 		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
 	}
 	versions := map[string]string{}
 	for _, m := range testenv.StreamMessages(t, e.stream) {
@@ -78,4 +58,40 @@ func TestRelayDeadLettersContractViolations(t *testing.T) {
 			t.Errorf("event %s published with eventVersion %q, want %q", id, versions[id], v)
 		}
 	}
+}
+
+type deadLetterRow struct {
+	attempts int
+	lastErr  string
+}
+
+// waitDeadLetters polls until the backlog is empty and n events are
+// dead-lettered, and returns the dead letters by id.
+func (e *env) waitDeadLetters(t *testing.T, n int) map[string]deadLetterRow {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for st := e.status(t); st.Backlog != 0 || st.DeadLetters != int64(n); st = e.status(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("backlog %d, dead letters %d after 30s; want 0 and %d", st.Backlog, st.DeadLetters, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	rows, err := e.pool.Query(context.Background(), `SELECT id::text, attempts, last_error FROM `+e.table.Qualified("_dead_letter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]deadLetterRow{}
+	for rows.Next() {
+		var id string
+		var dl deadLetterRow
+		if err := rows.Scan(&id, &dl.attempts, &dl.lastErr); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = dl
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
