@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,5 +50,34 @@ func TestReconcileExitStatus(t *testing.T) {
 	}
 	if _, stderr, code := run(t, nil, append([]string{"reconcile", "--config", cfgFile}, flags...)...); code != 2 || !strings.Contains(stderr, "check bad: business query") {
 		t.Fatalf("bad query: exit %d, %q", code, stderr)
+	}
+}
+
+// `outbox relay --reconcile-every` reconciles inside the relay and exports
+// the findings as metrics.
+func TestRelayReconcilesOnASchedule(t *testing.T) {
+	t.Parallel()
+	tb, flags := migrated(t)
+	ctx := testenv.Context(t, time.Minute)
+	if _, err := testenv.Pool(t).Exec(ctx, `INSERT INTO `+tb.Qualified("_dead_letter")+` (id, aggregatetype, aggregateid, type, payload, seq, created_at, attempts, last_error, dead_lettered_at)
+		VALUES (gen_random_uuid(), 'order', '9', 'OrderPlaced', '{}', 1, now() - interval '3 hours', 1, 'x', now() - interval '2 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	startRelay(t, append(flags, "--sink", "stdout:", "--metrics-addr", addr, "--reconcile-every", "1s")...)
+	const want = `outbox_reconcile_findings{kind="dead-letter",scope="order"} 1`
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		m := ""
+		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil { // refused until the relay listens
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			m = string(b)
+		}
+		if strings.Contains(m, want) && strings.Contains(m, "outbox_reconcile_last_success_timestamp_seconds") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %q after 30s:\n%s", want, m)
+		}
 	}
 }

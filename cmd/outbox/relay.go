@@ -39,6 +39,7 @@ func newRelay() *cobra.Command {
 		cdcMode     string
 		contracts   contractFlags
 		ce          cloudEventsFlags
+		rec         relayReconcile
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -174,6 +175,15 @@ Sinks (--sink):
 				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 				opts.Registerer = reg
 			}
+			var recReg prometheus.Registerer
+			if reg != nil {
+				recReg = reg
+			}
+			waitReconcile, err := rec.start(ctx, cmd, dbURL, t, recReg, log)
+			if err != nil {
+				return err
+			}
+			defer waitReconcile()
 			rl, err := relayd.Open(ctx, dbURL, sinkURL, opts)
 			if err != nil {
 				return err
@@ -223,6 +233,7 @@ Sinks (--sink):
 	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
 	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
 	ce.register(cmd)
+	rec.register(cmd)
 	contracts.register(cmd, "check every event against its contract before publishing; a violation is dead-lettered with cause contract")
 	return cmd
 }
