@@ -206,6 +206,7 @@ func (r *Registry) MissingPolicy() Missing { return r.missing }
 
 // SetMissing changes the policy for events without a contract (the
 // index's "missing"), for a caller that decides it elsewhere (a flag).
+// Call it before the registry is in use.
 func (r *Registry) SetMissing(m Missing) error {
 	if m != MissingRefuse && m != MissingAllow {
 		return fmt.Errorf("contract: missing %q: use refuse or allow", m)
