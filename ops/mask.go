@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -19,16 +20,16 @@ import (
 // with the sensitive paths masked.
 type View struct {
 	outboxdriver.DeadLetter
-	Seq          int64
-	CreatedAt    time.Time
-	Headers      map[string]string
-	TraceContext string
+	Seq          int64             `json:"seq"`
+	CreatedAt    time.Time         `json:"created_at"`
+	Headers      map[string]string `json:"headers"`
+	TraceContext string            `json:"tracingspancontext"`
 	// Payload is what to show of the payload: indented JSON, or text.
-	Payload string
+	Payload string `json:"payload"`
 	// PayloadNote says what was left out or masked, or is "".
-	PayloadNote string
+	PayloadNote string `json:"payload_note"`
 	// Masked counts the values masked.
-	Masked int
+	Masked int `json:"masked"`
 }
 
 // Mask is what a masked value shows instead.
@@ -39,13 +40,14 @@ const maxShown = 1 << 20
 
 func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
 	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext}
+	masks := o.masksFor(d.AggregateType, d.Type)
 	switch {
 	case d.Payload == nil && d.PayloadRaw == nil:
 		v.PayloadNote = "no payload"
 	case d.Payload == nil:
 		raw := d.PayloadRaw
 		switch {
-		case len(o.masks) > 0:
+		case len(masks) > 0:
 			v.PayloadNote = fmt.Sprintf("%d bytes that are not JSON: hidden, because sensitive paths are configured and cannot be found in them", len(raw))
 		case len(raw) > maxShown:
 			v.PayloadNote = fmt.Sprintf("%d bytes that are not JSON: too large to show", len(raw))
@@ -61,14 +63,14 @@ func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
 	default:
 		tree, err := decodeTree(json.NewDecoder(bytes.NewReader(d.Payload)), 0)
 		if err != nil {
-			if len(o.masks) > 0 {
+			if len(masks) > 0 {
 				v.PayloadNote = "JSON that could not be read for masking: hidden"
 				return v
 			}
 			v.Payload, v.PayloadNote = string(d.Payload), "shown as stored"
 			return v
 		}
-		for _, m := range o.masks {
+		for _, m := range masks {
 			v.Masked += tree.mask(m)
 		}
 		var b strings.Builder
@@ -81,18 +83,21 @@ func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
 	return v
 }
 
-// parsePath reads a dot-separated JSON path.
-func parsePath(p string) ([]string, error) {
-	if p == "" {
-		return nil, errors.New("empty")
+// masksFor returns the paths to mask in an event's payload: the
+// configured ones and its contract's.
+func (o *Ops) masksFor(aggregateType, eventType string) [][]string {
+	if o.cfg.Contracts == nil {
+		return o.masks
 	}
-	segs := strings.Split(p, ".")
-	for _, s := range segs {
-		if s == "" {
-			return nil, errors.New("an empty segment: write segments separated by single dots, e.g. customer.email")
+	masks := o.masks
+	for _, p := range o.cfg.Contracts.SensitivePaths(aggregateType, eventType) {
+		segs, err := contract.ParsePath(p)
+		if err != nil { // a registry checks its paths when it loads
+			segs = []string{"*"}
 		}
+		masks = append(masks[:len(masks):len(masks)], segs)
 	}
-	return segs, nil
+	return masks
 }
 
 // jnode is a JSON value that keeps the order of object keys.

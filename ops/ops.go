@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -124,8 +125,18 @@ type Config struct {
 	// * matches any key or array index). A payload that is not JSON is
 	// hidden whole when any path is set.
 	SensitivePaths []string
+	// Contracts, when set, adds the sensitive and forbidden paths of each
+	// event's contract to SensitivePaths for that event's payload (a
+	// *contract.Registry).
+	Contracts SensitiveSource
 	// Logger defaults to warnings and errors as text on standard error.
 	Logger *slog.Logger
+}
+
+// SensitiveSource names the sensitive payload paths of one event type.
+// *contract.Registry implements it.
+type SensitiveSource interface {
+	SensitivePaths(aggregateType, eventType string) []string
 }
 
 // DefaultMaxPage is Config.MaxPage's default.
@@ -170,7 +181,7 @@ func New(st outboxdriver.Store, t outboxdriver.Table, cfg *Config) (*Ops, error)
 	}
 	o := &Ops{st: st, t: t, cfg: c, log: confval.Logger(c.Logger)}
 	for _, p := range c.SensitivePaths {
-		segs, err := parsePath(p)
+		segs, err := contract.ParsePath(p)
 		if err != nil {
 			return nil, fmt.Errorf("ops: sensitive path %q: %w", p, err)
 		}

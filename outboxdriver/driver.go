@@ -317,3 +317,8 @@ type PartitionStatus struct {
 	// Backlog counts the partition's unpublished events.
 	Backlog int64
 }
+
+// VersionHeader is the header that carries an event's contract version
+// (the articles' eventVersion): the writer sets it from the event's
+// contract, the relay for rows written without it (package contract).
+const VersionHeader = "eventVersion"

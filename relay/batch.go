@@ -215,7 +215,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		msgs, pos, dests, wave, spans = msgs[:0], pos[:0], dests[:0], wave[:0], spans[:0]
 		for _, a := range plan.next() {
 			i := a.at()
-			m, err := r.cfg.Router.Message(&recs[i])
+			m, err := r.message(&recs[i])
 			if err != nil {
 				r.metrics.PublishFailed("", true)
 				permanent++

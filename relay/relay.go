@@ -115,6 +115,12 @@ type Config struct {
 	// looked up at every batch, so nothing is made until the application
 	// sets one; with a no-op provider tracing costs nothing per event.
 	TracerProvider trace.TracerProvider
+	// Contracts, when set, checks every claimed event against its payload
+	// contract before it is routed (a *contract.Registry, for rows written
+	// by plain SQL): an event that breaks its contract is dead-lettered at
+	// once, its last error starting with "contract:". An event without an
+	// eventVersion header is published with its contract's version.
+	Contracts Checker
 	// OnStage, when set, is called at each stage of the relay's work with
 	// the number of events concerned. It must not block. Useful for
 	// tracing and fault injection.

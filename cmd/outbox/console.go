@@ -39,7 +39,7 @@ func newConsole() *cobra.Command {
 	var f dbFlags
 	var addr, users, tlsCert, tlsKey, logLevel string
 	var dev, proxyTLS bool
-	var sensitive []string
+	var masks maskFlags
 	cmd := &cobra.Command{
 		Use:   "console",
 		Short: "Serve the operations console: web pages and a JSON API over the outbox, for users with roles (docs/console.md)",
@@ -74,7 +74,11 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 			case !loopback && tlsCert == "" && !proxyTLS:
 				return fmt.Errorf("--addr %s is reachable from other machines: serve HTTPS with --tls-cert and --tls-key, or put a TLS-terminating reverse proxy in front and pass --proxy-tls", addr)
 			}
-			return f.withOps(cmd, 8, &ops.Config{SensitivePaths: sensitive, Logger: log}, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
+			ocfg := &ops.Config{Logger: log}
+			if err := masks.apply(ocfg); err != nil {
+				return err
+			}
+			return f.withOps(cmd, 8, ocfg, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
 				t := o.Table()
 				status, err := st.Status(ctx, t)
 				if err != nil {
@@ -99,7 +103,7 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 	fl.StringVar(&tlsKey, "tls-key", "", "the certificate's private key (PEM)")
 	fl.BoolVar(&proxyTLS, "proxy-tls", false, "a reverse proxy in front terminates TLS: mark cookies Secure and allow a non-loopback --addr without --tls-cert")
 	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only")
-	fl.StringArrayVar(&sensitive, "sensitive-path", nil, "JSON path masked in payloads, e.g. customer.email or cards.*.number (repeatable)")
+	masks.register(cmd)
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.AddCommand(newConsoleUser())
 	return cmd

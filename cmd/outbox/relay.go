@@ -38,6 +38,9 @@ func newRelay() *cobra.Command {
 		cdc         outboxpgx.CDCConfig
 		cdcCreate   bool
 		cdcMode     string
+		contracts   contractFlags
+		ce          cloudEventsFlags
+		rec         relayReconcile
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -100,6 +103,13 @@ Sinks (--sink):
 				}
 				rc.RouteBy, rc.Regex, rc.Replacement = "", "", ""
 			}
+			registry, err := contracts.load()
+			if err != nil {
+				return err
+			}
+			if rc.CloudEvents, err = ce.config(&sf, t, registry); err != nil {
+				return err
+			}
 			router, err := route.New(&rc)
 			if err != nil {
 				return fmt.Errorf("routing: %w", err)
@@ -158,6 +168,9 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
+			if registry != nil {
+				rcfg.Contracts = registry
+			}
 			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
 			tp, shutdownTracing, err := tracerFromEnv(ctx, log)
 			if err != nil {
@@ -185,6 +198,15 @@ Sinks (--sink):
 				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 				opts.Registerer = reg
 			}
+			var recReg prometheus.Registerer
+			if reg != nil {
+				recReg = reg
+			}
+			waitReconcile, err := rec.start(ctx, cmd, dbURL, t, recReg, log)
+			if err != nil {
+				return err
+			}
+			defer waitReconcile()
 			rl, err := relayd.Open(ctx, dbURL, sinkURL, opts)
 			if err != nil {
 				return err
@@ -233,6 +255,9 @@ Sinks (--sink):
 	cmd.Flags().StringArrayVar(&sf.webhookSecrets, "webhook-secret", nil, "Standard Webhooks signing secret whsec_...; repeat to sign with several during rotation (or OUTBOX_WEBHOOK_SECRETS)")
 	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
 	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
+	ce.register(cmd)
+	rec.register(cmd)
+	contracts.register(cmd, "check every event against its contract before publishing; a violation is dead-lettered with cause contract")
 	return cmd
 }
 
