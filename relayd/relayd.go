@@ -54,7 +54,8 @@ type Options struct {
 	// plus three (one for LISTEN, one for lease upkeep, one to spare).
 	MaxConns int32
 	// Registerer, when set, gets the relay's Prometheus metrics
-	// (package outboxprom), its backlog and oldest-event age included.
+	// (package outboxprom), its backlog and oldest-event age included,
+	// and with SourceCDC its replication slot's (outboxprom.RegisterCDC).
 	Registerer prometheus.Registerer
 	// OneCPUWhileIdle runs the process on one P (GOMAXPROCS=1) while the
 	// relay's batches come back short, and on the runtime's default from
@@ -169,6 +170,15 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 			return nil, err
 		}
 		cfg.Metrics = m
+		if cdc, ok := rl.src.(*outboxpgx.CDCSource); ok {
+			err := outboxprom.RegisterCDC(o.Registerer, cdc.Slot(), func(ctx context.Context) (outboxdriver.SlotStatus, time.Duration, error) {
+				st, err := cdc.Stats(ctx)
+				return st.SlotStatus, st.Lag, err
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
 	}
 	if rl.relay, err = relay.New(rl.src, rl.snk, &cfg); err != nil {
 		return nil, err
