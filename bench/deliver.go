@@ -47,6 +47,9 @@ const (
 	CaseDrainBroker = "raw_broker"
 	// CaseDrainRelay is the relay draining the backlog to the broker.
 	CaseDrainRelay = "relay"
+	// CaseDrainRelayCDC is the relay draining the same backlog from the
+	// WAL, by log tailing (Config.Source SourceCDC).
+	CaseDrainRelayCDC = "relay_cdc"
 )
 
 // DeliveryFigures are the figures of the delivery scenarios (drain and
@@ -59,6 +62,9 @@ type DeliveryFigures struct {
 	// VsLimit is, for the relay's drain, its events/s over the lower of
 	// the two raw limits measured in the same run.
 	VsLimit float64 `json:"vs_limit,omitempty"`
+	// VsPollRelay is, for CaseDrainRelayCDC, its events/s over the
+	// polling relay's (CaseDrainRelay) in the same run.
+	VsPollRelay float64 `json:"vs_poll_relay,omitempty"`
 	// CPUMicrosPerEvent is the machine's busy CPU time (every process:
 	// PostgreSQL, the broker, this one) per event moved, in microseconds.
 	CPUMicrosPerEvent float64 `json:"cpu_us_per_event,omitempty"`
@@ -145,15 +151,8 @@ func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup 
 // fill inserts n events over DrainAggregates aggregates with plain SQL,
 // every column but the Debezium ones left to its default.
 func (s *deliverSetup) fill(ctx context.Context, n int) error {
-	tag, err := s.pool.Exec(ctx, `INSERT INTO `+s.names.Table+` (id, aggregatetype, aggregateid, type, payload)
-SELECT gen_random_uuid(), 'order', 'order-' || (g % $2), 'OrderPlaced',
-       jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % $2), 'total', 42.5, 'sku', 'sku-1234', 'quantity', 1)
-FROM generate_series(1, $1::bigint) AS g ORDER BY g`, n, int64(DrainAggregates))
-	if err != nil {
-		return fmt.Errorf("bench: fill the backlog: %w", err)
-	}
-	if tag.RowsAffected() != int64(n) {
-		return fmt.Errorf("bench: fill the backlog: %d rows, want %d", tag.RowsAffected(), n)
+	if err := s.fillRange(ctx, 0, n); err != nil {
+		return err
 	}
 	if _, err := s.pool.Exec(ctx, `ANALYZE `+s.names.Table); err != nil {
 		return fmt.Errorf("bench: analyze: %w", err)
@@ -161,11 +160,34 @@ FROM generate_series(1, $1::bigint) AS g ORDER BY g`, n, int64(DrainAggregates))
 	return nil
 }
 
+// fillRange inserts the events from+1 .. from+n of the backlog in one
+// transaction.
+func (s *deliverSetup) fillRange(ctx context.Context, from, n int) error {
+	tag, err := s.pool.Exec(ctx, `INSERT INTO `+s.names.Table+` (id, aggregatetype, aggregateid, type, payload)
+SELECT gen_random_uuid(), 'order', 'order-' || (g % $3), 'OrderPlaced',
+       jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % $3), 'total', 42.5, 'sku', 'sku-1234', 'quantity', 1)
+FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) AS g ORDER BY g`, int64(from), int64(n), int64(DrainAggregates))
+	if err != nil {
+		return fmt.Errorf("bench: fill the backlog: %w", err)
+	}
+	if tag.RowsAffected() != int64(n) {
+		return fmt.Errorf("bench: fill the backlog: %d rows, want %d", tag.RowsAffected(), n)
+	}
+	return nil
+}
+
 // newRelay returns a relay over the table with the given poll interval,
 // publishing to a fresh sink, and a counter of the events it recorded as
 // published.
-func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Duration) (*relay.Relay, *atomic.Int64, func(), error) {
-	src, err := outboxpgx.New(s.pool).NewSource(s.table, &outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)})
+func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Duration, source string) (*relay.Relay, *atomic.Int64, func(), error) {
+	srcCfg := outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}
+	var src outboxdriver.Source
+	var err error
+	if source == SourceCDC {
+		src, err = outboxpgx.New(s.pool).NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: srcCfg})
+	} else {
+		src, err = outboxpgx.New(s.pool).NewSource(s.table, &srcCfg)
+	}
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -263,54 +285,19 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	if err := s.fill(ctx, n); err != nil {
 		return nil, err
 	}
-	var (
-		elapsed         time.Duration
-		cores, relayCPU float64
-		peak, rss       float64
-	)
-	if cfg.RelayBinary != "" {
-		m0, _ = readCPU()
-		t0 = time.Now()
-		child, err := s.startRelayProcess(ctx, cfg, 500*time.Millisecond)
+	poll, err := s.drainRelay(ctx, cfg, SourcePoll, n)
+	if err != nil {
+		return nil, err
+	}
+	runs := []*drainRun{poll}
+	// (d) The relay again, from the WAL: a slot made on the empty table,
+	// then the same backlog.
+	if cfg.Source == SourceCDC {
+		cdc, err := s.drainWAL(ctx, cfg, n)
 		if err != nil {
 			return nil, err
 		}
-		err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool {
-			var done bool
-			err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
-			return err == nil && done
-		})
-		elapsed = time.Since(t0)
-		cores = child.cpu().Seconds() / elapsed.Seconds()
-		relayCPU = cpuPerEvent(m0, n)
-		rss = child.peakRSS()
-		child.stop()
-		if err != nil {
-			return nil, fmt.Errorf("bench: the relay process did not drain the backlog: %w", err)
-		}
-	} else {
-		r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond)
-		if err != nil {
-			return nil, err
-		}
-		runtime.GC() // the raw publishes' garbage must not count as the relay's heap
-		heap := startHeapSampler()
-		cpu0 := processCPU()
-		m0, _ = readCPU()
-		t0 = time.Now()
-		if err := r.Start(ctx); err != nil {
-			closeRelay()
-			return nil, err
-		}
-		err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
-		elapsed = time.Since(t0)
-		cores = (processCPU() - cpu0).Seconds() / elapsed.Seconds()
-		relayCPU = cpuPerEvent(m0, n)
-		peak = heap.stop()
-		closeRelay()
-		if err != nil {
-			return nil, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
-		}
+		runs = append(runs, cdc)
 	}
 	var seen sync.Map
 	var delivered atomic.Int64
@@ -323,10 +310,11 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		return nil, err
 	}
 	if stopConsume != nil {
-		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= int64(n) })
+		want := int64(n * len(runs))
+		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= want })
 		stopConsume()
-		if err != nil || delivered.Load() != int64(n) {
-			return nil, fmt.Errorf("check: the consumer saw %d distinct events of %d drained", delivered.Load(), n)
+		if err != nil || delivered.Load() != want {
+			return nil, fmt.Errorf("check: the consumer saw %d distinct events of %d drained", delivered.Load(), want)
 		}
 	}
 	var left int64
@@ -336,21 +324,118 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	if left != 0 {
 		return nil, fmt.Errorf("check: %d rows left after the relay's drain", left)
 	}
-	f := fig()
-	f.ProcessCores, f.PeakHeapMiB, f.RelayPeakRSSMiB, f.CPUMicrosPerEvent = cores, peak, rss, relayCPU
 	limit := min(results[0].PerSecond, results[1].PerSecond)
 	if _, isNull := s.broker.(nullBroker); isNull {
 		limit = results[0].PerSecond
 	}
-	rr := result(CaseDrainRelay, fmt.Sprintf("one relay (batch %d, %d lanes) draining the backlog to the broker, counted by a consumer afterwards", cfg.Batch, cmp.Or(cfg.Lanes, relay.DefaultLanes)), elapsed, f)
-	f.VsLimit = rr.PerSecond / limit
-	if both := results[0].Delivery.CPUMicrosPerEvent + results[1].Delivery.CPUMicrosPerEvent; both > 0 {
-		f.CPULimit = float64(runtime.NumCPU()) * 1e6 / both
-		f.VsCPULimit = rr.PerSecond / f.CPULimit
+	for _, run := range runs {
+		f := fig()
+		f.ProcessCores, f.PeakHeapMiB, f.RelayPeakRSSMiB, f.CPUMicrosPerEvent = run.cores, run.peak, run.rss, run.relayCPU
+		c, desc := CaseDrainRelay, fmt.Sprintf("one relay (batch %d, %d lanes) draining the backlog to the broker, counted by a consumer afterwards", cfg.Batch, cmp.Or(cfg.Lanes, relay.DefaultLanes))
+		if run.source == SourceCDC {
+			c, desc = CaseDrainRelayCDC, fmt.Sprintf("one relay with --source cdc (batch %d) draining the same backlog from the WAL (1000 events a transaction), counted by a consumer afterwards", cfg.Batch)
+		}
+		rr := result(c, desc, run.elapsed, f)
+		f.VsLimit = rr.PerSecond / limit
+		if both := results[0].Delivery.CPUMicrosPerEvent + results[1].Delivery.CPUMicrosPerEvent; both > 0 {
+			f.CPULimit = float64(runtime.NumCPU()) * 1e6 / both
+			f.VsCPULimit = rr.PerSecond / f.CPULimit
+		}
+		if run.source == SourceCDC {
+			f.VsPollRelay = rr.PerSecond / results[2].PerSecond
+		}
+		results = append(results, rr)
+		fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (%.2f of the lower limit)\n", c, rr.PerSecond, f.VsLimit)
 	}
-	results = append(results, rr)
-	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (%.2f of the lower limit)\n", CaseDrainRelay, rr.PerSecond, f.VsLimit)
 	return results, nil
+}
+
+// drainRun is one relay's drain of the backlog.
+type drainRun struct {
+	source          string
+	elapsed         time.Duration
+	cores, relayCPU float64
+	peak, rss       float64
+}
+
+// drainRelay runs one relay with source until the table holds no
+// unpublished event (n of them at the start).
+func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string, n int) (*drainRun, error) {
+	run := &drainRun{source: source}
+	if cfg.RelayBinary != "" {
+		m0, _ := readCPU()
+		t0 := time.Now()
+		child, err := s.startRelayProcess(ctx, cfg, source, 500*time.Millisecond)
+		if err != nil {
+			return nil, err
+		}
+		err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool {
+			var done bool
+			err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
+			return err == nil && done
+		})
+		run.elapsed = time.Since(t0)
+		run.cores = child.cpu().Seconds() / run.elapsed.Seconds()
+		run.relayCPU = cpuPerEvent(m0, n)
+		run.rss = child.peakRSS()
+		child.stop()
+		if err != nil {
+			return nil, fmt.Errorf("bench: the relay process (source %s) did not drain the backlog: %w", source, err)
+		}
+		return run, nil
+	}
+	r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond, source)
+	if err != nil {
+		return nil, err
+	}
+	runtime.GC() // the raw publishes' garbage must not count as the relay's heap
+	heap := startHeapSampler()
+	cpu0 := processCPU()
+	m0, _ := readCPU()
+	t0 := time.Now()
+	if err := r.Start(ctx); err != nil {
+		closeRelay()
+		return nil, err
+	}
+	err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
+	run.elapsed = time.Since(t0)
+	run.cores = (processCPU() - cpu0).Seconds() / run.elapsed.Seconds()
+	run.relayCPU = cpuPerEvent(m0, n)
+	run.peak = heap.stop()
+	closeRelay()
+	if err != nil {
+		return nil, fmt.Errorf("bench: relay (source %s) drained %d of %d events: %w", source, recorded.Load(), n, err)
+	}
+	return run, nil
+}
+
+// drainWAL makes the table's replication slot on the empty table, fills
+// the backlog in transactions of 1000 events, drains it by log tailing and
+// drops the slot again (the table stays).
+func (s *deliverSetup) drainWAL(ctx context.Context, cfg Config, n int) (_ *drainRun, err error) {
+	drv := outboxpgx.New(s.pool)
+	src, err := drv.NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		return nil, err
+	}
+	err = src.Setup(ctx)
+	src.Close()
+	if err != nil {
+		return nil, fmt.Errorf("bench: --source cdc: %w", err)
+	}
+	defer func() {
+		// Version 3 is the last without log tailing: reverting to it drops
+		// the slot and the publication, so that no slot keeps WAL.
+		if _, derr := drv.MigrateDown(context.WithoutCancel(ctx), s.table, 3); derr != nil {
+			err = errors.Join(err, fmt.Errorf("bench: drop the replication slot: %w", derr))
+		}
+	}()
+	for done := 0; done < n; done += 1000 {
+		if err := s.fillRange(ctx, done, min(1000, n-done)); err != nil {
+			return nil, err
+		}
+	}
+	return s.drainRelay(ctx, cfg, SourceCDC, n)
 }
 
 // drainSQL drains the table with the relay's SQL path alone.
@@ -459,6 +544,25 @@ func CommitToConsumer(ctx context.Context, cfg Config) (results []Result, err er
 	s.env.DurationSeconds, s.env.Rounds, s.env.WarmupSeconds = cfg.Duration.Seconds(), 1, cfg.Warmup.Seconds()
 	s.env.RelayProcess = cfg.RelayBinary != ""
 
+	if cfg.Source == SourceCDC {
+		// The slot, before the first event: the stream holds what commits
+		// after it. It is dropped (with the table) at the end.
+		drv := outboxpgx.New(s.pool)
+		src, serr := drv.NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
+		if serr != nil {
+			return nil, serr
+		}
+		serr = src.Setup(ctx)
+		src.Close()
+		if serr != nil {
+			return nil, fmt.Errorf("bench: --source cdc: %w", serr)
+		}
+		defer func() {
+			if _, derr := drv.MigrateDown(context.WithoutCancel(ctx), s.table, 0); derr != nil {
+				err = errors.Join(err, fmt.Errorf("bench: drop the replication slot: %w", derr))
+			}
+		}()
+	}
 	lt := &latencyRun{s: s, cfg: cfg}
 	stop, err := s.broker.Consume(ctx, lt.arrived)
 	if err != nil {
@@ -522,14 +626,14 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 
 	relayCPU := func() time.Duration { return 0 }
 	if lt.cfg.RelayBinary != "" {
-		child, err := s.startRelayProcess(ctx, lt.cfg, c.poll)
+		child, err := s.startRelayProcess(ctx, lt.cfg, lt.cfg.Source, c.poll)
 		if err != nil {
 			return Result{}, err
 		}
 		defer child.stop()
 		relayCPU = child.cpu
 	} else {
-		r, _, closeRelay, err := s.newRelay(ctx, lt.cfg.Batch, c.poll)
+		r, _, closeRelay, err := s.newRelay(ctx, lt.cfg.Batch, c.poll, lt.cfg.Source)
 		if err != nil {
 			return Result{}, err
 		}
@@ -620,6 +724,12 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 	if c.longTx {
 		desc += ", an unrelated transaction open throughout"
 	}
+	if lt.cfg.Source == SourceCDC {
+		desc += "; the relay tails the WAL (--source cdc)"
+	}
+	if lt.cfg.PlainWrites && c.rate > 0 {
+		desc += "; writers: WriteTx in an ordinary transaction"
+	}
 	res := Result{
 		Scenario: "latency", Case: c.name, Description: desc, Workers: LatencyWriters, Unit: "event",
 		Ops: inWindow, Seconds: lt.cfg.Duration.Seconds(), PerSecond: float64(inWindow) / lt.cfg.Duration.Seconds(),
@@ -688,6 +798,18 @@ func (lt *latencyRun) write(ctx context.Context, _ time.Time) error {
 	id := uuid.Must(uuid.NewV7()).String()
 	ev := outbox.Event{ID: id, AggregateType: "order", AggregateID: "order-" + id[len(id)-3:], Type: "OrderPlaced",
 		Payload: []byte(`{"order_id": "` + id + `", "total": 42.5}`)}
+	if lt.cfg.PlainWrites {
+		// BEGIN, the event's INSERT, COMMIT: three round trips, as an
+		// application's ordinary transaction.
+		if err := pgx.BeginFunc(ctx, lt.s.pool, func(tx pgx.Tx) error { return lt.ob.WriteTx(ctx, tx, ev) }); err != nil {
+			return err
+		}
+		now := time.Now()
+		lt.mu.Lock()
+		lt.committed[id] = now
+		lt.mu.Unlock()
+		return nil
+	}
 	var b pgx.Batch
 	b.Queue(`begin`) // not Batch.BeginTx: its transaction would hold the connection until committed through pgx
 	if err := lt.ob.Queue(ctx, &b, ev); err != nil {
@@ -845,7 +967,7 @@ type relayProcess struct {
 
 // startRelayProcess starts the relay as a child process and waits until it
 // holds the table's partitions.
-func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll time.Duration) (*relayProcess, error) {
+func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, source string, poll time.Duration) (*relayProcess, error) {
 	if cfg.DatabaseURL == "" {
 		return nil, errors.New("bench: Config.RelayBinary needs Config.DatabaseURL")
 	}
@@ -853,6 +975,11 @@ func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll t
 		"--route-replacement", s.broker.Destination(), "--poll-interval", poll.String(),
 		"--batch", strconv.Itoa(cfg.Batch), "--lanes", strconv.Itoa(cmp.Or(cfg.Lanes, relay.DefaultLanes)), "--linger", cfg.Linger.String(), "--log-level", "error"},
 		s.broker.RelayArgs()...)
+	leases := `SELECT count(*) FROM ` + s.names.Leases + ` WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`
+	if source == SourceCDC {
+		args = append(args, "--source", "cdc")
+		leases = `SELECT count(*) FROM ` + s.table.Qualified("_cdc") + ` WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`
+	}
 	cmd := exec.Command(cfg.RelayBinary, args...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -868,7 +995,7 @@ func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll t
 		default:
 		}
 		var n int
-		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.names.Leases+` WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`).Scan(&n)
+		err := s.pool.QueryRow(ctx, leases).Scan(&n)
 		return err == nil && n > 0
 	})
 	select {
@@ -949,11 +1076,14 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if first.Scenario == "drain" {
-		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tmachine CPU µs/event\tCPU limit/s\tvs CPU limit\trelay cores\trelay memory MiB\t")
+		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tvs relay\tmachine CPU µs/event\tCPU limit/s\tvs CPU limit\trelay cores\trelay memory MiB\t")
 		for _, r := range results {
 			d := r.Delivery
-			vs, cpuLim, vsCPU, cores, heap := "-", "-", "-", "-", "-"
-			if r.Case == CaseDrainRelay {
+			vs, vsPoll, cpuLim, vsCPU, cores, heap := "-", "-", "-", "-", "-", "-"
+			if d.VsPollRelay > 0 {
+				vsPoll = fmt.Sprintf("%.2f", d.VsPollRelay)
+			}
+			if r.Case == CaseDrainRelay || r.Case == CaseDrainRelayCDC {
 				vs, cores, heap = fmt.Sprintf("%.2f", d.VsLimit), fmt.Sprintf("%.2f", d.ProcessCores), fmt.Sprintf("%.1f heap", d.PeakHeapMiB)
 				if d.RelayPeakRSSMiB > 0 {
 					heap = fmt.Sprintf("%.1f RSS", d.RelayPeakRSSMiB)
@@ -962,7 +1092,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 					cpuLim, vsCPU = fmt.Sprintf("%.0f", d.CPULimit), fmt.Sprintf("%.2f", d.VsCPULimit)
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, d.CPUMicrosPerEvent, cpuLim, vsCPU, cores, heap)
+			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, vsPoll, d.CPUMicrosPerEvent, cpuLim, vsCPU, cores, heap)
 		}
 	} else {
 		fmt.Fprintln(tw, "case\toffered/s\tachieved/s\tp50 ms\tp99 ms\tmax ms\trelay cores\tprocess cores\tmachine cpu\tpeak heap MiB\t")
@@ -989,6 +1119,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 		}
 	}
 	if first.Scenario == "drain" {
+		b.WriteString("  vs relay: relay_cdc's events/s over the polling relay's in the same run\n")
 		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; relay cores: the relay's CPU time over the drain (its own\n  process, or this one when it runs in process); relay memory: the relay process's peak RSS, or the largest live Go heap in process\n")
 	} else {
 		b.WriteString("  relay cores: CPU time of the relay process (--relay-process) over the window; process cores: CPU time of the bench\n  process (writers and consumer, and the relay unless it runs apart) over the window; machine cpu: busy share of all CPUs\n  (PostgreSQL and the broker included); every committed event was seen by the consumer\n")
