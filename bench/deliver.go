@@ -413,6 +413,23 @@ func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string
 // the backlog in transactions of 1000 events, drains it by log tailing and
 // drops the slot again (the table stays).
 func (s *deliverSetup) drainWAL(ctx context.Context, cfg Config, n int) (_ *drainRun, err error) {
+	dropSlot, err := s.makeSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, dropSlot()) }()
+	for done := 0; done < n; done += 1000 {
+		if err := s.fillRange(ctx, done, min(1000, n-done)); err != nil {
+			return nil, err
+		}
+	}
+	return s.drainRelay(ctx, cfg, SourceCDC, n)
+}
+
+// makeSlot makes the table's publication and replication slot (as
+// `outbox migrate --cdc`); the stream holds what commits after it. The
+// returned func drops them again, so that no slot keeps WAL.
+func (s *deliverSetup) makeSlot(ctx context.Context) (drop func() error, err error) {
 	drv := outboxpgx.New(s.pool)
 	src, err := drv.NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
 	if err != nil {
@@ -423,19 +440,14 @@ func (s *deliverSetup) drainWAL(ctx context.Context, cfg Config, n int) (_ *drai
 	if err != nil {
 		return nil, fmt.Errorf("bench: --source cdc: %w", err)
 	}
-	defer func() {
-		// Version 3 is the last without log tailing: reverting to it drops
-		// the slot and the publication, so that no slot keeps WAL.
-		if _, derr := drv.MigrateDown(context.WithoutCancel(ctx), s.table, 3); derr != nil {
-			err = errors.Join(err, fmt.Errorf("bench: drop the replication slot: %w", derr))
+	return func() error {
+		// Version 3 is the last without log tailing: reverting to it
+		// drops the slot and the publication; the table stays.
+		if _, err := drv.MigrateDown(context.WithoutCancel(ctx), s.table, 3); err != nil {
+			return fmt.Errorf("bench: drop the replication slot: %w", err)
 		}
-	}()
-	for done := 0; done < n; done += 1000 {
-		if err := s.fillRange(ctx, done, min(1000, n-done)); err != nil {
-			return nil, err
-		}
-	}
-	return s.drainRelay(ctx, cfg, SourceCDC, n)
+		return nil
+	}, nil
 }
 
 // drainSQL drains the table with the relay's SQL path alone.
@@ -545,23 +557,11 @@ func CommitToConsumer(ctx context.Context, cfg Config) (results []Result, err er
 	s.env.RelayProcess = cfg.RelayBinary != ""
 
 	if cfg.Source == SourceCDC {
-		// The slot, before the first event: the stream holds what commits
-		// after it. It is dropped (with the table) at the end.
-		drv := outboxpgx.New(s.pool)
-		src, serr := drv.NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
+		dropSlot, serr := s.makeSlot(ctx) // before the first event
 		if serr != nil {
 			return nil, serr
 		}
-		serr = src.Setup(ctx)
-		src.Close()
-		if serr != nil {
-			return nil, fmt.Errorf("bench: --source cdc: %w", serr)
-		}
-		defer func() {
-			if _, derr := drv.MigrateDown(context.WithoutCancel(ctx), s.table, 0); derr != nil {
-				err = errors.Join(err, fmt.Errorf("bench: drop the replication slot: %w", derr))
-			}
-		}()
+		defer func() { err = errors.Join(err, dropSlot()) }()
 	}
 	lt := &latencyRun{s: s, cfg: cfg}
 	stop, err := s.broker.Consume(ctx, lt.arrived)

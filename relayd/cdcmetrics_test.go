@@ -43,21 +43,8 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 	ctx := testenv.Context(t, 3*time.Minute)
 	pool := testenv.CDCPool(t)
-	tb := outboxdriver.Table{Schema: testenv.Name("t"), Name: "outbox"}
+	tb := cdcTable(t, pool)
 	drv := outboxpgx.New(pool)
-	testenv.CDCTurn(t, pool, func() {
-		if _, err := drv.Migrate(ctx, tb, nil); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Cleanup(func() {
-		testenv.CDCTurn(t, pool, func() {
-			if _, err := drv.MigrateDown(context.Background(), tb, 0); err != nil {
-				t.Errorf("migrate down: %v", err)
-			}
-			pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+outboxdriver.QuoteIdent(tb.Schema)+` CASCADE`)
-		})
-	})
 	_, js := testenv.JetStream(t)
 	st, prefix := testenv.Stream(t, js)
 	router, err := route.New(&route.Config{Destination: prefix + ".all"})
