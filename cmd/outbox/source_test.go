@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -92,4 +94,27 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 		})
 	})
 	return tb, testDB{pool: pool, flags: flags, relayFlags: []string{"--source", "cdc"}}
+}
+
+// outbox status shows a table's replication slot, in text and in JSON.
+func TestStatusShowsTheCDCSlot(t *testing.T) {
+	t.Parallel()
+	tb, db := migratedFor(t, "cdc")
+	stdout, stderr, code := run(t, nil, append([]string{"status", "--json"}, db.flags...)...)
+	if code != 0 {
+		t.Fatalf("status --json: %s", stderr)
+	}
+	var js statusJSON
+	if err := json.Unmarshal([]byte(stdout), &js); err != nil {
+		t.Fatalf("status --json = %s: %v", stdout, err)
+	}
+	slot := outboxpgx.DefaultSlot(tb)
+	if len(js.CDCSlots) != 1 || js.CDCSlots[0].Slot != slot || !js.CDCSlots[0].Exists || js.CDCSlots[0].Active ||
+		js.CDCSlots[0].ConfirmedLSN == "" || js.CDCSlots[0].LagBytes <= 0 {
+		t.Fatalf("cdc_slots = %+v, want slot %s, existing, inactive (no relay runs), with a confirmed LSN and retained WAL", js.CDCSlots, slot)
+	}
+	stdout, stderr, code = run(t, nil, append([]string{"status"}, db.flags...)...)
+	if code != 0 || !strings.Contains(stdout, "cdc slot                  "+slot) || !strings.Contains(stdout, "state                   inactive") {
+		t.Fatalf("status (%d) = %s%s", code, stdout, stderr)
+	}
 }
