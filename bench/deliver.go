@@ -798,18 +798,26 @@ func (lt *latencyRun) write(ctx context.Context, _ time.Time) error {
 	id := uuid.Must(uuid.NewV7()).String()
 	ev := outbox.Event{ID: id, AggregateType: "order", AggregateID: "order-" + id[len(id)-3:], Type: "OrderPlaced",
 		Payload: []byte(`{"order_id": "` + id + `", "total": 42.5}`)}
+	var err error
 	if lt.cfg.PlainWrites {
 		// BEGIN, the event's INSERT, COMMIT: three round trips, as an
 		// application's ordinary transaction.
-		if err := pgx.BeginFunc(ctx, lt.s.pool, func(tx pgx.Tx) error { return lt.ob.WriteTx(ctx, tx, ev) }); err != nil {
-			return err
-		}
-		now := time.Now()
-		lt.mu.Lock()
-		lt.committed[id] = now
-		lt.mu.Unlock()
-		return nil
+		err = pgx.BeginFunc(ctx, lt.s.pool, func(tx pgx.Tx) error { return lt.ob.WriteTx(ctx, tx, ev) })
+	} else {
+		err = lt.pipelined(ctx, ev)
 	}
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	lt.mu.Lock()
+	lt.committed[id] = now
+	lt.mu.Unlock()
+	return nil
+}
+
+// pipelined commits ev's transaction as one pipeline.
+func (lt *latencyRun) pipelined(ctx context.Context, ev outbox.Event) error {
 	var b pgx.Batch
 	b.Queue(`begin`) // not Batch.BeginTx: its transaction would hold the connection until committed through pgx
 	if err := lt.ob.Queue(ctx, &b, ev); err != nil {
@@ -822,14 +830,7 @@ func (lt *latencyRun) write(ctx context.Context, _ time.Time) error {
 		}
 		return nil
 	})
-	if err := lt.s.pool.SendBatch(ctx, &b).Close(); err != nil {
-		return err
-	}
-	now := time.Now()
-	lt.mu.Lock()
-	lt.committed[id] = now
-	lt.mu.Unlock()
-	return nil
+	return lt.s.pool.SendBatch(ctx, &b).Close()
 }
 
 func (lt *latencyRun) setWriteErr(err error) {
