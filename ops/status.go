@@ -15,6 +15,21 @@ type StatusJSON struct {
 	SchemaVersion               int             `json:"schema_version"`
 	LatestSchemaVersion         int             `json:"latest_schema_version"`
 	Partitions                  []PartitionJSON `json:"partitions"`
+	// CDCSlots are the log-tailing replication slots of the table;
+	// omitted when it is polled.
+	CDCSlots []SlotJSON `json:"cdc_slots,omitempty"`
+}
+
+// SlotJSON is one replication slot in StatusJSON.
+type SlotJSON struct {
+	Slot         string `json:"slot"`
+	Publication  string `json:"publication"`
+	Exists       bool   `json:"exists"`
+	Active       bool   `json:"active"`
+	LagBytes     int64  `json:"lag_bytes"`
+	ConfirmedLSN string `json:"confirmed_lsn"`
+	WALStatus    string `json:"wal_status"`
+	Owner        string `json:"owner"`
 }
 
 // PartitionJSON is one partition's lease in StatusJSON.
@@ -37,6 +52,9 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 	}
 	for _, p := range st.Partitions {
 		js.Partitions = append(js.Partitions, PartitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
+	}
+	for _, s := range st.Slots {
+		js.CDCSlots = append(js.CDCSlots, SlotJSON(s))
 	}
 	return js
 }

@@ -305,6 +305,29 @@ type Status struct {
 	// SchemaVersion is the applied migration; LatestSchemaVersion the
 	// newest this build knows.
 	SchemaVersion, LatestSchemaVersion int
+	// Slots lists the replication slots that relay the table by log
+	// tailing (PostgreSQL only); none when it is polled.
+	Slots []SlotStatus
+}
+
+// SlotStatus is a log-tailing replication slot as the database sees it.
+type SlotStatus struct {
+	Slot, Publication string
+	// Exists is false when the slot is missing (not made yet, or lost).
+	Exists bool
+	// Active says a relay streams the slot now.
+	Active bool
+	// LagBytes is the WAL the slot retains: the server's current WAL
+	// position minus the slot's restart LSN.
+	LagBytes int64
+	// ConfirmedLSN is the position up to which the slot's relay confirmed
+	// every event done ("" when none yet).
+	ConfirmedLSN string
+	// WALStatus is PostgreSQL's wal_status of the slot: reserved,
+	// extended, unreserved or lost.
+	WALStatus string
+	// Owner is the relay that holds the slot's lease ("" when nobody).
+	Owner string
 }
 
 // PartitionStatus is one partition's lease as the database sees it.

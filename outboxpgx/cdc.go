@@ -732,7 +732,13 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		case <-ctx.Done():
 			t.Stop()
 		}
-		err = s.pool.SendBatch(ctx, &pb).Close()
+		// A fresh batch: a sent one keeps the statements it prepared on
+		// its connection, and the pool may hand out another.
+		var again pgx.Batch
+		for _, q := range pb.QueuedQueries {
+			again.Queue(q.SQL, q.Arguments...)
+		}
+		err = s.pool.SendBatch(ctx, &again).Close()
 	}
 
 	s.mu.Lock()

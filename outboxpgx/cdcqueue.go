@@ -104,7 +104,9 @@ type txn struct {
 	// xid is the transaction's id (0 for drained rows, which are visible).
 	xid uint32
 	// drain says the events are rows read from the table (stream.drain).
-	drain  bool
+	drain bool
+	// commit is the transaction's commit time (zero for drained rows).
+	commit time.Time
 	events []*event
 	left   int // events not done
 }

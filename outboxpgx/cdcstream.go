@@ -709,7 +709,7 @@ func (d *decoder) decode(data []byte) (*txn, error) {
 		}
 		d.rels[m.RelationID] = r
 	case *pglogrepl.BeginMessage:
-		d.cur, d.at = &txn{xid: m.Xid}, m.CommitTime
+		d.cur, d.at = &txn{xid: m.Xid, commit: m.CommitTime}, m.CommitTime
 	case *pglogrepl.InsertMessage:
 		r := d.rels[m.RelationID]
 		if r == nil || !r.ours || d.cur == nil {

@@ -81,6 +81,11 @@ ORDER BY l.partition`)
 	if err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
+	if st.SchemaVersion >= 4 {
+		if st.Slots, err = slotStatuses(ctx, db, t, ""); err != nil {
+			return st, fmt.Errorf("outboxpgx: status of %s: replication slots: %w", t, err)
+		}
+	}
 	return st, nil
 }
 

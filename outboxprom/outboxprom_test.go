@@ -162,3 +162,34 @@ func TestDrainEstimate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestCDCSlotMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	fail := false
+	err := RegisterCDC(reg, "s1", func(context.Context) (outboxdriver.SlotStatus, time.Duration, error) {
+		if fail {
+			return outboxdriver.SlotStatus{}, 0, errors.New("db down")
+		}
+		return outboxdriver.SlotStatus{Slot: "s1", Exists: true, Active: true, LagBytes: 4096}, 1500 * time.Millisecond, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `# HELP outbox_cdc_lag_seconds Time since the commit of the oldest transaction whose events the relay has not yet published (0 when none is pending).
+# TYPE outbox_cdc_lag_seconds gauge
+outbox_cdc_lag_seconds{slot="s1"} 1.5
+# HELP outbox_cdc_slot_active 1 when a relay streams the replication slot, 0 when nobody does (or the slot is missing).
+# TYPE outbox_cdc_slot_active gauge
+outbox_cdc_slot_active{slot="s1"} 1
+# HELP outbox_cdc_slot_lag_bytes WAL the replication slot retains: the server's current WAL position minus the slot's restart LSN.
+# TYPE outbox_cdc_slot_lag_bytes gauge
+outbox_cdc_slot_lag_bytes{slot="s1"} 4096
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "outbox_cdc_lag_seconds", "outbox_cdc_slot_active", "outbox_cdc_slot_lag_bytes"); err != nil {
+		t.Fatal(err)
+	}
+	fail = true
+	if err := testutil.GatherAndCompare(reg, strings.NewReader("# HELP outbox_cdc_status_up 1 when the last read of the replication slot succeeded.\n# TYPE outbox_cdc_status_up gauge\noutbox_cdc_status_up{slot=\"s1\"} 0\n"), "outbox_cdc_status_up"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -57,7 +57,8 @@ type Options struct {
 	// Registerer, when set, gets the relay's Prometheus metrics
 	// (package outboxprom): the engine's counters and the table's gauges,
 	// the backlog and oldest-event age by destination (PostgreSQL) and the
-	// drain estimate included (docs/operations.md, Metrics).
+	// drain estimate included (docs/operations.md, Metrics), and with
+	// SourceCDC its replication slot's (outboxprom.RegisterCDC).
 	Registerer prometheus.Registerer
 	// OneCPUWhileIdle runs the process on one P (GOMAXPROCS=1) while the
 	// relay's batches come back short, and on the runtime's default from
@@ -171,6 +172,15 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 		}
 		if cfg.Metrics, err = newMetrics(o.Registerer, rl.db.Store, t, cfg.Router, rl.src.RelayName()); err != nil {
 			return nil, err
+		}
+		if cdc, ok := rl.src.(*outboxpgx.CDCSource); ok {
+			err := outboxprom.RegisterCDC(o.Registerer, cdc.Slot(), func(ctx context.Context) (outboxdriver.SlotStatus, time.Duration, error) {
+				st, err := cdc.Stats(ctx)
+				return st.SlotStatus, st.Lag, err
+			})
+			if err != nil {
+				return nil, err
+			}
 		}
 	}
 	if rl.relay, err = relay.New(rl.src, rl.snk, &cfg); err != nil {

@@ -32,6 +32,9 @@ func newBench() *cobra.Command {
 		lanes    int
 		relayOut bool
 		linger   time.Duration
+		wmodes   []string
+		source   string
+		plainTx  bool
 
 		traceNeverSample bool
 	)
@@ -86,7 +89,10 @@ Scenarios:
   outbox bench --db $DB --scenario write --writers 1,4,16 --duration 10s --json
   outbox bench --db $DB --scenario retention --events 100000 --batch 500
   outbox bench --db $DB --scenario drain --events 200000 --sink nats://127.0.0.1:4222
-  outbox bench --db $DB --scenario latency --sink kafka:// --rates 100,2000,5000`,
+  outbox bench --db $DB --scenario latency --sink kafka:// --rates 100,2000,5000
+  outbox bench --db $DB --scenario write --writers 8 --write-modes message,insert-delete,sql
+  outbox bench --db $DB --scenario drain --events 200000 --source cdc
+  outbox bench --db $DB --scenario latency --source cdc --plain-writes --rates 1000,2000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := bench.Lookup(scenario)
@@ -140,20 +146,25 @@ Scenarios:
 			}
 			defer pool.Close()
 			cfg := bench.Config{
-				Pool:             pool,
-				Duration:         duration,
-				Warmup:           warmup,
-				Writers:          writers,
-				Rounds:           rounds,
-				Events:           events,
-				Batch:            batch,
-				Sink:             sinkURL,
-				Rates:            rates,
-				Cases:            cases,
-				Lanes:            lanes,
-				Linger:           linger,
+				Pool:     pool,
+				Duration: duration,
+				Warmup:   warmup,
+				Writers:  writers,
+				Rounds:   rounds,
+				Events:   events,
+				Batch:    batch,
+				Sink:     sinkURL,
+				Rates:    rates,
+				Cases:    cases,
+				Lanes:    lanes,
+				Linger:   linger,
+				Progress: cmd.ErrOrStderr(),
+
+				WriteModes:  wmodes,
+				Source:      source,
+				PlainWrites: plainTx,
+
 				TraceNeverSample: traceNeverSample,
-				Progress:         cmd.ErrOrStderr(),
 			}
 			if retention && !cmd.Flags().Changed("rounds") {
 				cfg.Rounds = 0 // the scenario's own default
@@ -207,6 +218,9 @@ Scenarios:
 	cmd.Flags().DurationVar(&linger, "linger", 0, "latency: the relay's --linger")
 	cmd.Flags().BoolVar(&traceNeverSample, "trace-never-sample", false, "drain: also drain with tracing on and a sampler that samples nothing (case relay_traced), in --rounds pairs with the untraced relay, and report the ratio")
 	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "drain, latency: run the relay as a child process (this binary's `relay`), to measure its CPU and memory apart")
+	cmd.Flags().StringSliceVar(&wmodes, "write-modes", nil, "write: add the cases of other write paths, as a list: "+strings.Join(bench.WriteModes(), ", "))
+	cmd.Flags().StringVar(&source, "source", bench.SourcePoll, "drain, latency: the relay's source, poll or cdc (drain: the backlog is drained once more from the WAL, after the polling relay)")
+	cmd.Flags().BoolVar(&plainTx, "plain-writes", false, "latency: writers use WriteTx in an ordinary transaction (BEGIN, INSERT, COMMIT) instead of one pipelined batch")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
 	return cmd
