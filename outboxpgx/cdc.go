@@ -75,9 +75,14 @@ type CDCConfig struct {
 	Mode CDCMode
 	// MaxPending bounds the events decoded and not yet published that
 	// the source keeps in memory: it stops reading the stream while it
-	// holds that many, between transactions (one transaction is always
-	// read whole). Defaults to 10000.
+	// holds that many. A larger transaction is handed on in parts (of at
+	// most 1000 events) and never held whole. Defaults to 10000.
 	MaxPending int
+	// SpillDir is where the events of a large transaction that PostgreSQL
+	// streams before its commit wait for the commit, in a file per
+	// transaction removed at its end. Defaults to the system's temporary
+	// directory (os.TempDir).
+	SpillDir string
 	// StatusInterval is the longest time between two standby status
 	// updates to the server, which confirm the LSN the slot may release
 	// WAL up to. Defaults to 10s; it must stay below the server's
@@ -579,7 +584,7 @@ func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limi
 func (s *CDCSource) needsCheck(evs []*event) []string {
 	var ids []string
 	for _, e := range evs {
-		if (e.tx.end != 0 && e.tx.end <= s.deadLSN) || s.queue.held[e.key()] == e.ID {
+		if (e.tx.lsn != 0 && e.tx.lsn <= s.deadLSN) || s.queue.held[e.key()] == e.ID {
 			ids = append(ids, e.ID)
 		}
 	}
@@ -689,7 +694,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 			if e.row {
 				deadRows, deadXids = append(deadRows, f.ID), append(deadXids, int64(e.tx.xid))
 			}
-			deadLSN = max(deadLSN, e.tx.end)
+			deadLSN = max(deadLSN, e.tx.lsn)
 		}
 	}
 	var lsn pglogrepl.LSN

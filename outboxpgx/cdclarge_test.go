@@ -1,0 +1,359 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime/metrics"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink/stdoutsink"
+)
+
+// orderCheck is the "broker" of the large-transaction tests: the lines a
+// stdoutsink writes, checked as they come and not kept, so the test's own
+// memory stays small. Every event's payload is {"n": <its place>}; per key
+// (aggregate) the n must grow.
+type orderCheck struct {
+	mu    sync.Mutex
+	last  map[string]int
+	count int
+	err   error
+	grew  chan struct{}
+}
+
+func newOrderCheck() *orderCheck {
+	return &orderCheck{last: map[string]int{}, grew: make(chan struct{}, 1)}
+}
+
+func (c *orderCheck) Write(p []byte) (int, error) {
+	var l struct {
+		Key     string `json:"key"`
+		Payload struct {
+			N int `json:"n"`
+		} `json:"payload"`
+	}
+	err := json.Unmarshal(p, &l)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case err != nil:
+		c.err = fmt.Errorf("line %q: %v", p, err)
+	case l.Payload.N <= c.last[l.Key] && c.err == nil:
+		c.err = fmt.Errorf("aggregate %s: n=%d published after n=%d", l.Key, l.Payload.N, c.last[l.Key])
+	}
+	c.last[l.Key] = l.Payload.N
+	c.count++
+	select {
+	case c.grew <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (c *orderCheck) state() (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.count, c.err
+}
+
+// waitCount waits until n events were published, failing after d.
+func (c *orderCheck) waitCount(t *testing.T, n int, d time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		got, err := c.state()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		select {
+		case <-c.grew:
+		case <-deadline.C:
+			t.Fatalf("%d of %d events published after %s", got, n, d)
+		}
+	}
+}
+
+// heapPeak samples the live heap (runtime/metrics) until stopped and
+// returns the largest sample.
+func heapPeak() (stop func() uint64) {
+	samples := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	done, out := make(chan struct{}), make(chan uint64)
+	go func() {
+		var peak uint64
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			metrics.Read(samples)
+			peak = max(peak, samples[0].Value.Uint64())
+			select {
+			case <-tick.C:
+			case <-done:
+				out <- peak
+				return
+			}
+		}
+	}()
+	return func() uint64 { close(done); return <-out }
+}
+
+// stdoutRelay starts a relay over src into a stdoutsink writing to w,
+// routed by aggregate type.
+func (f *cdcFixture) stdoutRelay(src *outboxpgx.CDCSource, w *orderCheck, cfg relay.Config) func() {
+	f.t.Helper()
+	router, err := route.New(&route.Config{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cfg.Router, cfg.Logger = router, f.log
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 2 * time.Second
+	}
+	snk := stdoutsink.New(w)
+	rl, err := relay.New(src, snk, &cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := rl.Start(f.ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := rl.Stop(ctx); err != nil {
+			f.t.Errorf("stop relay: %v", err)
+		}
+		snk.Close()
+	}
+	f.t.Cleanup(stop)
+	return stop
+}
+
+// bigRows and bigMessages write events n = $1 .. $2 of aggregates
+// big0..big<$3-1> in one statement, as rows or as messages ($4 the prefix).
+const (
+	bigRows = `INSERT INTO %s (id, aggregatetype, aggregateid, type, payload)
+SELECT gen_random_uuid(), 'order', 'big' || (i %% $3), 'Big', json_build_object('n', i)
+FROM generate_series($1::int, $2::int) AS i`
+	bigMessages = `SELECT count(pg_logical_emit_message(true, $4, json_build_object('v', 1, 'id', gen_random_uuid(),
+    'aggregatetype', 'order', 'aggregateid', 'big' || (i % $3), 'type', 'Big', 'payload', json_build_object('n', i))::text))
+FROM generate_series($1::int, $2::int) AS i`
+)
+
+// bigSQL returns the statement that writes events in mode (bigRows or
+// bigMessages) and its arguments after the first three.
+func (f *cdcFixture) bigSQL(mode string) (string, []any) {
+	switch mode {
+	case modeMessage:
+		return bigMessages, []any{outboxpgx.MessagePrefix(f.tb)}
+	default:
+		return fmt.Sprintf(bigRows, f.tb.Qualified("")), nil
+	}
+}
+
+// streamedTxns is how many transactions the slot streamed before their
+// commit (pg_stat_replication_slots).
+func (f *cdcFixture) streamedTxns() int64 {
+	f.t.Helper()
+	var n int64
+	err := f.pool.QueryRow(f.ctx, `SELECT coalesce((SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1), 0)`, f.slot()).Scan(&n)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+// A transaction of 1,000,000 events (half of them rows of the table, half
+// logical decoding messages, of the same aggregates) is streamed by
+// PostgreSQL before its commit, published only after it, whole and in
+// order (each aggregate's events in the order written, the transaction
+// committed before it ahead of it and the one after behind it), while the
+// relay's live heap stays far below what the transaction's events take in
+// memory. (Insert+delete rows take the same path; the streamed tests below
+// cover them.)
+func TestCDCMillionEventTransaction(t *testing.T) {
+	t.Parallel()
+	const n, aggs = 1_000_000, 64
+	f := newCDC(t)
+	f.ctx = testenv.Context(t, 4*time.Minute)
+	f.setup()
+	check := newOrderCheck()
+	f.stdoutRelay(f.source("r1", nil), check, relay.Config{BatchSize: 2000})
+	f.streaming()
+	streamedBefore := f.streamedTxns()
+	rows, _ := f.bigSQL(modeTable)
+	msgs, prefix := f.bigSQL(modeMessage)
+
+	// One event before, in a transaction of its own, of every aggregate:
+	// n = 1 .. aggs. The large transaction's are aggs+1 .. aggs+n.
+	f.exec(rows, 1, aggs, aggs)
+	check.waitCount(t, aggs, 30*time.Second)
+
+	peak := heapPeak()
+	started := time.Now()
+	tx, err := f.pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(f.ctx, rows, aggs+1, aggs+n/2, aggs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(f.ctx, msgs, aggs+n/2+1, aggs+n, aggs, prefix[0]); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the transaction is streamed before its commit", func() bool { return f.streamedTxns() > streamedBefore })
+	if got, _ := check.state(); got != aggs {
+		t.Fatalf("%d events published before the commit, want %d", got, aggs)
+	}
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	wrote := time.Since(started)
+	// And one more of every aggregate after it.
+	f.exec(rows, aggs+n+1, aggs+n+aggs, aggs)
+	check.waitCount(t, n+2*aggs, 3*time.Minute)
+	heap := peak()
+	if got, err := check.state(); err != nil || got != n+2*aggs {
+		t.Fatalf("published %d events (%v), want %d exactly", got, err, n+2*aggs)
+	}
+	t.Logf("written in %s, published %s after the commit; live heap peak %d MiB",
+		wrote.Round(time.Millisecond), (time.Since(started) - wrote).Round(time.Millisecond), heap>>20)
+	// The transaction's events take far more than this in memory: over
+	// 400 MiB as decoded events, before the records and messages the relay
+	// makes of them.
+	const bound = 64 << 20
+	if heap > bound {
+		t.Fatalf("live heap reached %d MiB while relaying the transaction, want at most %d MiB", heap>>20, bound>>20)
+	}
+	f.eventually("published rows are deleted", func() bool { return f.count("") == 0 })
+}
+
+// smallWorkMem returns a CDC source whose replication connection sets
+// logical_decoding_work_mem to its minimum (64kB): PostgreSQL streams
+// every transaction larger than that before its commit.
+func (f *cdcFixture) smallWorkMemSource(name, spillDir string) *outboxpgx.CDCSource {
+	f.t.Helper()
+	cfg := f.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["logical_decoding_work_mem"] = "64kB"
+	pool, err := pgxpool.NewWithConfig(f.ctx, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(pool.Close)
+	c := outboxpgx.CDCConfig{SpillDir: spillDir}
+	c.RelayName, c.Logger = name, f.log
+	src, err := outboxpgx.New(pool).NewCDCSource(f.tb, &c)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { src.Close() })
+	return src
+}
+
+// published reports whether an event of aggregate key was published.
+func (c *orderCheck) published(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.last[key]
+	return ok
+}
+
+// Streamed transactions in all three write modes: one rolled back after
+// PostgreSQL streamed it is never published; in one that commits, the
+// events of a subtransaction rolled back after it was streamed are not
+// published, and the others are, in order.
+func TestCDCStreamedRollbacks(t *testing.T) {
+	t.Parallel()
+	const n = 2000 // far more than 64kB of changes
+	f := newCDC(t)
+	f.setup()
+	check := newOrderCheck()
+	dir := t.TempDir()
+	f.stdoutRelay(f.smallWorkMemSource("r1", dir), check, relay.Config{})
+	f.streaming()
+	write := func(tx pgx.Tx, mode, agg string, from int) {
+		t.Helper()
+		sql, extra := f.bigSQL(mode)
+		sql = strings.ReplaceAll(sql, `'big' || (i % $3)`, `$3::text`)
+		if _, err := tx.Exec(f.ctx, sql, append([]any{from, from + n - 1, agg}, extra...)...); err != nil {
+			t.Fatal(err)
+		}
+		if mode == modeInsertDelete {
+			if _, err := tx.Exec(f.ctx, `DELETE FROM `+f.tb.Qualified("")+` WHERE aggregateid = $1`, agg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	streamed := func(before int64) {
+		t.Helper()
+		f.eventually("the transaction is streamed before its end", func() bool {
+			spills, _ := os.ReadDir(dir) // the relay spills it
+			return len(spills) > 0
+		})
+	}
+	want := 0
+	for _, mode := range modes {
+		// Rolled back as a whole.
+		before := f.streamedTxns()
+		tx, err := f.pool.Begin(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(tx, mode, "rolledback-"+mode, 1)
+		streamed(before)
+		if err := tx.Rollback(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+		// A subtransaction rolled back in one that commits.
+		before = f.streamedTxns()
+		tx, err = f.pool.Begin(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		write(tx, mode, "kept-"+mode, 1)
+		if _, err := tx.Exec(f.ctx, `SAVEPOINT s`); err != nil {
+			t.Fatal(err)
+		}
+		write(tx, mode, "savepoint-"+mode, 1)
+		streamed(before)
+		if _, err := tx.Exec(f.ctx, `ROLLBACK TO SAVEPOINT s`); err != nil {
+			t.Fatal(err)
+		}
+		write(tx, mode, "kept-"+mode, n+1)
+		if err := tx.Commit(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+		want += 2 * n
+		check.waitCount(t, want, 60*time.Second)
+		if got, err := check.state(); err != nil || got != want {
+			t.Fatalf("%s mode: published %d events (%v), want %d", mode, got, err, want)
+		}
+		for _, agg := range []string{"rolledback-" + mode, "savepoint-" + mode} {
+			if check.published(agg) {
+				t.Errorf("%s mode: published an event of a rolled-back (sub)transaction (%s)", mode, agg)
+			}
+		}
+	}
+}
