@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime/metrics"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -198,7 +200,7 @@ func TestCDCMillionEventTransaction(t *testing.T) {
 	f.ctx = testenv.Context(t, 4*time.Minute)
 	f.setup()
 	check := newOrderCheck()
-	f.stdoutRelay(f.source("r1", nil), check, relay.Config{BatchSize: 2000})
+	f.stdoutRelay(f.source("r1", nil), check, relay.Config{})
 	f.streaming()
 	streamedBefore := f.streamedTxns()
 	rows, _ := f.bigSQL(modeTable)
@@ -355,5 +357,116 @@ func TestCDCStreamedRollbacks(t *testing.T) {
 				t.Errorf("%s mode: published an event of a rolled-back (sub)transaction (%s)", mode, agg)
 			}
 		}
+	}
+}
+
+// lockedLog is a log that a test reads back.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf strings.Builder
+	t   testing.TB
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.t.Log(strings.TrimSpace(string(p)))
+	return l.buf.Write(p)
+}
+
+// lines counts the lines that contain s.
+func (l *lockedLog) lines(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.buf.String(), s)
+}
+
+// A TRUNCATE of the outbox table and a change of its columns (DDL) are
+// ignored with one log line each: events before and after them are
+// published.
+func TestCDCTruncateAndDDLAreLoggedAndIgnored(t *testing.T) {
+	t.Parallel()
+	f := newCDC(t)
+	logged := &lockedLog{t: t}
+	f.log = slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	f.setup()
+	f.relay(f.source("r1", nil), relay.Config{})
+	f.streaming()
+	ob := f.writer(modeTable)
+	before := cdcEvent("a", 1)
+	f.write(ob, before)
+	f.waitFor(before.ID)
+	f.exec(`TRUNCATE ` + f.tb.Qualified(""))
+	f.ddl(func() { f.exec(`ALTER TABLE ` + f.tb.Qualified("") + ` ADD COLUMN note text`) })
+	after := []string{}
+	for i := range 3 {
+		e := cdcEvent("a", 2+i)
+		f.write(ob, e)
+		after = append(after, e.ID)
+	}
+	got := f.waitFor(after...)
+	if !slices.Equal(got, append([]string{before.ID}, after...)) {
+		t.Fatalf("published %v", got)
+	}
+	const truncated, changed = "ignored a TRUNCATE of the outbox table", "the outbox table's columns changed (DDL)"
+	f.eventually("the TRUNCATE is logged", func() bool { return logged.lines(truncated) > 0 })
+	if n, m := logged.lines(truncated), logged.lines(changed); n != 1 || m != 1 {
+		t.Fatalf("logged the TRUNCATE %d times and the DDL %d times, want once each", n, m)
+	}
+}
+
+// A relay restarted while a long transaction is open (it began, and was
+// partly streamed, before the restart, and commits after it) publishes
+// it once, whole, in commit order: behind a transaction that began after
+// it and committed before it, ahead of one after it. The stopped relay's
+// spill file is gone.
+func TestCDCRelayRestartedDuringAnOpenTransaction(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	f := newCDC(t)
+	f.setup()
+	check := newOrderCheck()
+	dir := t.TempDir()
+	stop := f.stdoutRelay(f.smallWorkMemSource("r1", dir), check, relay.Config{})
+	f.streaming()
+	rows, _ := f.bigSQL(modeTable)
+	msgs, prefix := f.bigSQL(modeMessage)
+	one := strings.ReplaceAll(rows, `'big' || (i % $3)`, `$3::text`)
+	oneMsg := strings.ReplaceAll(msgs, `'big' || (i % $3)`, `$3::text`)
+
+	long, err := f.pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Rollback(context.Background())
+	if _, err := long.Exec(f.ctx, one, 2, n+1, "long"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := long.Exec(f.ctx, oneMsg, n+2, 2*n+1, "long", prefix[0]); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the open transaction is streamed to the relay", func() bool {
+		spills, _ := os.ReadDir(dir)
+		return len(spills) > 0
+	})
+	f.exec(one, 1, 1, "long") // begins after it, commits before it
+	check.waitCount(t, 1, 30*time.Second)
+	stop()
+	if spills, _ := os.ReadDir(dir); len(spills) != 0 {
+		t.Fatalf("%d spill files left after the relay stopped", len(spills))
+	}
+	f.stdoutRelay(f.smallWorkMemSource("r2", dir), check, relay.Config{})
+	f.streaming()
+	if err := long.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.exec(one, 2*n+2, 2*n+2, "long")
+	check.waitCount(t, 2*n+2, 60*time.Second)
+	f.eventually("the spill file is removed", func() bool {
+		spills, _ := os.ReadDir(dir)
+		return len(spills) == 0
+	})
+	if got, err := check.state(); err != nil || got != 2*n+2 {
+		t.Fatalf("published %d events (%v), want %d, each once, in commit order", got, err, 2*n+2)
 	}
 }

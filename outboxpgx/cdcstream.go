@@ -296,27 +296,36 @@ func (st *stream) loadHeld(ctx context.Context, deadLSN pglogrepl.LSN) error {
 	return nil
 }
 
-// ensurePublication makes the publication of the table's inserts when it
-// is missing, and fails when it exists without the table.
+// ensurePublication makes the publication of the table's inserts (and
+// truncates, which are logged) when it is missing, and fails when it
+// exists without the table.
 func (s *CDCSource) ensurePublication(ctx context.Context, create bool) error {
-	var exists, hasTable bool
+	var exists, hasTable, truncates bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
-       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
-		s.cfg.Publication, s.Table.Schema, s.Table.Name).Scan(&exists, &hasTable)
+       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3),
+       coalesce((SELECT pubtruncate FROM pg_publication WHERE pubname = $1), false)`,
+		s.cfg.Publication, s.Table.Schema, s.Table.Name).Scan(&exists, &hasTable, &truncates)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: look up publication %s: %w", s.cfg.Publication, err)
 	}
 	switch {
+	case exists && hasTable && !truncates && create:
+		// Made before TRUNCATE was published: the relay logs a TRUNCATE of
+		// the table it is told of.
+		if _, err := s.pool.Exec(ctx, `ALTER PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` SET (publish = 'insert, truncate')`); err != nil {
+			return fmt.Errorf("outboxpgx: publish TRUNCATE in publication %s: %w", s.cfg.Publication, err)
+		}
+		return nil
 	case exists && hasTable:
 		return nil
 	case exists:
 		return fmt.Errorf("outboxpgx: publication %s does not publish %s: run ALTER PUBLICATION %s ADD TABLE %s, or name another publication",
 			s.cfg.Publication, s.Table, outboxdriver.QuoteIdent(s.cfg.Publication), s.Table.Qualified(""))
 	case !create:
-		return fmt.Errorf("outboxpgx: publication %s does not exist: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'), or let the relay create it",
+		return fmt.Errorf("outboxpgx: publication %s does not exist: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, truncate'), or let the relay create it",
 			s.cfg.Publication, outboxdriver.QuoteIdent(s.cfg.Publication), s.Table.Qualified(""))
 	}
-	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` FOR TABLE `+s.Table.Qualified("")+` WITH (publish = 'insert')`)
+	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` FOR TABLE `+s.Table.Qualified("")+` WITH (publish = 'insert, truncate')`)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
 		return nil // made meanwhile
@@ -588,7 +597,21 @@ func (st *stream) connect(ctx context.Context, streaming bool) (*pgconn.PgConn, 
 		conn.Close(context.Background())
 		return nil, err
 	}
-	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+	// From the LSN recorded with the last batch's outcome: the slot's own
+	// confirmed LSN may lag it (the relay stopped or died before it sent
+	// it), and what is recorded is done; the server starts from the later
+	// of the two.
+	var from string
+	if err := s.pool.QueryRow(ctx, `SELECT coalesce(confirmed_lsn, '0/0')::text FROM `+s.Table.Qualified("_cdc")+` WHERE slot = $1`, s.cfg.Slot).Scan(&from); err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
+	}
+	start, err := pglogrepl.ParseLSN(from)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("outboxpgx: slot %s: confirmed_lsn %q: %w", s.cfg.Slot, from, err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{
 			"proto_version '2'",
 			"streaming '" + strconv.FormatBool(streaming) + "'",
