@@ -34,27 +34,36 @@ const (
 	CDCTable CDCMode = iota
 	// CDCMessages: events are logical decoding messages (WithMessages),
 	// which exist only in the WAL. A lost slot stops the relay with an
-	// error that names the LSN from which messages may be lost.
+	// error that names the LSN range in which messages may be lost.
 	CDCMessages
+	// CDCInsertDelete: events are rows deleted again in their own
+	// transaction (WithInsertDelete), which exist only in the WAL too. A
+	// lost slot stops the relay as in CDCMessages.
+	CDCInsertDelete
 )
 
-// String returns "table" or "message".
+// String returns "table", "message" or "insert-delete".
 func (m CDCMode) String() string {
-	if m == CDCMessages {
+	switch m {
+	case CDCMessages:
 		return "message"
+	case CDCInsertDelete:
+		return "insert-delete"
 	}
 	return "table"
 }
 
-// ParseCDCMode parses "table" or "message".
+// ParseCDCMode parses "table", "message" or "insert-delete".
 func ParseCDCMode(s string) (CDCMode, error) {
 	switch s {
 	case "table":
 		return CDCTable, nil
 	case "message", "messages":
 		return CDCMessages, nil
+	case "insert-delete", "insert+delete":
+		return CDCInsertDelete, nil
 	}
-	return 0, fmt.Errorf("unknown CDC mode %q: use table or message", s)
+	return 0, fmt.Errorf("unknown CDC mode %q: use table, message or insert-delete", s)
 }
 
 // CDCConfig configures a CDC source. The zero value relays the table's
@@ -132,7 +141,7 @@ func (cfg *CDCConfig) resolve(t outboxdriver.Table) (CDCConfig, error) {
 	if err := outboxdriver.ValidateIdent("publication", c.Publication); err != nil {
 		return c, err
 	}
-	if c.Mode != CDCTable && c.Mode != CDCMessages {
+	if c.Mode != CDCTable && c.Mode != CDCMessages && c.Mode != CDCInsertDelete {
 		return c, fmt.Errorf("unknown CDC mode %d", c.Mode)
 	}
 	if c.MaxPending == 0 {

@@ -374,6 +374,12 @@ func (l *lockedLog) Write(p []byte) (int, error) {
 	return l.buf.Write(p)
 }
 
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
 // lines counts the lines that contain s.
 func (l *lockedLog) lines(s string) int {
 	l.mu.Lock()
@@ -468,5 +474,130 @@ func TestCDCRelayRestartedDuringAnOpenTransaction(t *testing.T) {
 	})
 	if got, err := check.state(); err != nil || got != 2*n+2 {
 		t.Fatalf("published %d events (%v), want %d, each once, in commit order", got, err, 2*n+2)
+	}
+}
+
+// dropSlotWhileStreamed drops the table's slot under the relay that
+// streams it: its walsender is terminated, and the slot dropped before the
+// relay connects again.
+func (f *cdcFixture) dropSlotWhileStreamed() {
+	f.t.Helper()
+	f.eventually("the slot is dropped", func() bool {
+		_, err := f.pool.Exec(f.ctx, `SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = $1 AND active`, f.slot())
+		if err != nil {
+			f.t.Logf("terminate the walsender: %v", err)
+		}
+		_, err = f.pool.Exec(f.ctx, `SELECT pg_drop_replication_slot($1)`, f.slot())
+		return err == nil
+	})
+}
+
+// A slot dropped while it is streamed: in table mode the relay reports it,
+// relays the rows still in the table, makes the slot again and streams on,
+// losing nothing and keeping each aggregate's order, while writers write
+// on; in message and insert+delete mode it stops with an error that names
+// the LSN range at risk, and makes no slot.
+func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
+	t.Parallel()
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			f := newCDC(t)
+			logged := &lockedLog{t: t}
+			f.log = slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			f.setup()
+			cdcMode := map[string]outboxpgx.CDCMode{modeTable: outboxpgx.CDCTable, modeMessage: outboxpgx.CDCMessages,
+				modeInsertDelete: outboxpgx.CDCInsertDelete}[mode]
+			f.ddl(func() { // the relay may make the slot again
+				f.relay(f.source("r1", &outboxpgx.CDCConfig{Mode: cdcMode}), relay.Config{})
+				f.streaming()
+			})
+			ob := f.writer(mode)
+			first := cdcEvent("a", 0)
+			f.write(ob, first)
+			f.waitFor(first.ID)
+
+			// Writers write on while the slot is dropped.
+			var mu sync.Mutex
+			written := map[string][]string{}
+			stop, done := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				for i := 1; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					agg := []string{"a", "b"}[i%2]
+					e := cdcEvent(agg, i)
+					tx, err := f.pool.Begin(f.ctx)
+					if err == nil {
+						err = ob.WriteTx(f.ctx, tx, e)
+					}
+					if err == nil {
+						err = tx.Commit(f.ctx)
+					}
+					if err != nil {
+						t.Errorf("write: %v", err)
+						return
+					}
+					mu.Lock()
+					written[agg] = append(written[agg], e.ID)
+					mu.Unlock()
+					time.Sleep(5 * time.Millisecond) // a steady trickle
+				}
+			}()
+			f.ddl(func() {
+				time.Sleep(100 * time.Millisecond) // some streamed before the drop
+				f.dropSlotWhileStreamed()
+				if mode == modeTable {
+					f.streaming() // made again
+				}
+			})
+			time.Sleep(100 * time.Millisecond) // some written after it
+			close(stop)
+			<-done
+
+			if mode != modeTable {
+				want := "was dropped: events written as"
+				f.eventually("the relay stops with an error naming the LSN range", func() bool {
+					return logged.lines(want) > 0
+				})
+				if !strings.Contains(logged.String(), "(the WAL is at ") {
+					t.Fatalf("the error does not name the end of the range:\n%s", logged.String())
+				}
+				var slots int
+				if err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, f.slot()).Scan(&slots); err != nil {
+					t.Fatal(err)
+				}
+				if slots != 0 {
+					t.Fatalf("%s mode: the relay made a new slot without the operator accepting the loss", mode)
+				}
+				return
+			}
+			var all []string
+			for _, ids := range written {
+				all = append(all, ids...)
+			}
+			got := f.waitFor(all...)
+			for agg, ids := range written {
+				// The first copy of each, in the order written.
+				seen, order := map[string]bool{}, []string{}
+				for _, id := range got {
+					if slices.Contains(ids, id) && !seen[id] {
+						seen[id] = true
+						order = append(order, id)
+					}
+				}
+				if !slices.Equal(order, ids) {
+					t.Fatalf("aggregate %s published out of order", agg)
+				}
+			}
+			if logged.lines("replication slot lost") != 1 {
+				t.Fatalf("the lost slot was reported %d times, want once", logged.lines("replication slot lost"))
+			}
+			f.eventually("published rows are deleted", func() bool { return f.count("") == 0 })
+			t.Logf("%d events written around the drop, all published", len(all))
+		})
 	}
 }

@@ -378,11 +378,19 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 		if from == "" {
 			from = "its creation"
 		}
-		if s.cfg.Mode == CDCMessages {
-			return fmt.Errorf("outboxpgx: replication slot %s %s: events written as logical decoding messages after LSN %s were not relayed and cannot be; to stream again from now on, accept the loss with UPDATE %s SET slot_created = false WHERE slot = '%s'",
-				s.cfg.Slot, what, from, s.Table.Qualified("_cdc"), s.cfg.Slot)
+		if s.cfg.Mode != CDCTable {
+			var now string
+			if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&now); err != nil {
+				now = "?"
+			}
+			events := "logical decoding messages"
+			if s.cfg.Mode == CDCInsertDelete {
+				events = "rows inserted and deleted in their transaction"
+			}
+			return fmt.Errorf("outboxpgx: replication slot %s %s: events written as %s after LSN %s, up to the start of a new slot (the WAL is at %s now), were not relayed and cannot be; to stream again from then on, accept the loss with UPDATE %s SET slot_created = false WHERE slot = '%s'",
+				s.cfg.Slot, what, events, from, now, s.Table.Qualified("_cdc"), s.cfg.Slot)
 		}
-		s.Log.Error("outboxpgx: replication slot lost; making it again and relaying the rows still in the table first (no row is lost; logical decoding messages written meanwhile are)",
+		s.Log.Error("outboxpgx: replication slot lost; making it again and relaying the rows still in the table first (no row is lost; logical decoding messages and insert+delete rows written meanwhile are)",
 			"slot", s.cfg.Slot, "lost", what, "confirmed_lsn", from)
 		if found {
 			if _, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
