@@ -122,33 +122,11 @@ func (f *cdcFixture) stdoutRelay(src *outboxpgx.CDCSource, w *orderCheck, cfg re
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	cfg.Router, cfg.Logger = router, f.log
+	cfg.Router = router
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = 2 * time.Second
 	}
-	snk := stdoutsink.New(w)
-	rl, err := relay.New(src, snk, &cfg)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	if err := rl.Start(f.ctx); err != nil {
-		f.t.Fatal(err)
-	}
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := rl.Stop(ctx); err != nil {
-			f.t.Errorf("stop relay: %v", err)
-		}
-		snk.Close()
-	}
-	f.t.Cleanup(stop)
-	return stop
+	return f.relayInto(src, stdoutsink.New(w), cfg)
 }
 
 // bigRows and bigMessages write events n = $1 .. $2 of aggregates
