@@ -229,7 +229,7 @@ Sinks (--sink):
 	cmd.Flags().StringVar(&cdc.Slot, "cdc-slot", "", "with --source cdc: replication slot (default outbox_<schema>_<table>)")
 	cmd.Flags().StringVar(&cdc.Publication, "cdc-publication", "", "with --source cdc: publication of the table's inserts (default: the slot's name)")
 	cmd.Flags().BoolVar(&cdcCreate, "cdc-create", true, "with --source cdc: create the publication and the slot when missing")
-	cmd.Flags().StringVar(&cdcMode, "cdc-mode", "table", "with --source cdc: how writers write events, table (rows) or message (logical decoding messages); decides what a lost slot means")
+	cmd.Flags().StringVar(&cdcMode, "cdc-mode", "table", "with --source cdc: how writers write events, table (rows), message (logical decoding messages) or insert-delete (rows deleted again at once); decides what a lost slot means")
 	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")
 	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at; see --keep-for)")
