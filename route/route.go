@@ -128,6 +128,9 @@ func New(cfg *Config) (*Router, error) {
 	return r, nil
 }
 
+// RouteBy names the column whose value picks the destination.
+func (r *Router) RouteBy() string { return r.byName }
+
 // Destination returns the destination of rec.
 func (r *Router) Destination(rec *outboxdriver.Record) (string, error) {
 	v := r.by(rec)
