@@ -406,8 +406,19 @@ func (o *Ops) Audit(ctx context.Context, a Actor, q outboxdriver.AuditQuery) ([]
 	if q.Before < 0 {
 		return nil, &InputError{"before", "want the id of an audit row"}
 	}
+	if q.RequestID != "" {
+		id, err := parseRequestID(q.RequestID)
+		if err != nil {
+			return nil, err
+		}
+		q.RequestID = id
+	}
 	if o.aud != nil {
-		return o.aud.FindAudit(ctx, o.t, q)
+		recs, err := o.aud.FindAudit(ctx, o.t, q)
+		for i := range recs {
+			recs[i].Before, recs[i].After = o.maskDiff(recs[i].Before), o.maskDiff(recs[i].After)
+		}
+		return recs, err
 	}
 	if q != (outboxdriver.AuditQuery{Limit: q.Limit}) {
 		return nil, fmt.Errorf("ops: filter the audit: %w", ErrUnsupported)

@@ -754,3 +754,31 @@ func (o *Ops) PruneAudit(ctx context.Context, a Actor, before time.Time, reason 
 	}
 	return p.PruneAudit(ctx, o.t, before, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
 }
+
+// maskDiff masks the payload of an audit row's before or after
+// ({"payload": ..., "headers": ...}), as every payload shown is masked.
+func (o *Ops) maskDiff(b json.RawMessage) json.RawMessage {
+	if len(b) == 0 || len(o.masks) == 0 {
+		return b
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil {
+		return nil
+	}
+	if p, ok := m["payload"]; ok && string(p) != "null" {
+		v := o.view(outboxdriver.DeadLetterDetail{Payload: p})
+		shown := json.RawMessage(v.Payload)
+		if v.Payload == "" || !json.Valid(shown) {
+			shown, _ = json.Marshal(v.PayloadNote)
+		}
+		m["payload"] = shown
+	}
+	if raw, ok := m["payload_raw"]; ok {
+		m["payload_raw"], _ = json.Marshal(fmt.Sprintf("%d bytes that are not JSON: hidden", len(raw)))
+	}
+	out, err := json.Marshal(m)
+	if err != nil {
+		return nil
+	}
+	return out
+}

@@ -416,6 +416,11 @@ func TestRepair(t *testing.T) {
 	if len(recs) != 1 || !strings.Contains(string(recs[0].Before), `"42x"`) || !strings.Contains(string(recs[0].After), `"orderId": 42`) || recs[0].RequestID != req.ID {
 		t.Fatalf("repair audit: %+v", recs)
 	}
+	// Shown through ops, the before and after are masked like any payload.
+	shown, err := o.Audit(r.ctx, viewer, outboxdriver.AuditQuery{Action: "repair", Limit: 10})
+	if err != nil || len(shown) != 1 || strings.Contains(string(shown[0].Before)+string(shown[0].After), "ada@") || !strings.Contains(string(shown[0].After), ops.Mask) {
+		t.Fatalf("the audit's before and after as shown: %+v, %v", shown, err)
+	}
 	// A repair of a dead letter that went away meanwhile fails visibly.
 	id2 := testenv.AddDeadLetters(t, r.pool, r.tb, testenv.DeadLetterRow{AggregateType: "order", AggregateID: "43", Type: "OrderPlaced", Payload: `{"a":1}`, LastError: "x", Attempts: 1})[0]
 	req2, err := o.RequestRepair(r.ctx, operator, ops.RepairParams{EventID: id2, Payload: json.RawMessage(`{"a":2}`)}, "fix")
