@@ -50,23 +50,23 @@ type requestJSON struct {
 // requestView is what the page of a request shows.
 type requestView struct {
 	requestJSON
-	Replay   *ops.ReplayParams
-	Preview  *ops.ReplayPreview
-	Repair   *repairView
-	Percent  int
-	Open     bool // pending, approved or executing: it can be cancelled
-	Pending  bool
-	Expired  bool
-	MayAct   bool
+	Replay    *ops.ReplayParams
+	Preview   *ops.ReplayPreview
+	Repair    *repairView
+	Percent   int
+	Open      bool // pending, approved or executing: it can be cancelled
+	Pending   bool
+	Expired   bool
+	MayAct    bool
 	MayDecide bool
 }
 
 type repairView struct {
-	EventID                string
-	Current, Proposed      string
-	CurrentNote            string
+	EventID                 string
+	Current, Proposed       string
+	CurrentNote             string
 	CurrentHdr, ProposedHdr map[string]string
-	Gone                   bool
+	Gone                    bool
 }
 
 func (s *Server) requestJSON(r outboxdriver.Request) requestJSON {
