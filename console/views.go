@@ -368,18 +368,8 @@ func parseLimit(s string, def int) (int, error) {
 	return n, nil // ops checks the range
 }
 
-// parseTime reads RFC 3339, or a date and time (or a date) taken as UTC.
-func parseTime(field, s string) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
-	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
-		if t, err := time.Parse(layout, s); err == nil {
-			return t.UTC(), nil
-		}
-	}
-	return time.Time{}, &ops.InputError{Field: field, Reason: "want a time such as 2006-01-02T15:04:05Z or 2006-01-02"}
-}
+// parseTime reads a time filter (ops.ParseTime).
+func parseTime(field, s string) (time.Time, error) { return ops.ParseTime(field, s) }
 
 func roundDuration(d time.Duration) string {
 	switch {

@@ -755,6 +755,20 @@ func (o *Ops) PruneAudit(ctx context.Context, a Actor, before time.Time, reason 
 	return p.PruneAudit(ctx, o.t, before, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
 }
 
+// ParseTime reads RFC 3339, or a date and time (or a date) taken as UTC:
+// the times the console's filters and the command line take.
+func ParseTime(field, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t.UTC(), nil
+		}
+	}
+	return time.Time{}, &InputError{Field: field, Reason: "want a time such as 2006-01-02T15:04:05Z or 2006-01-02"}
+}
+
 // maskDiff masks the payload of an audit row's before or after
 // ({"payload": ..., "headers": ...}), as every payload shown is masked.
 func (o *Ops) maskDiff(b json.RawMessage) json.RawMessage {

@@ -39,6 +39,8 @@ func newConsole() *cobra.Command {
 	var f dbFlags
 	var addr, users, tlsCert, tlsKey, logLevel string
 	var dev, proxyTLS bool
+	var requestTTL time.Duration
+	var replayBatch int
 	var sensitive []string
 	cmd := &cobra.Command{
 		Use:   "console",
@@ -74,7 +76,10 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 			case !loopback && tlsCert == "" && !proxyTLS:
 				return fmt.Errorf("--addr %s is reachable from other machines: serve HTTPS with --tls-cert and --tls-key, or put a TLS-terminating reverse proxy in front and pass --proxy-tls", addr)
 			}
-			return f.withOps(cmd, 8, &ops.Config{SensitivePaths: sensitive, Logger: log}, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
+			if err := intIn("replay-batch", replayBatch, 1, 100_000); err != nil {
+				return err
+			}
+			return f.withOps(cmd, 8, &ops.Config{SensitivePaths: sensitive, Logger: log, RequestTTL: requestTTL}, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
 				t := o.Table()
 				status, err := st.Status(ctx, t)
 				if err != nil {
@@ -87,6 +92,20 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 				if err != nil {
 					return err
 				}
+				// Carries out approved replays and repairs, and resumes those
+				// a console that stopped left executing.
+				exec, err := o.NewExecutor(&ops.ExecutorConfig{BatchSize: replayBatch, Logger: log})
+				if err != nil {
+					return err
+				}
+				if err := exec.Start(ctx); err != nil {
+					return err
+				}
+				defer func() {
+					sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+					defer cancel()
+					_ = exec.Stop(sctx)
+				}()
 				return serveConsole(ctx, cmd.ErrOrStderr(), srv, addr, tlsCert, tlsKey, dev && len(u.Users) == 0, t)
 			})
 		},
@@ -101,6 +120,8 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only")
 	fl.StringArrayVar(&sensitive, "sensitive-path", nil, "JSON path masked in payloads, e.g. customer.email or cards.*.number (repeatable)")
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.DurationVar(&requestTTL, "request-ttl", ops.DefaultRequestTTL, "how long a replay or repair request may wait to be approved and carried out before it expires")
+	fl.IntVar(&replayBatch, "replay-batch", ops.DefaultReplayBatchSize, "events a replay re-enqueues per transaction")
 	cmd.AddCommand(newConsoleUser())
 	return cmd
 }

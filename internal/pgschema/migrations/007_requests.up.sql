@@ -49,8 +49,8 @@ BEGIN
     IF TG_OP = 'DELETE' AND current_setting('outbox.audit_prune', true) = 'on' THEN
         RETURN OLD;
     END IF;
-    RAISE EXCEPTION 'the audit table % is append-only: % refused', TG_TABLE_NAME, TG_OP
-        USING ERRCODE = 'P0001', HINT = 'remove old rows with `outbox audit prune --before TIME`';
+    RAISE EXCEPTION 'the audit table % is append-only: % refused (old rows are removed with `outbox audit prune --before TIME`)', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'P0001';
 END
 $fn$;
 CREATE TRIGGER {{audit_guard_trg}} BEFORE UPDATE OR DELETE ON {{audit}}
