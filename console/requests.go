@@ -174,12 +174,16 @@ func (s *Server) replayAPI(q *req) {
 		q.failErr(err)
 		return
 	}
-	r, err := s.ops.RequestReplay(q.ctx(), q.actor, b.ReplayParams, b.Reason)
+	q.created(s.ops.RequestReplay(q.ctx(), q.actor, b.ReplayParams, b.Reason))
+}
+
+// created answers a request just made, or the error that prevented it.
+func (q *req) created(r outboxdriver.Request, err error) {
 	if err != nil {
 		q.failErr(err)
 		return
 	}
-	q.json(http.StatusCreated, s.requestJSON(r))
+	q.json(http.StatusCreated, q.s.requestJSON(r))
 }
 
 type repairBody struct {
@@ -193,12 +197,7 @@ func (s *Server) repairAPI(q *req) {
 		q.failErr(err)
 		return
 	}
-	r, err := s.ops.RequestRepair(q.ctx(), q.actor, b.RepairParams, b.Reason)
-	if err != nil {
-		q.failErr(err)
-		return
-	}
-	q.json(http.StatusCreated, s.requestJSON(r))
+	q.created(s.ops.RequestRepair(q.ctx(), q.actor, b.RepairParams, b.Reason))
 }
 
 func (s *Server) decide(q *req, action, reason string) (outboxdriver.Request, error) {

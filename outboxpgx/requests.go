@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -91,7 +90,7 @@ VALUES ($1, $2, $3, $4, $5, $6::json, $7)`, r.ID, r.Kind, r.Requester, r.Request
 		}
 		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
 			AuditEntry: outboxdriver.AuditEntry{Actor: by.Name, Action: "request", EventID: event,
-				Detail: r.Kind + " requested, expires " + r.ExpiresAt.UTC().Format(time.RFC3339) + ": " + clipText(string(r.Params), 1500)},
+				Detail: r.Kind + " requested, expires " + r.ExpiresAt.UTC().Format(time.RFC3339) + " (the request holds what)"},
 			Role: by.Role, Reason: by.Reason, RequestID: r.ID,
 		})
 	})
@@ -504,16 +503,6 @@ func rawOrNull(s *string) json.RawMessage {
 		return json.RawMessage("null")
 	}
 	return json.RawMessage(*s)
-}
-
-func clipText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "..."
 }
 
 var _ outboxdriver.AuditPruner = (*Driver)(nil)
