@@ -302,7 +302,10 @@ func TestCSRF(t *testing.T) {
 	b := r.browser()
 	b.login(r.users[ops.Operator])
 	before := r.state()
-	for _, p := range []string{"/dead-letters/" + id + "/retry", "/dead-letters/" + id + "/discard", "/logout"} {
+	paths := []string{"/dead-letters/" + id + "/retry", "/dead-letters/" + id + "/discard", "/logout",
+		"/requests/" + r.request() + "/cancel", "/replay", "/dead-letters/" + id + "/repair"}
+	before = r.state()
+	for _, p := range paths {
 		if code, _ := b.post(p, url.Values{"reason": {"no token"}}, false); code != 403 {
 			t.Errorf("POST %s without a CSRF token: %d, want 403", p, code)
 		}
@@ -323,10 +326,11 @@ func TestCSRF(t *testing.T) {
 		t.Errorf("cross-site POST: %d, want 403", code)
 	}
 	after := r.state()
-	if after.dead != before.dead || after.backlog != before.backlog || after.audit != before.audit+8 {
-		t.Fatalf("refused requests changed %+v into %+v; want only 8 more audit rows", before, after)
+	refused := 2*len(paths) + 2
+	if after.dead != before.dead || after.backlog != before.backlog || after.requests != before.requests || after.audit != before.audit+refused {
+		t.Fatalf("refused requests changed %+v into %+v; want only %d more audit rows", before, after, refused)
 	}
-	for _, a := range r.audit()[:8] {
+	for _, a := range r.audit()[:refused] {
 		if a.Action != ops.ActionDenied {
 			t.Errorf("refusal audited as %+v", a)
 		}

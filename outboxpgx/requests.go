@@ -364,7 +364,8 @@ func (d *Driver) ReplayBatch(ctx context.Context, t outboxdriver.Table, b outbox
 		var ids []string
 		var seqs []int64
 		rows, err := tx.Query(ctx, `SELECT o.id::text, o.seq FROM `+t.Qualified("")+` o
-WHERE o.seq > $1 AND `+replayWhere(3)+` ORDER BY o.seq LIMIT $2`, append([]any{r.Cursor, b.Limit + 1}, replayArgs(b.Filter)...)...)
+WHERE o.seq > $1 AND `+replayWhere(3)+` ORDER BY o.seq LIMIT $2
+FOR UPDATE OF o`, append([]any{r.Cursor, b.Limit + 1}, replayArgs(b.Filter)...)...)
 		if err != nil {
 			return err
 		}
