@@ -40,6 +40,7 @@ func newConsole() *cobra.Command {
 	var addr, users, tlsCert, tlsKey, logLevel string
 	var dev, proxyTLS bool
 	var requestTTL time.Duration
+	var rf routeFlags
 	var replayBatch int
 	var sensitive []string
 	cmd := &cobra.Command{
@@ -79,7 +80,11 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 			if err := intIn("replay-batch", replayBatch, 1, 100_000); err != nil {
 				return err
 			}
-			return f.withOps(cmd, 8, &ops.Config{SensitivePaths: sensitive, Logger: log, RequestTTL: requestTTL}, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
+			rc, err := rf.config(cmd)
+			if err != nil {
+				return err
+			}
+			return f.withOps(cmd, 8, &ops.Config{SensitivePaths: sensitive, Logger: log, RequestTTL: requestTTL, Route: &rc}, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
 				t := o.Table()
 				status, err := st.Status(ctx, t)
 				if err != nil {
@@ -122,6 +127,7 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&requestTTL, "request-ttl", ops.DefaultRequestTTL, "how long a replay or repair request may wait to be approved and carried out before it expires")
 	fl.IntVar(&replayBatch, "replay-batch", ops.DefaultReplayBatchSize, "events a replay re-enqueues per transaction")
+	rf.register(cmd) // as the relay routes: a replay's destination filter follows it
 	cmd.AddCommand(newConsoleUser())
 	return cmd
 }
