@@ -47,7 +47,10 @@ func newConsole() *cobra.Command {
 		Use:   "console",
 		Short: "Serve the operations console: web pages and a JSON API over the outbox, for users with roles (docs/console.md)",
 		Long: `Serve the operations console: the overview, the dead letters (filter, detail,
-retry, discard) and the audit, as web pages and as a JSON API under /api/v1.
+retry, discard), requests that need a second person (replay of kept published
+events, repair of a dead letter: an operator requests, another user with the
+approver role approves, the console carries it out) and the audit, as web
+pages and as a JSON API under /api/v1.
 
 It refuses to start without users: add them with 'outbox console user add'.
 --dev runs it without users on the loopback only, everyone signed in as an
