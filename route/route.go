@@ -139,13 +139,13 @@ func New(cfg *Config) (*Router, error) {
 	return r, nil
 }
 
+// RouteBy names the column whose value picks the destination.
+func (r *Router) RouteBy() string { return r.byName }
+
 // Destination returns the destination of rec.
 func (r *Router) Destination(rec *outboxdriver.Record) (string, error) {
 	return r.DestinationOf(r.by(rec))
 }
-
-// RouteBy names the column whose value picks the destination.
-func (r *Router) RouteBy() string { return r.byName }
 
 // DestinationOf returns the destination of an event whose RouteBy column
 // holds v.

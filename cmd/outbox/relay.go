@@ -25,7 +25,7 @@ func newRelay() *cobra.Command {
 	var (
 		f           dbFlags
 		sf          sinkFlags
-		rc          route.Config
+		rf          routeFlags
 		batch       int
 		poll        time.Duration
 		grace       time.Duration
@@ -95,13 +95,9 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
-			if rc.Destination != "" {
-				for _, name := range []string{"route-by", "route-regex", "route-replacement"} {
-					if cmd.Flags().Changed(name) {
-						return fmt.Errorf("--destination sends every event to one destination: leave out --%s", name)
-					}
-				}
-				rc.RouteBy, rc.Regex, rc.Replacement = "", "", ""
+			rc, err := rf.config(cmd)
+			if err != nil {
+				return err
 			}
 			registry, err := contracts.load()
 			if err != nil {
@@ -240,11 +236,8 @@ Sinks (--sink):
 	cmd.Flags().DurationVar(&rcfg.RetryBase, "retry-base", time.Second, "first retry delay of a failed event (doubles, with jitter)")
 	cmd.Flags().DurationVar(&rcfg.RetryMax, "retry-max", 5*time.Minute, "longest retry delay")
 	cmd.Flags().StringVar(&poison, "poison-policy", "hold", "after an event is dead-lettered, its aggregate's later events: hold (wait for an operator) or continue")
-	cmd.Flags().StringVar(&rc.RouteBy, "route-by", route.DefaultRouteBy, "column whose value picks the destination")
-	cmd.Flags().StringVar(&rc.Regex, "route-regex", route.DefaultRegex, "regex over the routed value; its named groups feed --route-replacement")
-	cmd.Flags().StringVar(&rc.Replacement, "route-replacement", route.DefaultReplacement, "destination template")
-	cmd.Flags().StringVar(&rc.Destination, "destination", "", "send every event to this one destination (topic, subject, queue) instead of routing")
-	cmd.Flags().StringSliceVar(&rc.HeaderColumns, "header-columns", nil, "more columns to place into headers, as column[:header] (e.g. type:eventType)")
+	rf.register(cmd)
+	cmd.Flags().StringSliceVar(&rf.rc.HeaderColumns, "header-columns", nil, "more columns to place into headers, as column[:header] (e.g. type:eventType)")
 	cmd.Flags().StringVar(&sf.natsStream, "nats-stream", "OUTBOX", "JetStream stream the events go to")
 	cmd.Flags().StringSliceVar(&sf.natsSubjects, "nats-subjects", []string{"outbox.event.>"}, "subjects of the stream, when the relay creates it")
 	cmd.Flags().BoolVar(&sf.natsNoCreate, "nats-no-create-stream", false, "fail instead of creating a missing stream")

@@ -26,6 +26,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newVersion())
 	root.AddCommand(newDemo(), newMigrate(), newRelay(), newStatus(), newDLQ(), newBench(), newConsole())
 	root.AddCommand(newContract(), newReconcile())
+	root.AddCommand(newAudit())
 	return root
 }
 
