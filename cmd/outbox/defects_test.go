@@ -88,9 +88,11 @@ func TestMigratePartitionsCannotChange(t *testing.T) {
 // saying how many, unless --force.
 func TestMigrateDownZeroRefusesToDropEvents(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.Context(t, 60*time.Second)
+	// Each subtest makes its own context: a parallel subtest may wait long
+	// for its turn, and its time starts when it runs.
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
+		ctx := testenv.Context(t, 60*time.Second)
 		pool := testenv.Pool(t)
 		tb := testenv.Table(t, pool)
 		flags := []string{"--db", dbURL(), "--schema", tb.Schema, "--table", tb.Name}
@@ -111,6 +113,7 @@ func TestMigrateDownZeroRefusesToDropEvents(t *testing.T) {
 	})
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
+		ctx := testenv.Context(t, 60*time.Second)
 		path := filepath.Join(t.TempDir(), "app.db")
 		flags := []string{"--db", "sqlite://" + path}
 		var db *sql.DB
