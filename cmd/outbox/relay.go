@@ -76,6 +76,8 @@ Sinks (--sink):
   mqtt://host:port            MQTT 3.1.1, QoS 1 or 2 (--mqtt-qos)
   pubsub://project[/topic]    Google Pub/Sub; ordering key = aggregate id; topic
                               = destination unless given (--pubsub-create-topics)
+  kinesis://stream?region=r   Amazon Kinesis; partition key = aggregate id;
+                              &endpoint=URL overrides the endpoint
   https://host/path/${destination}
                               signed webhooks, Standard Webhooks
                               (--webhook-secret)

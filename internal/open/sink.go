@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/amqpsink"
 	"github.com/outboxkit/outbox/sink/kafkasink"
+	"github.com/outboxkit/outbox/sink/kinesissink"
 	"github.com/outboxkit/outbox/sink/mqttsink"
 	"github.com/outboxkit/outbox/sink/natssink"
 	"github.com/outboxkit/outbox/sink/pubsubsink"
@@ -24,7 +25,7 @@ import (
 )
 
 // SinkSchemes lists the sink URL forms, for messages.
-const SinkSchemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, pubsub://project[/topic], https://host/path/${destination} or stdout:"
+const SinkSchemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, pubsub://project[/topic], kinesis://stream?region=..., https://host/path/${destination} or stdout:"
 
 // SinkOptions are the broker-specific options of a sink opened from a URL.
 // Zero values take the defaults of `outbox relay`'s flags.
@@ -98,6 +99,8 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 		return opened(mqttsink.Dial(ctx, raw, &mqttsink.Config{QoS: byte(qos), Logger: log}))
 	case "pubsub":
 		return opened(pubsubsink.Dial(ctx, raw, &pubsubsink.Config{CreateTopics: o.PubSubCreateTopics, Logger: log}))
+	case "kinesis":
+		return opened(kinesissink.Dial(ctx, raw, &kinesissink.Config{Logger: log}))
 	case "http", "https":
 		secrets := o.WebhookSecrets
 		if len(secrets) == 0 && os.Getenv("OUTBOX_WEBHOOK_SECRETS") != "" {
