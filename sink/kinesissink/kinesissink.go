@@ -82,8 +82,8 @@ type Sink struct {
 	client *kinesis.Client
 	cfg    Config
 	closed atomic.Bool
-	// transport is the HTTP transport Dial's client built, if any yet.
-	transport *atomic.Pointer[http.Transport]
+	// transport is the HTTP transport of Dial's client.
+	transport *http.Transport
 }
 
 var (
@@ -129,11 +129,7 @@ func Dial(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
 	if c.Stream == "" {
 		return nil, fmt.Errorf("kinesissink: sink URL %q names no stream: want kinesis://STREAM?region=REGION", u.Redacted())
 	}
-	// The SDK's HTTP client, noting the transport it builds so that Close
-	// can end its idle connections.
-	transport := new(atomic.Pointer[http.Transport])
-	hc := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) { transport.Store(tr) })
-	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(hc)}
+	var opts []func(*config.LoadOptions) error
 	if r := q.Get("region"); r != "" {
 		opts = append(opts, config.WithRegion(r))
 	}
@@ -143,6 +139,14 @@ func Dial(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
 	}
 	if awsCfg.Region == "" {
 		return nil, errors.New("kinesissink: no AWS region: add ?region=... to the sink URL or set AWS_REGION")
+	}
+	// The transport the SDK configured (proxy, CA bundle, timeouts), in an
+	// HTTP client of the sink's own, so that Close can end its idle
+	// connections.
+	var transport *http.Transport
+	if bc, ok := awsCfg.HTTPClient.(*awshttp.BuildableClient); ok {
+		transport = bc.GetTransport()
+		awsCfg.HTTPClient = &http.Client{Transport: transport}
 	}
 	var kopts []func(*kinesis.Options)
 	if ep := q.Get("endpoint"); ep != "" {
@@ -165,9 +169,7 @@ func (s *Sink) System() string { return "aws_kinesis" }
 func (s *Sink) Close() error {
 	s.closed.Store(true)
 	if s.transport != nil {
-		if tr := s.transport.Load(); tr != nil {
-			tr.CloseIdleConnections()
-		}
+		s.transport.CloseIdleConnections()
 	} else if c, ok := s.client.Options().HTTPClient.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
@@ -212,7 +214,6 @@ func (s *Sink) Publish(ctx context.Context, msgs []sink.Message) []error {
 		queues[l] = append(queues[l], r)
 	}
 	retries := map[int]int{}
-	delay := s.cfg.RetryDelay
 	for len(order) > 0 {
 		// One request per stream, each holding the head of every lane.
 		byStream := map[string][]*record{}
@@ -229,7 +230,9 @@ func (s *Sink) Publish(ctx context.Context, msgs []sink.Message) []error {
 			byStream[r.stream] = append(byStream[r.stream], r)
 			bytes[r.stream] += r.size
 		}
-		retry := false
+		// delay is the back-off before the next round, set by the record
+		// retried most often in this one.
+		var delay time.Duration
 		for _, st := range streams {
 			rs := byStream[st]
 			failed, err := s.put(ctx, st, rs)
@@ -251,7 +254,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []sink.Message) []error {
 					}
 				case retries[r.i] < s.cfg.MaxRetries:
 					retries[r.i]++
-					retry = true
+					delay = max(delay, s.cfg.RetryDelay<<(retries[r.i]-1))
 				default:
 					errs[r.i] = failed[j]
 					for _, q := range queues[l][1:] {
@@ -268,11 +271,12 @@ func (s *Sink) Publish(ctx context.Context, msgs []sink.Message) []error {
 			}
 		}
 		order = kept
-		if retry && len(order) > 0 {
+		if delay > 0 && len(order) > 0 {
+			timer := time.NewTimer(delay)
 			select {
-			case <-time.After(delay):
-				delay *= 2
+			case <-timer.C:
 			case <-ctx.Done():
+				timer.Stop()
 				for _, l := range order {
 					for _, q := range queues[l] {
 						errs[q.i] = ctx.Err()
