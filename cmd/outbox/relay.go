@@ -77,6 +77,10 @@ Sinks (--sink):
                               (--amqp-exchange, --amqp-declare)
   redis://host:port/db        Redis Streams (--redis-maxlen)
   mqtt://host:port            MQTT 3.1.1, QoS 1 or 2 (--mqtt-qos)
+  pubsub://project[/topic]    Google Pub/Sub; ordering key = aggregate id; topic
+                              = destination unless given (--pubsub-create-topics)
+  kinesis://stream?region=r   Amazon Kinesis; partition key = aggregate id;
+                              &endpoint=URL overrides the endpoint
   https://host/path/${destination}
                               signed webhooks, Standard Webhooks
                               (--webhook-secret)
@@ -248,6 +252,7 @@ Sinks (--sink):
 	cmd.Flags().StringArrayVar(&sf.webhookSecrets, "webhook-secret", nil, "Standard Webhooks signing secret whsec_...; repeat to sign with several during rotation (or OUTBOX_WEBHOOK_SECRETS)")
 	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
 	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
+	cmd.Flags().BoolVar(&sf.pubsubCreate, "pubsub-create-topics", false, "create a missing Pub/Sub topic on first use")
 	ce.register(cmd)
 	rec.register(cmd)
 	contracts.register(cmd, "check every event against its contract before publishing; a violation is dead-lettered with cause contract")

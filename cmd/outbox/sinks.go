@@ -22,6 +22,7 @@ type sinkFlags struct {
 	webhookSecrets []string
 	webhookPrivate bool
 	webhookTimeout time.Duration
+	pubsubCreate   bool
 }
 
 const sinkSchemes = open.SinkSchemes
@@ -48,5 +49,6 @@ func (f *sinkFlags) options() (relayd.SinkOptions, error) {
 		AMQPExchange: f.amqpExchange, AMQPDeclare: f.amqpDeclare,
 		RedisMaxLen: f.redisMaxLen, MQTTQoS: f.mqttQoS,
 		WebhookSecrets: f.webhookSecrets, WebhookAllowPrivate: f.webhookPrivate, WebhookTimeout: f.webhookTimeout,
+		PubSubCreateTopics: f.pubsubCreate,
 	}, nil
 }

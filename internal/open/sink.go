@@ -15,15 +15,17 @@ import (
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/amqpsink"
 	"github.com/outboxkit/outbox/sink/kafkasink"
+	"github.com/outboxkit/outbox/sink/kinesissink"
 	"github.com/outboxkit/outbox/sink/mqttsink"
 	"github.com/outboxkit/outbox/sink/natssink"
+	"github.com/outboxkit/outbox/sink/pubsubsink"
 	"github.com/outboxkit/outbox/sink/redissink"
 	"github.com/outboxkit/outbox/sink/stdoutsink"
 	"github.com/outboxkit/outbox/sink/webhooksink"
 )
 
 // SinkSchemes lists the sink URL forms, for messages.
-const SinkSchemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, https://host/path/${destination} or stdout:"
+const SinkSchemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, pubsub://project[/topic], kinesis://stream?region=..., https://host/path/${destination} or stdout:"
 
 // SinkOptions are the broker-specific options of a sink opened from a URL.
 // Zero values take the defaults of `outbox relay`'s flags.
@@ -50,6 +52,8 @@ type SinkOptions struct {
 	WebhookSecrets      []string
 	WebhookAllowPrivate bool
 	WebhookTimeout      time.Duration
+	// PubSubCreateTopics creates a missing Pub/Sub topic on first use.
+	PubSubCreateTopics bool
 }
 
 // Sink connects to the broker raw names.
@@ -93,6 +97,10 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 			return nil, fmt.Errorf("MQTT QoS %d: use 1 or 2 (QoS 0 can lose messages)", o.MQTTQoS)
 		}
 		return opened(mqttsink.Dial(ctx, raw, &mqttsink.Config{QoS: byte(qos), Logger: log}))
+	case "pubsub":
+		return opened(pubsubsink.Dial(ctx, raw, &pubsubsink.Config{CreateTopics: o.PubSubCreateTopics, Logger: log}))
+	case "kinesis":
+		return opened(kinesissink.Dial(ctx, raw, &kinesissink.Config{Logger: log}))
 	case "http", "https":
 		secrets := o.WebhookSecrets
 		if len(secrets) == 0 && os.Getenv("OUTBOX_WEBHOOK_SECRETS") != "" {
