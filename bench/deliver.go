@@ -1243,7 +1243,9 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 		}
 	}
 	if first.Scenario == "drain" {
-		b.WriteString("  vs relay: relay_cdc's events/s over the polling relay's in the same run\n")
+		if slices.ContainsFunc(results, func(r Result) bool { return r.Case == CaseDrainRelayCDC }) {
+			b.WriteString("  vs relay: relay_cdc's events/s over the polling relay's in the same run\n")
+		}
 		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; relay cores: the relay's CPU time over the drain (its own\n  process, or this one when it runs in process); relay memory: the relay process's peak RSS, or the largest live Go heap in process\n")
 	} else {
 		b.WriteString("  relay cores: CPU time of the relay process (--relay-process) over the window; process cores: CPU time of the bench\n  process (writers and consumer, and the relay unless it runs apart) over the window; machine cpu: busy share of all CPUs\n  (PostgreSQL and the broker included); every committed event was seen by the consumer\n")
