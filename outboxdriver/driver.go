@@ -302,6 +302,8 @@ type Status struct {
 	// SchemaVersion is the applied migration; LatestSchemaVersion the
 	// newest this build knows.
 	SchemaVersion, LatestSchemaVersion int
+	// Pauses lists the pauses in force (a Controller's; none elsewhere).
+	Pauses []Pause
 }
 
 // PartitionStatus is one partition's lease as the database sees it.

@@ -52,6 +52,9 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+n.Held).Scan(&st.Held); err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
+	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
+		return st, err
+	}
 	rows, err := db.Query(ctx, `SELECT l.partition, coalesce(l.owner, ''), l.epoch,
        CASE WHEN l.expires_at = '-infinity' THEN -1e9
             ELSE extract(epoch FROM l.expires_at - clock_timestamp()) END::float8,

@@ -177,6 +177,7 @@ type Relay struct {
 	done      chan struct{}
 
 	leases leaseState
+	pauses *pauses
 }
 
 // New returns a Relay; it does no I/O. The caller keeps ownership of src
@@ -246,7 +247,8 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if m == nil {
 		m = nopMetrics{}
 	}
-	return &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m}, nil
+	return &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m,
+		pauses: newPauses(src, c.PollInterval, c.Router.ByAggregateType(), c.Logger)}, nil
 }
 
 // Start starts relaying in the background and returns at once. It fails if

@@ -47,6 +47,7 @@ func newStatus() *cobra.Command {
 				fmt.Fprintf(out, "published, kept           %d\n", st.Published)
 				fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
 				fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+				printPauses(out, st.Pauses)
 				printPartitions(out, st.Partitions)
 				return nil
 			})

@@ -1,0 +1,125 @@
+package ops
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Audit actions of pauses and held aggregates (the Store writes them in
+// the same transaction as the change).
+const (
+	ActionPause   = "pause"
+	ActionResume  = "resume"
+	ActionRelease = "release"
+)
+
+// controller returns the Store as an outboxdriver.Controller, or
+// ErrUnsupported.
+func (o *Ops) controller(what string) (outboxdriver.Controller, error) {
+	c, ok := o.st.(outboxdriver.Controller)
+	if !ok {
+		return nil, fmt.Errorf("ops: %s: %w", what, ErrUnsupported)
+	}
+	return c, nil
+}
+
+// Pauses lists the pauses in force, oldest first.
+func (o *Ops) Pauses(ctx context.Context, a Actor) ([]outboxdriver.Pause, error) {
+	if err := o.allow(ctx, a, "list pauses", Read); err != nil {
+		return nil, err
+	}
+	c, err := o.controller("list pauses")
+	if err != nil {
+		return nil, err
+	}
+	return c.ListPauses(ctx, o.t)
+}
+
+// Pause stops the relays from publishing scope s until it is resumed;
+// every relay honours it within one poll interval. Paused events wait:
+// no attempt is spent and no event is dead-lettered for it. A reason is
+// required. It reports false when s was paused already.
+func (o *Ops) Pause(ctx context.Context, a Actor, s outboxdriver.PauseScope, reason string) (bool, error) {
+	return o.changePause(ctx, a, "pause "+s.String(), s, reason, true)
+}
+
+// Resume lifts the pause of scope s; it reports false when s was not
+// paused.
+func (o *Ops) Resume(ctx context.Context, a Actor, s outboxdriver.PauseScope, reason string) (bool, error) {
+	return o.changePause(ctx, a, "resume "+s.String(), s, reason, false)
+}
+
+func (o *Ops) changePause(ctx context.Context, a Actor, op string, s outboxdriver.PauseScope, reason string, pause bool) (bool, error) {
+	if err := o.allow(ctx, a, op, Act); err != nil {
+		return false, err
+	}
+	if err := s.Validate(); err != nil {
+		return false, &InputError{"scope", err.Error()}
+	}
+	if err := checkReason(reason, pause); err != nil {
+		return false, err
+	}
+	c, err := o.controller(op)
+	if err != nil {
+		return false, err
+	}
+	by := outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason}
+	if pause {
+		return c.SetPause(ctx, o.t, s, by)
+	}
+	return c.LiftPause(ctx, o.t, s, by)
+}
+
+// Held lists up to limit held aggregates, longest held first.
+func (o *Ops) Held(ctx context.Context, a Actor, limit int) ([]outboxdriver.HeldAggregate, error) {
+	if err := o.allow(ctx, a, "list held aggregates", Read); err != nil {
+		return nil, err
+	}
+	if err := o.checkLimit(limit); err != nil {
+		return nil, err
+	}
+	c, err := o.controller("list held aggregates")
+	if err != nil {
+		return nil, err
+	}
+	return c.HeldAggregates(ctx, o.t, limit)
+}
+
+// Release lets the later events of an aggregate held behind a dead letter
+// flow on; the dead letter stays (retry or discard it on its own). Order
+// within the aggregate is given up on purpose, so a reason is required.
+// An aggregate not held behind a dead letter is ErrNotFound.
+func (o *Ops) Release(ctx context.Context, a Actor, aggregateType, aggregateID, reason string) (outboxdriver.HeldAggregate, error) {
+	if err := o.allow(ctx, a, "release a held aggregate", Act); err != nil {
+		return outboxdriver.HeldAggregate{}, err
+	}
+	for _, f := range []struct{ name, v string }{{"aggregatetype", aggregateType}, {"aggregateid", aggregateID}} {
+		if f.v == "" || len(f.v) > maxFilterLen || !utf8.ValidString(f.v) || strings.ContainsRune(f.v, 0) {
+			return outboxdriver.HeldAggregate{}, &InputError{f.name, fmt.Sprintf("name one, in at most %d bytes of text", maxFilterLen)}
+		}
+	}
+	if err := checkReason(reason, true); err != nil {
+		return outboxdriver.HeldAggregate{}, err
+	}
+	c, err := o.controller("release a held aggregate")
+	if err != nil {
+		return outboxdriver.HeldAggregate{}, err
+	}
+	return c.ReleaseHeld(ctx, o.t, aggregateType, aggregateID, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
+}
+
+// checkReason checks a reason's length, and that one is given when
+// required.
+func checkReason(reason string, required bool) error {
+	if len(reason) > maxReasonLen || !utf8.ValidString(reason) {
+		return &InputError{"reason", fmt.Sprintf("at most %d bytes of text", maxReasonLen)}
+	}
+	if required && strings.TrimSpace(reason) == "" {
+		return &InputError{"reason", "say why, for the audit"}
+	}
+	return nil
+}

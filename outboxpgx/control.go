@@ -1,0 +1,242 @@
+package outboxpgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Pauses and held aggregates (schema version 6).
+var (
+	_ outboxdriver.Controller    = (*Driver)(nil)
+	_ outboxdriver.PauseReader   = (*Source)(nil)
+	_ outboxdriver.PauseReader   = (*CDCSource)(nil)
+	_ outboxdriver.ClaimExcluder = (*Source)(nil)
+	_ outboxdriver.ClaimExcluder = (*CDCSource)(nil)
+)
+
+// Audit actions of pauses and releases.
+const (
+	actionPause   = "pause"
+	actionResume  = "resume"
+	actionRelease = "release"
+)
+
+func pauseTable(t outboxdriver.Table) string { return t.WithDefaults().Qualified("_pause") }
+
+// listPauses reads the pauses in force on t. A table that predates schema
+// version 6 has none.
+func listPauses(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
+	rows, err := pool.Query(ctx, `SELECT scope, value, actor, role, reason, since FROM `+pauseTable(t)+` ORDER BY since, scope, value`)
+	if err != nil {
+		if isUndefinedTable(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("outboxpgx: pauses of %s: %w", t, err)
+	}
+	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.Pause, error) {
+		var p outboxdriver.Pause
+		err := r.Scan(&p.Kind, &p.Value, &p.Actor, &p.Role, &p.Reason, &p.Since)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: pauses of %s: %w", t, err)
+	}
+	return ps, nil
+}
+
+func isUndefinedTable(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "42P01"
+}
+
+// controlErr wraps err; a table without the pause table says to migrate.
+func controlErr(t outboxdriver.Table, what string, err error) error {
+	if isUndefinedTable(err) {
+		return fmt.Errorf("outboxpgx: %s %s: the table predates schema version 6 (pauses): run `outbox migrate`: %w", what, t, err)
+	}
+	return auditErr(t, what, err)
+}
+
+// Pauses reads the pauses in force: one small query.
+func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return listPauses(ctx, s.pool, s.Table)
+}
+
+// Pauses reads the pauses in force: one small query.
+func (s *CDCSource) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return listPauses(ctx, s.pool, s.Table)
+}
+
+// ExcludeAggregateTypes leaves the events of types out of the next claims.
+func (s *Source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }
+
+// ExcludeAggregateTypes leaves the events of types out of the next claims.
+func (s *CDCSource) ExcludeAggregateTypes(types []string) {
+	m := make(map[string]bool, len(types))
+	for _, t := range types {
+		m[t] = true
+	}
+	s.mu.Lock()
+	s.queue.skip = m
+	s.mu.Unlock()
+}
+
+// excluded returns the aggregate types the claim leaves out (never nil:
+// the claim compares with every element of the array).
+func (s *Source) excluded() []string {
+	if p := s.exclude.Load(); p != nil && *p != nil {
+		return *p
+	}
+	return []string{}
+}
+
+// ListPauses lists the pauses in force on t, oldest first.
+func (d *Driver) ListPauses(ctx context.Context, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
+	if _, err := d.names(t); err != nil {
+		return nil, err
+	}
+	return listPauses(ctx, d.pool, t)
+}
+
+// SetPause pauses s on t and writes the audit row in the same
+// transaction; it reports false, writing nothing, when s was paused
+// already. Relays see it within one poll interval; the channel's wake-up
+// tells idle ones at once.
+func (d *Driver) SetPause(ctx context.Context, t outboxdriver.Table, s outboxdriver.PauseScope, by outboxdriver.Acting) (bool, error) {
+	return d.changePause(ctx, t, s, by, actionPause, `INSERT INTO `+pauseTable(t)+` (scope, value, actor, role, reason)
+VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, value) DO NOTHING RETURNING 1`, string(s.Kind), s.Value, by.Name, by.Role, by.Reason)
+}
+
+// LiftPause resumes s on t and writes the audit row in the same
+// transaction; it reports false, writing nothing, when s was not paused.
+func (d *Driver) LiftPause(ctx context.Context, t outboxdriver.Table, s outboxdriver.PauseScope, by outboxdriver.Acting) (bool, error) {
+	return d.changePause(ctx, t, s, by, actionResume, `DELETE FROM `+pauseTable(t)+` WHERE scope = $1 AND value = $2 RETURNING 1`,
+		string(s.Kind), s.Value)
+}
+
+func (d *Driver) changePause(ctx context.Context, t outboxdriver.Table, s outboxdriver.PauseScope, by outboxdriver.Acting, action, change string, args ...any) (bool, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return false, err
+	}
+	if err := s.Validate(); err != nil {
+		return false, fmt.Errorf("outboxpgx: %w", err)
+	}
+	var changed bool
+	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		var one int
+		switch err := tx.QueryRow(ctx, change, args...).Scan(&one); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return err
+		}
+		changed = true
+		if _, err := tx.Exec(ctx, `INSERT INTO `+n.Audit+` (actor, role, action, detail, reason) VALUES ($1, $2, $3, $4, $5)`,
+			by.Name, by.Role, action, s.String(), by.Reason); err != nil {
+			return err
+		}
+		// Wake idle relays: a resumed scope flows at once.
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, t.WithDefaults().Channel())
+		return err
+	})
+	if err != nil {
+		return false, controlErr(t, action+" of", err)
+	}
+	return changed, nil
+}
+
+// HeldAggregates lists up to limit held aggregates of t, longest held
+// first, with the event each waits behind and how many events wait.
+func (d *Driver) HeldAggregates(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.HeldAggregate, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: limit %d, want a positive one", t, limit)
+	}
+	rows, err := d.pool.Query(ctx, `SELECT h.aggregatetype, h.aggregateid, h.event_id::text, h.reason, h.held_at,
+       (SELECT count(*) FROM `+n.Table+` o
+        WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
+          AND o.published_at IS NULL AND o.id <> h.event_id),
+       coalesce((SELECT dl.last_error FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id),
+                (SELECT o.last_error FROM `+n.Table+` o WHERE o.id = h.event_id), '')
+FROM `+n.Held+` h
+ORDER BY h.held_at, h.aggregatetype, h.aggregateid
+LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.HeldAggregate, error) {
+		var h outboxdriver.HeldAggregate
+		err := r.Scan(&h.AggregateType, &h.AggregateID, &h.EventID, &h.Reason, &h.Since, &h.Waiting, &h.LastError)
+		return h, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// ReleaseHeld lets the later events of an aggregate held behind a dead
+// letter flow on, leaving the dead letter where it is, and writes the
+// audit row in the same transaction. An aggregate held behind an event
+// that is still being retried is not released (its order would break
+// while the event may yet be published): ErrNotFound.
+func (d *Driver) ReleaseHeld(ctx context.Context, t outboxdriver.Table, aggregateType, aggregateID string, by outboxdriver.Acting) (outboxdriver.HeldAggregate, error) {
+	var h outboxdriver.HeldAggregate
+	n, err := d.names(t)
+	if err != nil {
+		return h, err
+	}
+	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `WITH gone AS (
+    DELETE FROM `+n.Held+` h
+    WHERE h.aggregatetype = $1 AND h.aggregateid = $2
+      AND EXISTS (SELECT 1 FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id)
+    RETURNING h.aggregatetype, h.aggregateid, h.event_id, h.reason, h.held_at
+), unmark AS (
+    UPDATE `+n.DeadLetter+` dl SET held = false FROM gone WHERE dl.id = gone.event_id
+    RETURNING dl.last_error
+)
+SELECT g.aggregatetype, g.aggregateid, g.event_id::text, g.reason, g.held_at, coalesce((SELECT last_error FROM unmark), '')
+FROM gone g`, aggregateType, aggregateID).Scan(&h.AggregateType, &h.AggregateID, &h.EventID, &h.Reason, &h.Since, &h.LastError)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("outboxpgx: aggregate %s/%s of %s is not held behind a dead letter: %w", aggregateType, aggregateID, t, outboxdriver.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+n.Audit+` (actor, role, action, event_id, detail, reason) VALUES ($1, $2, $3, $4, $5, $6)`,
+			by.Name, by.Role, actionRelease, h.EventID, "released "+h.AggregateType+"/"+h.AggregateID+" held behind it", by.Reason); err != nil {
+			return err
+		}
+		// Wake idle relays: the aggregate's later events are claimable.
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, t.WithDefaults().Channel())
+		return err
+	})
+	if errors.Is(err, outboxdriver.ErrNotFound) {
+		return h, err
+	}
+	if err != nil {
+		return h, auditErr(t, "release held aggregate of", err)
+	}
+	return h, nil
+}
+
+// pausesIn is for Status: the pauses on a table of schema version 6 or
+// newer.
+func pausesIn(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, version int) ([]outboxdriver.Pause, error) {
+	if version < 6 {
+		return nil, nil
+	}
+	return listPauses(ctx, pool, t)
+}
