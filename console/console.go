@@ -201,6 +201,17 @@ func (s *Server) routeTable() []route {
 		api("POST", "/api/v1/dead-letters/{id}/retry", s.actAPI("retry")),
 		api("POST", "/api/v1/dead-letters/{id}/discard", s.actAPI("discard")),
 		api("GET", "/api/v1/audit", s.auditAPI),
+		// Pauses and held aggregates (control.go).
+		html("GET", "/pauses", s.pausesPage),
+		html("POST", "/pauses", s.pausePage),
+		html("POST", "/pauses/{scope}/resume", s.resumePage),
+		html("GET", "/held", s.heldPage),
+		html("POST", "/held/{id}/release", s.releasePage),
+		api("GET", "/api/v1/pauses", s.pausesAPI),
+		api("POST", "/api/v1/pauses/{scope}/pause", s.pauseAPI(true)),
+		api("POST", "/api/v1/pauses/{scope}/resume", s.pauseAPI(false)),
+		api("GET", "/api/v1/held", s.heldAPI),
+		api("POST", "/api/v1/held/{id}/release", s.releaseAPI),
 	}
 }
 
@@ -401,7 +412,7 @@ func (q *req) failErr(err error) {
 	case errors.As(err, &input):
 		q.fail(http.StatusBadRequest, input.Error())
 	case errors.Is(err, outboxdriver.ErrNotFound):
-		q.fail(http.StatusNotFound, "no such dead letter (it may have been retried or discarded)")
+		q.fail(http.StatusNotFound, notFoundText(err))
 	case errors.Is(err, outboxdriver.ErrNotMigrated):
 		q.fail(http.StatusServiceUnavailable, "the outbox table does not exist: run `outbox migrate`")
 	case errors.Is(err, ops.ErrUnsupported):

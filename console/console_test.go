@@ -43,6 +43,16 @@ var roleMatrix = []struct {
 	{"POST", "/api/v1/dead-letters/{id}/retry", 403, 200, 403},
 	{"POST", "/api/v1/dead-letters/{id}/discard", 403, 200, 403},
 	{"GET", "/api/v1/audit", 200, 200, 200},
+	{"GET", "/pauses", 200, 200, 200},
+	{"POST", "/pauses", 403, 303, 403},
+	{"POST", "/pauses/{scope}/resume", 403, 303, 403},
+	{"GET", "/held", 200, 200, 200},
+	{"POST", "/held/{id}/release", 403, 303, 403},
+	{"GET", "/api/v1/pauses", 200, 200, 200},
+	{"POST", "/api/v1/pauses/{scope}/pause", 403, 200, 403},
+	{"POST", "/api/v1/pauses/{scope}/resume", 403, 200, 403},
+	{"GET", "/api/v1/held", 200, 200, 200},
+	{"POST", "/api/v1/held/{id}/release", 403, 200, 403},
 }
 
 func TestRoleMatrix(t *testing.T) {
@@ -65,20 +75,24 @@ func TestRoleMatrix(t *testing.T) {
 		for _, role := range ops.Roles() {
 			want := map[ops.Role]int{ops.Viewer: m.viewer, ops.Operator: m.operator, ops.Approver: m.approver}[role]
 			u := r.users[role]
-			id := r.deadLetter()
-			path := fill(m.pattern, id)
+			_, path, form, _ := r.target(m.method, m.pattern)
 			before := r.state()
 			var got int
 			switch {
 			case m.pattern == "/login" && m.method == "POST":
 				got = r.browser().signIn(u.name, u.password)
 			case strings.HasPrefix(m.pattern, "/api/"):
-				got, _ = r.api(m.method, path, u.token, nil)
+				var body any
+				if m.method == "POST" {
+					body = map[string]string{"reason": "matrix"}
+				}
+				got, _ = r.api(m.method, path, u.token, body)
 			default:
 				b := r.browser()
 				b.login(u)
 				if m.method == "POST" {
-					got, _ = b.post(path, url.Values{"reason": {"matrix"}}, true)
+					form.Set("reason", "matrix")
+					got, _ = b.post(path, form, true)
 				} else {
 					got, _ = b.get(path)
 				}
@@ -88,7 +102,7 @@ func TestRoleMatrix(t *testing.T) {
 			}
 			if got == http.StatusForbidden {
 				after := r.state()
-				if after.backlog != before.backlog || after.dead != before.dead {
+				if after.backlog != before.backlog || after.dead != before.dead || after.held != before.held || after.pauses != before.pauses {
 					t.Errorf("%s %s as %s was refused but changed %+v into %+v", m.method, m.pattern, role, before, after)
 				}
 				if last := r.audit()[0]; last.Action != ops.ActionDenied || last.Actor != u.name || last.Role != string(role) {
@@ -172,12 +186,12 @@ func TestAuditForEveryStateChange(t *testing.T) {
 	operator, viewer := r.users[ops.Operator], r.users[ops.Viewer]
 	for _, p := range posts {
 		action := p[strings.LastIndex(p, "/")+1:]
-		id := r.deadLetter()
+		_, path, _, event := r.target("POST", p)
 		mark := r.lastAuditID()
-		if code, body := r.api("POST", fill(p, id), viewer.token, map[string]string{"reason": "no"}); code != 403 {
+		if code, body := r.api("POST", path, viewer.token, map[string]string{"reason": "no"}); code != 403 {
 			t.Fatalf("POST %s as viewer: %d %s", p, code, body)
 		}
-		if code, body := r.api("POST", fill(p, id), operator.token, map[string]string{"reason": "audit walk"}); code != 200 {
+		if code, body := r.api("POST", path, operator.token, map[string]string{"reason": "audit walk"}); code != 200 {
 			t.Fatalf("POST %s as operator: %d %s", p, code, body)
 		}
 		rows := r.auditSince(mark)
@@ -187,8 +201,8 @@ func TestAuditForEveryStateChange(t *testing.T) {
 		if d := rows[0]; d.Action != ops.ActionDenied || d.Actor != "vera" || d.Role != "viewer" {
 			t.Errorf("POST %s refused to vera: audit %+v", p, d)
 		}
-		if a := rows[1]; a.Action != action || a.Actor != "otto" || a.Role != "operator" || a.EventID != id || a.Reason != "audit walk" {
-			t.Errorf("POST %s by otto: audit %+v; want %s of %s by otto (operator), reason \"audit walk\"", p, a, action, id)
+		if a := rows[1]; a.Action != action || a.Actor != "otto" || a.Role != "operator" || a.EventID != event || a.Reason != "audit walk" {
+			t.Errorf("POST %s by otto: audit %+v; want %s of %q by otto (operator), reason \"audit walk\"", p, a, action, event)
 		}
 	}
 
@@ -199,13 +213,14 @@ func TestAuditForEveryStateChange(t *testing.T) {
 		if rt.Method != "POST" || rt.API || rt.Pattern == "/login" || rt.Pattern == "/logout" {
 			continue
 		}
-		id := r.deadLetter()
+		_, path, form, event := r.target("POST", rt.Pattern)
 		mark := r.lastAuditID()
-		if code, _ := b.post(fill(rt.Pattern, id), url.Values{"reason": {"from the page"}}, true); code != 303 {
-			t.Fatalf("POST %s: %d", rt.Pattern, code)
+		form.Set("reason", "from the page")
+		if code, body := b.post(path, form, true); code != 303 {
+			t.Fatalf("POST %s: %d %s", rt.Pattern, code, body)
 		}
 		rows := r.auditSince(mark)
-		if len(rows) != 1 || rows[0].EventID != id || rows[0].Actor != "otto" || rows[0].Role != "operator" || rows[0].Reason != "from the page" {
+		if len(rows) != 1 || rows[0].EventID != event || rows[0].Actor != "otto" || rows[0].Role != "operator" || rows[0].Reason != "from the page" {
 			t.Errorf("POST %s: audit %+v", rt.Pattern, rows)
 		}
 	}

@@ -102,7 +102,7 @@ func (r *rig) deadLetter() string {
 // state is what a refused or malformed request must leave as it was.
 type state struct {
 	backlog, dead, held int64
-	audit               int
+	audit, pauses       int
 }
 
 func (r *rig) state() state {
@@ -111,7 +111,7 @@ func (r *rig) state() state {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit())}
+	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit()), len(st.Pauses)}
 }
 
 // audit returns the newest audit rows, newest first.
@@ -276,6 +276,33 @@ func (r *rig) openAPIOperations() map[string]string {
 		}
 	}
 	return ops
+}
+
+// target prepares what a request to a route needs: a fresh dead letter
+// that holds its aggregate (for {id}), and a fresh scope (for {scope}, and
+// for the pause form), paused already when the route resumes it. It
+// returns the dead letter's id, the path, the form fields a page sends
+// besides the reason, and the event id the action's audit row names.
+func (r *rig) target(method, pattern string) (id, path string, form url.Values, event string) {
+	r.t.Helper()
+	id = r.deadLetter()
+	typ := "t-" + id[len(id)-12:]
+	scope := outboxdriver.PauseScope{Kind: outboxdriver.PauseAggregateType, Value: typ}
+	if method == "POST" && strings.HasSuffix(pattern, "/resume") {
+		if _, err := r.st.SetPause(r.ctx, r.tb, scope, outboxdriver.Acting{Name: "setup", Role: "operator", Reason: "to resume"}); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	path = strings.ReplaceAll(fill(pattern, id), "{scope}", url.PathEscape(scope.String()))
+	form = url.Values{}
+	if method == "POST" && pattern == "/pauses" {
+		form.Set("kind", string(scope.Kind))
+		form.Set("value", scope.Value)
+	}
+	if strings.Contains(pattern, "{id}") {
+		event = id
+	}
+	return id, path, form, event
 }
 
 // fill puts an id into a route pattern.

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -89,18 +90,21 @@ func (o *Ops) Held(ctx context.Context, a Actor, limit int) ([]outboxdriver.Held
 	return c.HeldAggregates(ctx, o.t, limit)
 }
 
-// Release lets the later events of an aggregate held behind a dead letter
-// flow on; the dead letter stays (retry or discard it on its own). Order
-// within the aggregate is given up on purpose, so a reason is required.
-// An aggregate not held behind a dead letter is ErrNotFound.
-func (o *Ops) Release(ctx context.Context, a Actor, aggregateType, aggregateID, reason string) (outboxdriver.HeldAggregate, error) {
+// ErrNotHeld: the dead letter named holds no aggregate. It wraps
+// ErrNotFound.
+var ErrNotHeld = fmt.Errorf("the dead letter holds no aggregate: %w", ErrNotFound)
+
+// Release lets the later events of the aggregate held behind the dead
+// letter id flow on; the dead letter stays (retry or discard it on its
+// own). Order within the aggregate is given up on purpose, so a reason is
+// required. A dead letter that holds no aggregate is ErrNotHeld.
+func (o *Ops) Release(ctx context.Context, a Actor, id, reason string) (outboxdriver.HeldAggregate, error) {
 	if err := o.allow(ctx, a, "release a held aggregate", Act); err != nil {
 		return outboxdriver.HeldAggregate{}, err
 	}
-	for _, f := range []struct{ name, v string }{{"aggregatetype", aggregateType}, {"aggregateid", aggregateID}} {
-		if f.v == "" || len(f.v) > maxFilterLen || !utf8.ValidString(f.v) || strings.ContainsRune(f.v, 0) {
-			return outboxdriver.HeldAggregate{}, &InputError{f.name, fmt.Sprintf("name one, in at most %d bytes of text", maxFilterLen)}
-		}
+	id, err := ParseID(id)
+	if err != nil {
+		return outboxdriver.HeldAggregate{}, err
 	}
 	if err := checkReason(reason, true); err != nil {
 		return outboxdriver.HeldAggregate{}, err
@@ -109,7 +113,11 @@ func (o *Ops) Release(ctx context.Context, a Actor, aggregateType, aggregateID, 
 	if err != nil {
 		return outboxdriver.HeldAggregate{}, err
 	}
-	return c.ReleaseHeld(ctx, o.t, aggregateType, aggregateID, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
+	h, err := c.ReleaseHeld(ctx, o.t, id, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
+	if errors.Is(err, ErrNotFound) {
+		return h, fmt.Errorf("ops: release %s: %w", id, ErrNotHeld)
+	}
+	return h, err
 }
 
 // checkReason checks a reason's length, and that one is given when

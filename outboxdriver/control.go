@@ -161,8 +161,8 @@ type Controller interface {
 	// HeldAggregates lists up to limit held aggregates, longest held
 	// first.
 	HeldAggregates(ctx context.Context, t Table, limit int) ([]HeldAggregate, error)
-	// ReleaseHeld lets the later events of an aggregate held behind a dead
-	// letter flow on (the dead letter stays); it wraps ErrNotFound when
-	// the aggregate is not held behind a dead letter.
-	ReleaseHeld(ctx context.Context, t Table, aggregateType, aggregateID string, by Acting) (HeldAggregate, error)
+	// ReleaseHeld lets the later events of the aggregate held behind the
+	// dead letter eventID flow on (the dead letter stays); it wraps
+	// ErrNotFound when that dead letter holds no aggregate.
+	ReleaseHeld(ctx context.Context, t Table, eventID string, by Acting) (HeldAggregate, error)
 }

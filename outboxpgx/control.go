@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -186,21 +187,25 @@ LIMIT $1`, limit)
 	return out, nil
 }
 
-// ReleaseHeld lets the later events of an aggregate held behind a dead
-// letter flow on, leaving the dead letter where it is, and writes the
+// ReleaseHeld lets the later events of the aggregate held behind the dead
+// letter eventID flow on, leaving the dead letter where it is, and writes the
 // audit row in the same transaction. An aggregate held behind an event
 // that is still being retried is not released (its order would break
 // while the event may yet be published): ErrNotFound.
-func (d *Driver) ReleaseHeld(ctx context.Context, t outboxdriver.Table, aggregateType, aggregateID string, by outboxdriver.Acting) (outboxdriver.HeldAggregate, error) {
+func (d *Driver) ReleaseHeld(ctx context.Context, t outboxdriver.Table, eventID string, by outboxdriver.Acting) (outboxdriver.HeldAggregate, error) {
 	var h outboxdriver.HeldAggregate
 	n, err := d.names(t)
 	if err != nil {
 		return h, err
 	}
+	u, err := uuid.Parse(eventID)
+	if err != nil {
+		return h, fmt.Errorf("outboxpgx: dead letter %q of %s: %w", eventID, t, outboxdriver.ErrNotFound)
+	}
 	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `WITH gone AS (
     DELETE FROM `+n.Held+` h
-    WHERE h.aggregatetype = $1 AND h.aggregateid = $2
+    WHERE h.event_id = $1
       AND EXISTS (SELECT 1 FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id)
     RETURNING h.aggregatetype, h.aggregateid, h.event_id, h.reason, h.held_at
 ), unmark AS (
@@ -208,9 +213,9 @@ func (d *Driver) ReleaseHeld(ctx context.Context, t outboxdriver.Table, aggregat
     RETURNING dl.last_error
 )
 SELECT g.aggregatetype, g.aggregateid, g.event_id::text, g.reason, g.held_at, coalesce((SELECT last_error FROM unmark), '')
-FROM gone g`, aggregateType, aggregateID).Scan(&h.AggregateType, &h.AggregateID, &h.EventID, &h.Reason, &h.Since, &h.LastError)
+FROM gone g`, u).Scan(&h.AggregateType, &h.AggregateID, &h.EventID, &h.Reason, &h.Since, &h.LastError)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("outboxpgx: aggregate %s/%s of %s is not held behind a dead letter: %w", aggregateType, aggregateID, t, outboxdriver.ErrNotFound)
+			return fmt.Errorf("outboxpgx: dead letter %s of %s holds no aggregate: %w", eventID, t, outboxdriver.ErrNotFound)
 		}
 		if err != nil {
 			return err

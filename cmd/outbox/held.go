@@ -65,12 +65,12 @@ func newHeldRelease() *cobra.Command {
 	var f dbFlags
 	var actor, reason string
 	cmd := &cobra.Command{
-		Use:   "release AGGREGATETYPE AGGREGATEID --reason TEXT",
-		Short: "Let an aggregate held behind a dead letter flow on (the dead letter stays; order is given up)",
-		Args:  cobra.ExactArgs(2),
+		Use:   "release DEAD-LETTER-ID --reason TEXT",
+		Short: "Let the aggregate held behind a dead letter flow on (the dead letter stays; order is given up)",
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return f.withOps(cmd, 2, nil, func(ctx context.Context, o *ops.Ops, _ outboxdriver.Store) error {
-				h, err := o.Release(ctx, cliActor(actor), args[0], args[1], reason)
+				h, err := o.Release(ctx, cliActor(actor), args[0], reason)
 				if err != nil {
 					return err
 				}

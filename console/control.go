@@ -1,0 +1,227 @@
+package console
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"github.com/outboxkit/outbox/ops"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Pauses and held aggregates: pages and API.
+
+type pausesJSON struct {
+	Pauses []outboxdriver.Pause `json:"pauses"`
+}
+
+type pauseResultJSON struct {
+	Scope   string `json:"scope"`
+	Action  string `json:"action"`
+	Changed bool   `json:"changed"`
+}
+
+type heldJSON struct {
+	Held []outboxdriver.HeldAggregate `json:"held"`
+}
+
+type releaseJSON struct {
+	outboxdriver.HeldAggregate
+	Action string `json:"action"`
+}
+
+// errNotPaused answers a resume of a scope that is not paused.
+var errNotPaused = fmt.Errorf("that scope is not paused: %w", outboxdriver.ErrNotFound)
+
+// scopeOf reads the {scope} of a path: all, destination=X or
+// aggregatetype=Y.
+func scopeOf(q *req) (outboxdriver.PauseScope, error) {
+	s, err := outboxdriver.ParsePauseScope(q.r.PathValue("scope"))
+	if err != nil {
+		return s, &ops.InputError{Field: "scope", Reason: err.Error()}
+	}
+	return s, nil
+}
+
+func (s *Server) pausesAPI(q *req) {
+	if err := known(q.r.URL.Query()); err != nil {
+		q.failErr(err)
+		return
+	}
+	ps, err := s.ops.Pauses(q.ctx(), q.actor)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	q.json(http.StatusOK, pausesJSON{Pauses: append([]outboxdriver.Pause{}, ps...)})
+}
+
+// pauseAPI pauses (pause true) or resumes the scope of the path; the
+// body is {"reason": "..."}, required to pause.
+func (s *Server) pauseAPI(pause bool) func(*req) {
+	return func(q *req) {
+		var body struct {
+			Reason string `json:"reason"`
+		}
+		if err := readJSON(q.r, &body); err != nil {
+			q.failErr(err)
+			return
+		}
+		sc, err := scopeOf(q)
+		if err != nil {
+			q.failErr(err)
+			return
+		}
+		changed, err := s.changePause(q, sc, body.Reason, pause)
+		if err != nil {
+			q.failErr(err)
+			return
+		}
+		action := map[bool]string{true: ops.ActionPause, false: ops.ActionResume}[pause]
+		q.json(http.StatusOK, pauseResultJSON{Scope: sc.String(), Action: action, Changed: changed})
+	}
+}
+
+// changePause pauses or resumes sc; resuming what is not paused is
+// errNotPaused.
+func (s *Server) changePause(q *req, sc outboxdriver.PauseScope, reason string, pause bool) (bool, error) {
+	if pause {
+		return s.ops.Pause(q.ctx(), q.actor, sc, reason)
+	}
+	changed, err := s.ops.Resume(q.ctx(), q.actor, sc, reason)
+	if err == nil && !changed {
+		err = errNotPaused
+	}
+	return changed, err
+}
+
+func (s *Server) heldAPI(q *req) {
+	limit, err := s.heldLimit(q.r.URL.Query())
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	hs, err := s.ops.Held(q.ctx(), q.actor, limit)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	q.json(http.StatusOK, heldJSON{Held: append([]outboxdriver.HeldAggregate{}, hs...)})
+}
+
+func (s *Server) heldLimit(v url.Values) (int, error) {
+	if err := known(v, "limit", "done"); err != nil {
+		return 0, err
+	}
+	return parseLimit(v.Get("limit"), s.cfg.PageSize)
+}
+
+// releaseAPI releases the aggregate held behind the dead letter {id}; the
+// body is {"reason": "..."}, required.
+func (s *Server) releaseAPI(q *req) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := readJSON(q.r, &body); err != nil {
+		q.failErr(err)
+		return
+	}
+	h, err := s.ops.Release(q.ctx(), q.actor, q.r.PathValue("id"), body.Reason)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	q.json(http.StatusOK, releaseJSON{HeldAggregate: h, Action: ops.ActionRelease})
+}
+
+// pausesView is what the pauses page shows.
+type pausesView struct {
+	Pauses []pauseRow
+	Kinds  []outboxdriver.PauseKind
+}
+
+type pauseRow struct {
+	outboxdriver.Pause
+	Resume string // the path that resumes it
+}
+
+func (s *Server) pausesPage(q *req) {
+	if err := known(q.r.URL.Query(), "done"); err != nil {
+		q.failErr(err)
+		return
+	}
+	ps, err := s.ops.Pauses(q.ctx(), q.actor)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	v := pausesView{Kinds: []outboxdriver.PauseKind{outboxdriver.PauseAggregateType, outboxdriver.PauseDestination, outboxdriver.PauseAll}}
+	for _, p := range ps {
+		v.Pauses = append(v.Pauses, pauseRow{p, "/pauses/" + url.PathEscape(p.PauseScope.String()) + "/resume"})
+	}
+	q.render(http.StatusOK, "pauses", "Pauses", v)
+}
+
+// pausePage pauses the scope of the form (fields kind and value).
+func (s *Server) pausePage(q *req) {
+	sc := outboxdriver.PauseScope{Kind: outboxdriver.PauseKind(q.formValue("kind")), Value: q.formValue("value")}
+	if sc.Kind == outboxdriver.PauseAll {
+		sc.Value = ""
+	}
+	if err := sc.Validate(); err != nil {
+		q.failErr(&ops.InputError{Field: "scope", Reason: err.Error()})
+		return
+	}
+	if _, err := s.changePause(q, sc, q.formValue("reason"), true); err != nil {
+		q.failErr(err)
+		return
+	}
+	http.Redirect(q.w, q.r, "/pauses?done=paused", http.StatusSeeOther)
+}
+
+// resumePage resumes the scope of the path.
+func (s *Server) resumePage(q *req) {
+	sc, err := scopeOf(q)
+	if err == nil {
+		_, err = s.changePause(q, sc, q.formValue("reason"), false)
+	}
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	http.Redirect(q.w, q.r, "/pauses?done=resumed", http.StatusSeeOther)
+}
+
+func (s *Server) heldPage(q *req) {
+	limit, err := s.heldLimit(q.r.URL.Query())
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	hs, err := s.ops.Held(q.ctx(), q.actor, limit)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	q.render(http.StatusOK, "held", "Held aggregates", hs)
+}
+
+func (s *Server) releasePage(q *req) {
+	if _, err := s.ops.Release(q.ctx(), q.actor, q.r.PathValue("id"), q.formValue("reason")); err != nil {
+		q.failErr(err)
+		return
+	}
+	http.Redirect(q.w, q.r, "/held?done=released", http.StatusSeeOther)
+}
+
+// notFoundText says what was not found, for failErr.
+func notFoundText(err error) string {
+	switch {
+	case errors.Is(err, errNotPaused):
+		return "that scope is not paused (it may have been resumed meanwhile)"
+	case errors.Is(err, ops.ErrNotHeld):
+		return "that dead letter holds no aggregate (it may have been released, retried or discarded)"
+	}
+	return "no such dead letter (it may have been retried or discarded)"
+}
