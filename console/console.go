@@ -212,6 +212,12 @@ func (s *Server) routeTable() []route {
 		api("POST", "/api/v1/pauses/{scope}/resume", s.pauseAPI(false)),
 		api("GET", "/api/v1/held", s.heldAPI),
 		api("POST", "/api/v1/held/{id}/release", s.releaseAPI),
+		html("GET", "/failure-groups", s.failureGroupsPage),
+		html("POST", "/failure-groups/{group}/retry", s.groupActPage("retry")),
+		html("POST", "/failure-groups/{group}/discard", s.groupActPage("discard")),
+		api("GET", "/api/v1/failure-groups", s.failureGroupsAPI),
+		api("POST", "/api/v1/failure-groups/{group}/retry", s.groupActAPI("retry")),
+		api("POST", "/api/v1/failure-groups/{group}/discard", s.groupActAPI("discard")),
 	}
 }
 

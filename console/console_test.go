@@ -53,6 +53,12 @@ var roleMatrix = []struct {
 	{"POST", "/api/v1/pauses/{scope}/resume", 403, 200, 403},
 	{"GET", "/api/v1/held", 200, 200, 200},
 	{"POST", "/api/v1/held/{id}/release", 403, 200, 403},
+	{"GET", "/failure-groups", 200, 200, 200},
+	{"POST", "/failure-groups/{group}/retry", 403, 303, 403},
+	{"POST", "/failure-groups/{group}/discard", 403, 303, 403},
+	{"GET", "/api/v1/failure-groups", 200, 200, 200},
+	{"POST", "/api/v1/failure-groups/{group}/retry", 403, 200, 403},
+	{"POST", "/api/v1/failure-groups/{group}/discard", 403, 200, 403},
 }
 
 func TestRoleMatrix(t *testing.T) {
@@ -328,6 +334,19 @@ func TestBadInput(t *testing.T) {
 		{"POST", "/api/v1/dead-letters/" + id + "/retry", map[string]any{"why": "x"}, 400},
 		{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 1001)}, 400},
 		{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 70000)}, 400},
+		{"POST", "/api/v1/pauses/everything/pause", map[string]any{"reason": "x"}, 400},
+		{"POST", "/api/v1/pauses/aggregatetype=/pause", map[string]any{"reason": "x"}, 400},
+		{"POST", "/api/v1/pauses/all/pause", nil, 400}, // no reason
+		{"POST", "/api/v1/pauses/all/pause", map[string]any{"reason": " "}, 400},
+		{"POST", "/api/v1/pauses/aggregatetype=order/resume", nil, 404},
+		{"GET", "/api/v1/pauses?x=1", nil, 400},
+		{"GET", "/api/v1/held?limit=501", nil, 400},
+		{"POST", "/api/v1/held/" + unknown + "/release", map[string]any{"reason": "x"}, 404},
+		{"POST", "/api/v1/held/not-a-uuid/release", map[string]any{"reason": "x"}, 400},
+		{"POST", "/api/v1/held/" + id + "/release", nil, 400}, // no reason
+		{"GET", "/api/v1/failure-groups?limit=0", nil, 400},
+		{"POST", "/api/v1/failure-groups/zz/retry", nil, 400},
+		{"POST", "/api/v1/failure-groups/" + strings.Repeat("0", 32) + "/discard", nil, 404},
 		{"GET", "/api/v1/nothing", nil, 404},
 		{"DELETE", "/api/v1/audit", nil, 404},
 	}

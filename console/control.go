@@ -225,3 +225,85 @@ func notFoundText(err error) string {
 	}
 	return "no such dead letter (it may have been retried or discarded)"
 }
+
+// Failure groups: dead letters of one event type with one class of error.
+
+type failureGroupsJSON struct {
+	Groups []outboxdriver.FailureGroup `json:"groups"`
+}
+
+type groupActionJSON struct {
+	Group  string   `json:"group"`
+	Action string   `json:"action"`
+	IDs    []string `json:"ids"`
+	Count  int      `json:"count"`
+}
+
+func (s *Server) failureGroups(q *req) ([]outboxdriver.FailureGroup, bool) {
+	v := q.r.URL.Query()
+	limit, err := 0, known(v, "limit", "done", "n")
+	if err == nil {
+		limit, err = parseLimit(v.Get("limit"), s.cfg.PageSize)
+	}
+	var gs []outboxdriver.FailureGroup
+	if err == nil {
+		gs, err = s.ops.FailureGroups(q.ctx(), q.actor, limit)
+	}
+	if err != nil {
+		q.failErr(err)
+		return nil, false
+	}
+	return append([]outboxdriver.FailureGroup{}, gs...), true
+}
+
+func (s *Server) failureGroupsAPI(q *req) {
+	if gs, ok := s.failureGroups(q); ok {
+		q.json(http.StatusOK, failureGroupsJSON{Groups: gs})
+	}
+}
+
+func (s *Server) groupAct(q *req, action, reason string) ([]string, error) {
+	do := s.ops.RetryGroup
+	if action == "discard" {
+		do = s.ops.DiscardGroup
+	}
+	return do(q.ctx(), q.actor, q.r.PathValue("group"), reason)
+}
+
+// groupActAPI retries or discards the dead letters of a failure group;
+// the body, optional, is {"reason": "..."}.
+func (s *Server) groupActAPI(action string) func(*req) {
+	return func(q *req) {
+		var body struct {
+			Reason string `json:"reason"`
+		}
+		if err := readJSON(q.r, &body); err != nil {
+			q.failErr(err)
+			return
+		}
+		ids, err := s.groupAct(q, action, body.Reason)
+		if err != nil {
+			q.failErr(err)
+			return
+		}
+		q.json(http.StatusOK, groupActionJSON{Group: q.r.PathValue("group"), Action: action, IDs: ids, Count: len(ids)})
+	}
+}
+
+func (s *Server) failureGroupsPage(q *req) {
+	if gs, ok := s.failureGroups(q); ok {
+		q.render(http.StatusOK, "failure_groups", "Failure groups", gs)
+	}
+}
+
+func (s *Server) groupActPage(action string) func(*req) {
+	return func(q *req) {
+		ids, err := s.groupAct(q, action, q.formValue("reason"))
+		if err != nil {
+			q.failErr(err)
+			return
+		}
+		done := map[string]string{"retry": "group-retried", "discard": "group-discarded"}[action]
+		http.Redirect(q.w, q.r, fmt.Sprintf("/failure-groups?done=%s&n=%d", done, len(ids)), http.StatusSeeOther)
+	}
+}

@@ -279,8 +279,9 @@ func (r *rig) openAPIOperations() map[string]string {
 }
 
 // target prepares what a request to a route needs: a fresh dead letter
-// that holds its aggregate (for {id}), and a fresh scope (for {scope}, and
-// for the pause form), paused already when the route resumes it. It
+// that holds its aggregate (for {id}; for {group}, the only one of its
+// failure group), and a fresh scope (for {scope}, and for the pause
+// form), paused already when the route resumes it. It
 // returns the dead letter's id, the path, the form fields a page sends
 // besides the reason, and the event id the action's audit row names.
 func (r *rig) target(method, pattern string) (id, path string, form url.Values, event string) {
@@ -294,6 +295,20 @@ func (r *rig) target(method, pattern string) (id, path string, form url.Values, 
 		}
 	}
 	path = strings.ReplaceAll(fill(pattern, id), "{scope}", url.PathEscape(scope.String()))
+	if strings.Contains(pattern, "{group}") {
+		id = testenv.AddDeadLetters(r.t, r.pool, r.tb, testenv.DeadLetterRow{AggregateType: "order", AggregateID: typ, Type: "Type" + typ,
+			Payload: `{}`, LastError: "refused", Attempts: 1})[0]
+		event = id
+		gs, err := r.st.FailureGroups(r.ctx, r.tb, 1000)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		for _, g := range gs {
+			if g.Example == id && g.Count == 1 {
+				path = strings.ReplaceAll(path, "{group}", g.Key)
+			}
+		}
+	}
 	form = url.Values{}
 	if method == "POST" && pattern == "/pauses" {
 		form.Set("kind", string(scope.Kind))

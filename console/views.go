@@ -17,7 +17,7 @@ import (
 
 // The views: each file under templates/ but the layout is one page, parsed
 // once with the layout.
-var viewNames = []string{"overview", "dead_letters", "dead_letter", "audit", "login", "error", "pauses", "held"}
+var viewNames = []string{"overview", "dead_letters", "dead_letter", "audit", "login", "error", "pauses", "held", "failure_groups"}
 
 func parseViews() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -68,7 +68,9 @@ func (q *req) render(status int, view, title string, data any) {
 	}
 	p.Flash = map[string]string{"retried": "The dead letter is back in the outbox.", "discarded": "The dead letter was discarded.",
 		"paused": "Paused: every relay stops claiming it within one poll interval.", "resumed": "Resumed: the paused events flow again.",
-		"released": "Released: the aggregate's later events flow on."}[q.r.URL.Query().Get("done")]
+		"released":        "Released: the aggregate's later events flow on.",
+		"group-retried":   "The group's dead letters are back in the outbox: " + q.r.URL.Query().Get("n") + ".",
+		"group-discarded": "The group's dead letters were discarded: " + q.r.URL.Query().Get("n") + "."}[q.r.URL.Query().Get("done")]
 	var b bytes.Buffer
 	if err := q.s.views[view].Execute(&b, p); err != nil {
 		q.s.log.Error("console: render", "view", view, "err", err)

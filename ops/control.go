@@ -131,3 +131,60 @@ func checkReason(reason string, required bool) error {
 	}
 	return nil
 }
+
+// MaxGroupAction is the most dead letters one action on a failure group
+// moves; a larger group takes several.
+const MaxGroupAction = 10_000
+
+// FailureGroups lists up to limit groups of dead letters (same event
+// type, same error class), largest first.
+func (o *Ops) FailureGroups(ctx context.Context, a Actor, limit int) ([]outboxdriver.FailureGroup, error) {
+	if err := o.allow(ctx, a, "list failure groups", Read); err != nil {
+		return nil, err
+	}
+	if err := o.checkLimit(limit); err != nil {
+		return nil, err
+	}
+	g, ok := o.st.(outboxdriver.FailureGrouper)
+	if !ok {
+		return nil, fmt.Errorf("ops: list failure groups: %w", ErrUnsupported)
+	}
+	return g.FailureGroups(ctx, o.t, limit)
+}
+
+// RetryGroup retries up to MaxGroupAction dead letters of the failure
+// group key, each audited as Retry audits it, and returns their ids. A
+// key no group has is ErrNotFound.
+func (o *Ops) RetryGroup(ctx context.Context, a Actor, key, reason string) ([]string, error) {
+	return o.groupAction(ctx, a, "retry a failure group", key, reason, o.Retry)
+}
+
+// DiscardGroup discards up to MaxGroupAction dead letters of the failure
+// group key, each audited as Discard audits it, and returns their ids.
+func (o *Ops) DiscardGroup(ctx context.Context, a Actor, key, reason string) ([]string, error) {
+	return o.groupAction(ctx, a, "discard a failure group", key, reason, o.Discard)
+}
+
+func (o *Ops) groupAction(ctx context.Context, a Actor, op, key, reason string, do func(context.Context, Actor, []string, string) ([]string, error)) ([]string, error) {
+	if err := o.allow(ctx, a, op, Act); err != nil {
+		return nil, err
+	}
+	if len(key) != 32 || strings.Trim(key, "0123456789abcdef") != "" {
+		return nil, &InputError{"group", "want the key of a failure group (32 hex digits)"}
+	}
+	if err := checkReason(reason, false); err != nil {
+		return nil, err
+	}
+	g, ok := o.st.(outboxdriver.FailureGrouper)
+	if !ok {
+		return nil, fmt.Errorf("ops: %s: %w", op, ErrUnsupported)
+	}
+	ids, err := g.FailureGroupIDs(ctx, o.t, key, MaxGroupAction)
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("ops: failure group %s: %w", key, ErrNotFound)
+	}
+	return do(ctx, a, ids, reason)
+}

@@ -166,3 +166,28 @@ type Controller interface {
 	// ErrNotFound when that dead letter holds no aggregate.
 	ReleaseHeld(ctx context.Context, t Table, eventID string, by Acting) (HeldAggregate, error)
 }
+
+// FailureGroup is the dead letters of one event type that failed with the
+// same class of error: the last error with ids and long numbers blanked,
+// as NServiceBus ServicePulse groups failed messages.
+type FailureGroup struct {
+	// Key names the group in FailureGroupIDs.
+	Key        string    `json:"key"`
+	Type       string    `json:"type"`
+	ErrorClass string    `json:"error_class"`
+	Count      int64     `json:"count"`
+	First      time.Time `json:"first"`
+	Last       time.Time `json:"last"`
+	// Example is the id of the group's oldest dead letter.
+	Example string `json:"example"`
+}
+
+// FailureGrouper is a Store that groups dead letters by event type and
+// error class.
+type FailureGrouper interface {
+	// FailureGroups lists up to limit groups of t, largest first.
+	FailureGroups(ctx context.Context, t Table, limit int) ([]FailureGroup, error)
+	// FailureGroupIDs returns the ids of up to limit dead letters of the
+	// group key, oldest first (none for a key no group has).
+	FailureGroupIDs(ctx context.Context, t Table, key string, limit int) ([]string, error)
+}

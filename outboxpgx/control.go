@@ -245,3 +245,58 @@ func pausesIn(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, ver
 	}
 	return listPauses(ctx, pool, t)
 }
+
+var _ outboxdriver.FailureGrouper = (*Driver)(nil)
+
+// errorClass is the SQL of a dead letter's error class: its last error
+// with UUIDs and numbers of four or more digits blanked, cut to 200
+// characters. groupKey names a group of an event type and class.
+const (
+	errorClass = `left(regexp_replace(regexp_replace(last_error, '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'), '[0-9]{4,}', '<n>', 'g'), 200)`
+	groupKey   = `md5(length(type)::text || ':' || type || ` + errorClass + `)`
+)
+
+// FailureGroups lists up to limit groups of t's dead letters (same event
+// type, same error class), largest first. It reads every dead letter.
+func (d *Driver) FailureGroups(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.FailureGroup, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT `+groupKey+` AS key, type, `+errorClass+` AS class, count(*), min(dead_lettered_at), max(dead_lettered_at),
+       (array_agg(id::text ORDER BY dead_lettered_at, seq))[1]
+FROM `+n.DeadLetter+`
+GROUP BY 1, 2, 3
+ORDER BY 4 DESC, 5
+LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: failure groups of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.FailureGroup, error) {
+		var g outboxdriver.FailureGroup
+		err := r.Scan(&g.Key, &g.Type, &g.ErrorClass, &g.Count, &g.First, &g.Last, &g.Example)
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: failure groups of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// FailureGroupIDs returns the ids of up to limit dead letters of the
+// group key, oldest first.
+func (d *Driver) FailureGroupIDs(ctx context.Context, t outboxdriver.Table, key string, limit int) ([]string, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT id::text FROM `+n.DeadLetter+` WHERE `+groupKey+` = $1 ORDER BY dead_lettered_at, seq LIMIT $2`, key, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: failure group %s of %s: %w", key, t, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: failure group %s of %s: %w", key, t, err)
+	}
+	return ids, nil
+}

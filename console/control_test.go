@@ -1,0 +1,105 @@
+package console_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/ops"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Dead letters of one event type whose errors differ only in ids and long
+// numbers form one failure group; retrying the group moves exactly its
+// members back into the outbox, each audited.
+func TestFailureGroups(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	row := func(typ, err string) testenv.DeadLetterRow {
+		return testenv.DeadLetterRow{AggregateType: "order", AggregateID: testenv.Hex(t), Type: typ, Payload: `{}`, LastError: err, Attempts: 20}
+	}
+	timeouts := testenv.AddDeadLetters(t, r.pool, r.tb,
+		row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000001: timeout after 30000ms"),
+		row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000002: timeout after 31000ms"),
+		row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000003: timeout after 30500ms"))
+	testenv.AddDeadLetters(t, r.pool, r.tb,
+		row("OrderShipped", "publish 0190a0a0-0000-7000-8000-000000000004: timeout after 30000ms"), // another type
+		row("OrderPlaced", "broker refused: 400 Bad Request"))                                      // another class
+	op := r.users[ops.Operator].token
+	code, body := r.api("GET", "/api/v1/failure-groups", r.users[ops.Viewer].token, nil)
+	if code != http.StatusOK {
+		t.Fatalf("list groups: %d %s", code, body)
+	}
+	var list struct{ Groups []outboxdriver.FailureGroup }
+	if err := json.Unmarshal(body, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Groups) != 3 || list.Groups[0].Count != 3 || list.Groups[0].Type != "OrderPlaced" || list.Groups[0].Example != timeouts[0] {
+		t.Fatalf("groups %+v; want 3, the largest OrderPlaced timeouts (3) with the oldest as example", list.Groups)
+	}
+	if c := list.Groups[0].ErrorClass; c != "publish <id>: timeout after <n>ms" {
+		t.Fatalf("error class %q", c)
+	}
+	mark := r.lastAuditID()
+	code, body = r.api("POST", "/api/v1/failure-groups/"+list.Groups[0].Key+"/retry", op, map[string]string{"reason": "receiver back"})
+	if code != http.StatusOK {
+		t.Fatalf("retry group: %d %s", code, body)
+	}
+	var done struct {
+		IDs   []string
+		Count int
+	}
+	if err := json.Unmarshal(body, &done); err != nil {
+		t.Fatal(err)
+	}
+	if done.Count != 3 || len(done.IDs) != 3 {
+		t.Fatalf("retried %+v, want the 3 timeouts", done)
+	}
+	st := r.state()
+	if st.backlog != 3 || st.dead != 2 {
+		t.Fatalf("after the group retry: backlog %d, dead letters %d; want 3 and 2", st.backlog, st.dead)
+	}
+	rows := r.auditSince(mark)
+	if len(rows) != 3 {
+		t.Fatalf("%d audit rows for a group of 3: %+v", len(rows), rows)
+	}
+	for _, a := range rows {
+		if a.Action != "retry" || a.Actor != "otto" || a.Reason != "receiver back" {
+			t.Errorf("audit %+v", a)
+		}
+	}
+}
+
+// A held aggregate shows in the list; releasing it removes the hold (the
+// claim skips only aggregates with one), keeps the dead letter, and is
+// audited.
+func TestHeldRelease(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	id := r.deadLetter() // holds order/<hex>
+	code, body := r.api("GET", "/api/v1/held", r.users[ops.Viewer].token, nil)
+	var list struct{ Held []outboxdriver.HeldAggregate }
+	if code != http.StatusOK || json.Unmarshal(body, &list) != nil || len(list.Held) != 1 || list.Held[0].EventID != id || list.Held[0].Reason != "dead-lettered" {
+		t.Fatalf("held list: %d %s", code, body)
+	}
+	code, body = r.api("POST", "/api/v1/held/"+id+"/release", r.users[ops.Operator].token, map[string]string{"reason": "ship the rest"})
+	if code != http.StatusOK {
+		t.Fatalf("release: %d %s", code, body)
+	}
+	st := r.state()
+	if st.held != 0 || st.dead != 1 {
+		t.Fatalf("after release: %+v; want nothing held, the dead letter kept", st)
+	}
+	d, err := r.st.DeadLetter(r.ctx, r.tb, id)
+	if err != nil || d.Held {
+		t.Fatalf("dead letter after release: held=%v, %v", d.Held, err)
+	}
+	if a := r.audit()[0]; a.Action != "release" || a.EventID != id || a.Reason != "ship the rest" || a.Role != "operator" {
+		t.Fatalf("audit %+v", a)
+	}
+	// Released once: a second release finds nothing held.
+	if code, _ := r.api("POST", "/api/v1/held/"+id+"/release", r.users[ops.Operator].token, map[string]string{"reason": "again"}); code != http.StatusNotFound {
+		t.Fatalf("second release: %d, want 404", code)
+	}
+}
