@@ -164,7 +164,12 @@ func (d *Driver) HeldAggregates(ctx context.Context, t outboxdriver.Table, limit
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: limit %d, want a positive one", t, limit)
 	}
-	rows, err := d.pool.Query(ctx, `SELECT h.aggregatetype, h.aggregateid, h.event_id::text, h.reason, h.held_at,
+	// The reason is what holds the aggregate now: a dead letter, or an
+	// event in the outbox (retrying, or a dead letter retried by an
+	// operator and not yet published).
+	rows, err := d.pool.Query(ctx, `SELECT h.aggregatetype, h.aggregateid, h.event_id::text,
+       CASE WHEN EXISTS (SELECT 1 FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id) THEN 'dead-lettered' ELSE 'retrying' END,
+       h.held_at,
        (SELECT count(*) FROM `+n.Table+` o
         WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
           AND o.published_at IS NULL AND o.id <> h.event_id),
