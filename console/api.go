@@ -36,6 +36,7 @@ type deadLetterJSON struct {
 	Payload      string            `json:"payload"`
 	PayloadNote  string            `json:"payload_note"`
 	Masked       int               `json:"masked"`
+	Revealed     string            `json:"revealed,omitempty"`
 }
 
 type auditJSON struct {
@@ -88,12 +89,16 @@ func (s *Server) deadLetterAPI(q *req) {
 		q.failErr(err)
 		return
 	}
+	q.deadLetterJSON(v)
+}
+
+func (q *req) deadLetterJSON(v ops.View) {
 	h := v.Headers
 	if h == nil {
 		h = map[string]string{}
 	}
 	q.json(http.StatusOK, deadLetterJSON{DeadLetter: v.DeadLetter, Seq: v.Seq, CreatedAt: v.CreatedAt, Headers: h,
-		TraceContext: v.TraceContext, Payload: v.Payload, PayloadNote: v.PayloadNote, Masked: v.Masked})
+		TraceContext: v.TraceContext, Payload: v.Payload, PayloadNote: v.PayloadNote, Masked: v.Masked, Revealed: v.Revealed})
 }
 
 // actAPI retries or discards one dead letter; the body, optional, is

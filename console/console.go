@@ -212,6 +212,8 @@ func (s *Server) routeTable() []route {
 		api("POST", "/api/v1/pauses/{scope}/resume", s.pauseAPI(false)),
 		api("GET", "/api/v1/held", s.heldAPI),
 		api("POST", "/api/v1/held/{id}/release", s.releaseAPI),
+		html("POST", "/dead-letters/{id}/reveal", s.revealPage),
+		api("POST", "/api/v1/dead-letters/{id}/reveal", s.revealAPI),
 		html("GET", "/failure-groups", s.failureGroupsPage),
 		html("POST", "/failure-groups/{group}/retry", s.groupActPage("retry")),
 		html("POST", "/failure-groups/{group}/discard", s.groupActPage("discard")),

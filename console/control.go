@@ -307,3 +307,35 @@ func (s *Server) groupActPage(action string) func(*req) {
 		http.Redirect(q.w, q.r, fmt.Sprintf("/failure-groups?done=%s&n=%d", done, len(ids)), http.StatusSeeOther)
 	}
 }
+
+// revealAPI shows a dead letter with one sensitive path revealed; the
+// body is {"path": "...", "reason": "..."} (path may be left out when only
+// one is configured). Audited before anything is shown.
+func (s *Server) revealAPI(q *req) {
+	var body struct {
+		Path   string `json:"path"`
+		Reason string `json:"reason"`
+	}
+	if err := readJSON(q.r, &body); err != nil {
+		q.failErr(err)
+		return
+	}
+	v, err := s.ops.Reveal(q.ctx(), q.actor, q.r.PathValue("id"), body.Path, body.Reason)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	q.deadLetterJSON(v)
+}
+
+// revealPage shows the dead letter's page with one sensitive path
+// revealed (the form's path and reason). The page is not kept: reloading
+// the dead letter masks it again.
+func (s *Server) revealPage(q *req) {
+	v, err := s.ops.Reveal(q.ctx(), q.actor, q.r.PathValue("id"), q.formValue("path"), q.formValue("reason"))
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	q.render(http.StatusOK, "dead_letter", "Dead letter "+v.ID, v)
+}

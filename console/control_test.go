@@ -3,6 +3,7 @@ package console_test
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/outboxkit/outbox/internal/testenv"
@@ -101,5 +102,41 @@ func TestHeldRelease(t *testing.T) {
 	// Released once: a second release finds nothing held.
 	if code, _ := r.api("POST", "/api/v1/held/"+id+"/release", r.users[ops.Operator].token, map[string]string{"reason": "again"}); code != http.StatusNotFound {
 		t.Fatalf("second release: %d, want 404", code)
+	}
+}
+
+// Only an operator may reveal a masked payload field, only with a reason,
+// and the reveal is audited; the viewer's request shows nothing, and the
+// dead letter is masked again for everyone afterwards.
+func TestReveal(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	id := r.deadLetter() // customer.email is sensitive in the rig
+	const secret = "ada@example.com"
+	path := "/api/v1/dead-letters/" + id + "/reveal"
+	for _, role := range []ops.Role{ops.Viewer, ops.Approver} {
+		code, body := r.api("POST", path, r.users[role].token, map[string]string{"path": "customer.email", "reason": "curious"})
+		if code != http.StatusForbidden || strings.Contains(string(body), secret) {
+			t.Fatalf("reveal by the %s: %d %s", role, code, body)
+		}
+	}
+	op := r.users[ops.Operator].token
+	if code, body := r.api("POST", path, op, map[string]string{"path": "customer.email"}); code != http.StatusBadRequest || strings.Contains(string(body), secret) {
+		t.Fatalf("reveal without a reason: %d %s", code, body)
+	}
+	if code, _ := r.api("POST", path, op, map[string]string{"path": "customer.name", "reason": "x"}); code != http.StatusBadRequest {
+		t.Fatalf("reveal of a path that is not sensitive: %d", code)
+	}
+	code, body := r.api("POST", path, op, map[string]string{"path": "customer.email", "reason": "customer asked support"})
+	if code != http.StatusOK || !strings.Contains(string(body), secret) || !strings.Contains(string(body), `"revealed": "customer.email"`) {
+		t.Fatalf("reveal by the operator: %d %s", code, body)
+	}
+	if a := r.audit()[0]; a.Action != "reveal" || a.EventID != id || a.Actor != "otto" || a.Reason != "customer asked support" || !strings.Contains(a.Detail, "customer.email") {
+		t.Fatalf("audit of the reveal: %+v", a)
+	}
+	for _, role := range ops.Roles() {
+		if code, body := r.api("GET", "/api/v1/dead-letters/"+id, r.users[role].token, nil); code != http.StatusOK || strings.Contains(string(body), secret) {
+			t.Fatalf("the dead letter for the %s after the reveal: %d %s", role, code, body)
+		}
 	}
 }

@@ -29,6 +29,10 @@ type View struct {
 	PayloadNote string
 	// Masked counts the values masked.
 	Masked int
+	// Sensitive lists the configured sensitive paths, which an operator
+	// may reveal one at a time (Ops.Reveal); Revealed is the one shown.
+	Sensitive []string
+	Revealed  string
 }
 
 // Mask is what a masked value shows instead.
@@ -37,8 +41,15 @@ const Mask = "***"
 // maxShown is the largest payload shown; a larger one is summarised.
 const maxShown = 1 << 20
 
-func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
-	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext}
+func (o *Ops) view(d outboxdriver.DeadLetterDetail) View { return o.viewRevealing(d, -1) }
+
+// viewRevealing is view with the sensitive path o.masks[reveal] shown.
+func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
+	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext,
+		Sensitive: o.cfg.SensitivePaths}
+	if reveal >= 0 {
+		v.Revealed = o.cfg.SensitivePaths[reveal]
+	}
 	switch {
 	case d.Payload == nil && d.PayloadRaw == nil:
 		v.PayloadNote = "no payload"
@@ -68,8 +79,10 @@ func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
 			v.Payload, v.PayloadNote = string(d.Payload), "shown as stored"
 			return v
 		}
-		for _, m := range o.masks {
-			v.Masked += tree.mask(m)
+		for i, m := range o.masks {
+			if i != reveal {
+				v.Masked += tree.mask(m)
+			}
 		}
 		var b strings.Builder
 		tree.write(&b, "")
