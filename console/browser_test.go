@@ -269,4 +269,13 @@ func (r *rig) scenery() {
 		epoch = 3, expires_at = now() + interval '25 seconds' WHERE partition < 12`); err != nil {
 		r.t.Fatal(err)
 	}
+	// An hour of samples for the chart: a burst the relays work off.
+	if _, err := r.pool.Exec(r.ctx, `INSERT INTO `+r.tb.Qualified("_samples")+` (at, backlog, oldest_age, dead_letters, last_seq)
+SELECT now() - (60 - i) * interval '1 minute', greatest(0, 4000 - abs(i - 25) * 160)::bigint + 40, 2, 2, i * 900
+FROM generate_series(0, 59) AS i`); err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := r.pool.Exec(r.ctx, `INSERT INTO `+r.tb.Qualified("_relays")+` (relay, expires_at) VALUES ('relay-a-7f3c', now() + interval '25 seconds'), ('relay-b-19d2', now() + interval '25 seconds')`); err != nil {
+		r.t.Fatal(err)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/ops"
@@ -137,6 +138,38 @@ func TestReveal(t *testing.T) {
 	for _, role := range ops.Roles() {
 		if code, body := r.api("GET", "/api/v1/dead-letters/"+id, r.users[role].token, nil); code != http.StatusOK || strings.Contains(string(body), secret) {
 			t.Fatalf("the dead letter for the %s after the reveal: %d %s", role, code, body)
+		}
+	}
+}
+
+// The overview shows the backlog by aggregate type and event type, the
+// pauses in force, and a chart drawn from the samples the console
+// records; the publish rate follows from inserts, backlog and dead
+// letters between samples.
+func TestOverviewInsight(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	r.scenery() // 40 pending OrderPlaced events of order
+	if _, err := r.st.SetPause(r.ctx, r.tb, outboxdriver.PauseScope{Kind: outboxdriver.PauseDestination, Value: "outbox.event.order"},
+		outboxdriver.Acting{Name: "otto", Role: "operator", Reason: "broker upgrade"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := r.srv.SampleOnce(r.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ss, err := r.st.Samples(r.ctx, r.tb, time.Now().Add(-time.Hour))
+	if err != nil || len(ss) != 2 || ss[1].Backlog != 40 || ss[1].LastSeq < 40 {
+		t.Fatalf("samples %+v, %v; want 2 with the backlog of 40", ss, err)
+	}
+	b := r.browser()
+	b.login(r.users[ops.Viewer])
+	code, page := b.get("/")
+	body := string(page)
+	for _, want := range []string{`id="chart"`, `<polyline points="`, `id="backlog-by-kind"`, `<td>OrderPlaced</td><td class="num">40</td>`, `destination=outbox.event.order`, `broker upgrade`} {
+		if code != http.StatusOK || !strings.Contains(body, want) {
+			t.Fatalf("overview: %d, no %q in\n%s", code, want, body)
 		}
 	}
 }

@@ -84,13 +84,17 @@ func (q *req) render(status int, view, title string, data any) {
 
 // overview is what the overview shows.
 type overview struct {
-	Status outboxdriver.Status
-	Relays []relayRow
+	Status  outboxdriver.Status
+	Relays  []relayRow
+	Insight ops.Insight
+	Chart   chart
 }
 
 type relayRow struct {
 	Name       string
 	Partitions []int
+	// Registered is the relay's entry in the registry, when it has one.
+	Registered *outboxdriver.RelayStatus
 }
 
 func newOverview(st outboxdriver.Status) overview {
@@ -102,7 +106,7 @@ func newOverview(st outboxdriver.Status) overview {
 	}
 	ov := overview{Status: st}
 	for name, parts := range byOwner {
-		ov.Relays = append(ov.Relays, relayRow{name, parts})
+		ov.Relays = append(ov.Relays, relayRow{Name: name, Partitions: parts})
 	}
 	sort.Slice(ov.Relays, func(i, j int) bool { return ov.Relays[i].Name < ov.Relays[j].Name })
 	return ov
@@ -114,7 +118,12 @@ func (s *Server) overviewPage(q *req) {
 		q.failErr(err)
 		return
 	}
-	q.render(http.StatusOK, "overview", "Overview", newOverview(st))
+	in, err := s.ops.Insight(q.ctx(), q.actor, chartWindow)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	q.render(http.StatusOK, "overview", "Overview", newOverview(st).with(in, time.Now()))
 }
 
 // deadLettersView is what the list of dead letters shows.

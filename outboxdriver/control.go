@@ -191,3 +191,47 @@ type FailureGrouper interface {
 	// group key, oldest first (none for a key no group has).
 	FailureGroupIDs(ctx context.Context, t Table, key string, limit int) ([]string, error)
 }
+
+// BacklogGroup is the unpublished events of one aggregate type and event
+// type.
+type BacklogGroup struct {
+	AggregateType string        `json:"aggregatetype"`
+	Type          string        `json:"type"`
+	Backlog       int64         `json:"backlog"`
+	OldestAge     time.Duration `json:"-"`
+}
+
+// RelayStatus is one relay in the registry.
+type RelayStatus struct {
+	Name    string    `json:"name"`
+	Started time.Time `json:"started"`
+	// ExpiresIn is how long its registration still runs without a
+	// heartbeat (negative: it is gone).
+	ExpiresIn time.Duration `json:"-"`
+}
+
+// Sample is one of the console's samples of a table.
+type Sample struct {
+	At          time.Time `json:"at"`
+	Backlog     int64     `json:"backlog"`
+	OldestAge   float64   `json:"oldest_age_seconds"`
+	DeadLetters int64     `json:"dead_letters"`
+	// LastSeq is the highest position handed out: inserts between two
+	// samples are the difference.
+	LastSeq int64 `json:"last_seq"`
+}
+
+// Observer is a Store that answers the console's overview beyond Status:
+// the backlog by kind, the relays, and samples over time.
+type Observer interface {
+	// Backlog lists up to limit groups of unpublished events, largest
+	// first.
+	Backlog(ctx context.Context, t Table, limit int) ([]BacklogGroup, error)
+	// Relays lists the registered relays.
+	Relays(ctx context.Context, t Table) ([]RelayStatus, error)
+	// RecordSample stores a sample of t now and deletes samples older
+	// than keep.
+	RecordSample(ctx context.Context, t Table, keep time.Duration) error
+	// Samples lists the samples since a time, oldest first.
+	Samples(ctx context.Context, t Table, since time.Time) ([]Sample, error)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -304,4 +305,96 @@ func (d *Driver) FailureGroupIDs(ctx context.Context, t outboxdriver.Table, key 
 		return nil, fmt.Errorf("outboxpgx: failure group %s of %s: %w", key, t, err)
 	}
 	return ids, nil
+}
+
+var _ outboxdriver.Observer = (*Driver)(nil)
+
+// Backlog lists up to limit groups (aggregate type, event type) of t's
+// unpublished events, largest first, with the age of each one's oldest.
+// It reads every unpublished row.
+func (d *Driver) Backlog(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.BacklogGroup, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT aggregatetype, type, count(*), extract(epoch FROM now() - min(created_at))::float8
+FROM `+n.Table+` WHERE published_at IS NULL
+GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.BacklogGroup, error) {
+		var g outboxdriver.BacklogGroup
+		var age float64
+		err := r.Scan(&g.AggregateType, &g.Type, &g.Backlog, &age)
+		g.OldestAge = time.Duration(max(age, 0) * float64(time.Second))
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// Relays lists the relays registered on t (alive or not yet cleaned up).
+func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriver.RelayStatus, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT relay, started_at, extract(epoch FROM expires_at - clock_timestamp())::float8 FROM `+n.Relays+` ORDER BY relay`)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: relays of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.RelayStatus, error) {
+		var x outboxdriver.RelayStatus
+		var secs float64
+		err := r.Scan(&x.Name, &x.Started, &secs)
+		x.ExpiresIn = time.Duration(secs * float64(time.Second))
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: relays of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// RecordSample stores one sample of t (backlog, oldest age, dead letters,
+// the sequence's last value) and deletes samples older than keep.
+func (d *Driver) RecordSample(ctx context.Context, t outboxdriver.Table, keep time.Duration) error {
+	n, err := d.names(t)
+	if err != nil {
+		return err
+	}
+	samples := t.WithDefaults().Qualified("_samples")
+	_, err = d.pool.Exec(ctx, `WITH gone AS (DELETE FROM `+samples+` WHERE at < clock_timestamp() - $1 * interval '1 millisecond')
+INSERT INTO `+samples+` (backlog, oldest_age, dead_letters, last_seq)
+SELECT (SELECT count(*) FROM `+n.Table+` WHERE published_at IS NULL),
+       (SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM `+n.Table+` WHERE published_at IS NULL),
+       (SELECT count(*) FROM `+n.DeadLetter+`),
+       coalesce(pg_sequence_last_value(pg_get_serial_sequence($2, 'seq')::regclass), 0)
+ON CONFLICT (at) DO NOTHING`, keep.Milliseconds(), n.Table)
+	if err != nil {
+		return controlErr(t, "sample of", err)
+	}
+	return nil
+}
+
+// Samples lists t's samples since a time, oldest first.
+func (d *Driver) Samples(ctx context.Context, t outboxdriver.Table, since time.Time) ([]outboxdriver.Sample, error) {
+	if _, err := d.names(t); err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT at, backlog, oldest_age, dead_letters, last_seq FROM `+t.WithDefaults().Qualified("_samples")+` WHERE at >= $1 ORDER BY at`, since)
+	if err != nil {
+		if isUndefinedTable(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("outboxpgx: samples of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdriver.Sample])
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: samples of %s: %w", t, err)
+	}
+	return out, nil
 }

@@ -87,6 +87,9 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 				if err != nil {
 					return err
 				}
+				sctx, stopSampling := context.WithCancel(ctx)
+				defer stopSampling()
+				go srv.Sample(sctx) // the overview's chart
 				return serveConsole(ctx, cmd.ErrOrStderr(), srv, addr, tlsCert, tlsKey, dev && len(u.Users) == 0, t)
 			})
 		},
