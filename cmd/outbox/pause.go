@@ -57,7 +57,7 @@ func newPauseCmd(pause bool) *cobra.Command {
 	cmd.Flags().StringVar(&scope, "scope", "", "what: all, destination=NAME (as routed) or aggregatetype=NAME")
 	cmd.Flags().StringVar(&actor, "actor", "", "who acts, for the audit table (default user@host); the command line acts with the operator role")
 	if pause {
-		cmd.Flags().StringVar(&reason, "reason", "", "why (required), for the audit table and `outbox status`")
+		cmd.Flags().StringVar(&reason, "reason", "", "why (required), for the audit table and outbox status")
 	} else {
 		cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit table")
 	}
