@@ -96,25 +96,29 @@ func (s *Server) changePause(q *req, sc outboxdriver.PauseScope, reason string, 
 	return changed, err
 }
 
-func (s *Server) heldAPI(q *req) {
-	limit, err := s.heldLimit(q.r.URL.Query())
+// held reads the held aggregates the request asks for, or answers the
+// error.
+func (s *Server) held(q *req) ([]outboxdriver.HeldAggregate, bool) {
+	v := q.r.URL.Query()
+	limit, err := 0, known(v, "limit", "done")
+	if err == nil {
+		limit, err = parseLimit(v.Get("limit"), s.cfg.PageSize)
+	}
+	var hs []outboxdriver.HeldAggregate
+	if err == nil {
+		hs, err = s.ops.Held(q.ctx(), q.actor, limit)
+	}
 	if err != nil {
 		q.failErr(err)
-		return
+		return nil, false
 	}
-	hs, err := s.ops.Held(q.ctx(), q.actor, limit)
-	if err != nil {
-		q.failErr(err)
-		return
-	}
-	q.json(http.StatusOK, heldJSON{Held: append([]outboxdriver.HeldAggregate{}, hs...)})
+	return append([]outboxdriver.HeldAggregate{}, hs...), true
 }
 
-func (s *Server) heldLimit(v url.Values) (int, error) {
-	if err := known(v, "limit", "done"); err != nil {
-		return 0, err
+func (s *Server) heldAPI(q *req) {
+	if hs, ok := s.held(q); ok {
+		q.json(http.StatusOK, heldJSON{Held: hs})
 	}
-	return parseLimit(v.Get("limit"), s.cfg.PageSize)
 }
 
 // releaseAPI releases the aggregate held behind the dead letter {id}; the
@@ -194,17 +198,9 @@ func (s *Server) resumePage(q *req) {
 }
 
 func (s *Server) heldPage(q *req) {
-	limit, err := s.heldLimit(q.r.URL.Query())
-	if err != nil {
-		q.failErr(err)
-		return
+	if hs, ok := s.held(q); ok {
+		q.render(http.StatusOK, "held", "Held aggregates", hs)
 	}
-	hs, err := s.ops.Held(q.ctx(), q.actor, limit)
-	if err != nil {
-		q.failErr(err)
-		return
-	}
-	q.render(http.StatusOK, "held", "Held aggregates", hs)
 }
 
 func (s *Server) releasePage(q *req) {
