@@ -19,6 +19,18 @@ import (
 type overviewJSON struct {
 	Table string `json:"table"`
 	ops.StatusJSON
+	BacklogByKind []backlogGroupJSON `json:"backlog_by_kind"`
+	Relays        []relayJSON        `json:"relays"`
+}
+
+type backlogGroupJSON struct {
+	outboxdriver.BacklogGroup
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+}
+
+type relayJSON struct {
+	outboxdriver.RelayStatus
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
 }
 
 type deadLettersJSON struct {
@@ -57,7 +69,19 @@ func (s *Server) overviewAPI(q *req) {
 		q.failErr(err)
 		return
 	}
-	js := overviewJSON{Table: st.Table.String(), StatusJSON: ops.NewStatusJSON(st)}
+	in, err := s.ops.Insight(q.ctx(), q.actor, 0)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	js := overviewJSON{Table: st.Table.String(), StatusJSON: ops.NewStatusJSON(st),
+		BacklogByKind: []backlogGroupJSON{}, Relays: []relayJSON{}}
+	for _, g := range in.Backlog {
+		js.BacklogByKind = append(js.BacklogByKind, backlogGroupJSON{g, g.OldestAge.Seconds()})
+	}
+	for _, r := range in.Relays {
+		js.Relays = append(js.Relays, relayJSON{r, r.ExpiresIn.Seconds()})
+	}
 	q.json(http.StatusOK, js)
 }
 

@@ -168,6 +168,18 @@ func TestOverviewInsight(t *testing.T) {
 	b.login(r.users[ops.Viewer])
 	code, page := b.get("/")
 	body := string(page)
+	code, api := r.api("GET", "/api/v1/overview", r.users[ops.Viewer].token, nil)
+	var ov struct {
+		BacklogByKind []struct {
+			AggregateType string `json:"aggregatetype"`
+			Type          string `json:"type"`
+			Backlog       int64  `json:"backlog"`
+		} `json:"backlog_by_kind"`
+		Pauses []outboxdriver.Pause `json:"pauses"`
+	}
+	if code != http.StatusOK || json.Unmarshal(api, &ov) != nil || len(ov.BacklogByKind) != 1 || ov.BacklogByKind[0].Backlog != 40 || len(ov.Pauses) != 1 {
+		t.Fatalf("overview API: %d %s", code, api)
+	}
 	for _, want := range []string{`id="chart"`, `<polyline points="`, `id="backlog-by-kind"`, `<td>OrderPlaced</td><td class="num">40</td>`, `destination=outbox.event.order`, `broker upgrade`} {
 		if code != http.StatusOK || !strings.Contains(body, want) {
 			t.Fatalf("overview: %d, no %q in\n%s", code, want, body)

@@ -19,8 +19,9 @@ type Insight struct {
 // insightGroups is how many backlog groups Insight lists.
 const insightGroups = 20
 
-// Insight returns the overview's details; a Store that is not an
-// outboxdriver.Observer has none (an empty Insight).
+// Insight returns the overview's details, with the samples of the last
+// window (none for 0); a Store that is not an outboxdriver.Observer has
+// none (an empty Insight).
 func (o *Ops) Insight(ctx context.Context, a Actor, window time.Duration) (Insight, error) {
 	var in Insight
 	if err := o.allow(ctx, a, "view the overview", Read); err != nil {
@@ -37,7 +38,9 @@ func (o *Ops) Insight(ctx context.Context, a Actor, window time.Duration) (Insig
 	if in.Relays, err = ob.Relays(ctx, o.t); err != nil {
 		return in, err
 	}
-	in.Samples, err = ob.Samples(ctx, o.t, time.Now().Add(-window))
+	if window > 0 {
+		in.Samples, err = ob.Samples(ctx, o.t, time.Now().Add(-window))
+	}
 	return in, err
 }
 
