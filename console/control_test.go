@@ -168,7 +168,7 @@ func TestOverviewInsight(t *testing.T) {
 	b.login(r.users[ops.Viewer])
 	code, page := b.get("/")
 	body := string(page)
-	code, api := r.api("GET", "/api/v1/overview", r.users[ops.Viewer].token, nil)
+	acode, api := r.api("GET", "/api/v1/overview", r.users[ops.Viewer].token, nil)
 	var ov struct {
 		BacklogByKind []struct {
 			AggregateType string `json:"aggregatetype"`
@@ -177,8 +177,8 @@ func TestOverviewInsight(t *testing.T) {
 		} `json:"backlog_by_kind"`
 		Pauses []outboxdriver.Pause `json:"pauses"`
 	}
-	if code != http.StatusOK || json.Unmarshal(api, &ov) != nil || len(ov.BacklogByKind) != 1 || ov.BacklogByKind[0].Backlog != 40 || len(ov.Pauses) != 1 {
-		t.Fatalf("overview API: %d %s", code, api)
+	if acode != http.StatusOK || json.Unmarshal(api, &ov) != nil || len(ov.BacklogByKind) != 1 || ov.BacklogByKind[0].Backlog != 40 || len(ov.Pauses) != 1 {
+		t.Fatalf("overview API: %d %s", acode, api)
 	}
 	for _, want := range []string{`id="chart"`, `<polyline points="`, `id="backlog-by-kind"`, `<td>OrderPlaced</td><td class="num">40</td>`, `destination=outbox.event.order`, `broker upgrade`} {
 		if code != http.StatusOK || !strings.Contains(body, want) {
