@@ -129,11 +129,8 @@ func (q *req) deadLetterJSON(v ops.View) {
 // {"reason": "..."}.
 func (s *Server) actAPI(action string) func(*req) {
 	return func(q *req) {
-		var body struct {
-			Reason string `json:"reason"`
-		}
-		if err := readJSON(q.r, &body); err != nil {
-			q.failErr(err)
+		reason, ok := q.reason()
+		if !ok {
 			return
 		}
 		do := s.ops.Retry
@@ -141,7 +138,7 @@ func (s *Server) actAPI(action string) func(*req) {
 			do = s.ops.Discard
 		}
 		id := q.r.PathValue("id")
-		done, err := do(q.ctx(), q.actor, []string{id}, body.Reason)
+		done, err := do(q.ctx(), q.actor, []string{id}, reason)
 		if err == nil && len(done) == 0 {
 			err = fmt.Errorf("dead letter %s: %w", id, outboxdriver.ErrNotFound)
 		}

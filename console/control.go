@@ -44,14 +44,24 @@ func scopeOf(q *req) (outboxdriver.PauseScope, error) {
 	return s, nil
 }
 
-func (s *Server) pausesAPI(q *req) {
-	if err := known(q.r.URL.Query()); err != nil {
-		q.failErr(err)
-		return
+// pauses reads the pauses in force (parameters: none but also), or
+// answers the error itself.
+func (s *Server) pauses(q *req, also ...string) ([]outboxdriver.Pause, bool) {
+	err := known(q.r.URL.Query(), also...)
+	var ps []outboxdriver.Pause
+	if err == nil {
+		ps, err = s.ops.Pauses(q.ctx(), q.actor)
 	}
-	ps, err := s.ops.Pauses(q.ctx(), q.actor)
 	if err != nil {
 		q.failErr(err)
+		return nil, false
+	}
+	return ps, true
+}
+
+func (s *Server) pausesAPI(q *req) {
+	ps, ok := s.pauses(q)
+	if !ok {
 		return
 	}
 	q.json(http.StatusOK, pausesJSON{Pauses: append([]outboxdriver.Pause{}, ps...)})
@@ -61,11 +71,8 @@ func (s *Server) pausesAPI(q *req) {
 // body is {"reason": "..."}, required to pause.
 func (s *Server) pauseAPI(pause bool) func(*req) {
 	return func(q *req) {
-		var body struct {
-			Reason string `json:"reason"`
-		}
-		if err := readJSON(q.r, &body); err != nil {
-			q.failErr(err)
+		reason, ok := q.reason()
+		if !ok {
 			return
 		}
 		sc, err := scopeOf(q)
@@ -73,7 +80,7 @@ func (s *Server) pauseAPI(pause bool) func(*req) {
 			q.failErr(err)
 			return
 		}
-		changed, err := s.changePause(q, sc, body.Reason, pause)
+		changed, err := s.changePause(q, sc, reason, pause)
 		if err != nil {
 			q.failErr(err)
 			return
@@ -96,23 +103,28 @@ func (s *Server) changePause(q *req, sc outboxdriver.PauseScope, reason string, 
 	return changed, err
 }
 
-// held reads the held aggregates the request asks for, or answers the
-// error.
-func (s *Server) held(q *req) ([]outboxdriver.HeldAggregate, bool) {
+// list reads a list's limit (other parameters: none but also), calls
+// read with it, and answers an error itself; a list is never null.
+func list[T any](s *Server, q *req, read func(limit int) ([]T, error), also ...string) ([]T, bool) {
 	v := q.r.URL.Query()
-	limit, err := 0, known(v, "limit", "done")
+	limit, err := 0, known(v, append([]string{"limit", "done"}, also...)...)
 	if err == nil {
 		limit, err = parseLimit(v.Get("limit"), s.cfg.PageSize)
 	}
-	var hs []outboxdriver.HeldAggregate
+	var xs []T
 	if err == nil {
-		hs, err = s.ops.Held(q.ctx(), q.actor, limit)
+		xs, err = read(limit)
 	}
 	if err != nil {
 		q.failErr(err)
 		return nil, false
 	}
-	return append([]outboxdriver.HeldAggregate{}, hs...), true
+	return append([]T{}, xs...), true
+}
+
+// held reads the held aggregates the request asks for.
+func (s *Server) held(q *req) ([]outboxdriver.HeldAggregate, bool) {
+	return list(s, q, func(limit int) ([]outboxdriver.HeldAggregate, error) { return s.ops.Held(q.ctx(), q.actor, limit) })
 }
 
 func (s *Server) heldAPI(q *req) {
@@ -124,14 +136,11 @@ func (s *Server) heldAPI(q *req) {
 // releaseAPI releases the aggregate held behind the dead letter {id}; the
 // body is {"reason": "..."}, required.
 func (s *Server) releaseAPI(q *req) {
-	var body struct {
-		Reason string `json:"reason"`
-	}
-	if err := readJSON(q.r, &body); err != nil {
-		q.failErr(err)
+	reason, ok := q.reason()
+	if !ok {
 		return
 	}
-	h, err := s.ops.Release(q.ctx(), q.actor, q.r.PathValue("id"), body.Reason)
+	h, err := s.ops.Release(q.ctx(), q.actor, q.r.PathValue("id"), reason)
 	if err != nil {
 		q.failErr(err)
 		return
@@ -151,13 +160,8 @@ type pauseRow struct {
 }
 
 func (s *Server) pausesPage(q *req) {
-	if err := known(q.r.URL.Query(), "done"); err != nil {
-		q.failErr(err)
-		return
-	}
-	ps, err := s.ops.Pauses(q.ctx(), q.actor)
-	if err != nil {
-		q.failErr(err)
+	ps, ok := s.pauses(q, "done")
+	if !ok {
 		return
 	}
 	v := pausesView{Kinds: []outboxdriver.PauseKind{outboxdriver.PauseAggregateType, outboxdriver.PauseDestination, outboxdriver.PauseAll}}
@@ -236,20 +240,9 @@ type groupActionJSON struct {
 }
 
 func (s *Server) failureGroups(q *req) ([]outboxdriver.FailureGroup, bool) {
-	v := q.r.URL.Query()
-	limit, err := 0, known(v, "limit", "done", "n")
-	if err == nil {
-		limit, err = parseLimit(v.Get("limit"), s.cfg.PageSize)
-	}
-	var gs []outboxdriver.FailureGroup
-	if err == nil {
-		gs, err = s.ops.FailureGroups(q.ctx(), q.actor, limit)
-	}
-	if err != nil {
-		q.failErr(err)
-		return nil, false
-	}
-	return append([]outboxdriver.FailureGroup{}, gs...), true
+	return list(s, q, func(limit int) ([]outboxdriver.FailureGroup, error) {
+		return s.ops.FailureGroups(q.ctx(), q.actor, limit)
+	}, "n")
 }
 
 func (s *Server) failureGroupsAPI(q *req) {
@@ -270,14 +263,11 @@ func (s *Server) groupAct(q *req, action, reason string) ([]string, error) {
 // the body, optional, is {"reason": "..."}.
 func (s *Server) groupActAPI(action string) func(*req) {
 	return func(q *req) {
-		var body struct {
-			Reason string `json:"reason"`
-		}
-		if err := readJSON(q.r, &body); err != nil {
-			q.failErr(err)
+		reason, ok := q.reason()
+		if !ok {
 			return
 		}
-		ids, err := s.groupAct(q, action, body.Reason)
+		ids, err := s.groupAct(q, action, reason)
 		if err != nil {
 			q.failErr(err)
 			return
@@ -334,4 +324,17 @@ func (s *Server) revealPage(q *req) {
 		return
 	}
 	q.render(http.StatusOK, "dead_letter", "Dead letter "+v.ID, v)
+}
+
+// reason reads the optional body {"reason": "..."} of an action, or
+// answers the error itself.
+func (q *req) reason() (string, bool) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := readJSON(q.r, &body); err != nil {
+		q.failErr(err)
+		return "", false
+	}
+	return body.Reason, true
 }
