@@ -60,13 +60,34 @@ type Config struct {
 	Schema string
 	// Table is the outbox table's name. Defaults to "outbox".
 	Table string
+	// Contracts, when set, checks every event against its payload
+	// contract before anything is written (a *contract.Registry; see
+	// docs/contracts.md): an event that breaks its contract, holds a
+	// forbidden field, or (unless the registry allows it) has no contract
+	// is refused with an error wrapping ErrInvalidEvent. An event without
+	// an eventVersion header gets the version of the contract it was
+	// checked against. Nil (the default) checks only that Payload is JSON.
+	Contracts Contracts
 }
+
+// Contracts checks an event's payload against its contract. version is
+// the event's eventVersion header, or "" for the latest contract; raw
+// says the payload is not JSON (RawPayload). It returns the version the
+// event goes out with, or "" when the event has no contract and may
+// still be written. *contract.Registry implements it.
+type Contracts interface {
+	Check(aggregateType, eventType, version string, payload []byte, raw bool) (string, error)
+}
+
+// VersionHeader is the header that carries an event's contract version.
+const VersionHeader = outboxdriver.VersionHeader
 
 // Outbox writes events for one outbox table through a driver.
 type Outbox[TTx any] struct {
 	drv   outboxdriver.Writer[TTx]
 	table outboxdriver.Table
 	prop  propagation.TraceContext
+	check Contracts
 }
 
 // New returns an Outbox writing through drv. It does no I/O; run Migrate (or
@@ -89,14 +110,14 @@ func New[TTx any](drv outboxdriver.Writer[TTx], cfg *Config) (*Outbox[TTx], erro
 			if err := check.Validate(); err != nil {
 				return nil, fmt.Errorf("outbox: %w", err)
 			}
-			return &Outbox[TTx]{drv: drv, table: t}, nil
+			return &Outbox[TTx]{drv: drv, table: t, check: cfg.Contracts}, nil
 		}
 	}
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	return &Outbox[TTx]{drv: drv, table: t}, nil
+	return &Outbox[TTx]{drv: drv, table: t, check: cfg.Contracts}, nil
 }
 
 // Table returns the outbox table this Outbox writes.
@@ -192,7 +213,7 @@ func (o *Outbox[TTx]) rows(ctx context.Context, events []Event) ([]outboxdriver.
 	trace := o.traceContext(ctx)
 	rows := make([]outboxdriver.Row, len(events))
 	for i := range events {
-		r, err := toRow(&events[i])
+		r, err := toRow(&events[i], o.check)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %d: %w", i, err)
 		}
@@ -202,7 +223,7 @@ func (o *Outbox[TTx]) rows(ctx context.Context, events []Event) ([]outboxdriver.
 	return rows, nil
 }
 
-func toRow(e *Event) (outboxdriver.Row, error) {
+func toRow(e *Event, check Contracts) (outboxdriver.Row, error) {
 	invalid := func(format string, args ...any) (outboxdriver.Row, error) {
 		return outboxdriver.Row{}, fmt.Errorf("%w: %s", ErrInvalidEvent, fmt.Sprintf(format, args...))
 	}
@@ -248,13 +269,28 @@ func toRow(e *Event) (outboxdriver.Row, error) {
 	if r.Payload != nil && json.Valid(r.Payload) && strings.Contains(string(r.Payload), `\u0000`) {
 		return invalid("Payload contains \\u0000, which PostgreSQL jsonb cannot store (use RawPayload)")
 	}
-	if len(e.Headers) > 0 {
-		for k := range e.Headers {
+	headers := e.Headers
+	if check != nil {
+		given := e.Headers[VersionHeader]
+		v, err := check.Check(e.AggregateType, e.Type, given, e.Payload, e.RawPayload != nil)
+		if err != nil {
+			return outboxdriver.Row{}, fmt.Errorf("%w: %w", ErrInvalidEvent, err)
+		}
+		if given == "" && v != "" {
+			headers = make(map[string]string, len(e.Headers)+1)
+			for k, val := range e.Headers {
+				headers[k] = val
+			}
+			headers[VersionHeader] = v
+		}
+	}
+	if len(headers) > 0 {
+		for k := range headers {
 			if k == "" || len(k) > MaxHeaderLen {
 				return invalid("header name %q must have 1 to %d bytes", k, MaxHeaderLen)
 			}
 		}
-		h, err := json.Marshal(e.Headers)
+		h, err := json.Marshal(headers)
 		if err != nil {
 			return outboxdriver.Row{}, err
 		}

@@ -86,6 +86,11 @@ type Config struct {
 	DatabaseURL string
 	// Linger is the relay's Linger in the latency scenario.
 	Linger time.Duration
+	// TraceNeverSample makes the drain scenario also drain with tracing
+	// on and a sampler that samples nothing (case relay_traced), in
+	// Rounds pairs with the untraced relay, alternating which goes first,
+	// and report its throughput over the untraced relay's.
+	TraceNeverSample bool
 	// Lanes is the relay's Lanes in the drain and latency scenarios.
 	// Defaults to relay.DefaultLanes.
 	Lanes int
@@ -96,6 +101,20 @@ type Config struct {
 	// names (idle, idle_poll_10ms, poll_500ms, poll_10ms, notify,
 	// notify_long_tx), for long runs of one of them.
 	Cases []string
+	// WriteModes adds the write scenario's cases of other write paths to
+	// its default ones (WriteModeMessage, WriteModeInsertDelete,
+	// WriteModeSQL).
+	WriteModes []string
+	// Source is the relay's source in the drain and latency scenarios:
+	// SourcePoll (the default) or SourceCDC. With SourceCDC the drain
+	// scenario drains the backlog once more by log tailing (after the
+	// polling relay, in the same run), and the latency scenario runs the
+	// relay with --source cdc.
+	Source string
+	// PlainWrites makes the latency scenario's writers use WriteTx in an
+	// ordinary transaction (BEGIN, INSERT, COMMIT: three round trips)
+	// instead of one pipelined batch.
+	PlainWrites bool
 	// Progress receives one line per measured cell and round while the
 	// scenario runs. Nil means quiet.
 	Progress io.Writer
@@ -151,11 +170,29 @@ func (c Config) withDefaults() (Config, error) {
 	if most := slices.Max(c.Writers); int(c.Pool.Config().MaxConns) < most {
 		return c, fmt.Errorf("bench: the pool has %d connections but %d writers need one each", c.Pool.Config().MaxConns, most)
 	}
+	for _, m := range c.WriteModes {
+		if !slices.Contains(WriteModes(), m) {
+			return c, fmt.Errorf("bench: unknown write mode %q: use %s", m, strings.Join(WriteModes(), ", "))
+		}
+	}
+	switch c.Source {
+	case "":
+		c.Source = SourcePoll
+	case SourcePoll, SourceCDC:
+	default:
+		return c, fmt.Errorf("bench: unknown source %q: use %s or %s", c.Source, SourcePoll, SourceCDC)
+	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
 	return c, nil
 }
+
+// The relay's sources (Config.Source).
+const (
+	SourcePoll = "poll"
+	SourceCDC  = "cdc"
+)
 
 // Scenario is one benchmark.
 type Scenario struct {

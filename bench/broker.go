@@ -130,7 +130,9 @@ func (b *natsBroker) Raw(ctx context.Context, msgs []sink.Message) error {
 		for _, h := range m.Headers {
 			nm.Header.Add(h.Key, h.Value)
 		}
-		f, err := b.js.PublishMsgAsync(nm)
+		// On a loaded machine the broker may take longer than the
+		// default 200ms to make room for more: wait, do not fail.
+		f, err := b.js.PublishMsgAsync(nm, jetstream.WithStallWait(30*time.Second))
 		if err != nil {
 			return fmt.Errorf("bench: raw publish: %w", err)
 		}

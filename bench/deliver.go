@@ -34,6 +34,8 @@ import (
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Cases of the drain scenario.
@@ -47,6 +49,12 @@ const (
 	CaseDrainBroker = "raw_broker"
 	// CaseDrainRelay is the relay draining the backlog to the broker.
 	CaseDrainRelay = "relay"
+	// CaseDrainRelayCDC is the relay draining the same backlog from the
+	// WAL, by log tailing (Config.Source SourceCDC).
+	CaseDrainRelayCDC = "relay_cdc"
+	// CaseDrainRelayTraced is CaseDrainRelay with tracing on and a
+	// sampler that samples nothing (Config.TraceNeverSample).
+	CaseDrainRelayTraced = "relay_traced"
 )
 
 // DeliveryFigures are the figures of the delivery scenarios (drain and
@@ -59,6 +67,9 @@ type DeliveryFigures struct {
 	// VsLimit is, for the relay's drain, its events/s over the lower of
 	// the two raw limits measured in the same run.
 	VsLimit float64 `json:"vs_limit,omitempty"`
+	// VsPollRelay is, for CaseDrainRelayCDC, its events/s over the
+	// polling relay's (CaseDrainRelay) in the same run.
+	VsPollRelay float64 `json:"vs_poll_relay,omitempty"`
 	// CPUMicrosPerEvent is the machine's busy CPU time (every process:
 	// PostgreSQL, the broker, this one) per event moved, in microseconds.
 	CPUMicrosPerEvent float64 `json:"cpu_us_per_event,omitempty"`
@@ -78,6 +89,13 @@ type DeliveryFigures struct {
 	// time, in cores, when the relay ran as a process of its own
 	// (Config.RelayBinary); 0 otherwise.
 	RelayCores float64 `json:"relay_cores,omitempty"`
+	// RelayCPUMicrosPerEvent is, for the drain's relay cases, the relay's
+	// own CPU time per event (the median drain's): less sensitive to other
+	// load on the machine than the throughput.
+	RelayCPUMicrosPerEvent float64 `json:"relay_cpu_us_per_event,omitempty"`
+	// RelayCPURatios are, for relay_traced, its relay CPU per event over
+	// the untraced relay's, pair by pair.
+	RelayCPURatios []float64 `json:"relay_cpu_ratios,omitempty"`
 	// PeakHeapMiB is the largest live Go heap (measured at each garbage
 	// collection) seen while the cell ran.
 	PeakHeapMiB float64 `json:"peak_heap_mib"`
@@ -145,15 +163,8 @@ func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup 
 // fill inserts n events over DrainAggregates aggregates with plain SQL,
 // every column but the Debezium ones left to its default.
 func (s *deliverSetup) fill(ctx context.Context, n int) error {
-	tag, err := s.pool.Exec(ctx, `INSERT INTO `+s.names.Table+` (id, aggregatetype, aggregateid, type, payload)
-SELECT gen_random_uuid(), 'order', 'order-' || (g % $2), 'OrderPlaced',
-       jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % $2), 'total', 42.5, 'sku', 'sku-1234', 'quantity', 1)
-FROM generate_series(1, $1::bigint) AS g ORDER BY g`, n, int64(DrainAggregates))
-	if err != nil {
-		return fmt.Errorf("bench: fill the backlog: %w", err)
-	}
-	if tag.RowsAffected() != int64(n) {
-		return fmt.Errorf("bench: fill the backlog: %d rows, want %d", tag.RowsAffected(), n)
+	if err := s.fillRange(ctx, 0, n); err != nil {
+		return err
 	}
 	if _, err := s.pool.Exec(ctx, `ANALYZE `+s.names.Table); err != nil {
 		return fmt.Errorf("bench: analyze: %w", err)
@@ -161,11 +172,39 @@ FROM generate_series(1, $1::bigint) AS g ORDER BY g`, n, int64(DrainAggregates))
 	return nil
 }
 
+// fillRange inserts the events from+1 .. from+n of the backlog in one
+// transaction.
+func (s *deliverSetup) fillRange(ctx context.Context, from, n int) error {
+	tag, err := s.pool.Exec(ctx, `INSERT INTO `+s.names.Table+` (id, aggregatetype, aggregateid, type, payload)
+SELECT gen_random_uuid(), 'order', 'order-' || (g % $3), 'OrderPlaced',
+       jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % $3), 'total', 42.5, 'sku', 'sku-1234', 'quantity', 1)
+FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) AS g ORDER BY g`, int64(from), int64(n), int64(DrainAggregates))
+	if err != nil {
+		return fmt.Errorf("bench: fill the backlog: %w", err)
+	}
+	if tag.RowsAffected() != int64(n) {
+		return fmt.Errorf("bench: fill the backlog: %d rows, want %d", tag.RowsAffected(), n)
+	}
+	return nil
+}
+
 // newRelay returns a relay over the table with the given poll interval,
 // publishing to a fresh sink, and a counter of the events it recorded as
 // published.
-func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Duration) (*relay.Relay, *atomic.Int64, func(), error) {
-	src, err := outboxpgx.New(s.pool).NewSource(s.table, &outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)})
+func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Duration, source string) (*relay.Relay, *atomic.Int64, func(), error) {
+	return s.newTracedRelay(ctx, batch, poll, source, nil)
+}
+
+// newTracedRelay is newRelay with the tracer provider tp (nil: none).
+func (s *deliverSetup) newTracedRelay(ctx context.Context, batch int, poll time.Duration, source string, tp trace.TracerProvider) (*relay.Relay, *atomic.Int64, func(), error) {
+	srcCfg := outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}
+	var src outboxdriver.Source
+	var err error
+	if source == SourceCDC {
+		src, err = outboxpgx.New(s.pool).NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: srcCfg})
+	} else {
+		src, err = outboxpgx.New(s.pool).NewSource(s.table, &srcCfg)
+	}
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -177,6 +216,7 @@ func (s *deliverSetup) newRelay(ctx context.Context, batch int, poll time.Durati
 	var recorded atomic.Int64
 	r, err := relay.New(src, snk, &relay.Config{
 		BatchSize: batch, PollInterval: poll, Lanes: s.lanes, Linger: s.linger, Router: s.router, Logger: slog.New(slog.DiscardHandler),
+		TracerProvider: tp,
 		OnStage: func(st relay.Stage, n int) {
 			if st == relay.StageRecorded {
 				recorded.Add(int64(n))
@@ -259,58 +299,50 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s\n", CaseDrainBroker, results[1].PerSecond)
 	msgs = nil
 
-	// (c) The relay.
-	if err := s.fill(ctx, n); err != nil {
-		return nil, err
+	// (c) The relay; with TraceNeverSample also traced, in alternating
+	// pairs of drains.
+	pairs := 1
+	if cfg.TraceNeverSample {
+		pairs = max(cfg.Rounds, 1)
 	}
-	var (
-		elapsed         time.Duration
-		cores, relayCPU float64
-		peak, rss       float64
-	)
-	if cfg.RelayBinary != "" {
-		m0, _ = readCPU()
-		t0 = time.Now()
-		child, err := s.startRelayProcess(ctx, cfg, 500*time.Millisecond)
+	var plain, traced []*drainRun
+	var pairRatios, cpuRatios []float64
+	for i := range pairs {
+		order := []bool{false}
+		if cfg.TraceNeverSample {
+			order = []bool{i%2 == 1, i%2 == 0} // untraced first in even pairs
+		}
+		for _, tr := range order {
+			if err := s.fill(ctx, n); err != nil {
+				return nil, err
+			}
+			d, err := s.drainRelay(ctx, cfg, SourcePoll, n, tr)
+			if err != nil {
+				return nil, err
+			}
+			if tr {
+				traced = append(traced, d)
+			} else {
+				plain = append(plain, d)
+			}
+			if cfg.TraceNeverSample {
+				fmt.Fprintf(cfg.Progress, "drain: pair %d, traced %v: %.0f events/s\n", i+1, tr, float64(n)/d.elapsed.Seconds())
+			}
+		}
+		if cfg.TraceNeverSample {
+			pairRatios = append(pairRatios, plain[i].elapsed.Seconds()/traced[i].elapsed.Seconds())
+			cpuRatios = append(cpuRatios, traced[i].cpuPerEvent(n)/plain[i].cpuPerEvent(n))
+		}
+	}
+	runs := []*drainRun{medianRun(plain)}
+	// (d) The relay again, from the WAL: a slot made on the empty table,
+	// then the same backlog.
+	if cfg.Source == SourceCDC {
+		cdc, err := s.drainWAL(ctx, cfg, n)
 		if err != nil {
 			return nil, err
 		}
-		err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool {
-			var done bool
-			err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
-			return err == nil && done
-		})
-		elapsed = time.Since(t0)
-		cores = child.cpu().Seconds() / elapsed.Seconds()
-		relayCPU = cpuPerEvent(m0, n)
-		rss = child.peakRSS()
-		child.stop()
-		if err != nil {
-			return nil, fmt.Errorf("bench: the relay process did not drain the backlog: %w", err)
-		}
-	} else {
-		r, recorded, closeRelay, err := s.newRelay(ctx, cfg.Batch, 500*time.Millisecond)
-		if err != nil {
-			return nil, err
-		}
-		runtime.GC() // the raw publishes' garbage must not count as the relay's heap
-		heap := startHeapSampler()
-		cpu0 := processCPU()
-		m0, _ = readCPU()
-		t0 = time.Now()
-		if err := r.Start(ctx); err != nil {
-			closeRelay()
-			return nil, err
-		}
-		err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
-		elapsed = time.Since(t0)
-		cores = (processCPU() - cpu0).Seconds() / elapsed.Seconds()
-		relayCPU = cpuPerEvent(m0, n)
-		peak = heap.stop()
-		closeRelay()
-		if err != nil {
-			return nil, fmt.Errorf("bench: relay drained %d of %d events: %w", recorded.Load(), n, err)
-		}
+		runs = append(runs, cdc)
 	}
 	var seen sync.Map
 	var delivered atomic.Int64
@@ -323,10 +355,11 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		return nil, err
 	}
 	if stopConsume != nil {
-		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= int64(n) })
+		want := int64(n * (len(plain) + len(traced) + len(runs) - 1))
+		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= want })
 		stopConsume()
-		if err != nil || delivered.Load() != int64(n) {
-			return nil, fmt.Errorf("check: the consumer saw %d distinct events of %d drained", delivered.Load(), n)
+		if err != nil || delivered.Load() != want {
+			return nil, fmt.Errorf("check: the consumer saw %d distinct events of %d drained", delivered.Load(), want)
 		}
 	}
 	var left int64
@@ -336,21 +369,187 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	if left != 0 {
 		return nil, fmt.Errorf("check: %d rows left after the relay's drain", left)
 	}
-	f := fig()
-	f.ProcessCores, f.PeakHeapMiB, f.RelayPeakRSSMiB, f.CPUMicrosPerEvent = cores, peak, rss, relayCPU
 	limit := min(results[0].PerSecond, results[1].PerSecond)
 	if _, isNull := s.broker.(nullBroker); isNull {
 		limit = results[0].PerSecond
 	}
-	rr := result(CaseDrainRelay, fmt.Sprintf("one relay (batch %d, %d lanes) draining the backlog to the broker, counted by a consumer afterwards", cfg.Batch, cmp.Or(cfg.Lanes, relay.DefaultLanes)), elapsed, f)
-	f.VsLimit = rr.PerSecond / limit
-	if both := results[0].Delivery.CPUMicrosPerEvent + results[1].Delivery.CPUMicrosPerEvent; both > 0 {
-		f.CPULimit = float64(runtime.NumCPU()) * 1e6 / both
-		f.VsCPULimit = rr.PerSecond / f.CPULimit
+	for _, run := range runs {
+		f := fig()
+		f.ProcessCores, f.PeakHeapMiB, f.RelayPeakRSSMiB, f.CPUMicrosPerEvent = run.cores, run.peak, run.rss, run.relayCPU
+		f.RelayCPUMicrosPerEvent = run.cpuPerEvent(n)
+		c, desc := CaseDrainRelay, fmt.Sprintf("one relay (batch %d, %d lanes) draining the backlog to the broker, counted by a consumer afterwards", cfg.Batch, cmp.Or(cfg.Lanes, relay.DefaultLanes))
+		if run.source == SourceCDC {
+			c, desc = CaseDrainRelayCDC, fmt.Sprintf("one relay with --source cdc (batch %d) draining the same backlog from the WAL (1000 events a transaction), counted by a consumer afterwards", cfg.Batch)
+		}
+		rr := result(c, desc, run.elapsed, f)
+		f.VsLimit = rr.PerSecond / limit
+		if both := results[0].Delivery.CPUMicrosPerEvent + results[1].Delivery.CPUMicrosPerEvent; both > 0 {
+			f.CPULimit = float64(runtime.NumCPU()) * 1e6 / both
+			f.VsCPULimit = rr.PerSecond / f.CPULimit
+		}
+		if run.source == SourceCDC {
+			f.VsPollRelay = rr.PerSecond / results[2].PerSecond
+		} else {
+			rr.RoundsPerSecond = perSecond(plain, n)
+		}
+		results = append(results, rr)
+		fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (%.2f of the lower limit)\n", c, rr.PerSecond, f.VsLimit)
 	}
-	results = append(results, rr)
-	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (%.2f of the lower limit)\n", CaseDrainRelay, rr.PerSecond, f.VsLimit)
+	if cfg.TraceNeverSample {
+		mt := medianRun(traced)
+		ft := fig()
+		ft.ProcessCores, ft.PeakHeapMiB, ft.RelayPeakRSSMiB, ft.CPUMicrosPerEvent = mt.cores, mt.peak, mt.rss, mt.relayCPU
+		ft.RelayCPUMicrosPerEvent = mt.cpuPerEvent(n)
+		ft.RelayCPURatios = cpuRatios
+		rt := result(CaseDrainRelayTraced, fmt.Sprintf("the relay with tracing on and a sampler that samples nothing (OpenTelemetry SDK, NeverSample), in %d pairs of drains with relay, alternating which goes first", pairs), mt.elapsed, ft)
+		rt.RoundsPerSecond = perSecond(traced, n)
+		rt.VsBaseline = &Comparison{Case: CaseDrainRelay, Ratio: medianOf(pairRatios), RoundRatios: pairRatios}
+		results = append(results, rt)
+		fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (median pair ratio %.3f of relay; relay CPU per event %.3f of relay's)\n",
+			CaseDrainRelayTraced, rt.PerSecond, rt.VsBaseline.Ratio, medianOf(cpuRatios))
+	}
 	return results, nil
+}
+
+// medianOf returns the median of vs (of an even count, the mean of the
+// middle two).
+func medianOf(vs []float64) float64 {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	return (s[(len(s)-1)/2] + s[len(s)/2]) / 2
+}
+
+// drainRun is one relay's drain of the backlog.
+type drainRun struct {
+	source          string
+	elapsed         time.Duration
+	cores, relayCPU float64
+	peak, rss       float64
+}
+
+// cpuPerEvent is the relay's own CPU time per event of the n drained, in µs.
+func (d *drainRun) cpuPerEvent(n int) float64 {
+	return d.cores * d.elapsed.Seconds() * 1e6 / float64(n)
+}
+
+// medianRun is the run of median elapsed time among runs.
+func medianRun(runs []*drainRun) *drainRun {
+	rs := slices.Clone(runs)
+	slices.SortFunc(rs, func(a, b *drainRun) int { return cmp.Compare(a.elapsed, b.elapsed) })
+	return rs[len(rs)/2]
+}
+
+// perSecond is each run's events per second, n events a run.
+func perSecond(runs []*drainRun, n int) []float64 {
+	out := make([]float64, len(runs))
+	for i, d := range runs {
+		out[i] = float64(n) / d.elapsed.Seconds()
+	}
+	return out
+}
+
+// drainRelay runs one relay with source until the table holds no
+// unpublished event (n of them at the start); traced turns tracing on
+// with a sampler that samples nothing.
+func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string, n int, traced bool) (*drainRun, error) {
+	run := &drainRun{source: source}
+	if cfg.RelayBinary != "" {
+		var env []string
+		if traced {
+			// Tracing on, sampling nothing: the endpoint is never called.
+			env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1", "OTEL_TRACES_SAMPLER=always_off"}
+		}
+		m0, _ := readCPU()
+		t0 := time.Now()
+		child, err := s.startRelayProcess(ctx, cfg, source, 500*time.Millisecond, env...)
+		if err != nil {
+			return nil, err
+		}
+		err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool {
+			var done bool
+			err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
+			return err == nil && done
+		})
+		run.elapsed = time.Since(t0)
+		run.cores = child.cpu().Seconds() / run.elapsed.Seconds()
+		run.relayCPU = cpuPerEvent(m0, n)
+		run.rss = child.peakRSS()
+		child.stop()
+		if err != nil {
+			return nil, fmt.Errorf("bench: the relay process (source %s) did not drain the backlog: %w", source, err)
+		}
+		return run, nil
+	}
+	var tp trace.TracerProvider
+	if traced {
+		sdk := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+		defer sdk.Shutdown(context.WithoutCancel(ctx))
+		tp = sdk
+	}
+	r, recorded, closeRelay, err := s.newTracedRelay(ctx, cfg.Batch, 500*time.Millisecond, source, tp)
+	if err != nil {
+		return nil, err
+	}
+	runtime.GC() // the raw publishes' garbage must not count as the relay's heap
+	heap := startHeapSampler()
+	cpu0 := processCPU()
+	m0, _ := readCPU()
+	t0 := time.Now()
+	if err := r.Start(ctx); err != nil {
+		closeRelay()
+		return nil, err
+	}
+	err = waitFor(ctx, 10*time.Minute, func() bool { return recorded.Load() >= int64(n) })
+	run.elapsed = time.Since(t0)
+	run.cores = (processCPU() - cpu0).Seconds() / run.elapsed.Seconds()
+	run.relayCPU = cpuPerEvent(m0, n)
+	run.peak = heap.stop()
+	closeRelay()
+	if err != nil {
+		return nil, fmt.Errorf("bench: relay (source %s) drained %d of %d events: %w", source, recorded.Load(), n, err)
+	}
+	return run, nil
+}
+
+// drainWAL makes the table's replication slot on the empty table, fills
+// the backlog in transactions of 1000 events, drains it by log tailing and
+// drops the slot again (the table stays).
+func (s *deliverSetup) drainWAL(ctx context.Context, cfg Config, n int) (_ *drainRun, err error) {
+	dropSlot, err := s.makeSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, dropSlot()) }()
+	for done := 0; done < n; done += 1000 {
+		if err := s.fillRange(ctx, done, min(1000, n-done)); err != nil {
+			return nil, err
+		}
+	}
+	return s.drainRelay(ctx, cfg, SourceCDC, n, false)
+}
+
+// makeSlot makes the table's publication and replication slot (as
+// `outbox migrate --cdc`); the stream holds what commits after it. The
+// returned func drops them again, so that no slot keeps WAL.
+func (s *deliverSetup) makeSlot(ctx context.Context) (drop func() error, err error) {
+	drv := outboxpgx.New(s.pool)
+	src, err := drv.NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		return nil, err
+	}
+	err = src.Setup(ctx)
+	src.Close()
+	if err != nil {
+		return nil, fmt.Errorf("bench: --source cdc: %w", err)
+	}
+	return func() error {
+		// Version 3 is the last without log tailing: reverting to it
+		// drops the slot and the publication; the table stays.
+		if _, err := drv.MigrateDown(context.WithoutCancel(ctx), s.table, 3); err != nil {
+			return fmt.Errorf("bench: drop the replication slot: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 // drainSQL drains the table with the relay's SQL path alone.
@@ -459,6 +658,13 @@ func CommitToConsumer(ctx context.Context, cfg Config) (results []Result, err er
 	s.env.DurationSeconds, s.env.Rounds, s.env.WarmupSeconds = cfg.Duration.Seconds(), 1, cfg.Warmup.Seconds()
 	s.env.RelayProcess = cfg.RelayBinary != ""
 
+	if cfg.Source == SourceCDC {
+		dropSlot, serr := s.makeSlot(ctx) // before the first event
+		if serr != nil {
+			return nil, serr
+		}
+		defer func() { err = errors.Join(err, dropSlot()) }()
+	}
 	lt := &latencyRun{s: s, cfg: cfg}
 	stop, err := s.broker.Consume(ctx, lt.arrived)
 	if err != nil {
@@ -522,14 +728,14 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 
 	relayCPU := func() time.Duration { return 0 }
 	if lt.cfg.RelayBinary != "" {
-		child, err := s.startRelayProcess(ctx, lt.cfg, c.poll)
+		child, err := s.startRelayProcess(ctx, lt.cfg, lt.cfg.Source, c.poll)
 		if err != nil {
 			return Result{}, err
 		}
 		defer child.stop()
 		relayCPU = child.cpu
 	} else {
-		r, _, closeRelay, err := s.newRelay(ctx, lt.cfg.Batch, c.poll)
+		r, _, closeRelay, err := s.newRelay(ctx, lt.cfg.Batch, c.poll, lt.cfg.Source)
 		if err != nil {
 			return Result{}, err
 		}
@@ -620,6 +826,12 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 	if c.longTx {
 		desc += ", an unrelated transaction open throughout"
 	}
+	if lt.cfg.Source == SourceCDC {
+		desc += "; the relay tails the WAL (--source cdc)"
+	}
+	if lt.cfg.PlainWrites && c.rate > 0 {
+		desc += "; writers: WriteTx in an ordinary transaction"
+	}
 	res := Result{
 		Scenario: "latency", Case: c.name, Description: desc, Workers: LatencyWriters, Unit: "event",
 		Ops: inWindow, Seconds: lt.cfg.Duration.Seconds(), PerSecond: float64(inWindow) / lt.cfg.Duration.Seconds(),
@@ -688,6 +900,26 @@ func (lt *latencyRun) write(ctx context.Context, _ time.Time) error {
 	id := uuid.Must(uuid.NewV7()).String()
 	ev := outbox.Event{ID: id, AggregateType: "order", AggregateID: "order-" + id[len(id)-3:], Type: "OrderPlaced",
 		Payload: []byte(`{"order_id": "` + id + `", "total": 42.5}`)}
+	var err error
+	if lt.cfg.PlainWrites {
+		// BEGIN, the event's INSERT, COMMIT: three round trips, as an
+		// application's ordinary transaction.
+		err = pgx.BeginFunc(ctx, lt.s.pool, func(tx pgx.Tx) error { return lt.ob.WriteTx(ctx, tx, ev) })
+	} else {
+		err = lt.pipelined(ctx, ev)
+	}
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	lt.mu.Lock()
+	lt.committed[id] = now
+	lt.mu.Unlock()
+	return nil
+}
+
+// pipelined commits ev's transaction as one pipeline.
+func (lt *latencyRun) pipelined(ctx context.Context, ev outbox.Event) error {
 	var b pgx.Batch
 	b.Queue(`begin`) // not Batch.BeginTx: its transaction would hold the connection until committed through pgx
 	if err := lt.ob.Queue(ctx, &b, ev); err != nil {
@@ -700,14 +932,7 @@ func (lt *latencyRun) write(ctx context.Context, _ time.Time) error {
 		}
 		return nil
 	})
-	if err := lt.s.pool.SendBatch(ctx, &b).Close(); err != nil {
-		return err
-	}
-	now := time.Now()
-	lt.mu.Lock()
-	lt.committed[id] = now
-	lt.mu.Unlock()
-	return nil
+	return lt.s.pool.SendBatch(ctx, &b).Close()
 }
 
 func (lt *latencyRun) setWriteErr(err error) {
@@ -845,7 +1070,7 @@ type relayProcess struct {
 
 // startRelayProcess starts the relay as a child process and waits until it
 // holds the table's partitions.
-func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll time.Duration) (*relayProcess, error) {
+func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, source string, poll time.Duration, env ...string) (*relayProcess, error) {
 	if cfg.DatabaseURL == "" {
 		return nil, errors.New("bench: Config.RelayBinary needs Config.DatabaseURL")
 	}
@@ -853,7 +1078,13 @@ func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll t
 		"--route-replacement", s.broker.Destination(), "--poll-interval", poll.String(),
 		"--batch", strconv.Itoa(cfg.Batch), "--lanes", strconv.Itoa(cmp.Or(cfg.Lanes, relay.DefaultLanes)), "--linger", cfg.Linger.String(), "--log-level", "error"},
 		s.broker.RelayArgs()...)
+	leases := `SELECT count(*) FROM ` + s.names.Leases + ` WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`
+	if source == SourceCDC {
+		args = append(args, "--source", "cdc")
+		leases = `SELECT count(*) FROM ` + s.table.Qualified("_cdc") + ` WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`
+	}
 	cmd := exec.Command(cfg.RelayBinary, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -868,7 +1099,7 @@ func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, poll t
 		default:
 		}
 		var n int
-		err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.names.Leases+` WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`).Scan(&n)
+		err := s.pool.QueryRow(ctx, leases).Scan(&n)
 		return err == nil && n > 0
 	})
 	select {
@@ -949,11 +1180,14 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if first.Scenario == "drain" {
-		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tmachine CPU µs/event\tCPU limit/s\tvs CPU limit\trelay cores\trelay memory MiB\t")
+		fmt.Fprintln(tw, "case\tevents/s\tseconds\tvs limit\tvs relay\tmachine CPU µs/event\tCPU limit/s\tvs CPU limit\trelay cores\trelay memory MiB\t")
 		for _, r := range results {
 			d := r.Delivery
-			vs, cpuLim, vsCPU, cores, heap := "-", "-", "-", "-", "-"
-			if r.Case == CaseDrainRelay {
+			vs, vsPoll, cpuLim, vsCPU, cores, heap := "-", "-", "-", "-", "-", "-"
+			if d.VsPollRelay > 0 {
+				vsPoll = fmt.Sprintf("%.2f", d.VsPollRelay)
+			}
+			if r.Case == CaseDrainRelay || r.Case == CaseDrainRelayCDC || r.Case == CaseDrainRelayTraced {
 				vs, cores, heap = fmt.Sprintf("%.2f", d.VsLimit), fmt.Sprintf("%.2f", d.ProcessCores), fmt.Sprintf("%.1f heap", d.PeakHeapMiB)
 				if d.RelayPeakRSSMiB > 0 {
 					heap = fmt.Sprintf("%.1f RSS", d.RelayPeakRSSMiB)
@@ -961,8 +1195,11 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 				if d.CPULimit > 0 {
 					cpuLim, vsCPU = fmt.Sprintf("%.0f", d.CPULimit), fmt.Sprintf("%.2f", d.VsCPULimit)
 				}
+				if c := r.VsBaseline; c != nil {
+					vs = fmt.Sprintf("%.3f of %s", c.Ratio, c.Case)
+				}
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, d.CPUMicrosPerEvent, cpuLim, vsCPU, cores, heap)
+			fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t\n", r.Case, r.PerSecond, r.Seconds, vs, vsPoll, d.CPUMicrosPerEvent, cpuLim, vsCPU, cores, heap)
 		}
 	} else {
 		fmt.Fprintln(tw, "case\toffered/s\tachieved/s\tp50 ms\tp99 ms\tmax ms\trelay cores\tprocess cores\tmachine cpu\tpeak heap MiB\t")
@@ -988,11 +1225,39 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 			fmt.Fprintf(&b, "  %-15s %s\n", r.Case, r.Description)
 		}
 	}
+	for _, r := range results {
+		if c := r.VsBaseline; c != nil && len(c.RoundRatios) > 0 {
+			rs := make([]string, len(c.RoundRatios))
+			for i, v := range c.RoundRatios {
+				rs[i] = fmt.Sprintf("%.3f", v)
+			}
+			fmt.Fprintf(&b, "  %s over %s, pair by pair: %s (the row shows the median)\n", r.Case, c.Case, strings.Join(rs, " "))
+			if d := r.Delivery; d != nil && len(d.RelayCPURatios) > 0 {
+				cs := make([]string, len(d.RelayCPURatios))
+				for i, v := range d.RelayCPURatios {
+					cs[i] = fmt.Sprintf("%.3f", v)
+				}
+				fmt.Fprintf(&b, "  relay CPU per event: %s %.1f µs, %s %.1f µs (the median drains); %s over %s pair by pair: %s, median %.3f\n",
+					c.Case, baseCPU(results, c.Case), r.Case, d.RelayCPUMicrosPerEvent, r.Case, c.Case, strings.Join(cs, " "), medianOf(d.RelayCPURatios))
+			}
+		}
+	}
 	if first.Scenario == "drain" {
+		b.WriteString("  vs relay: relay_cdc's events/s over the polling relay's in the same run\n")
 		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; relay cores: the relay's CPU time over the drain (its own\n  process, or this one when it runs in process); relay memory: the relay process's peak RSS, or the largest live Go heap in process\n")
 	} else {
 		b.WriteString("  relay cores: CPU time of the relay process (--relay-process) over the window; process cores: CPU time of the bench\n  process (writers and consumer, and the relay unless it runs apart) over the window; machine cpu: busy share of all CPUs\n  (PostgreSQL and the broker included); every committed event was seen by the consumer\n")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// baseCPU returns the relay CPU per event of the result of case c.
+func baseCPU(results []Result, c string) float64 {
+	for _, r := range results {
+		if r.Case == c && r.Delivery != nil {
+			return r.Delivery.RelayCPUMicrosPerEvent
+		}
+	}
+	return 0
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,11 +13,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxsql"
 )
 
 // The cases of the write scenario, in the order they are measured at each
@@ -56,7 +59,31 @@ const (
 	// CaseOutbox10 adds ten events in one WriteTx, trigger in place, no
 	// relay idle.
 	CaseOutbox10 = "outbox_10_events"
+	// CaseOutboxMessage adds one event through WriteTx as a logical
+	// decoding message (outboxpgx.WithMessages; WriteModeMessage): one WAL
+	// record, no row.
+	CaseOutboxMessage = "outbox_message"
+	// CaseOutboxInsertDelete adds one event through WriteTx inserted and
+	// deleted again in the same statement (outboxpgx.WithInsertDelete;
+	// WriteModeInsertDelete).
+	CaseOutboxInsertDelete = "outbox_insert_delete"
+	// CaseBaselineSQL is CaseBaseline through database/sql (*sql.Tx on
+	// pgx's stdlib driver; WriteModeSQL).
+	CaseBaselineSQL = "baseline_sql"
+	// CaseOutboxSQL is CaseOutbox through database/sql: WriteTx on a
+	// *sql.Tx (outboxsql; WriteModeSQL).
+	CaseOutboxSQL = "outbox_sql"
 )
+
+// The write paths Config.WriteModes adds to the write scenario.
+const (
+	WriteModeMessage      = "message"       // CaseOutboxMessage
+	WriteModeInsertDelete = "insert-delete" // CaseOutboxInsertDelete
+	WriteModeSQL          = "sql"           // CaseBaselineSQL, CaseOutboxSQL
+)
+
+// WriteModes returns the names Config.WriteModes accepts.
+func WriteModes() []string { return []string{WriteModeMessage, WriteModeInsertDelete, WriteModeSQL} }
 
 // Counters reported by the write scenario for each cell.
 const (
@@ -91,17 +118,24 @@ type writeCase struct {
 	mode       writeMode
 	trigger    bool // the notify trigger is enabled
 	idle       bool // a relay is registered idle
+	// path is the write mode (Config.WriteModes) that adds the case; ""
+	// for the default cases.
+	path string
 }
 
 var writeCases = []writeCase{
-	{CaseBaseline, "BEGIN; INSERT an order; COMMIT (no outbox)", 0, viaWriteTx, true, false},
-	{CasePlainInsert, "+ 1 plain INSERT (uuid PK, jsonb) of its own: the floor of any extra statement", 0, viaPlain, true, false},
-	{CaseOutbox, "+ 1 event via WriteTx; trigger on, no relay idle: no NOTIFY", 1, viaWriteTx, true, false},
-	{CaseOutboxQueue, "+ 1 event via Driver.Queue in the order's pgx.Batch: no round trip of its own; order id made client-side", 1, viaQueue, true, false},
-	{CaseOutboxCommit, "+ 1 event added to an outboxpgx.Tx: sent with the COMMIT, no round trip of its own", 1, viaCommit, true, false},
-	{CaseOutboxNotify, "+ 1 event; a relay registered idle: every commit NOTIFYs", 1, viaWriteTx, true, true},
-	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled", 1, viaWriteTx, false, false},
-	{CaseOutbox10, "+ 10 events in one WriteTx; trigger on, no relay idle", 10, viaWriteTx, true, false},
+	{CaseBaseline, "BEGIN; INSERT an order; COMMIT (no outbox)", 0, viaWriteTx, true, false, ""},
+	{CasePlainInsert, "+ 1 plain INSERT (uuid PK, jsonb) of its own: the floor of any extra statement", 0, viaPlain, true, false, ""},
+	{CaseOutbox, "+ 1 event via WriteTx; trigger on, no relay idle: no NOTIFY", 1, viaWriteTx, true, false, ""},
+	{CaseOutboxQueue, "+ 1 event via Driver.Queue in the order's pgx.Batch: no round trip of its own; order id made client-side", 1, viaQueue, true, false, ""},
+	{CaseOutboxCommit, "+ 1 event added to an outboxpgx.Tx: sent with the COMMIT, no round trip of its own", 1, viaCommit, true, false, ""},
+	{CaseOutboxNotify, "+ 1 event; a relay registered idle: every commit NOTIFYs", 1, viaWriteTx, true, true, ""},
+	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled", 1, viaWriteTx, false, false, ""},
+	{CaseOutbox10, "+ 10 events in one WriteTx; trigger on, no relay idle", 10, viaWriteTx, true, false, ""},
+	{CaseOutboxMessage, "+ 1 event via WriteTx as a logical decoding message (WithMessages): one WAL record, no row", 1, viaWriteTx, true, false, WriteModeMessage},
+	{CaseOutboxInsertDelete, "+ 1 event via WriteTx, inserted and deleted in one statement (WithInsertDelete)", 1, viaWriteTx, true, false, WriteModeInsertDelete},
+	{CaseBaselineSQL, "BEGIN; INSERT an order; COMMIT through database/sql (*sql.Tx), no outbox", 0, viaWriteTx, true, false, WriteModeSQL},
+	{CaseOutboxSQL, "+ 1 event via WriteTx on a *sql.Tx (outboxsql); trigger on, no relay idle", 1, viaWriteTx, true, false, WriteModeSQL},
 }
 
 // idleRelay is the name the scenario registers in the wake-up table to
@@ -163,6 +197,9 @@ func WritePath(ctx context.Context, cfg Config) (results []Result, err error) {
 	var cells []Cell
 	for _, n := range cfg.Writers {
 		for _, c := range writeCases {
+			if c.path != "" && !slices.Contains(cfg.WriteModes, c.path) {
+				continue
+			}
 			cells = append(cells, Cell{
 				Case:        c.name,
 				Description: c.desc,
@@ -191,6 +228,11 @@ type writeBench struct {
 	plain  string // qualified table of CasePlainInsert
 	drv    *outboxpgx.Driver
 	ob     *outbox.Outbox[pgx.Tx]
+	// obMessage and obInsertDelete write with the other write modes;
+	// sqlDB and obSQL through database/sql.
+	obMessage, obInsertDelete *outbox.Outbox[pgx.Tx]
+	sqlDB                     *sql.DB
+	obSQL                     *outbox.Outbox[*sql.Tx]
 	// nextOrder numbers the orders whose id the client makes
 	// (CaseOutboxQueue), far above what the orders' sequence hands out.
 	nextOrder  atomic.Int64
@@ -234,6 +276,17 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 		return nil, err
 	}
 	wb.ob = ob
+	cfgOB := &outbox.Config{Schema: t.Schema, Table: t.Name}
+	if wb.obMessage, err = outbox.New(outboxpgx.New(pool, outboxpgx.WithMessages()), cfgOB); err != nil {
+		return nil, err
+	}
+	if wb.obInsertDelete, err = outbox.New(outboxpgx.New(pool, outboxpgx.WithInsertDelete()), cfgOB); err != nil {
+		return nil, err
+	}
+	wb.sqlDB = stdlib.OpenDBFromPool(pool)
+	if wb.obSQL, err = outbox.New(outboxsql.New(wb.sqlDB), cfgOB); err != nil {
+		return nil, err
+	}
 	if wb.waits, err = NewWaitSampler(ctx, pool, waitSampleInterval); err != nil {
 		return nil, err
 	}
@@ -252,6 +305,7 @@ const clientOrderIDs = 1 << 62
 const waitSampleInterval = 20 * time.Millisecond
 
 func (wb *writeBench) close() {
+	wb.sqlDB.Close()
 	wb.lis.close()
 	wb.waits.Close()
 }
@@ -299,6 +353,16 @@ func (wb *writeBench) op(c writeCase) Op {
 	insert := `INSERT INTO ` + wb.orders + ` (customer, total) VALUES ($1, $2) RETURNING id`
 	insertWithID := `INSERT INTO ` + wb.orders + ` (id, customer, total) VALUES ($1, $2, $3)`
 	insertPlain := `INSERT INTO ` + wb.plain + ` (id, payload) VALUES ($1::uuid, $2::jsonb)`
+	if c.path == WriteModeSQL {
+		return wb.opSQL(c, insert)
+	}
+	ob := wb.ob
+	switch c.path {
+	case WriteModeMessage:
+		ob = wb.obMessage
+	case WriteModeInsertDelete:
+		ob = wb.obInsertDelete
+	}
 	return func(ctx context.Context, worker int) error {
 		customer := "customer-" + strconv.Itoa(worker)
 		var (
@@ -347,11 +411,33 @@ func (wb *writeBench) op(c writeCase) Op {
 				return fmt.Errorf("plain insert: %w", err)
 			}
 		case c.events > 0:
-			if err := wb.ob.WriteTx(ctx, tx, orderEvents(id, customer, c.events)...); err != nil {
+			if err := ob.WriteTx(ctx, tx, orderEvents(id, customer, c.events)...); err != nil {
 				return err
 			}
 		}
 		return tx.Commit(ctx)
+	}
+}
+
+// opSQL returns one business transaction of case c through database/sql.
+func (wb *writeBench) opSQL(c writeCase, insert string) Op {
+	return func(ctx context.Context, worker int) error {
+		customer := "customer-" + strconv.Itoa(worker)
+		tx, err := wb.sqlDB.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() // a no-op after Commit
+		var id int64
+		if err := tx.QueryRowContext(ctx, insert, customer, 42.5).Scan(&id); err != nil {
+			return fmt.Errorf("insert order: %w", err)
+		}
+		if c.events > 0 {
+			if err := wb.obSQL.WriteTx(ctx, tx, orderEvents(id, customer, c.events)...); err != nil {
+				return err
+			}
+		}
+		return tx.Commit()
 	}
 }
 
@@ -389,8 +475,12 @@ func (wb *writeBench) collect(c writeCase) func(context.Context, Measurement) (m
 		if orders != m.Completed {
 			return nil, fmt.Errorf("check: %d orders for %d committed transactions", orders, m.Completed)
 		}
-		if want := m.Completed * int64(c.events); rows != want {
-			return nil, fmt.Errorf("check: %d outbox rows for %d committed transactions of %d event(s)", rows, m.Completed, c.events)
+		want := m.Completed * int64(c.events)
+		if c.path == WriteModeMessage || c.path == WriteModeInsertDelete {
+			want = 0 // the events are in the WAL only
+		}
+		if rows != want {
+			return nil, fmt.Errorf("check: %d outbox rows for %d committed transactions of %d event(s), want %d", rows, m.Completed, c.events, want)
 		}
 		var orphans int64
 		if err := wb.pool.QueryRow(ctx, `SELECT count(*) FROM `+wb.names.Table+` o
@@ -407,7 +497,7 @@ WHERE NOT EXISTS (SELECT 1 FROM `+wb.orders+` r WHERE r.id::text = o.aggregateid
 		if plain != wantPlain {
 			return nil, fmt.Errorf("check: %d rows in the plain table for %d committed transactions, want %d", plain, m.Completed, wantPlain)
 		}
-		var want int64
+		want = 0
 		if c.idle && c.trigger && c.events > 0 {
 			want = m.Completed
 		}

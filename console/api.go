@@ -8,7 +8,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"time"
 
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -24,7 +23,7 @@ type overviewJSON struct {
 }
 
 type backlogGroupJSON struct {
-	outboxdriver.BacklogGroup
+	outboxdriver.KindBacklog
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 }
 
@@ -37,18 +36,6 @@ type deadLettersJSON struct {
 	DeadLetters []outboxdriver.DeadLetter `json:"dead_letters"`
 	// Next is the after parameter of the next page, null on the last.
 	Next *string `json:"next"`
-}
-
-type deadLetterJSON struct {
-	outboxdriver.DeadLetter
-	Seq          int64             `json:"seq"`
-	CreatedAt    time.Time         `json:"created_at"`
-	Headers      map[string]string `json:"headers"`
-	TraceContext string            `json:"tracingspancontext"`
-	Payload      string            `json:"payload"`
-	PayloadNote  string            `json:"payload_note"`
-	Masked       int               `json:"masked"`
-	Revealed     string            `json:"revealed,omitempty"`
 }
 
 type auditJSON struct {
@@ -117,12 +104,10 @@ func (s *Server) deadLetterAPI(q *req) {
 }
 
 func (q *req) deadLetterJSON(v ops.View) {
-	h := v.Headers
-	if h == nil {
-		h = map[string]string{}
+	if v.Headers == nil {
+		v.Headers = map[string]string{}
 	}
-	q.json(http.StatusOK, deadLetterJSON{DeadLetter: v.DeadLetter, Seq: v.Seq, CreatedAt: v.CreatedAt, Headers: h,
-		TraceContext: v.TraceContext, Payload: v.Payload, PayloadNote: v.PayloadNote, Masked: v.Masked, Revealed: v.Revealed})
+	q.json(http.StatusOK, v) // ops.View: the same fields as outbox dlq show --json
 }
 
 // actAPI retries or discards one dead letter; the body, optional, is

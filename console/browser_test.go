@@ -1,16 +1,12 @@
 package console_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
 
@@ -47,84 +43,11 @@ func chromium(t *testing.T) string {
 // Screenshots of each view are taken for the documentation.
 func TestBrowser(t *testing.T) {
 	t.Parallel()
-	exe := chromium(t)
-	shots := os.Getenv(EnvScreenshots)
-	if shots == "" {
-		shots = t.TempDir()
-	} else if err := os.MkdirAll(shots, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	r := newRig(t, nil)
 	r.scenery()
 	target := r.deadLetter()
-
-	ctx, cancel := context.WithTimeout(r.ctx, 90*time.Second)
-	defer cancel()
-	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(exe), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck, chromedp.WindowSize(1280, 860),
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.Flag("user-data-dir", t.TempDir()))
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(alloc)
-	defer cancelBrowser()
-	if err := chromedp.Do(bctx); err != nil { // start the browser
-		t.Fatalf("start %s: %v", exe, err)
-	}
-	// Accept the confirmation a retry asks for.
-	dialogs := chromedp.Events(bctx, page.JavascriptDialogOpening)
-	go func() {
-		for _, err := range dialogs {
-			if err != nil {
-				return
-			}
-			_, _ = chromedp.Call(bctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
-		}
-	}()
-	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(bctx, steps...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	shot := func(name string) chromedp.Action[chromedp.Void] {
-		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			png, err := chromedp.FullScreenshot(100)(ctx, tg)
-			if err != nil {
-				return err
-			}
-			return os.WriteFile(filepath.Join(shots, name), png, 0o644)
-		})
-	}
-	signIn := func(u testUser) chromedp.Action[chromedp.Void] {
-		return chromedp.Steps(
-			chromedp.Navigate(r.url+"/"),
-			chromedp.WaitVisible(chromedp.ID("login")),
-			chromedp.SendKeys(chromedp.ID("name"), u.name),
-			chromedp.SendKeys(chromedp.ID("password"), u.password),
-			chromedp.Submit(chromedp.ID("login")),
-			chromedp.WaitVisible(chromedp.ID("overview")),
-		)
-	}
-	eval := func(what, js string) string {
-		t.Helper()
-		v, err := chromedp.Run(bctx, chromedp.Evaluate[string](js, chromedp.EvalAwaitPromise))
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return v
-	}
-	// post sends a form POST from the page, as a script on the console's
-	// own origin could, and returns the status.
-	post := func(path string, withCSRF bool) string {
-		t.Helper()
-		csrf := `document.querySelector('input[name=csrf]').value`
-		if !withCSRF {
-			csrf = `""`
-		}
-		return eval("POST "+path, fmt.Sprintf(`fetch(%q, {method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"},
-			body: "csrf=" + encodeURIComponent(%s)}).then(r => String(r.status))`, path, csrf))
-	}
+	c := newChrome(t, r)
+	do, shot, signIn, eval, post := c.do, c.shot, c.signIn, c.eval, c.post
 
 	// The viewer.
 	viewer := r.users[ops.Viewer]

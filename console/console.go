@@ -183,7 +183,7 @@ func (s *Server) routeTable() []route {
 		return route{Route{Method: method, Pattern: pattern, API: true}, h}
 	}
 	public := func(r route) route { r.Public = true; return r }
-	return []route{
+	return append([]route{
 		public(html("GET", "/login", s.loginPage)),
 		public(html("POST", "/login", s.login)),
 		public(html("GET", "/static/{file}", s.staticFile)),
@@ -220,7 +220,7 @@ func (s *Server) routeTable() []route {
 		api("GET", "/api/v1/failure-groups", s.failureGroupsAPI),
 		api("POST", "/api/v1/failure-groups/{group}/retry", s.groupActAPI("retry")),
 		api("POST", "/api/v1/failure-groups/{group}/discard", s.groupActAPI("discard")),
-	}
+	}, s.requestRoutes(html, api)...)
 }
 
 // req is one request being answered.
@@ -414,6 +414,9 @@ func (q *req) fail(status int, msg string) {
 func (q *req) failErr(err error) {
 	var denied *ops.DeniedError
 	var input *ops.InputError
+	if q.requestErr(err) {
+		return
+	}
 	switch {
 	case errors.As(err, &denied):
 		q.fail(http.StatusForbidden, fmt.Sprintf("your role (%s) may not %s", denied.Actor.Role, denied.Operation))

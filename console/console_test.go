@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxkit/outbox/console"
 	"github.com/outboxkit/outbox/internal/testenv"
@@ -61,6 +62,34 @@ var roleMatrix = []struct {
 	{"GET", "/api/v1/failure-groups", 200, 200, 200},
 	{"POST", "/api/v1/failure-groups/{group}/retry", 403, 200, 403},
 	{"POST", "/api/v1/failure-groups/{group}/discard", 403, 200, 403},
+	{"GET", "/requests", 200, 200, 200},
+	{"GET", "/requests/{id}", 200, 200, 200},
+	{"POST", "/requests/{id}/approve", 403, 403, 303},
+	{"POST", "/requests/{id}/reject", 403, 403, 303},
+	{"POST", "/requests/{id}/cancel", 403, 303, 403},
+	{"GET", "/replay", 200, 200, 200},
+	{"POST", "/replay", 403, 303, 403},
+	{"GET", "/dead-letters/{id}/repair", 200, 200, 200},
+	{"POST", "/dead-letters/{id}/repair", 403, 303, 403},
+	{"GET", "/api/v1/requests", 200, 200, 200},
+	{"GET", "/api/v1/requests/{id}", 200, 200, 200},
+	{"GET", "/api/v1/replay/preview", 200, 200, 200},
+	{"POST", "/api/v1/requests/replay", 403, 201, 403},
+	{"POST", "/api/v1/requests/repair", 403, 201, 403},
+	{"POST", "/api/v1/requests/{id}/approve", 403, 403, 200},
+	{"POST", "/api/v1/requests/{id}/reject", 403, 403, 200},
+	{"POST", "/api/v1/requests/{id}/cancel", 403, 200, 403},
+}
+
+// allowed is who may call a state-changing route, by the role matrix: the
+// operator, or else the approver.
+func allowed(r *rig, method, pattern string) testUser {
+	for _, m := range roleMatrix {
+		if m.method == method && m.pattern == pattern && m.operator != 403 {
+			return r.users[ops.Operator]
+		}
+	}
+	return r.users[ops.Approver]
 }
 
 func TestRoleMatrix(t *testing.T) {
@@ -83,7 +112,7 @@ func TestRoleMatrix(t *testing.T) {
 		for _, role := range ops.Roles() {
 			want := map[ops.Role]int{ops.Viewer: m.viewer, ops.Operator: m.operator, ops.Approver: m.approver}[role]
 			u := r.users[role]
-			_, path, form, _ := r.target(m.method, m.pattern)
+			id, path, form, _ := r.target(m.method, m.pattern)
 			before := r.state()
 			var got int
 			switch {
@@ -92,7 +121,7 @@ func TestRoleMatrix(t *testing.T) {
 			case strings.HasPrefix(m.pattern, "/api/"):
 				var body any
 				if m.method == "POST" {
-					body = map[string]string{"reason": "matrix"}
+					body = r.body(m.pattern, id, "matrix")
 				}
 				got, _ = r.api(m.method, path, u.token, body)
 			default:
@@ -110,7 +139,7 @@ func TestRoleMatrix(t *testing.T) {
 			}
 			if got == http.StatusForbidden {
 				after := r.state()
-				if after.backlog != before.backlog || after.dead != before.dead || after.held != before.held || after.pauses != before.pauses {
+				if after.backlog != before.backlog || after.dead != before.dead || after.held != before.held || after.pauses != before.pauses || after.requests != before.requests {
 					t.Errorf("%s %s as %s was refused but changed %+v into %+v", m.method, m.pattern, role, before, after)
 				}
 				if last := r.audit()[0]; last.Action != ops.ActionDenied || last.Actor != u.name || last.Role != string(role) {
@@ -163,6 +192,8 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		switch {
 		case m.viewer == 403 && m.approver == 403:
 			want = "act"
+		case m.viewer == 403 && m.operator == 403:
+			want = "approve"
 		case m.pattern == "/api/v1/openapi.json":
 			want = "none"
 		}
@@ -191,16 +222,16 @@ func TestAuditForEveryStateChange(t *testing.T) {
 	if len(posts) < 2 {
 		t.Fatalf("the OpenAPI document has %d POST operations; want retry and discard at least", len(posts))
 	}
-	operator, viewer := r.users[ops.Operator], r.users[ops.Viewer]
+	viewer := r.users[ops.Viewer]
 	for _, p := range posts {
-		action := p[strings.LastIndex(p, "/")+1:]
-		_, path, _, event := r.target("POST", p)
+		u := allowed(r, "POST", p)
+		id, path, _, event := r.target("POST", p)
 		mark := r.lastAuditID()
-		if code, body := r.api("POST", path, viewer.token, map[string]string{"reason": "no"}); code != 403 {
+		if code, body := r.api("POST", path, viewer.token, r.body(p, id, "no")); code != 403 {
 			t.Fatalf("POST %s as viewer: %d %s", p, code, body)
 		}
-		if code, body := r.api("POST", path, operator.token, map[string]string{"reason": "audit walk"}); code != 200 {
-			t.Fatalf("POST %s as operator: %d %s", p, code, body)
+		if code, body := r.api("POST", path, u.token, r.body(p, id, "audit walk")); code != 200 && code != 201 {
+			t.Fatalf("POST %s as %s: %d %s", p, u.name, code, body)
 		}
 		rows := r.auditSince(mark)
 		if len(rows) != 2 {
@@ -209,30 +240,43 @@ func TestAuditForEveryStateChange(t *testing.T) {
 		if d := rows[0]; d.Action != ops.ActionDenied || d.Actor != "vera" || d.Role != "viewer" {
 			t.Errorf("POST %s refused to vera: audit %+v", p, d)
 		}
-		if a := rows[1]; a.Action != action || a.Actor != "otto" || a.Role != "operator" || a.EventID != event || a.Reason != "audit walk" {
-			t.Errorf("POST %s by otto: audit %+v; want %s of %q by otto (operator), reason \"audit walk\"", p, a, action, event)
+		if a := rows[1]; a.Action != auditAction(p) || a.Actor != u.name || a.Role != string(u.role) || !aboutSubject(a, p, id, event) || a.Reason != "audit walk" {
+			t.Errorf("POST %s by %s: audit %+v; want %s of %s by %s (%s), reason \"audit walk\"", p, u.name, a, auditAction(p), id, u.name, u.role)
 		}
 	}
 
-	// The pages: every POST route but the sign-in (below).
-	b := r.browser()
-	b.login(operator)
+	// The pages: every POST route but the sign-in (below), by whom the
+	// role matrix allows.
+	browsers := map[string]*browser{}
 	for _, rt := range r.srv.Routes() {
 		if rt.Method != "POST" || rt.API || rt.Pattern == "/login" || rt.Pattern == "/logout" {
 			continue
 		}
-		_, path, form, event := r.target("POST", rt.Pattern)
+		u := allowed(r, "POST", rt.Pattern)
+		b := browsers[u.name]
+		if b == nil {
+			b = r.browser()
+			b.login(u)
+			browsers[u.name] = b
+		}
+		id, path, form, event := r.target("POST", rt.Pattern)
 		mark := r.lastAuditID()
 		form.Set("reason", "from the page")
-		// An action redirects (303), or shows its result (a reveal: 200).
-		if code, body := b.post(path, form, true); code != 303 && code != 200 {
-			t.Fatalf("POST %s: %d %s", rt.Pattern, code, body)
+		// An action redirects (303); a reveal shows its result (200).
+		want := http.StatusSeeOther
+		if strings.HasSuffix(rt.Pattern, "/reveal") {
+			want = http.StatusOK
+		}
+		if code, body := b.post(path, form, true); code != want {
+			t.Fatalf("POST %s: %d, want %d: %s", rt.Pattern, code, want, body)
 		}
 		rows := r.auditSince(mark)
-		if len(rows) != 1 || rows[0].EventID != event || rows[0].Actor != "otto" || rows[0].Role != "operator" || rows[0].Reason != "from the page" {
+		if len(rows) != 1 || rows[0].Action != auditAction(rt.Pattern) || !aboutSubject(rows[0], rt.Pattern, id, event) || rows[0].Actor != u.name || rows[0].Role != string(u.role) || rows[0].Reason != "from the page" {
 			t.Errorf("POST %s: audit %+v", rt.Pattern, rows)
 		}
 	}
+	operator := r.users[ops.Operator]
+	b := browsers[operator.name]
 	mark := r.lastAuditID()
 	if code, _ := b.post("/logout", nil, true); code != 303 {
 		t.Fatalf("sign-out: %d", code)
@@ -249,6 +293,32 @@ func TestAuditForEveryStateChange(t *testing.T) {
 	}
 }
 
+// auditAction is the action a POST route leaves in the audit.
+func auditAction(pattern string) string {
+	action := pattern[strings.LastIndex(pattern, "/")+1:]
+	switch action {
+	case "replay", "repair":
+		return "request" // a replay or repair is requested
+	case "pauses":
+		return ops.ActionPause // the pauses page's form pauses
+	}
+	return action
+}
+
+// aboutSubject reports whether audit row a names what a route acted on:
+// the request, or else the event target found (none for a pause).
+func aboutSubject(a outboxdriver.AuditRecord, pattern, id, event string) bool {
+	switch {
+	case strings.Contains(pattern, "/requests/{id}"):
+		return a.RequestID == id
+	case strings.HasSuffix(pattern, "/requests/replay"), pattern == "/replay":
+		return a.RequestID != "" && a.EventID == ""
+	case strings.HasSuffix(pattern, "/repair"):
+		return a.RequestID != "" && a.EventID == id
+	}
+	return a.EventID == event && a.RequestID == ""
+}
+
 // A state change from a signed-in browser needs the session's CSRF token
 // and must come from the console's own origin; a refusal changes nothing
 // and is audited.
@@ -259,7 +329,10 @@ func TestCSRF(t *testing.T) {
 	b := r.browser()
 	b.login(r.users[ops.Operator])
 	before := r.state()
-	for _, p := range []string{"/dead-letters/" + id + "/retry", "/dead-letters/" + id + "/discard", "/logout"} {
+	paths := []string{"/dead-letters/" + id + "/retry", "/dead-letters/" + id + "/discard", "/logout",
+		"/requests/" + r.request() + "/cancel", "/replay", "/dead-letters/" + id + "/repair"}
+	before = r.state()
+	for _, p := range paths {
 		if code, _ := b.post(p, url.Values{"reason": {"no token"}}, false); code != 403 {
 			t.Errorf("POST %s without a CSRF token: %d, want 403", p, code)
 		}
@@ -280,10 +353,11 @@ func TestCSRF(t *testing.T) {
 		t.Errorf("cross-site POST: %d, want 403", code)
 	}
 	after := r.state()
-	if after.dead != before.dead || after.backlog != before.backlog || after.audit != before.audit+8 {
-		t.Fatalf("refused requests changed %+v into %+v; want only 8 more audit rows", before, after)
+	refused := 2*len(paths) + 2
+	if after.dead != before.dead || after.backlog != before.backlog || after.requests != before.requests || after.audit != before.audit+refused {
+		t.Fatalf("refused requests changed %+v into %+v; want only %d more audit rows", before, after, refused)
 	}
-	for _, a := range r.audit()[:8] {
+	for _, a := range r.audit()[:refused] {
 		if a.Action != ops.ActionDenied {
 			t.Errorf("refusal audited as %+v", a)
 		}
@@ -380,11 +454,79 @@ func TestBadInput(t *testing.T) {
 	if after.dead != before.dead || after.audit != before.audit+1 || r.audit()[0].Action != ops.ActionDenied {
 		t.Fatalf("a forged token changed %+v into %+v (newest audit %+v); want one denied row more", before, after, r.audit()[0])
 	}
+	badRequests(t, r, id)
 	// A page with a bad filter says so.
 	b := r.browser()
 	b.login(r.users[ops.Viewer])
 	if code, page := b.get("/dead-letters?since=soon"); code != 400 || !strings.Contains(string(page), "since") {
 		t.Fatalf("page with a bad filter: %d\n%s", code, page)
+	}
+}
+
+// badRequests: the requests' bad input gets a clear 4xx and changes
+// nothing but, for a refusal, a denied row.
+func badRequests(t *testing.T, r *rig, deadLetter string) {
+	t.Helper()
+	op, ap := r.users[ops.Operator].token, r.users[ops.Approver].token
+	unknown := "0190a0a0-0000-7000-8000-000000000000"
+	since := time.Now().Add(-time.Hour).Format(time.RFC3339)
+	// No published event is kept yet: a replay says what it needs.
+	code, body := r.api("POST", "/api/v1/requests/replay", op, map[string]any{"since": since, "reason": "x"})
+	if code != 409 || !strings.Contains(string(body), "--retention keep") {
+		t.Fatalf("a replay without kept rows: %d %s; want 409 naming --retention keep", code, body)
+	}
+	if code, body := r.api("GET", "/api/v1/replay/preview?since="+url.QueryEscape(since), op, nil); code != 409 {
+		t.Fatalf("a preview without kept rows: %d %s", code, body)
+	}
+	mine := r.request(ops.Actor{Name: "anna", Role: ops.Operator}) // anna requested it, as an operator then
+	expired := r.request()
+	if _, err := r.pool.Exec(r.ctx, `UPDATE `+r.tb.Qualified("_requests")+` SET expires_at = now() - interval '1 second' WHERE id = $1`, expired); err != nil {
+		t.Fatal(err)
+	}
+	// The next call that reads requests marks it expired (and audits it).
+	if code, body := r.api("GET", "/api/v1/requests/"+expired, op, nil); code != 200 || !strings.Contains(string(body), `"state": "expired"`) {
+		t.Fatalf("a request past its expiry: %d %s", code, body)
+	}
+	cases := []struct {
+		method, path, token string
+		body                any
+		want                int
+		says                string
+	}{
+		{"GET", "/api/v1/requests?state=sleeping", op, nil, 400, "state"},
+		{"GET", "/api/v1/requests?limit=501", op, nil, 400, "limit"},
+		{"GET", "/api/v1/requests/not-a-uuid", op, nil, 400, "request id"},
+		{"GET", "/api/v1/requests/" + unknown, op, nil, 404, "no such request"},
+		{"GET", "/api/v1/replay/preview", op, nil, 400, "since"},
+		{"GET", "/api/v1/replay/preview?since=" + url.QueryEscape(since) + "&ids=both", op, nil, 400, "ids"},
+		{"POST", "/api/v1/requests/replay", op, map[string]any{"since": "yesterday", "reason": "x"}, 400, "body"},
+		{"POST", "/api/v1/requests/replay", op, map[string]any{"reason": "x"}, 400, "since"},
+		{"POST", "/api/v1/requests/replay", op, map[string]any{"since": since}, 400, "reason"},
+		{"POST", "/api/v1/requests/replay", op, map[string]any{"since": since, "type": "Nope", "reason": "x"}, 400, "nothing to replay"},
+		{"POST", "/api/v1/requests/replay", op, map[string]any{"since": since, "colour": "red", "reason": "x"}, 400, "body"},
+		{"POST", "/api/v1/requests/repair", op, map[string]any{"event_id": deadLetter, "payload": "a string", "reason": "x"}, 400, "object"},
+		{"POST", "/api/v1/requests/repair", op, map[string]any{"event_id": unknown, "headers": map[string]string{"a": "b"}, "reason": "x"}, 404, "no such"},
+		{"POST", "/api/v1/requests/" + unknown + "/approve", ap, nil, 404, "no such request"},
+		{"POST", "/api/v1/requests/not-a-uuid/cancel", op, nil, 400, "request id"},
+		{"POST", "/api/v1/requests/" + mine + "/approve", ap, nil, 403, "two-person"},
+		{"POST", "/api/v1/requests/" + mine + "/reject", ap, nil, 403, "two-person"},
+		{"POST", "/api/v1/requests/" + mine + "/approve", op, nil, 403, "may not approve"},
+		{"POST", "/api/v1/requests/" + expired + "/approve", ap, nil, 409, "expired"},
+		{"POST", "/api/v1/requests/" + expired + "/cancel", op, nil, 409, "expired"},
+	}
+	before := r.state()
+	for _, c := range cases {
+		code, body := r.api(c.method, c.path, c.token, c.body)
+		var e struct {
+			Error struct{ Message string } `json:"error"`
+		}
+		if code != c.want || json.Unmarshal(body, &e) != nil || !strings.Contains(e.Error.Message, c.says) {
+			t.Errorf("%s %s: %d %s; want %d saying %q", c.method, c.path, code, body, c.want, c.says)
+		}
+	}
+	after := r.state()
+	if after.backlog != before.backlog || after.dead != before.dead || after.requests != before.requests {
+		t.Fatalf("bad requests changed %+v into %+v", before, after)
 	}
 }
 

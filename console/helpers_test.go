@@ -39,6 +39,7 @@ type rig struct {
 	tb    outboxdriver.Table
 	st    *outboxpgx.Driver
 	srv   *console.Server
+	op    *ops.Ops
 	url   string
 	users map[ops.Role]testUser
 }
@@ -79,6 +80,7 @@ func newRig(t *testing.T, o *rigOptions) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.op = op
 	r.srv, err = console.New(op, &cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +105,7 @@ func (r *rig) deadLetter() string {
 type state struct {
 	backlog, dead, held int64
 	audit, pauses       int
+	requests            string // every request's id and state
 }
 
 func (r *rig) state() state {
@@ -111,7 +114,69 @@ func (r *rig) state() state {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit()), len(st.Pauses)}
+	var reqs string
+	if err := r.pool.QueryRow(r.ctx, `SELECT coalesce(string_agg(id || ':' || state, ' ' ORDER BY id), '') FROM `+r.tb.Qualified("_requests")).Scan(&reqs); err != nil {
+		r.t.Fatal(err)
+	}
+	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit()), len(st.Pauses), reqs}
+}
+
+// request adds a pending replay request by a (default otto, operator)
+// of one published event kept for it, and returns its id.
+func (r *rig) request(a ...ops.Actor) string {
+	r.t.Helper()
+	by := ops.Actor{Name: "otto", Role: ops.Operator}
+	if len(a) > 0 {
+		by = a[0]
+	}
+	agg := r.keep()
+	req, err := r.op.RequestReplay(r.ctx, by, ops.ReplayParams{Since: time.Now().Add(-time.Hour), AggregateID: agg}, "fixture")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return req.ID
+}
+
+// keep adds one published event, kept, of a new aggregate, and returns
+// the aggregate's id.
+func (r *rig) keep() string {
+	r.t.Helper()
+	agg := testenv.Hex(r.t)
+	testenv.AddPublished(r.t, r.pool, r.tb, testenv.PublishedRow{AggregateType: "order", AggregateID: agg, Type: "OrderPlaced", Payload: `{"n":1}`, Ago: time.Minute})
+	return agg
+}
+
+// subject is what a route acts on: a pending request for the routes of
+// requests, else a dead letter.
+func (r *rig) subject(pattern string) string {
+	if strings.Contains(pattern, "/requests/{id}") {
+		return r.request()
+	}
+	return r.deadLetter()
+}
+
+// body is what an API call of pattern sends about id, with reason.
+func (r *rig) body(pattern, id, reason string) map[string]any {
+	switch pattern {
+	case "/api/v1/requests/replay":
+		r.keep()
+		return map[string]any{"since": time.Now().Add(-time.Hour).Format(time.RFC3339), "reason": reason}
+	case "/api/v1/requests/repair":
+		return map[string]any{"event_id": id, "headers": map[string]string{"fixed": "yes"}, "reason": reason}
+	}
+	return map[string]any{"reason": reason}
+}
+
+// form is what a page's form of pattern posts, with reason.
+func (r *rig) form(pattern, reason string) url.Values {
+	switch pattern {
+	case "/replay":
+		r.keep()
+		return url.Values{"since": {time.Now().Add(-time.Hour).UTC().Format("2006-01-02T15:04")}, "reason": {reason}}
+	case "/dead-letters/{id}/repair":
+		return url.Values{"change_headers": {"on"}, "headers": {"fixed: yes"}, "reason": {reason}}
+	}
+	return url.Values{"reason": {reason}}
 }
 
 // audit returns the newest audit rows, newest first.
@@ -278,15 +343,16 @@ func (r *rig) openAPIOperations() map[string]string {
 	return ops
 }
 
-// target prepares what a request to a route needs: a fresh dead letter
-// that holds its aggregate (for {id}; for {group}, the only one of its
-// failure group), and a fresh scope (for {scope}, and for the pause
-// form), paused already when the route resumes it. It
-// returns the dead letter's id, the path, the form fields a page sends
-// besides the reason, and the event id the action's audit row names.
+// target prepares what a request to a route needs: its subject (a
+// pending request for the routes of requests, else a fresh dead letter
+// that holds its aggregate; for {group}, the only one of its failure
+// group), and a fresh scope (for {scope}, and for the pause form), paused
+// already when the route resumes it. It returns the subject's id, the
+// path, the form fields a page sends besides the reason, and the event id
+// the action's audit row names.
 func (r *rig) target(method, pattern string) (id, path string, form url.Values, event string) {
 	r.t.Helper()
-	id = r.deadLetter()
+	id = r.subject(pattern)
 	typ := "t-" + id[len(id)-12:]
 	scope := outboxdriver.PauseScope{Kind: outboxdriver.PauseAggregateType, Value: typ}
 	if method == "POST" && strings.HasSuffix(pattern, "/resume") {
@@ -309,7 +375,8 @@ func (r *rig) target(method, pattern string) (id, path string, form url.Values, 
 			}
 		}
 	}
-	form = url.Values{}
+	form = r.form(pattern, "")
+	form.Del("reason")
 	if method == "POST" && pattern == "/pauses" {
 		form.Set("kind", string(scope.Kind))
 		form.Set("value", scope.Value)
@@ -324,5 +391,8 @@ func (r *rig) target(method, pattern string) (id, path string, form url.Values, 
 func fill(pattern, id string) string {
 	p := strings.ReplaceAll(pattern, "{id}", id)
 	p = strings.ReplaceAll(p, "{file}", "console.css")
+	if p == "/api/v1/replay/preview" {
+		p += "?since=" + url.QueryEscape(time.Now().Add(-time.Hour).Format(time.RFC3339))
+	}
 	return strings.ReplaceAll(p, "{$}", "")
 }

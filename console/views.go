@@ -17,7 +17,8 @@ import (
 
 // The views: each file under templates/ but the layout is one page, parsed
 // once with the layout.
-var viewNames = []string{"overview", "dead_letters", "dead_letter", "audit", "login", "error", "pauses", "held", "failure_groups"}
+var viewNames = []string{"overview", "dead_letters", "dead_letter", "audit", "login", "error", "pauses", "held", "failure_groups",
+	"requests", "request", "replay", "repair"}
 
 func parseViews() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -36,6 +37,8 @@ func parseViews() (map[string]*template.Template, error) {
 		"dur":   roundDuration,
 		"short": func(s string, n int) string { return oneLine(s, n) },
 		"may":   func(a ops.Actor, p string) bool { return a.Role.May(ops.Permission(p)) },
+		"now":   untilNow,
+		"list":  func(xs ...string) []string { return xs },
 	}
 	out := map[string]*template.Template{}
 	for _, v := range viewNames {
@@ -70,7 +73,9 @@ func (q *req) render(status int, view, title string, data any) {
 		"paused": "Paused: every relay stops claiming it within one poll interval.", "resumed": "Resumed: the paused events flow again.",
 		"released":        "Released: the aggregate's later events flow on.",
 		"group-retried":   "The group's dead letters are back in the outbox: " + q.r.URL.Query().Get("n") + ".",
-		"group-discarded": "The group's dead letters were discarded: " + q.r.URL.Query().Get("n") + "."}[q.r.URL.Query().Get("done")]
+		"group-discarded": "The group's dead letters were discarded: " + q.r.URL.Query().Get("n") + ".",
+		"requested":       "Requested. Another person with the approver role must approve it before it expires.",
+		"approved":        "Approved: it is being carried out.", "rejected": "Rejected.", "cancelled": "Cancelled."}[q.r.URL.Query().Get("done")]
 	var b bytes.Buffer
 	if err := q.s.views[view].Execute(&b, p); err != nil {
 		q.s.log.Error("console: render", "view", view, "err", err)
@@ -327,10 +332,17 @@ func (s *Server) deadLetterQuery(v url.Values) (outboxdriver.DeadLetterQuery, er
 // auditQuery reads the filters of the audit list.
 func (s *Server) auditQuery(v url.Values) (outboxdriver.AuditQuery, error) {
 	q := outboxdriver.AuditQuery{Limit: s.cfg.PageSize}
-	if err := known(v, "actor", "action", "event_id", "before", "limit"); err != nil {
+	if err := known(v, "actor", "action", "event_id", "request_id", "since", "until", "before", "limit"); err != nil {
 		return q, err
 	}
-	q.Actor, q.Action, q.EventID = v.Get("actor"), v.Get("action"), v.Get("event_id")
+	q.Actor, q.Action, q.EventID, q.RequestID = v.Get("actor"), v.Get("action"), v.Get("event_id"), v.Get("request_id")
+	var err error
+	if q.Since, err = parseTime("since", v.Get("since")); err != nil {
+		return q, err
+	}
+	if q.Until, err = parseTime("until", v.Get("until")); err != nil {
+		return q, err
+	}
 	if b := v.Get("before"); b != "" {
 		n, err := strconv.ParseInt(b, 10, 64)
 		if err != nil || n < 1 {
@@ -338,7 +350,6 @@ func (s *Server) auditQuery(v url.Values) (outboxdriver.AuditQuery, error) {
 		}
 		q.Before = n
 	}
-	var err error
 	q.Limit, err = parseLimit(v.Get("limit"), q.Limit)
 	return q, err
 }
@@ -371,18 +382,8 @@ func parseLimit(s string, def int) (int, error) {
 	return n, nil // ops checks the range
 }
 
-// parseTime reads RFC 3339, or a date and time (or a date) taken as UTC.
-func parseTime(field, s string) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
-	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
-		if t, err := time.Parse(layout, s); err == nil {
-			return t.UTC(), nil
-		}
-	}
-	return time.Time{}, &ops.InputError{Field: field, Reason: "want a time such as 2006-01-02T15:04:05Z or 2006-01-02"}
-}
+// parseTime reads a time filter (ops.ParseTime).
+func parseTime(field, s string) (time.Time, error) { return ops.ParseTime(field, s) }
 
 func roundDuration(d time.Duration) string {
 	switch {

@@ -36,4 +36,9 @@
 // deleted by Cleanup; messages that cannot be handled at all can be recorded
 // in a dead-letter table with DeadLetter. The tables are created by
 // inboxpgx.Migrate, inboxsql.Migrate or `outbox migrate --inbox`.
+//
+// Handle and HandleTx run the handler in an OpenTelemetry process span, a
+// child of the traceparent the message carries (the relay's publish span),
+// when a tracer provider is set (Config.TracerProvider, or the global one);
+// see docs/tracing.md.
 package inbox

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxkit/outbox/internal/tracing"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -26,6 +29,9 @@ type Message struct {
 	// Destination is the subject or topic the message came from. Optional;
 	// kept with a dead letter.
 	Destination string
+	// System names the broker as OpenTelemetry's messaging.system does
+	// ("nats", "kafka"), for the process span. Optional.
+	System string
 	// Payload is the message body, as received.
 	Payload []byte
 	// Headers are the message headers, as received.
@@ -101,6 +107,12 @@ type Config struct {
 	Retention time.Duration
 	// Metrics receives an observation per handled message. Optional.
 	Metrics Metrics
+	// TracerProvider makes the process span of every Handle and HandleTx
+	// call: a child of the trace context the message carries in its
+	// traceparent and tracestate headers (the relay's publish span), in
+	// which the handler runs. Nil means otel.GetTracerProvider(), looked up
+	// at every call (docs/tracing.md).
+	TracerProvider trace.TracerProvider
 }
 
 // Outcome is what became of one message.
@@ -154,6 +166,7 @@ type Inbox[TTx any] struct {
 	table    outboxdriver.Table
 	consumer string
 	cfg      Config
+	tracing  *tracing.Provider
 }
 
 // New returns an Inbox for cfg.Consumer writing through drv. It does no I/O;
@@ -205,7 +218,7 @@ func New[TTx any](drv Driver[TTx], cfg *Config) (*Inbox[TTx], error) {
 	if err := check.Validate(); err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
-	return &Inbox[TTx]{drv: drv, table: t, consumer: c.Consumer, cfg: c}, nil
+	return &Inbox[TTx]{drv: drv, table: t, consumer: c.Consumer, cfg: c, tracing: tracing.NewProvider(c.TracerProvider)}, nil
 }
 
 // Table returns the inbox table.
@@ -237,9 +250,14 @@ func (ib *Inbox[TTx]) Retention() time.Duration { return ib.cfg.Retention }
 // Under REPEATABLE READ or SERIALIZABLE isolation, PostgreSQL reports a
 // concurrent copy as a serialization failure instead of waiting; retry the
 // transaction as usual.
+//
+// With tracing on (Config.TracerProvider), the call is a process span, a
+// child of the message's traceparent header, and fn's ctx carries it.
 func (ib *Inbox[TTx]) HandleTx(ctx context.Context, tx TTx, msg Message, fn func(ctx context.Context, tx TTx) error) (Result, error) {
 	start := time.Now()
+	ctx, span := ib.startProcess(ctx, &msg)
 	res, outcome, err := ib.handleTx(ctx, tx, msg, fn)
+	endProcess(span, outcome, err)
 	ib.observe(outcome, start)
 	return res, err
 }
@@ -289,6 +307,7 @@ func (ib *Inbox[TTx]) Handle(ctx context.Context, msg Message, fn func(ctx conte
 		res     Result
 		outcome Outcome
 	)
+	ctx, span := ib.startProcess(ctx, &msg)
 	err := ib.drv.InTx(ctx, func(tx TTx) error {
 		var err error
 		res, outcome, err = ib.handleTx(ctx, tx, msg, fn)
@@ -297,6 +316,7 @@ func (ib *Inbox[TTx]) Handle(ctx context.Context, msg Message, fn func(ctx conte
 	if err != nil && outcome != Invalid {
 		outcome = Failed
 	}
+	endProcess(span, outcome, err)
 	ib.observe(outcome, start)
 	if err != nil {
 		return Result{}, err

@@ -18,7 +18,14 @@
 //     relays by scope, releases held aggregates, and reveals a masked
 //     payload field (audited before it is shown).
 //   - approver reads everything and approves or rejects what other users
-//     request (two-person approval; no request needs approval yet).
+//     request (two-person approval): a replay of published events kept in
+//     the table, or the repair of a dead letter's payload and headers. An
+//     Executor carries out approved requests in batches, each with its
+//     cursor in one transaction, so a crash leaves a request resumable.
+//
+// The audit is append-only: on PostgreSQL the database refuses UPDATE,
+// DELETE and TRUNCATE on it, except through PruneAudit (`outbox audit
+// prune`), which records what it deleted.
 //
 // The full set of operations (filtered listing, the detail of one dead
 // letter, role and reason in every audit row) needs a Store that is also

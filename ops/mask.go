@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -19,20 +21,21 @@ import (
 // with the sensitive paths masked.
 type View struct {
 	outboxdriver.DeadLetter
-	Seq          int64
-	CreatedAt    time.Time
-	Headers      map[string]string
-	TraceContext string
+	Seq          int64             `json:"seq"`
+	CreatedAt    time.Time         `json:"created_at"`
+	Headers      map[string]string `json:"headers"`
+	TraceContext string            `json:"tracingspancontext"`
 	// Payload is what to show of the payload: indented JSON, or text.
-	Payload string
+	Payload string `json:"payload"`
 	// PayloadNote says what was left out or masked, or is "".
-	PayloadNote string
+	PayloadNote string `json:"payload_note"`
 	// Masked counts the values masked.
-	Masked int
-	// Sensitive lists the configured sensitive paths, which an operator
-	// may reveal one at a time (Ops.Reveal); Revealed is the one shown.
-	Sensitive []string
-	Revealed  string
+	Masked int `json:"masked"`
+	// Sensitive lists the sensitive paths of this event (the configured
+	// ones and its contract's), which an operator may reveal one at a
+	// time (Ops.Reveal); Revealed is the one shown.
+	Sensitive []string `json:"sensitive,omitempty"`
+	Revealed  string   `json:"revealed,omitempty"`
 }
 
 // Mask is what a masked value shows instead.
@@ -43,12 +46,14 @@ const maxShown = 1 << 20
 
 func (o *Ops) view(d outboxdriver.DeadLetterDetail) View { return o.viewRevealing(d, -1) }
 
-// viewRevealing is view with the sensitive path o.masks[reveal] shown.
+// viewRevealing is view with the sensitive path
+// o.sensitiveFor(d.AggregateType, d.Type)[reveal] shown.
 func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
+	paths, masks := o.sensitiveFor(d.AggregateType, d.Type)
 	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext,
-		Sensitive: o.cfg.SensitivePaths}
+		Sensitive: paths}
 	if reveal >= 0 {
-		v.Revealed = o.cfg.SensitivePaths[reveal]
+		v.Revealed = paths[reveal]
 	}
 	switch {
 	case d.Payload == nil && d.PayloadRaw == nil:
@@ -56,7 +61,7 @@ func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
 	case d.Payload == nil:
 		raw := d.PayloadRaw
 		switch {
-		case len(o.masks) > 0:
+		case len(masks) > 0:
 			v.PayloadNote = fmt.Sprintf("%d bytes that are not JSON: hidden, because sensitive paths are configured and cannot be found in them", len(raw))
 		case len(raw) > maxShown:
 			v.PayloadNote = fmt.Sprintf("%d bytes that are not JSON: too large to show", len(raw))
@@ -72,14 +77,14 @@ func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
 	default:
 		tree, err := decodeTree(json.NewDecoder(bytes.NewReader(d.Payload)), 0)
 		if err != nil {
-			if len(o.masks) > 0 {
+			if len(masks) > 0 {
 				v.PayloadNote = "JSON that could not be read for masking: hidden"
 				return v
 			}
 			v.Payload, v.PayloadNote = string(d.Payload), "shown as stored"
 			return v
 		}
-		for i, m := range o.masks {
+		for i, m := range masks {
 			if i != reveal {
 				v.Masked += tree.mask(m)
 			}
@@ -94,18 +99,26 @@ func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
 	return v
 }
 
-// parsePath reads a dot-separated JSON path.
-func parsePath(p string) ([]string, error) {
-	if p == "" {
-		return nil, errors.New("empty")
+// sensitiveFor returns an event's sensitive paths, the configured ones
+// first and then its contract's (each once), and the same paths parsed:
+// masks[i] is paths[i].
+func (o *Ops) sensitiveFor(aggregateType, eventType string) (paths []string, masks [][]string) {
+	paths, masks = o.cfg.SensitivePaths, o.masks
+	if o.cfg.Contracts == nil {
+		return paths, masks
 	}
-	segs := strings.Split(p, ".")
-	for _, s := range segs {
-		if s == "" {
-			return nil, errors.New("an empty segment: write segments separated by single dots, e.g. customer.email")
+	for _, p := range o.cfg.Contracts.SensitivePaths(aggregateType, eventType) {
+		if slices.Contains(paths, p) {
+			continue
 		}
+		segs, err := contract.ParsePath(p)
+		if err != nil { // a registry checks its paths when it loads
+			segs = []string{"*"}
+		}
+		paths = append(paths[:len(paths):len(paths)], p)
+		masks = append(masks[:len(masks):len(masks)], segs)
 	}
-	return segs, nil
+	return paths, masks
 }
 
 // jnode is a JSON value that keeps the order of object keys.

@@ -11,7 +11,7 @@ import (
 // aggregate type and event type, the registered relays, and the samples
 // of the last hour (for the chart).
 type Insight struct {
-	Backlog []outboxdriver.BacklogGroup
+	Backlog []outboxdriver.KindBacklog
 	Relays  []outboxdriver.RelayStatus
 	Samples []outboxdriver.Sample
 }

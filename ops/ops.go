@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 
+	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/route"
 )
 
 // Role is what a user may do.
@@ -124,8 +127,29 @@ type Config struct {
 	// * matches any key or array index). A payload that is not JSON is
 	// hidden whole when any path is set.
 	SensitivePaths []string
+	// Contracts, when set, adds the sensitive and forbidden paths of each
+	// event's contract to SensitivePaths for that event's payload (a
+	// *contract.Registry).
+	Contracts SensitiveSource
 	// Logger defaults to warnings and errors as text on standard error.
 	Logger *slog.Logger
+
+	// RequestTTL is how long a request (replay, repair) may wait to be
+	// approved and carried out before it expires. Defaults to
+	// DefaultRequestTTL (1 hour).
+	RequestTTL time.Duration
+	// RepairMaxBytes caps a proposed repair's payload and headers.
+	// Defaults to DefaultRepairMaxBytes (48 KiB).
+	RepairMaxBytes int
+	// Route is the relay's routing, which a replay's destination filter
+	// follows. Defaults to Debezium's (outbox.event.<aggregatetype>).
+	Route *route.Config
+}
+
+// SensitiveSource names the sensitive payload paths of one event type.
+// *contract.Registry implements it.
+type SensitiveSource interface {
+	SensitivePaths(aggregateType, eventType string) []string
 }
 
 // DefaultMaxPage is Config.MaxPage's default.
@@ -148,6 +172,11 @@ type Ops struct {
 	cfg   Config
 	masks [][]string
 	log   *slog.Logger
+
+	req    outboxdriver.Requests
+	router *route.Router
+	kick   chan struct{}
+	now    func() time.Time
 }
 
 // New returns the operations on table t of st. t must name its schema.
@@ -168,9 +197,23 @@ func New(st outboxdriver.Store, t outboxdriver.Table, cfg *Config) (*Ops, error)
 	if c.MaxPage < 0 {
 		return nil, fmt.Errorf("ops: MaxPage %d: want a positive number", c.MaxPage)
 	}
-	o := &Ops{st: st, t: t, cfg: c, log: confval.Logger(c.Logger)}
+	if c.RequestTTL == 0 {
+		c.RequestTTL = DefaultRequestTTL
+	}
+	if c.RepairMaxBytes == 0 {
+		c.RepairMaxBytes = DefaultRepairMaxBytes
+	}
+	if c.RequestTTL < 0 || c.RepairMaxBytes < 0 {
+		return nil, errors.New("ops: RequestTTL and RepairMaxBytes must be positive")
+	}
+	router, err := route.New(c.Route)
+	if err != nil {
+		return nil, fmt.Errorf("ops: %w", err)
+	}
+	o := &Ops{st: st, t: t, cfg: c, log: confval.Logger(c.Logger), router: router, kick: make(chan struct{}, 1), now: time.Now}
+	o.req, _ = st.(outboxdriver.Requests)
 	for _, p := range c.SensitivePaths {
-		segs, err := parsePath(p)
+		segs, err := contract.ParsePath(p)
 		if err != nil {
 			return nil, fmt.Errorf("ops: sensitive path %q: %w", p, err)
 		}
@@ -374,8 +417,19 @@ func (o *Ops) Audit(ctx context.Context, a Actor, q outboxdriver.AuditQuery) ([]
 	if q.Before < 0 {
 		return nil, &InputError{"before", "want the id of an audit row"}
 	}
+	if q.RequestID != "" {
+		id, err := parseRequestID(q.RequestID)
+		if err != nil {
+			return nil, err
+		}
+		q.RequestID = id
+	}
 	if o.aud != nil {
-		return o.aud.FindAudit(ctx, o.t, q)
+		recs, err := o.aud.FindAudit(ctx, o.t, q)
+		for i := range recs {
+			recs[i].Before, recs[i].After = o.maskDiff(recs[i].Before), o.maskDiff(recs[i].After)
+		}
+		return recs, err
 	}
 	if q != (outboxdriver.AuditQuery{Limit: q.Limit}) {
 		return nil, fmt.Errorf("ops: filter the audit: %w", ErrUnsupported)

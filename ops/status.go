@@ -11,11 +11,27 @@ type StatusJSON struct {
 	DeadLetters                 int64           `json:"dead_letters"`
 	PublishedKept               int64           `json:"published_kept"`
 	HeldAggregates              int64           `json:"held_aggregates"`
+	OldestHeldAgeSeconds        float64         `json:"oldest_held_age_seconds"`
 	SchemaVersion               int             `json:"schema_version"`
 	LatestSchemaVersion         int             `json:"latest_schema_version"`
 	Partitions                  []PartitionJSON `json:"partitions"`
 	// Pauses lists the pauses in force, oldest first.
 	Pauses []outboxdriver.Pause `json:"pauses"`
+	// CDCSlots are the log-tailing replication slots of the table;
+	// omitted when it is polled.
+	CDCSlots []SlotJSON `json:"cdc_slots,omitempty"`
+}
+
+// SlotJSON is one replication slot in StatusJSON.
+type SlotJSON struct {
+	Slot         string `json:"slot"`
+	Publication  string `json:"publication"`
+	Exists       bool   `json:"exists"`
+	Active       bool   `json:"active"`
+	LagBytes     int64  `json:"lag_bytes"`
+	ConfirmedLSN string `json:"confirmed_lsn"`
+	WALStatus    string `json:"wal_status"`
+	Owner        string `json:"owner"`
 }
 
 // PartitionJSON is one partition's lease in StatusJSON.
@@ -32,12 +48,16 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 	js := StatusJSON{
 		Backlog: st.Backlog, OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
 		DeadLetters: st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
-		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
+		OldestHeldAgeSeconds: st.OldestHeldAge.Seconds(),
+		SchemaVersion:        st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
 		Partitions: make([]PartitionJSON, 0, len(st.Partitions)),
 		Pauses:     append([]outboxdriver.Pause{}, st.Pauses...),
 	}
 	for _, p := range st.Partitions {
 		js.Partitions = append(js.Partitions, PartitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
+	}
+	for _, s := range st.Slots {
+		js.CDCSlots = append(js.CDCSlots, SlotJSON(s))
 	}
 	return js
 }

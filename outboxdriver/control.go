@@ -192,9 +192,9 @@ type FailureGrouper interface {
 	FailureGroupIDs(ctx context.Context, t Table, key string, limit int) ([]string, error)
 }
 
-// BacklogGroup is the unpublished events of one aggregate type and event
+// KindBacklog is the unpublished events of one aggregate type and event
 // type.
-type BacklogGroup struct {
+type KindBacklog struct {
 	AggregateType string        `json:"aggregatetype"`
 	Type          string        `json:"type"`
 	Backlog       int64         `json:"backlog"`
@@ -226,7 +226,7 @@ type Sample struct {
 type Observer interface {
 	// Backlog lists up to limit groups of unpublished events, largest
 	// first.
-	Backlog(ctx context.Context, t Table, limit int) ([]BacklogGroup, error)
+	Backlog(ctx context.Context, t Table, limit int) ([]KindBacklog, error)
 	// Relays lists the registered relays.
 	Relays(ctx context.Context, t Table) ([]RelayStatus, error)
 	// RecordSample stores a sample of t now and deletes samples older

@@ -297,6 +297,9 @@ type Status struct {
 	Published int64
 	// Held counts aggregates whose later events wait for an earlier one.
 	Held int64
+	// OldestHeldAge is how long the aggregate held longest has been held,
+	// 0 when none is.
+	OldestHeldAge time.Duration
 	// Partitions lists every partition's lease.
 	Partitions []PartitionStatus
 	// SchemaVersion is the applied migration; LatestSchemaVersion the
@@ -304,6 +307,29 @@ type Status struct {
 	SchemaVersion, LatestSchemaVersion int
 	// Pauses lists the pauses in force (a Controller's; none elsewhere).
 	Pauses []Pause
+	// Slots lists the replication slots that relay the table by log
+	// tailing (PostgreSQL only); none when it is polled.
+	Slots []SlotStatus
+}
+
+// SlotStatus is a log-tailing replication slot as the database sees it.
+type SlotStatus struct {
+	Slot, Publication string
+	// Exists is false when the slot is missing (not made yet, or lost).
+	Exists bool
+	// Active says a relay streams the slot now.
+	Active bool
+	// LagBytes is the WAL the slot retains: the server's current WAL
+	// position minus the slot's restart LSN.
+	LagBytes int64
+	// ConfirmedLSN is the position up to which the slot's relay confirmed
+	// every event done ("" when none yet).
+	ConfirmedLSN string
+	// WALStatus is PostgreSQL's wal_status of the slot: reserved,
+	// extended, unreserved or lost.
+	WALStatus string
+	// Owner is the relay that holds the slot's lease ("" when nobody).
+	Owner string
 }
 
 // PartitionStatus is one partition's lease as the database sees it.
@@ -316,3 +342,8 @@ type PartitionStatus struct {
 	// Backlog counts the partition's unpublished events.
 	Backlog int64
 }
+
+// VersionHeader is the header that carries an event's contract version
+// (the articles' eventVersion): the writer sets it from the event's
+// contract, the relay for rows written without it (package contract).
+const VersionHeader = "eventVersion"

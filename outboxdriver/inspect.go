@@ -2,6 +2,7 @@ package outboxdriver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -30,13 +31,21 @@ type AuditRecord struct {
 	AuditEntry
 	Role   string `json:"role"`
 	Reason string `json:"reason,omitempty"`
+	// RequestID is the request (replay, repair) the row is about, if any;
+	// Before and After what the action changed, as JSON, if recorded.
+	RequestID string          `json:"request_id,omitempty"`
+	Before    json.RawMessage `json:"before,omitempty"`
+	After     json.RawMessage `json:"after,omitempty"`
 }
 
 // AuditQuery selects audit rows, newest first. Empty fields match
 // everything.
 type AuditQuery struct {
-	// Actor and Action match exactly; EventID is an event id.
-	Actor, Action, EventID string
+	// Actor and Action match exactly; EventID is an event id, RequestID a
+	// request's id.
+	Actor, Action, EventID, RequestID string
+	// Since and Until bound the time of the row: Since <= at < Until.
+	Since, Until time.Time
 	// Before, when positive, lists only rows with a smaller id: the ID of
 	// the last row of a page fetches the next one.
 	Before int64

@@ -59,9 +59,14 @@ WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?)`, schemaAr
 	if st.SchemaVersion < 2 {
 		return st, nil
 	}
-	if err := db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+n.DeadLetter+`), (SELECT COUNT(*) FROM `+n.Held+`)`).
-		Scan(&st.DeadLetters, &st.Held); err != nil {
+	var heldMicros int64
+	if err := db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+n.DeadLetter+`), (SELECT COUNT(*) FROM `+n.Held+`),
+    (SELECT COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(held_at), UTC_TIMESTAMP(6)), 0) FROM `+n.Held+`)`).
+		Scan(&st.DeadLetters, &st.Held, &heldMicros); err != nil {
 		return fail(err)
+	}
+	if heldMicros > 0 {
+		st.OldestHeldAge = time.Duration(heldMicros) * time.Microsecond
 	}
 	rows, err := db.QueryContext(ctx, `SELECT l.`+"`partition`"+`, COALESCE(l.owner, ''), l.epoch,
        CASE WHEN l.expires_at <= '1970-01-01 00:00:00' THEN -1000000000000000

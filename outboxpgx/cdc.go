@@ -34,27 +34,36 @@ const (
 	CDCTable CDCMode = iota
 	// CDCMessages: events are logical decoding messages (WithMessages),
 	// which exist only in the WAL. A lost slot stops the relay with an
-	// error that names the LSN from which messages may be lost.
+	// error that names the LSN range in which messages may be lost.
 	CDCMessages
+	// CDCInsertDelete: events are rows deleted again in their own
+	// transaction (WithInsertDelete), which exist only in the WAL too. A
+	// lost slot stops the relay as in CDCMessages.
+	CDCInsertDelete
 )
 
-// String returns "table" or "message".
+// String returns "table", "message" or "insert-delete".
 func (m CDCMode) String() string {
-	if m == CDCMessages {
+	switch m {
+	case CDCMessages:
 		return "message"
+	case CDCInsertDelete:
+		return "insert-delete"
 	}
 	return "table"
 }
 
-// ParseCDCMode parses "table" or "message".
+// ParseCDCMode parses "table", "message" or "insert-delete".
 func ParseCDCMode(s string) (CDCMode, error) {
 	switch s {
 	case "table":
 		return CDCTable, nil
 	case "message", "messages":
 		return CDCMessages, nil
+	case "insert-delete", "insert+delete":
+		return CDCInsertDelete, nil
 	}
-	return 0, fmt.Errorf("unknown CDC mode %q: use table or message", s)
+	return 0, fmt.Errorf("unknown CDC mode %q: use table, message or insert-delete", s)
 }
 
 // CDCConfig configures a CDC source. The zero value relays the table's
@@ -75,9 +84,14 @@ type CDCConfig struct {
 	Mode CDCMode
 	// MaxPending bounds the events decoded and not yet published that
 	// the source keeps in memory: it stops reading the stream while it
-	// holds that many, between transactions (one transaction is always
-	// read whole). Defaults to 10000.
+	// holds that many. A larger transaction is handed on in parts (of at
+	// most 1000 events) and never held whole. Defaults to 10000.
 	MaxPending int
+	// SpillDir is where the events of a large transaction that PostgreSQL
+	// streams before its commit wait for the commit, in a file per
+	// transaction removed at its end. Defaults to the system's temporary
+	// directory (os.TempDir).
+	SpillDir string
 	// StatusInterval is the longest time between two standby status
 	// updates to the server, which confirm the LSN the slot may release
 	// WAL up to. Defaults to 10s; it must stay below the server's
@@ -127,7 +141,7 @@ func (cfg *CDCConfig) resolve(t outboxdriver.Table) (CDCConfig, error) {
 	if err := outboxdriver.ValidateIdent("publication", c.Publication); err != nil {
 		return c, err
 	}
-	if c.Mode != CDCTable && c.Mode != CDCMessages {
+	if c.Mode != CDCTable && c.Mode != CDCMessages && c.Mode != CDCInsertDelete {
 		return c, fmt.Errorf("unknown CDC mode %d", c.Mode)
 	}
 	if c.MaxPending == 0 {
@@ -579,7 +593,7 @@ func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limi
 func (s *CDCSource) needsCheck(evs []*event) []string {
 	var ids []string
 	for _, e := range evs {
-		if (e.tx.end != 0 && e.tx.end <= s.deadLSN) || s.queue.held[e.key()] == e.ID {
+		if (e.tx.lsn != 0 && e.tx.lsn <= s.deadLSN) || s.queue.held[e.key()] == e.ID {
 			ids = append(ids, e.ID)
 		}
 	}
@@ -689,7 +703,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 			if e.row {
 				deadRows, deadXids = append(deadRows, f.ID), append(deadXids, int64(e.tx.xid))
 			}
-			deadLSN = max(deadLSN, e.tx.end)
+			deadLSN = max(deadLSN, e.tx.lsn)
 		}
 	}
 	var lsn pglogrepl.LSN
@@ -732,7 +746,13 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		case <-ctx.Done():
 			t.Stop()
 		}
-		err = s.pool.SendBatch(ctx, &pb).Close()
+		// A fresh batch: a sent one keeps the statements it prepared on
+		// its connection, and the pool may hand out another.
+		var again pgx.Batch
+		for _, q := range pb.QueuedQueries {
+			again.Queue(q.SQL, q.Arguments...)
+		}
+		err = s.pool.SendBatch(ctx, &again).Close()
 	}
 
 	s.mu.Lock()

@@ -147,7 +147,15 @@ func (f *cdcFixture) relay(src outboxdriver.Source, cfg relay.Config) func() {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	cfg.Router, cfg.Logger = router, f.log
+	cfg.Router = router
+	return f.relayInto(src, snk, cfg)
+}
+
+// relayInto starts a relay over src into snk (routed by cfg.Router); the
+// returned func stops it and closes snk (also run when the test ends).
+func (f *cdcFixture) relayInto(src outboxdriver.Source, snk sink.Sink, cfg relay.Config) func() {
+	f.t.Helper()
+	cfg.Logger = f.log
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = time.Second
 	}

@@ -96,15 +96,21 @@ func (e *event) seal() {
 }
 
 // txn is one committed transaction's events, in the order they were
-// written. end is the end of its commit record, the LSN the slot may
-// confirm once every event of it and of every earlier transaction is
-// done; rows read while draining the table have none (0).
+// written, or one part of them: a large transaction is handed to the queue
+// in parts of at most partSize events (in order, one after the other), so
+// that it never is in memory whole. end is the end of its commit record,
+// the LSN the slot may confirm once every event of it and of every earlier
+// transaction is done; only the last part has it, and rows read while
+// draining the table have none (0). lsn is the commit record's LSN, in
+// every part (0 for drained rows).
 type txn struct {
-	end pglogrepl.LSN
+	end, lsn pglogrepl.LSN
 	// xid is the transaction's id (0 for drained rows, which are visible).
 	xid uint32
 	// drain says the events are rows read from the table (stream.drain).
-	drain  bool
+	drain bool
+	// commit is the transaction's commit time (zero for drained rows).
+	commit time.Time
 	events []*event
 	left   int // events not done
 }

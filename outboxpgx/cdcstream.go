@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +37,11 @@ type stream struct {
 	// drained says the rows a new slot does not hold were relayed (or
 	// there were none to relay); the reader records it once they are.
 	drained bool
+
+	// sent is the LSN last sent in a standby status update, next when the
+	// next one is due (the reader's).
+	sent pglogrepl.LSN
+	next time.Time
 
 	kickMu     sync.Mutex
 	kicked     bool
@@ -169,12 +175,76 @@ func (st *stream) run(ctx context.Context) error {
 			return err
 		}
 	}
-	conn, err := st.connect(ctx)
-	if err != nil {
-		return err
+	var until pglogrepl.LSN // read without streaming until the slot confirmed it
+	for {
+		conn, err := st.connect(ctx, until == 0)
+		if err != nil {
+			return err
+		}
+		err = st.read(ctx, conn, until)
+		st.close(conn)
+		var unstream *unstreamError
+		switch {
+		case errors.As(err, &unstream):
+			// The stream reads on from the confirmed LSN, without streaming
+			// of transactions in progress: the server sends the transaction
+			// again, whole, at its commit, with its subtransactions'
+			// rollbacks applied.
+			s.Log.Info("outboxpgx: a streamed transaction with messages had a subtransaction rolled back; reading it again, whole", "slot", s.cfg.Slot, "commit_lsn", unstream.end.String())
+			if err := st.settle(ctx); err != nil {
+				return nil
+			}
+			until = unstream.end
+		case errors.Is(err, errRestream):
+			until = 0 // confirmed past it, nothing queued: streaming again
+		default:
+			return err
+		}
 	}
-	defer st.close(conn)
-	return st.read(ctx, conn)
+}
+
+// unstreamError says a streamed transaction (ending at end) cannot be told
+// apart from its rolled-back subtransactions: the stream must be read
+// again without streaming until it is done (decoder.streamCommit).
+type unstreamError struct{ end pglogrepl.LSN }
+
+func (e *unstreamError) Error() string {
+	return "read again without streaming up to " + e.end.String()
+}
+
+// errRestream says a stream read without streaming is past the
+// transaction that needed it.
+var errRestream = errors.New("read again with streaming")
+
+// settle forgets the queued events so that the stream can read them again:
+// it waits until the events are done (for a few seconds; the rest come
+// again, duplicates), and always until the rows read from the table are,
+// which do not come again.
+func (st *stream) settle(ctx context.Context) error {
+	s := st.src
+	patience := time.NewTimer(5 * time.Second)
+	defer patience.Stop()
+	impatient := false
+	for {
+		s.mu.Lock()
+		if !st.current() {
+			s.mu.Unlock()
+			return errStopped
+		}
+		if s.queue.drainLeft == 0 && (s.queue.pending == 0 || impatient) {
+			s.resetLocked()
+			s.mu.Unlock()
+			return nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-st.room:
+		case <-patience.C:
+			impatient = true
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // close closes the replication connection and waits (a little) until the
@@ -226,27 +296,36 @@ func (st *stream) loadHeld(ctx context.Context, deadLSN pglogrepl.LSN) error {
 	return nil
 }
 
-// ensurePublication makes the publication of the table's inserts when it
-// is missing, and fails when it exists without the table.
+// ensurePublication makes the publication of the table's inserts (and
+// truncates, which are logged) when it is missing, and fails when it
+// exists without the table.
 func (s *CDCSource) ensurePublication(ctx context.Context, create bool) error {
-	var exists, hasTable bool
+	var exists, hasTable, truncates bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
-       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
-		s.cfg.Publication, s.Table.Schema, s.Table.Name).Scan(&exists, &hasTable)
+       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3),
+       coalesce((SELECT pubtruncate FROM pg_publication WHERE pubname = $1), false)`,
+		s.cfg.Publication, s.Table.Schema, s.Table.Name).Scan(&exists, &hasTable, &truncates)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: look up publication %s: %w", s.cfg.Publication, err)
 	}
 	switch {
+	case exists && hasTable && !truncates && create:
+		// Made before TRUNCATE was published: the relay logs a TRUNCATE of
+		// the table it is told of.
+		if _, err := s.pool.Exec(ctx, `ALTER PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` SET (publish = 'insert, truncate')`); err != nil {
+			return fmt.Errorf("outboxpgx: publish TRUNCATE in publication %s: %w", s.cfg.Publication, err)
+		}
+		return nil
 	case exists && hasTable:
 		return nil
 	case exists:
 		return fmt.Errorf("outboxpgx: publication %s does not publish %s: run ALTER PUBLICATION %s ADD TABLE %s, or name another publication",
 			s.cfg.Publication, s.Table, outboxdriver.QuoteIdent(s.cfg.Publication), s.Table.Qualified(""))
 	case !create:
-		return fmt.Errorf("outboxpgx: publication %s does not exist: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'), or let the relay create it",
+		return fmt.Errorf("outboxpgx: publication %s does not exist: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, truncate'), or let the relay create it",
 			s.cfg.Publication, outboxdriver.QuoteIdent(s.cfg.Publication), s.Table.Qualified(""))
 	}
-	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` FOR TABLE `+s.Table.Qualified("")+` WITH (publish = 'insert')`)
+	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` FOR TABLE `+s.Table.Qualified("")+` WITH (publish = 'insert, truncate')`)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
 		return nil // made meanwhile
@@ -299,11 +378,19 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 		if from == "" {
 			from = "its creation"
 		}
-		if s.cfg.Mode == CDCMessages {
-			return fmt.Errorf("outboxpgx: replication slot %s %s: events written as logical decoding messages after LSN %s were not relayed and cannot be; to stream again from now on, accept the loss with UPDATE %s SET slot_created = false WHERE slot = '%s'",
-				s.cfg.Slot, what, from, s.Table.Qualified("_cdc"), s.cfg.Slot)
+		if s.cfg.Mode != CDCTable {
+			var now string
+			if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&now); err != nil {
+				now = "?"
+			}
+			events := "logical decoding messages"
+			if s.cfg.Mode == CDCInsertDelete {
+				events = "rows inserted and deleted in their transaction"
+			}
+			return fmt.Errorf("outboxpgx: replication slot %s %s: events written as %s after LSN %s, up to the start of a new slot (the WAL is at %s now), were not relayed and cannot be; to stream again from then on, accept the loss with UPDATE %s SET slot_created = false WHERE slot = '%s'",
+				s.cfg.Slot, what, events, from, now, s.Table.Qualified("_cdc"), s.cfg.Slot)
 		}
-		s.Log.Error("outboxpgx: replication slot lost; making it again and relaying the rows still in the table first (no row is lost; logical decoding messages written meanwhile are)",
+		s.Log.Error("outboxpgx: replication slot lost; making it again and relaying the rows still in the table first (no row is lost; logical decoding messages and insert+delete rows written meanwhile are)",
 			"slot", s.cfg.Slot, "lost", what, "confirmed_lsn", from)
 		if found {
 			if _, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
@@ -486,7 +573,7 @@ func (st *stream) push(t *txn) error {
 // connect opens the replication connection and starts streaming from the
 // slot's confirmed LSN. A stale streamer still connected to the slot (its
 // lease expired, and this relay holds it now) is terminated first.
-func (st *stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
+func (st *stream) connect(ctx context.Context, streaming bool) (*pgconn.PgConn, error) {
 	s := st.src
 	cfg := s.pool.Config().ConnConfig.Config.Copy()
 	cfg.RuntimeParams["replication"] = "database"
@@ -518,9 +605,24 @@ func (st *stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
 		conn.Close(context.Background())
 		return nil, err
 	}
-	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+	// From the LSN recorded with the last batch's outcome: the slot's own
+	// confirmed LSN may lag it (the relay stopped or died before it sent
+	// it), and what is recorded is done; the server starts from the later
+	// of the two.
+	var from string
+	if err := s.pool.QueryRow(ctx, `SELECT coalesce(confirmed_lsn, '0/0')::text FROM `+s.Table.Qualified("_cdc")+` WHERE slot = $1`, s.cfg.Slot).Scan(&from); err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
+	}
+	start, err := pglogrepl.ParseLSN(from)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("outboxpgx: slot %s: confirmed_lsn %q: %w", s.cfg.Slot, from, err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{
-			"proto_version '1'",
+			"proto_version '2'",
+			"streaming '" + strconv.FormatBool(streaming) + "'",
 			"publication_names '" + outboxdriver.QuoteIdent(s.cfg.Publication) + "'",
 			"messages 'true'",
 		},
@@ -571,11 +673,17 @@ func (st *stream) takeOver(ctx context.Context) error {
 // read decodes the stream into the queue until ctx ends or the stream
 // fails, and sends a standby status update with the LSN the source may
 // confirm whenever it moved, or at least every StatusInterval.
-func (st *stream) read(ctx context.Context, conn *pgconn.PgConn) error {
+//
+// until, when not 0, says the stream was started without streaming of
+// transactions in progress, to be read so until the slot confirmed until
+// and nothing is queued: then read returns errRestream.
+func (st *stream) read(ctx context.Context, conn *pgconn.PgConn, until pglogrepl.LSN) error {
 	s := st.src
-	d := decoder{src: s, rels: map[uint32]*relation{}, types: pgtype.NewMap()}
-	var sent pglogrepl.LSN
-	next := time.Now()
+	d := &decoder{src: s, rels: map[uint32]*relation{}, types: pgtype.NewMap(), spills: map[uint32]*spill{},
+		part: max(1, min(partSize, s.cfg.MaxPending))}
+	defer d.close()
+	d.emit = func(t *txn, part bool) error { return st.emit(ctx, conn, t, part) }
+	st.next = time.Now()
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -585,31 +693,26 @@ func (st *stream) read(ctx context.Context, conn *pgconn.PgConn) error {
 			s.mu.Unlock()
 			return nil
 		}
-		target := s.target
 		full := s.queue.pending >= s.cfg.MaxPending
+		idle := len(s.queue.txns) == 0
 		s.mu.Unlock()
 		if err := st.markDrained(ctx); err != nil {
 			return err
 		}
-		if now := time.Now(); target > sent || !now.Before(next) {
-			pos := max(target, sent)
-			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
-				return fmt.Errorf("outboxpgx: send standby status of slot %s: %w", s.cfg.Slot, err)
-			}
-			sent, next = pos, now.Add(s.cfg.StatusInterval)
+		if err := st.status(ctx, conn); err != nil {
+			return err
+		}
+		if until != 0 && idle && st.sent >= until && d.between() {
+			return errRestream
 		}
 		if full && d.cur == nil {
 			// Enough in memory: read on once the relay caught up a little.
-			t := time.NewTimer(time.Until(next))
-			select {
-			case <-st.room:
-			case <-t.C:
-			case <-ctx.Done():
+			if err := st.waitRoomOrStatus(ctx); err != nil {
+				return nil
 			}
-			t.Stop()
 			continue
 		}
-		rctx, cancel := context.WithDeadline(ctx, next)
+		rctx, cancel := context.WithDeadline(ctx, st.next)
 		if !st.receiving(cancel) {
 			cancel()
 			continue
@@ -637,23 +740,20 @@ func (st *stream) read(ctx context.Context, conn *pgconn.PgConn) error {
 				if err != nil {
 					return fmt.Errorf("outboxpgx: stream slot %s: %w", s.cfg.Slot, err)
 				}
-				st.idle(ka.ServerWALEnd, d.cur == nil)
+				st.idle(ka.ServerWALEnd, d.between())
 				if ka.ReplyRequested {
-					next = time.Time{}
+					st.next = time.Time{}
 				}
 			case pglogrepl.XLogDataByteID:
 				x, err := pglogrepl.ParseXLogData(m.Data[1:])
 				if err != nil {
 					return fmt.Errorf("outboxpgx: stream slot %s: %w", s.cfg.Slot, err)
 				}
-				t, err := d.decode(x.WALData)
-				if err != nil {
-					return fmt.Errorf("outboxpgx: stream slot %s at %s: %w", s.cfg.Slot, x.WALStart, err)
-				}
-				if t != nil {
-					if err := st.push(t); err != nil {
+				if err := d.decode(x.WALData); err != nil {
+					if errors.Is(err, errStopped) || ctx.Err() != nil {
 						return nil
 					}
+					return fmt.Errorf("outboxpgx: stream slot %s at %s: %w", s.cfg.Slot, x.WALStart, err)
 				}
 			}
 		case *pgproto3.ErrorResponse:
@@ -664,10 +764,69 @@ func (st *stream) read(ctx context.Context, conn *pgconn.PgConn) error {
 	}
 }
 
+// status sends a standby status update when the LSN to confirm moved or
+// the interval passed.
+func (st *stream) status(ctx context.Context, conn *pgconn.PgConn) error {
+	s := st.src
+	s.mu.Lock()
+	target := s.target
+	s.mu.Unlock()
+	if now := time.Now(); target > st.sent || !now.Before(st.next) {
+		pos := max(target, st.sent)
+		if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos}); err != nil {
+			return fmt.Errorf("outboxpgx: send standby status of slot %s: %w", s.cfg.Slot, err)
+		}
+		st.sent, st.next = pos, now.Add(s.cfg.StatusInterval)
+	}
+	return nil
+}
+
+// waitRoomOrStatus waits until events are done or a status update is due.
+func (st *stream) waitRoomOrStatus(ctx context.Context) error {
+	t := time.NewTimer(time.Until(st.next))
+	defer t.Stop()
+	select {
+	case <-st.room:
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// emit queues a committed transaction, or a part of one (part: more of it
+// follows). A part waits for room in the queue first, sending status
+// updates meanwhile: the server waits in the middle of the transaction
+// until the relay caught up.
+func (st *stream) emit(ctx context.Context, conn *pgconn.PgConn, t *txn, part bool) error {
+	s := st.src
+	for part {
+		s.mu.Lock()
+		if !st.current() {
+			s.mu.Unlock()
+			return errStopped
+		}
+		full := s.queue.pending >= s.cfg.MaxPending
+		s.mu.Unlock()
+		if !full {
+			break
+		}
+		if err := st.status(ctx, conn); err != nil {
+			return err
+		}
+		if err := st.waitRoomOrStatus(ctx); err != nil {
+			return errStopped
+		}
+	}
+	return st.push(t)
+}
+
 // idle confirms the server's WAL end from a keepalive when nothing is
 // pending (every event received so far is done, and no transaction is
 // half read): the slot then keeps no WAL for an idle outbox on a busy
-// database. Only under a lease the local clock says is still held.
+// database. Only under a lease the local clock says is still held. A
+// streamed transaction still in progress does not stop it: it commits
+// after that LSN, so after a restart the server sends it again, whole.
 func (st *stream) idle(walEnd pglogrepl.LSN, between bool) {
 	s := st.src
 	s.mu.Lock()
@@ -677,13 +836,42 @@ func (st *stream) idle(walEnd pglogrepl.LSN, between bool) {
 	}
 }
 
-// decoder turns pgoutput messages into transactions of events.
+// partSize is the most events of one transaction handed to the queue at
+// once (at most MaxPending): a larger transaction goes in parts.
+const partSize = 1000
+
+// decoder turns pgoutput messages (protocol version 2, streaming on) into
+// transactions of events, handed to emit in commit order.
 type decoder struct {
 	src   *CDCSource
 	rels  map[uint32]*relation
 	types *pgtype.Map
-	cur   *txn
-	at    time.Time // the commit time of cur
+	// emit queues a committed transaction, or a part of one (part true:
+	// more of it follows).
+	emit func(t *txn, part bool) error
+	part int // partSize, at most MaxPending
+
+	cur *txn      // the transaction being read (Begin to Commit)
+	at  time.Time // the commit time of cur
+
+	// inStream says a chunk of a streamed transaction is being read
+	// (Stream Start to Stream Stop); spills holds the spill file of each
+	// streamed transaction with events of the table, by its xid.
+	inStream bool
+	streamed uint32
+	spills   map[uint32]*spill
+	// seen is the table's columns as last seen, so that a change of them
+	// (DDL) is logged.
+	seen []string
+}
+
+// commitAt is the commit time of the transaction being read; zero in a
+// streamed one (the spill file's replay fills it in).
+func (d *decoder) commitAt() time.Time {
+	if d.inStream {
+		return time.Time{}
+	}
+	return d.at
 }
 
 // relation is what the decoder knows of a relation: whether it is the
@@ -693,54 +881,170 @@ type relation struct {
 	col  map[string]int
 }
 
-// decode handles one pgoutput message and returns a transaction when it
-// committed.
-func (d *decoder) decode(data []byte) (*txn, error) {
-	msg, err := pglogrepl.Parse(data)
+// between reports whether no transaction is half read.
+func (d *decoder) between() bool { return d.cur == nil && !d.inStream }
+
+// close removes the spill files.
+func (d *decoder) close() {
+	for xid, sp := range d.spills {
+		sp.close()
+		delete(d.spills, xid)
+	}
+}
+
+// decode handles one pgoutput message.
+func (d *decoder) decode(data []byte) error {
+	msg, err := pglogrepl.ParseV2(data, d.inStream)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s := d.src
 	switch m := msg.(type) {
-	case *pglogrepl.RelationMessage:
-		r := &relation{ours: m.Namespace == s.Table.Schema && m.RelationName == s.Table.Name, col: map[string]int{}}
-		for i, c := range m.Columns {
-			r.col[c.Name] = i
-		}
-		d.rels[m.RelationID] = r
+	case *pglogrepl.RelationMessageV2:
+		d.relation(&m.RelationMessage)
 	case *pglogrepl.BeginMessage:
-		d.cur, d.at = &txn{xid: m.Xid}, m.CommitTime
-	case *pglogrepl.InsertMessage:
+		d.cur, d.at = &txn{xid: m.Xid, lsn: m.FinalLSN, commit: m.CommitTime}, m.CommitTime
+	case *pglogrepl.InsertMessageV2:
 		r := d.rels[m.RelationID]
-		if r == nil || !r.ours || d.cur == nil {
-			return nil, nil
+		if r == nil || !r.ours {
+			return nil
 		}
-		d.cur.events = append(d.cur.events, d.row(r, m.Tuple))
-	case *pglogrepl.LogicalDecodingMessage:
-		if !m.Transactional || m.Prefix != s.prefix || d.cur == nil {
+		return d.add(m.Xid, d.row(r, m.Tuple))
+	case *pglogrepl.LogicalDecodingMessageV2:
+		if !m.Transactional || m.Prefix != s.prefix {
 			if m.Prefix == s.prefix && !m.Transactional {
 				s.Log.Warn("outboxpgx: ignored a non-transactional message with the outbox's prefix: write events with pg_logical_emit_message(true, ...)", "lsn", m.LSN.String())
 			}
-			return nil, nil
+			return nil
 		}
-		d.cur.events = append(d.cur.events, d.message(m))
+		return d.add(m.Xid, d.message(&m.LogicalDecodingMessage))
 	case *pglogrepl.CommitMessage:
 		t := d.cur
 		d.cur = nil
 		if t == nil {
-			return nil, nil
+			return nil
 		}
 		t.end = m.TransactionEndLSN
-		return t, nil
-	case *pglogrepl.TruncateMessage:
-		s.Log.Warn("outboxpgx: ignored a TRUNCATE of the outbox table: truncated rows that were not relayed yet are gone", "table", s.Table.String())
+		return d.emit(t, false)
+	case *pglogrepl.StreamStartMessageV2:
+		d.inStream, d.streamed = true, m.Xid
+		if sp := d.spills[m.Xid]; sp != nil && m.FirstSegment == 1 {
+			sp.close() // left from before: the transaction starts anew
+			delete(d.spills, m.Xid)
+		}
+	case *pglogrepl.StreamStopMessageV2:
+		d.inStream = false
+	case *pglogrepl.StreamAbortMessageV2:
+		sp := d.spills[m.Xid]
+		switch {
+		case sp == nil:
+		case m.SubXid == m.Xid || m.SubXid == 0:
+			sp.close()
+			delete(d.spills, m.Xid)
+		default:
+			sp.aborted[m.SubXid] = true
+			// pgoutput tags a streamed message with the top-level
+			// transaction, not with the subtransaction that wrote it: which
+			// of them were rolled back cannot be told.
+			sp.tainted = sp.tainted || sp.messages > 0
+		}
+	case *pglogrepl.StreamCommitMessageV2:
+		return d.streamCommit(m)
+	case *pglogrepl.TruncateMessageV2:
+		for _, id := range m.RelationIDs {
+			if r := d.rels[id]; r != nil && r.ours {
+				s.Log.Warn("outboxpgx: ignored a TRUNCATE of the outbox table: truncated rows that were not relayed yet are gone", "table", s.Table.String())
+				break
+			}
+		}
 	}
-	return nil, nil
+	return nil
+}
+
+// relation records a relation's columns; a change of the outbox table's
+// (DDL) is logged once and otherwise ignored: events are read by column
+// name.
+func (d *decoder) relation(m *pglogrepl.RelationMessage) {
+	s := d.src
+	r := &relation{ours: m.Namespace == s.Table.Schema && m.RelationName == s.Table.Name, col: map[string]int{}}
+	names := make([]string, len(m.Columns))
+	for i, c := range m.Columns {
+		r.col[c.Name] = i
+		names[i] = c.Name
+	}
+	d.rels[m.RelationID] = r
+	if !r.ours {
+		return
+	}
+	if d.seen != nil && !slices.Equal(d.seen, names) {
+		s.Log.Warn("outboxpgx: the outbox table's columns changed (DDL); ignored, events are read by column name",
+			"table", s.Table.String(), "columns", strings.Join(names, ","))
+	}
+	d.seen = names
+}
+
+// add adds an event written by (sub)transaction xid: to the spill file of
+// the streamed transaction being read, or to the transaction being read,
+// which goes to the queue in parts once it is large.
+func (d *decoder) add(xid uint32, e *event) error {
+	if d.inStream {
+		sp := d.spills[d.streamed]
+		if sp == nil {
+			var err error
+			if sp, err = newSpill(d.src.cfg.SpillDir); err != nil {
+				return err
+			}
+			d.spills[d.streamed] = sp
+		}
+		if !e.row {
+			sp.messages++
+		}
+		return sp.add(xid, e)
+	}
+	if d.cur == nil {
+		return nil
+	}
+	d.cur.events = append(d.cur.events, e)
+	if len(d.cur.events) < d.part {
+		return nil
+	}
+	t := d.cur
+	d.cur = &txn{xid: t.xid, lsn: t.lsn, commit: t.commit}
+	return d.emit(t, true)
+}
+
+// streamCommit hands a streamed transaction to the queue, read back from
+// its spill file in parts.
+func (d *decoder) streamCommit(m *pglogrepl.StreamCommitMessageV2) error {
+	sp := d.spills[m.Xid]
+	delete(d.spills, m.Xid)
+	t := &txn{xid: m.Xid, lsn: m.CommitLSN, commit: m.CommitTime}
+	if sp != nil && sp.tainted {
+		sp.close()
+		return &unstreamError{end: m.TransactionEndLSN}
+	}
+	if sp != nil {
+		defer sp.close()
+		err := sp.replay(m.CommitTime, func(e *event) error {
+			t.events = append(t.events, e)
+			if len(t.events) < d.part {
+				return nil
+			}
+			part := t
+			t = &txn{xid: m.Xid, lsn: m.CommitLSN, commit: m.CommitTime}
+			return d.emit(part, true)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	t.end = m.TransactionEndLSN
+	return d.emit(t, false)
 }
 
 // row decodes an INSERT into the outbox table.
 func (d *decoder) row(r *relation, tup *pglogrepl.TupleData) *event {
-	e := &event{row: true, CreatedAt: d.at}
+	e := &event{row: true, CreatedAt: d.commitAt()}
 	get := func(name string) ([]byte, bool) {
 		i, ok := r.col[name]
 		if !ok || tup == nil || i >= len(tup.Columns) {
@@ -784,7 +1088,7 @@ func (d *decoder) message(m *pglogrepl.LogicalDecodingMessage) *event {
 	content := bytes.Clone(m.Content)
 	ev, err := decodeMessage(content)
 	e := &ev
-	e.Seq, e.CreatedAt = int64(m.LSN), d.at
+	e.Seq, e.CreatedAt = int64(m.LSN), d.commitAt()
 	if err != nil {
 		// Dead-lettered with the content as its raw payload.
 		e.bad = fmt.Errorf("the message at LSN %s is %w", m.LSN, err)

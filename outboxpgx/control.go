@@ -312,7 +312,7 @@ var _ outboxdriver.Observer = (*Driver)(nil)
 // Backlog lists up to limit groups (aggregate type, event type) of t's
 // unpublished events, largest first, with the age of each one's oldest.
 // It reads every unpublished row.
-func (d *Driver) Backlog(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.BacklogGroup, error) {
+func (d *Driver) Backlog(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.KindBacklog, error) {
 	n, err := d.names(t)
 	if err != nil {
 		return nil, err
@@ -323,8 +323,8 @@ GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.BacklogGroup, error) {
-		var g outboxdriver.BacklogGroup
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.KindBacklog, error) {
+		var g outboxdriver.KindBacklog
 		var age float64
 		err := r.Scan(&g.AggregateType, &g.Type, &g.Backlog, &age)
 		g.OldestAge = time.Duration(max(age, 0) * float64(time.Second))

@@ -59,12 +59,23 @@ func auditRow(alias, action string, first int, by outboxdriver.Acting, acting bo
 }
 
 func (d *Driver) retryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting, acting bool) ([]string, error) {
-	n, err := d.names(t)
-	if err != nil {
+	if _, err := d.names(t); err != nil {
 		return nil, err
 	}
+	return d.retryDeadLettersOn(ctx, d.pool, t, ids, by, acting)
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// retryDeadLettersOn is retryDeadLetters on q: the pool, or a transaction
+// that does more (a repair).
+func (d *Driver) retryDeadLettersOn(ctx context.Context, q querier, t outboxdriver.Table, ids []string, by outboxdriver.Acting, acting bool) ([]string, error) {
+	n := pgschema.NamesOf(t.WithDefaults())
 	cols, vals, audit := auditRow("m", "retry", 3, by, acting)
-	rows, err := d.pool.Query(ctx, `WITH moved AS (
+	rows, err := q.Query(ctx, `WITH moved AS (
     DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[]) RETURNING *
 ), back AS (
     INSERT INTO `+n.Table+` (id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw)

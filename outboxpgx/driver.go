@@ -31,6 +31,9 @@ type Driver struct {
 	// messages writes events as logical decoding messages (WithMessages),
 	// insertDelete as rows deleted again at once (WithInsertDelete).
 	messages, insertDelete bool
+	// quiet turns the wake-up off for the writer's transaction
+	// (WithoutWakeups).
+	quiet bool
 
 	mu    sync.Mutex
 	multi map[outboxdriver.Table]string
@@ -70,6 +73,21 @@ func WithMessages() Option { return func(d *Driver) { d.messages, d.insertDelete
 // table migrated to version 4.
 func WithInsertDelete() Option { return func(d *Driver) { d.insertDelete, d.messages = true, false } }
 
+// WithoutWakeups makes the Driver's inserts send no wake-up to an idle
+// relay, for writers whose transactions end in PREPARE TRANSACTION
+// (two-phase commit): PostgreSQL refuses to prepare a transaction that
+// sent a NOTIFY. Each insert sets outbox.notify to off for the rest of
+// its transaction, in the same statement (no extra round trip). An idle
+// relay then finds the events at its next poll, within the relay's poll
+// interval, instead of at once. Needs the table migrated to version 8;
+// docs/databases.md (Two-phase commit) has the SQL for other writers.
+func WithoutWakeups() Option { return func(d *Driver) { d.quiet = true } }
+
+// quietCTE sets outbox.notify to off for the rest of the transaction; the
+// statement that follows it selects FROM quiet.
+const quietCTE = `WITH quiet AS MATERIALIZED (SELECT set_config('outbox.notify', 'off', true))
+`
+
 var (
 	_ outboxdriver.Writer[pgx.Tx]     = (*Driver)(nil)
 	_ outboxdriver.TxMigrator[pgx.Tx] = (*Driver)(nil)
@@ -98,20 +116,28 @@ const insertCols = `(id, aggregatetype, aggregateid, type, payload, payload_raw,
 func (d *Driver) sql(t outboxdriver.Table, n int) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	with, from := "", ""
+	if d.quiet {
+		with, from = quietCTE, "quiet, "
+	}
 	if n == 1 {
 		s, ok := d.one[t]
 		if !ok {
-			s = `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
+			s = with + `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
 VALUES ($1::uuid, $2, $3, $4, $5::json, $6, coalesce($7::jsonb, '{}'::jsonb), $8)`
+			if d.quiet {
+				s = with + `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
+SELECT $1::uuid, $2, $3, $4, $5::json, $6::bytea, coalesce($7::jsonb, '{}'::jsonb), $8 FROM quiet`
+			}
 			d.one[t] = s
 		}
 		return s
 	}
 	s, ok := d.multi[t]
 	if !ok {
-		s = `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
+		s = with + `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
 SELECT u.id, u.at, u.aid, u.ty, u.p::json, u.raw, coalesce(u.h::jsonb, '{}'::jsonb), u.tc
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[])
+FROM ` + from + `unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[])
   AS u(id, at, aid, ty, p, raw, h, tc)`
 		d.multi[t] = s
 	}
@@ -172,7 +198,11 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 	case d.messages:
 		return messageStatement(t, rows)
 	case d.insertDelete:
-		return insertDeleteStatement(t, rows)
+		sql, args := insertDeleteStatement(t, rows)
+		if d.quiet {
+			sql = quietCTE + sql + ` FROM quiet`
+		}
+		return sql, args
 	}
 	if len(rows) == 1 {
 		r := rows[0]

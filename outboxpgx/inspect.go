@@ -2,6 +2,7 @@ package outboxpgx
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -109,20 +110,10 @@ FROM `+n.DeadLetter+` WHERE id = $1`, u).Scan(&dl.ID, &dl.AggregateType, &dl.Agg
 
 // AppendAudit adds r to the audit table of t.
 func (d *Driver) AppendAudit(ctx context.Context, t outboxdriver.Table, r outboxdriver.AuditRecord) error {
-	n, err := d.names(t)
-	if err != nil {
+	if _, err := d.names(t); err != nil {
 		return err
 	}
-	var event *uuid.UUID
-	if r.EventID != "" {
-		u, err := uuid.Parse(r.EventID)
-		if err != nil {
-			return fmt.Errorf("outboxpgx: audit of %s: event id %q is not a UUID", t, r.EventID)
-		}
-		event = &u
-	}
-	_, err = d.pool.Exec(ctx, `INSERT INTO `+n.Audit+` (actor, role, action, event_id, detail, reason) VALUES ($1, $2, $3, $4, $5, $6)`,
-		r.Actor, r.Role, r.Action, event, r.Detail, r.Reason)
+	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error { return d.requestAudit(ctx, tx, t, r) })
 	if err != nil {
 		return auditErr(t, "audit of", err)
 	}
@@ -146,20 +137,39 @@ func (d *Driver) FindAudit(ctx context.Context, t outboxdriver.Table, q outboxdr
 		}
 		event = &u
 	}
-	rows, err := d.pool.Query(ctx, `SELECT id, at, actor, action, coalesce(event_id::text, ''), detail, role, reason
+	var request *uuid.UUID
+	if q.RequestID != "" {
+		u, err := uuid.Parse(q.RequestID)
+		if err != nil {
+			return nil, nil // no row has it
+		}
+		request = &u
+	}
+	rows, err := d.pool.Query(ctx, `SELECT id, at, actor, action, coalesce(event_id::text, ''), detail, role, reason,
+       coalesce(request_id::text, ''), before::text, after::text
 FROM `+n.Audit+`
 WHERE ($1 = '' OR actor = $1)
   AND ($2 = '' OR action = $2)
   AND ($3::uuid IS NULL OR event_id = $3)
   AND ($4::bigint <= 0 OR id < $4)
+  AND ($6::uuid IS NULL OR request_id = $6)
+  AND ($7::timestamptz IS NULL OR at >= $7)
+  AND ($8::timestamptz IS NULL OR at < $8)
 ORDER BY id DESC
-LIMIT $5`, q.Actor, q.Action, event, q.Before, q.Limit)
+LIMIT $5`, q.Actor, q.Action, event, q.Before, q.Limit, request, timeArg(q.Since), timeArg(q.Until))
 	if err != nil {
 		return nil, auditErr(t, "audit of", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.AuditRecord, error) {
 		var a outboxdriver.AuditRecord
-		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Action, &a.EventID, &a.Detail, &a.Role, &a.Reason)
+		var before, after *string
+		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Action, &a.EventID, &a.Detail, &a.Role, &a.Reason, &a.RequestID, &before, &after)
+		if before != nil {
+			a.Before = json.RawMessage(*before)
+		}
+		if after != nil {
+			a.After = json.RawMessage(*after)
+		}
 		return a, err
 	})
 	if err != nil {
@@ -184,8 +194,8 @@ func (d *Driver) DiscardDeadLettersAs(ctx context.Context, t outboxdriver.Table,
 // version 5 says to migrate.
 func auditErr(t outboxdriver.Table, what string, err error) error {
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "42703" { // undefined_column
-		return fmt.Errorf("outboxpgx: %s %s: the audit table predates schema version 5 (role and reason): run `outbox migrate`: %w", what, t, err)
+	if errors.As(err, &pg) && (pg.Code == "42703" || pg.Code == "42P01") { // undefined_column, undefined_table
+		return fmt.Errorf("outboxpgx: %s %s: the table predates the console's schema (version 5 for role and reason, 7 for requests): run `outbox migrate`: %w", what, t, err)
 	}
 	return fmt.Errorf("outboxpgx: %s %s: %w", what, t, err)
 }

@@ -49,8 +49,13 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if st.SchemaVersion < 2 {
 		return st, nil
 	}
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+n.Held).Scan(&st.Held); err != nil {
+	var heldSeconds float64
+	if err := db.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(held_at)), 0)::float8 FROM `+n.Held).
+		Scan(&st.Held, &heldSeconds); err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+	}
+	if heldSeconds > 0 {
+		st.OldestHeldAge = time.Duration(heldSeconds * float64(time.Second))
 	}
 	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
 		return st, err
@@ -79,5 +84,61 @@ ORDER BY l.partition`)
 	if err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
+	if st.SchemaVersion >= 4 {
+		if st.Slots, err = slotStatuses(ctx, db, t, ""); err != nil {
+			return st, fmt.Errorf("outboxpgx: status of %s: replication slots: %w", t, err)
+		}
+	}
 	return st, nil
+}
+
+var _ outboxdriver.BacklogGrouper = (*Driver)(nil)
+
+// backlogColumns are the SQL expressions of the columns BacklogBy groups
+// by, each rendered as the route package renders the column.
+var backlogColumns = map[string]string{
+	"aggregatetype": "aggregatetype",
+	"aggregateid":   "aggregateid",
+	"type":          "type",
+	"id":            "id::text",
+	"created_at":    `to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`,
+}
+
+// BacklogBy implements outboxdriver.BacklogGrouper.
+func (d *Driver) BacklogBy(ctx context.Context, t outboxdriver.Table, column string, limit int) ([]outboxdriver.BacklogGroup, error) {
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("outboxpgx: %w", err)
+	}
+	expr, ok := backlogColumns[column]
+	if !ok {
+		return nil, fmt.Errorf("outboxpgx: cannot group the backlog by %q", column)
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("outboxpgx: backlog groups limit %d: use at least 1", limit)
+	}
+	if d.pool == nil {
+		return nil, errNoPool
+	}
+	rows, err := d.pool.Query(ctx, `WITH g AS (
+    SELECT `+expr+` AS v, count(*) AS n, min(created_at) AS oldest
+    FROM `+pgschema.NamesOf(t).Table+` WHERE published_at IS NULL GROUP BY 1
+), r AS (SELECT v, n, oldest, row_number() OVER (ORDER BY n DESC, v) AS rn FROM g)
+SELECT coalesce(CASE WHEN rn <= $1 THEN v END, ''), rn > $1, sum(n)::bigint,
+       greatest(extract(epoch FROM now() - min(oldest)), 0)::float8
+FROM r GROUP BY 1, 2 ORDER BY 2, 3 DESC, 1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: backlog of %s by %s: %w", t, column, err)
+	}
+	groups, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxdriver.BacklogGroup, error) {
+		var g outboxdriver.BacklogGroup
+		var secs float64
+		err := row.Scan(&g.Value, &g.Rest, &g.Events, &secs)
+		g.OldestAge = time.Duration(secs * float64(time.Second))
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: backlog of %s by %s: %w", t, column, err)
+	}
+	return groups, nil
 }

@@ -47,20 +47,24 @@ WHERE type = 'table' AND name IN (?, ?)`, t.Name, t.Name+"_migrations").Scan(&fo
 	if found != 2 {
 		return st, fmt.Errorf("outboxsqlite: %s: %w", t, outboxdriver.ErrNotMigrated)
 	}
-	var ageSeconds float64
+	var ageSeconds, heldSeconds float64
 	err = tx.QueryRowContext(ctx, `SELECT
     (SELECT count(*) FROM `+n.Table+` WHERE published_at IS NULL),
     (SELECT coalesce((julianday('now') - julianday(min(created_at))) * 86400.0, 0) FROM `+n.Table+` WHERE published_at IS NULL),
     (SELECT count(*) FROM `+n.Table+` WHERE published_at IS NOT NULL),
     (SELECT count(*) FROM `+n.DeadLetter+`),
     (SELECT count(*) FROM `+n.Held+`),
+    (SELECT coalesce((julianday('now') - julianday(min(held_at))) * 86400.0, 0) FROM `+n.Held+`),
     (SELECT coalesce(max(version), 0) FROM `+n.Migrations+`)`).
-		Scan(&st.Backlog, &ageSeconds, &st.Published, &st.DeadLetters, &st.Held, &st.SchemaVersion)
+		Scan(&st.Backlog, &ageSeconds, &st.Published, &st.DeadLetters, &st.Held, &heldSeconds, &st.SchemaVersion)
 	if err != nil {
 		return fail(err)
 	}
 	if ageSeconds > 0 {
 		st.OldestUnpublishedAge = time.Duration(ageSeconds * float64(time.Second))
+	}
+	if heldSeconds > 0 {
+		st.OldestHeldAge = time.Duration(heldSeconds * float64(time.Second))
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT l.partition, coalesce(l.owner, ''), l.epoch,
        coalesce((julianday(l.expires_at) - julianday('now')) * 86400.0, -1e9),

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/sink"
@@ -16,6 +18,8 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 	var (
 		failures       int // consecutive claims that failed (database)
 		brokerFailures int // consecutive batches that met a broker outage
+		dbDown         time.Time
+		brokerDown     time.Time // when the first of them failed
 	)
 	wk := newWakeups(r.src, r.cfg.PollInterval, r.log)
 	for ctx.Err() == nil {
@@ -32,13 +36,19 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			if failures == 0 {
+				dbDown = time.Now()
+			}
 			failures++
 			d := backoff.Delay(failures, breakerBase, breakerMax)
-			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d)
+			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d, "failures", failures)
 			sleep(ctx, d)
 			continue
 		}
-		failures = 0 // the database answered; a broker outage counts anew below
+		if failures > 0 {
+			r.log.Warn("relay: recovered: the database answers again", "failures", failures, "down_for", time.Since(dbDown).Round(time.Millisecond))
+			failures = 0 // a broker outage counts anew below
+		}
 		recs := b.Records()
 		r.metrics.Claimed(len(recs))
 		if len(recs) == 0 {
@@ -64,27 +74,32 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			// A backlog: work it off in lanes.
 			outage = r.lanes(ctx, pubCtx)
 		}
+		if outage == nil && brokerFailures > 0 {
+			r.log.Warn("relay: recovered: the broker takes messages again", "failures", brokerFailures, "down_for", time.Since(brokerDown).Round(time.Millisecond))
+			brokerFailures = 0
+		}
 		if clean && !full {
 			switch wk.caughtUp(ctx) {
 			case claimAgain:
 				continue
 			case awaitWakeup:
-				brokerFailures = 0
 				r.linger(ctx, claimed)
 				r.waitForWork(ctx, r.cfg.PollInterval)
 				continue
 			}
 		}
 		if outage == nil {
-			brokerFailures = 0
 			if wk.steady && !full {
 				r.linger(ctx, claimed)
 			}
 			continue
 		}
+		if brokerFailures == 0 {
+			brokerDown = time.Now()
+		}
 		brokerFailures++
 		d := backoff.Delay(brokerFailures, breakerBase, breakerMax)
-		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "err", outage)
+		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "failures", brokerFailures, "err", outage)
 		sleep(ctx, d)
 	}
 }
@@ -189,37 +204,50 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
 	defer cancel()
 	plan := newWaves(recs)
+	tr := r.tracing.Tracer() // nil: tracing off, no span and no cost
 	var (
-		out        outboxdriver.Outcome
-		failedDest []string // destination of out.Failed[i]
-		succeeded  int
-		permanent  int
-		n          = plan.aggregates()
-		msgs       = make([]sink.Message, 0, n)
-		pos        = make([]int, 0, n)
-		dests      = make([]string, 0, n)
-		wave       = make([]*aggregate, 0, n) // the aggregate of msgs[j]
+		out       outboxdriver.Outcome
+		failed    []failedEvent // of out.Failed[i]
+		succeeded int
+		permanent int
+		n         = plan.aggregates()
+		msgs      = make([]sink.Message, 0, n)
+		pos       = make([]int, 0, n)
+		dests     = make([]string, 0, n)
+		wave      = make([]*aggregate, 0, n) // the aggregate of msgs[j]
+		spans     []trace.Span               // the publish span of msgs[j], when tracing
 	)
 	for {
-		msgs, pos, dests, wave = msgs[:0], pos[:0], dests[:0], wave[:0]
+		msgs, pos, dests, wave, spans = msgs[:0], pos[:0], dests[:0], wave[:0], spans[:0]
 		for _, a := range plan.next() {
 			i := a.at()
 			if r.pauses.typePaused(recs[i].AggregateType) {
 				a.block() // paused: left untouched, its aggregate waits
 				continue
 			}
-			m, err := r.cfg.Router.Message(&recs[i])
+			m, err := r.message(&recs[i])
 			if err != nil {
 				r.metrics.PublishFailed("", true)
 				permanent++
 				f := r.failure(&recs[i], err, true)
-				out.Failed, failedDest = append(out.Failed, f), append(failedDest, "")
+				fe := failedEvent{rec: i, at: time.Now(), class: DeadLetterInvalid}
+				if tr != nil {
+					fe.span = r.startPublish(pctx, tr, &recs[i], nil)
+				}
+				out.Failed, failed = append(out.Failed, f), append(failed, fe)
 				r.afterDeadLetter(a)
 				continue
 			}
 			if r.pauses.destPaused(recs[i].AggregateType, m.Destination) {
 				a.block()
 				continue
+			}
+			if tr != nil {
+				// A copy of its own, so that m stays on the stack while
+				// tracing is off: not an allocation per event.
+				tm := m
+				spans = append(spans, r.startPublish(pctx, tr, &recs[i], &tm))
+				m = tm
 			}
 			msgs, pos, dests = append(msgs, m), append(pos, i), append(dests, m.Destination)
 			wave = append(wave, a)
@@ -228,18 +256,30 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			break
 		}
 		results := r.snk.Publish(pctx, msgs)
-		if len(results) != len(msgs) {
-			b.Release(ctx)
-			return false, fmt.Errorf("relay: the sink returned %d results for %d messages", len(results), len(msgs))
-		}
 		now := time.Now()
+		if len(results) != len(msgs) {
+			err := fmt.Errorf("relay: the sink returned %d results for %d messages", len(results), len(msgs))
+			for _, s := range spans {
+				endPublish(s, OutcomeDeferred, err, now)
+			}
+			endFailed(out.Failed, failed, false)
+			b.Release(ctx)
+			return false, err
+		}
 		for j, err := range results {
 			rec, a := &recs[pos[j]], wave[j]
+			var span trace.Span
+			if tr != nil {
+				span = spans[j]
+			}
 			if err == nil {
 				out.Published = append(out.Published, rec.ID)
 				r.metrics.Published(dests[j], now.Sub(rec.CreatedAt))
 				succeeded++
 				a.advance()
+				if span != nil {
+					endPublish(span, OutcomePublished, nil, now)
+				}
 				continue
 			}
 			perm := sink.IsPermanent(err)
@@ -247,13 +287,20 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			if !perm && (sink.IsUnavailable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 				outage = err
 				a.block()
+				if span != nil {
+					endPublish(span, OutcomeDeferred, err, now)
+				}
 				continue
 			}
 			if perm {
 				permanent++
 			}
 			f := r.failure(rec, err, perm)
-			out.Failed, failedDest = append(out.Failed, f), append(failedDest, dests[j])
+			class := DeadLetterExhausted
+			if perm {
+				class = DeadLetterRefused
+			}
+			out.Failed, failed = append(out.Failed, f), append(failed, failedEvent{dest: dests[j], rec: pos[j], span: span, at: now, class: class})
 			if f.DeadLetter {
 				r.afterDeadLetter(a)
 			} else {
@@ -261,8 +308,13 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			}
 		}
 	}
+	recorded := true
 	if succeeded == 0 && permanent == 0 && len(out.Failed) > 0 {
 		outage = out.Failed[0].Err // nothing got through: the broker, not the events
+		recorded = false
+	}
+	endFailed(out.Failed, failed, recorded)
+	if !recorded {
 		out.Failed = nil
 	}
 	if len(out.Published) == 0 && len(out.Failed) == 0 {
@@ -270,11 +322,15 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		return false, outage
 	}
 	r.stage(StagePublished, len(out.Published))
-	for _, f := range out.Failed {
+	for i, f := range out.Failed {
+		rec, fe := &recs[failed[i].rec], failed[i]
+		tid := traceAttr(rec, fe.span)
 		if f.DeadLetter {
-			r.log.Warn("relay: dead-lettering event", "id", f.ID, "hold_aggregate", f.Hold, "err", f.Err)
+			r.log.Warn("relay: dead-lettering event", "event_id", rec.ID, "aggregatetype", rec.AggregateType, "aggregateid", rec.AggregateID,
+				"partition", rec.Partition, "attempt", rec.Attempts+1, "destination", fe.dest, "class", fe.class, "hold_aggregate", f.Hold, "err", f.Err, tid)
 		} else {
-			r.log.Warn("relay: publish failed; will retry", "id", f.ID, "retry_in", f.RetryAfter, "err", f.Err)
+			r.log.Warn("relay: publish failed; will retry", "event_id", rec.ID, "aggregatetype", rec.AggregateType, "aggregateid", rec.AggregateID,
+				"partition", rec.Partition, "attempt", rec.Attempts+1, "destination", fe.dest, "retry_in", f.RetryAfter, "err", f.Err, tid)
 		}
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FinishTimeout)
@@ -292,9 +348,12 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	r.stage(StageRecorded, len(recs))
 	for i, f := range out.Failed {
 		if f.DeadLetter {
-			r.metrics.DeadLettered(failedDest[i])
+			r.metrics.DeadLettered(failed[i].dest)
+			if c, ok := r.metrics.(DeadLetterClasses); ok {
+				c.DeadLetteredAs(failed[i].dest, failed[i].class)
+			}
 		} else {
-			r.metrics.Retried(failedDest[i])
+			r.metrics.Retried(failed[i].dest)
 		}
 	}
 	clean = outage == nil && len(out.Published) == len(recs)
@@ -307,6 +366,34 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		}
 	}
 	return clean, outage
+}
+
+// failedEvent is what process keeps about the event of out.Failed[i].
+type failedEvent struct {
+	dest  string          // its destination ("" when it could not be routed)
+	rec   int             // its position in the batch
+	span  trace.Span      // its publish span, when tracing
+	at    time.Time       // when the broker answered
+	class DeadLetterClass // why it is dead-lettered, if it is
+}
+
+// endFailed ends the publish spans of failed events: retried or
+// dead-lettered when recorded, deferred when the batch met an outage
+// instead.
+func endFailed(fs []outboxdriver.Failure, failed []failedEvent, recorded bool) {
+	for i, fe := range failed {
+		if fe.span == nil {
+			continue
+		}
+		outcome := OutcomeDeferred
+		switch {
+		case recorded && fs[i].DeadLetter:
+			outcome = OutcomeDeadLettered
+		case recorded:
+			outcome = OutcomeRetried
+		}
+		endPublish(fe.span, outcome, fs[i].Err, fe.at)
+	}
 }
 
 // failure turns a publish error into a retry or a dead letter.

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/relay"
@@ -65,30 +64,10 @@ func TestRowsThatCannotBePublishedAsWrittenAreDeadLettered(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(30 * time.Second)
-			for st := e.status(t); st.Backlog != 0 || st.DeadLetters != int64(len(causes)); st = e.status(t) {
-				if time.Now().After(deadline) {
-					t.Fatalf("backlog %d, dead letters %d after 30s; want 0 and %d", st.Backlog, st.DeadLetters, len(causes))
+			for id, dl := range e.waitDeadLetters(t, len(causes)) {
+				if want := causes[id]; want == "" || !strings.Contains(dl.lastErr, want) || dl.attempts != 1 {
+					t.Errorf("dead letter %s: attempts %d, last_error %q; want 1 attempt (permanent) and a cause saying %q", id, dl.attempts, dl.lastErr, want)
 				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			rows, err := e.pool.Query(context.Background(), `SELECT id::text, attempts, last_error FROM `+e.table.Qualified("_dead_letter"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			for rows.Next() {
-				var id, lastErr string
-				var attempts int
-				if err := rows.Scan(&id, &attempts, &lastErr); err != nil {
-					t.Fatal(err)
-				}
-				if want := causes[id]; want == "" || !strings.Contains(lastErr, want) || attempts != 1 {
-					t.Errorf("dead letter %s: attempts %d, last_error %q; want 1 attempt (permanent) and a cause saying %q", id, attempts, lastErr, want)
-				}
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
 			}
 			// The one good event arrived, its key the aggregate id.
 			var keys []string

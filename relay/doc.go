@@ -16,6 +16,11 @@
 // outboxdriver.ClaimExcluder to leave paused aggregate types out of its
 // claims.
 //
+// With a tracer provider (Config.TracerProvider, or the global one once
+// the application sets it), every publish is an OpenTelemetry producer
+// span, a child of the trace context its writer stored, and the message
+// carries that span's traceparent (docs/tracing.md).
+//
 // The engine never imports a database or broker client: it talks to an
 // outboxdriver.Source and a sink.Sink.
 package relay

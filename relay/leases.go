@@ -64,8 +64,22 @@ func (r *Relay) manageLeases(ctx context.Context) {
 	every := r.cfg.LeaseTTL / 3
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var (
+		failures int       // upkeeps that failed in a row
+		down     time.Time // when the first of them did
+	)
 	for {
-		r.upkeep(ctx)
+		switch ok := r.upkeep(ctx); {
+		case !ok && ctx.Err() == nil:
+			if failures == 0 {
+				down = time.Now()
+			}
+			failures++
+		case ok && failures > 0:
+			r.log.Warn("relay: recovered: lease upkeep reaches the database again", "failures", failures,
+				"down_for", time.Since(down).Round(time.Millisecond))
+			failures = 0
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -77,15 +91,16 @@ func (r *Relay) manageLeases(ctx context.Context) {
 // upkeep runs one round: heartbeat, renew, then release the partitions
 // above the fair share or acquire up to it. The fair share is the ceiling
 // of partitions / live relays, so a newcomer gets partitions as soon as the
-// others have shed theirs.
-func (r *Relay) upkeep(ctx context.Context) {
+// others have shed theirs. It reports whether the round reached the
+// database at every step.
+func (r *Relay) upkeep(ctx context.Context) bool {
 	ttl := r.cfg.LeaseTTL
 	relays, partitions, err := r.src.Heartbeat(ctx, ttl)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("relay: lease upkeep failed; partitions are kept until their leases expire", "err", err)
 		}
-		return
+		return false
 	}
 	owned := r.leases.snapshot()
 	kept, err := r.src.Renew(ctx, owned, ttl)
@@ -93,7 +108,7 @@ func (r *Relay) upkeep(ctx context.Context) {
 		if ctx.Err() == nil {
 			r.log.Warn("relay: renewing leases failed", "err", err)
 		}
-		return
+		return false
 	}
 	if lost := len(owned) - len(kept); lost > 0 {
 		r.log.Warn("relay: leases lost to another relay", "lost", lost)
@@ -118,7 +133,7 @@ func (r *Relay) upkeep(ctx context.Context) {
 				r.log.Warn("relay: acquiring leases failed", "err", err)
 			}
 			r.leases.set(kept, false)
-			return
+			return false
 		}
 		if len(got) > 0 {
 			kept = append(kept, got...)
@@ -128,12 +143,13 @@ func (r *Relay) upkeep(ctx context.Context) {
 			r.stage(StageAcquired, len(got))
 			r.leases.wakeLoop()
 			r.metrics.PartitionsOwned(len(kept))
-			return
+			return true
 		}
 	}
 	r.leases.set(kept, true)
 	r.metrics.PartitionsOwned(len(kept))
 	r.cleanup(ctx, kept)
+	return true
 }
 
 // maxCleanupRounds bounds one upkeep's cleanup; the rest waits for the next.

@@ -8,7 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/internal/tracing"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
@@ -105,6 +109,18 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives counts and latencies; nil discards them.
 	Metrics Metrics
+	// TracerProvider makes the publish span of every event: a child of the
+	// trace context its writer stored, whose traceparent and tracestate the
+	// message carries (docs/tracing.md). Nil means otel.GetTracerProvider(),
+	// looked up at every batch, so nothing is made until the application
+	// sets one; with a no-op provider tracing costs nothing per event.
+	TracerProvider trace.TracerProvider
+	// Contracts, when set, checks every claimed event against its payload
+	// contract before it is routed (a *contract.Registry, for rows written
+	// by plain SQL): an event that breaks its contract is dead-lettered at
+	// once, its last error starting with "contract:". An event without an
+	// eventVersion header is published with its contract's version.
+	Contracts Checker
 	// OnStage, when set, is called at each stage of the relay's work with
 	// the number of events concerned. It must not block. Useful for
 	// tracing and fault injection.
@@ -136,8 +152,32 @@ type Metrics interface {
 	Retried(destination string)
 	// DeadLettered reports one event moved to the dead-letter table.
 	DeadLettered(destination string)
-	// PartitionsOwned reports how many partitions this relay leases.
+	// PartitionsOwned reports, after every lease upkeep that reached the
+	// database, how many partitions this relay leases (and 0 at Stop).
 	PartitionsOwned(n int)
+}
+
+// DeadLetterClass says why an event was dead-lettered.
+type DeadLetterClass string
+
+// The classes of dead letters.
+const (
+	// DeadLetterInvalid: the record cannot become the message its writer
+	// meant (it cannot be routed, its aggregate id cannot be the key, its
+	// headers cannot be read). Nothing was sent.
+	DeadLetterInvalid DeadLetterClass = "invalid"
+	// DeadLetterRefused: the broker refused the message for good (a
+	// permanent error, sink.Permanent).
+	DeadLetterRefused DeadLetterClass = "refused"
+	// DeadLetterExhausted: every one of Config.MaxAttempts failed.
+	DeadLetterExhausted DeadLetterClass = "exhausted"
+)
+
+// DeadLetterClasses is implemented by a Metrics that also counts dead
+// letters by class (package outboxprom does). The relay calls it beside
+// Metrics.DeadLettered.
+type DeadLetterClasses interface {
+	DeadLetteredAs(destination string, class DeadLetterClass)
 }
 
 type nopMetrics struct{}
@@ -178,6 +218,10 @@ type Relay struct {
 
 	leases leaseState
 	pauses *pauses
+
+	tracing   *tracing.Provider
+	sys       attribute.KeyValue // messaging.system of snk
+	spanNames spanNames
 }
 
 // New returns a Relay; it does no I/O. The caller keeps ownership of src
@@ -247,8 +291,10 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if m == nil {
 		m = nopMetrics{}
 	}
-	return &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m,
-		pauses: newPauses(src, c.PollInterval, c.Router.ByAggregateType(), c.Logger)}, nil
+	r := &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m, tracing: tracing.NewProvider(c.TracerProvider),
+		pauses: newPauses(src, c.PollInterval, c.Router.ByAggregateType(), c.Logger)}
+	r.sys = r.system()
+	return r, nil
 }
 
 // Start starts relaying in the background and returns at once. It fails if

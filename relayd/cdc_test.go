@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/outboxkit/outbox"
@@ -25,21 +26,7 @@ import (
 func TestOpenWithLogTailing(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	pool := testenv.CDCPool(t)
-	tb := outboxdriver.Table{Schema: testenv.Name("t"), Name: "outbox"}
-	drv := outboxpgx.New(pool)
-	testenv.CDCTurn(t, pool, func() {
-		if _, err := drv.Migrate(ctx, tb, nil); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Cleanup(func() {
-		testenv.CDCTurn(t, pool, func() {
-			if _, err := drv.MigrateDown(context.Background(), tb, 0); err != nil {
-				t.Errorf("migrate down: %v", err)
-			}
-			pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+outboxdriver.QuoteIdent(tb.Schema)+` CASCADE`)
-		})
-	})
+	tb := cdcTable(t, pool)
 	_, js := testenv.JetStream(t)
 	st, prefix := testenv.Stream(t, js)
 	router, err := route.New(&route.Config{Destination: prefix + ".all"})
@@ -90,6 +77,30 @@ func TestOpenWithLogTailing(t *testing.T) {
 	if err := goleak.Find(before...); err != nil {
 		t.Fatalf("Stop left goroutines behind: %v", err)
 	}
+}
+
+// cdcTable migrates a table in a fresh schema of testenv.CDCDatabase
+// (pool), while no other log-tailing test runs DDL; when the test ends it
+// is reverted (which drops its slot) and the schema dropped.
+func cdcTable(t *testing.T, pool *pgxpool.Pool) outboxdriver.Table {
+	t.Helper()
+	ctx := testenv.Context(t, time.Minute)
+	tb := outboxdriver.Table{Schema: testenv.Name("t"), Name: "outbox"}
+	drv := outboxpgx.New(pool)
+	testenv.CDCTurn(t, pool, func() {
+		if _, err := drv.Migrate(ctx, tb, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Cleanup(func() {
+		testenv.CDCTurn(t, pool, func() {
+			if _, err := drv.MigrateDown(context.Background(), tb, 0); err != nil {
+				t.Errorf("migrate down: %v", err)
+			}
+			pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+outboxdriver.QuoteIdent(tb.Schema)+` CASCADE`)
+		})
+	})
+	return tb
 }
 
 // Open refuses a source it does not know.

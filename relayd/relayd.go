@@ -16,6 +16,7 @@ import (
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
 	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -54,7 +55,10 @@ type Options struct {
 	// plus three (one for LISTEN, one for lease upkeep, one to spare).
 	MaxConns int32
 	// Registerer, when set, gets the relay's Prometheus metrics
-	// (package outboxprom), its backlog and oldest-event age included.
+	// (package outboxprom): the engine's counters and the table's gauges,
+	// the backlog and oldest-event age by destination (PostgreSQL) and the
+	// drain estimate included (docs/operations.md, Metrics), and with
+	// SourceCDC its replication slot's (outboxprom.RegisterCDC).
 	Registerer prometheus.Registerer
 	// OneCPUWhileIdle runs the process on one P (GOMAXPROCS=1) while the
 	// relay's batches come back short, and on the runtime's default from
@@ -161,14 +165,23 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 		cfg.OnStage = newProcs(batch, log).onStage(cfg.OnStage)
 	}
 	if o.Registerer != nil {
-		store := rl.db.Store
-		m, err := outboxprom.New(o.Registerer, func(ctx context.Context) (outboxdriver.Status, error) {
-			return store.Status(ctx, t)
-		})
-		if err != nil {
+		if cfg.Router == nil {
+			if cfg.Router, err = route.New(nil); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.Metrics, err = newMetrics(o.Registerer, rl.db.Store, t, cfg.Router, rl.src.RelayName()); err != nil {
 			return nil, err
 		}
-		cfg.Metrics = m
+		if cdc, ok := rl.src.(*outboxpgx.CDCSource); ok {
+			err := outboxprom.RegisterCDC(o.Registerer, cdc.Slot(), func(ctx context.Context) (outboxdriver.SlotStatus, time.Duration, error) {
+				st, err := cdc.Stats(ctx)
+				return st.SlotStatus, st.Lag, err
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
 	}
 	if rl.relay, err = relay.New(rl.src, rl.snk, &cfg); err != nil {
 		return nil, err
@@ -282,3 +295,37 @@ func (r *Relay) Store() outboxdriver.Store { return r.db.Store }
 
 // RelayName is the name this relay registers under.
 func (r *Relay) RelayName() string { return r.src.RelayName() }
+
+// destinationGroups is how many routed values the backlog by destination
+// reads at most per scrape; the rest is reported as outboxprom.Other.
+const destinationGroups = 1000
+
+// newMetrics registers the relay's metrics on reg: the engine's counters,
+// the table's status and, where the store can group its backlog, the
+// backlog by destination as router routes it.
+func newMetrics(reg prometheus.Registerer, store outboxdriver.Store, t outboxdriver.Table, router *route.Router, name string) (*outboxprom.Metrics, error) {
+	cfg := &outboxprom.Config{
+		Status:    func(ctx context.Context) (outboxdriver.Status, error) { return store.Status(ctx, t) },
+		RelayName: name,
+	}
+	if g, ok := store.(outboxdriver.BacklogGrouper); ok {
+		cfg.Destinations = func(ctx context.Context) ([]outboxprom.DestinationBacklog, error) {
+			groups, err := g.BacklogBy(ctx, t, router.RouteBy(), destinationGroups)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]outboxprom.DestinationBacklog, 0, len(groups))
+			for _, gr := range groups {
+				d := outboxprom.Other
+				if !gr.Rest {
+					if dest, err := router.DestinationOf(gr.Value); err == nil {
+						d = dest
+					}
+				}
+				out = append(out, outboxprom.DestinationBacklog{Destination: d, Events: gr.Events, OldestAge: gr.OldestAge})
+			}
+			return out, nil
+		}
+	}
+	return outboxprom.NewWithConfig(reg, cfg)
+}

@@ -61,6 +61,9 @@ type Config struct {
 	// or queue for the whole table), and RouteBy, Regex and Replacement
 	// must be left empty.
 	Destination string
+	// CloudEvents, when set, makes every message a CloudEvent 1.0 in
+	// binary or structured mode (docs/relay.md#cloudevents).
+	CloudEvents *CloudEvents
 }
 
 type headerColumn struct {
@@ -75,6 +78,7 @@ type Router struct {
 	re          *regexp.Regexp
 	replacement string
 	headers     []headerColumn
+	ce          *CloudEvents
 
 	cache  sync.Map // routed value -> destination
 	cached atomic.Int64
@@ -111,6 +115,13 @@ func New(cfg *Config) (*Router, error) {
 		return nil, fmt.Errorf("route: regex %q: %w", c.Regex, err)
 	}
 	r := &Router{by: by, byName: c.RouteBy, re: re, replacement: c.Replacement}
+	if c.CloudEvents != nil {
+		ce := *c.CloudEvents
+		if err := ce.check(); err != nil {
+			return nil, err
+		}
+		r.ce = &ce
+	}
 	for _, spec := range c.HeaderColumns {
 		col, name, _ := strings.Cut(strings.TrimSpace(spec), ":")
 		if name == "" {
@@ -128,9 +139,17 @@ func New(cfg *Config) (*Router, error) {
 	return r, nil
 }
 
+// RouteBy names the column whose value picks the destination.
+func (r *Router) RouteBy() string { return r.byName }
+
 // Destination returns the destination of rec.
 func (r *Router) Destination(rec *outboxdriver.Record) (string, error) {
-	v := r.by(rec)
+	return r.DestinationOf(r.by(rec))
+}
+
+// DestinationOf returns the destination of an event whose RouteBy column
+// holds v.
+func (r *Router) DestinationOf(v string) (string, error) {
 	// Routed values repeat (an aggregate type, say): remember what the
 	// regex made of the last few rather than run it for every event.
 	if d, ok := r.cache.Load(v); ok {
@@ -200,6 +219,9 @@ func (r *Router) Message(rec *outboxdriver.Record) (sink.Message, error) {
 	}
 	for _, h := range r.headers {
 		m.Headers = append(m.Headers, sink.Header{Key: h.name, Value: h.get(rec)})
+	}
+	if r.ce != nil {
+		return r.ce.cloudEvent(m, rec)
 	}
 	return m, nil
 }

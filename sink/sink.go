@@ -118,3 +118,10 @@ func IsUnavailable(err error) bool {
 	var u *unavailableError
 	return errors.As(err, &u)
 }
+
+// Systemer is implemented by sinks that name their broker as
+// OpenTelemetry's messaging.system attribute does ("kafka", "nats",
+// "rabbitmq", ...); the relay's publish spans carry it.
+type Systemer interface {
+	System() string
+}

@@ -32,6 +32,11 @@ func newBench() *cobra.Command {
 		lanes    int
 		relayOut bool
 		linger   time.Duration
+		wmodes   []string
+		source   string
+		plainTx  bool
+
+		traceNeverSample bool
 	)
 	var list []string
 	for _, s := range bench.Scenarios() {
@@ -66,6 +71,9 @@ ways: the relay's SQL path alone (raw_sql), the same messages published
 straight to the broker with asynchronous acks and no database (raw_broker),
 and one relay publishing to the broker (relay), counted by a consumer. It
 reports the relay's events/s over the lower of the two raw limits.
+With --trace-never-sample it also drains with tracing on and a sampler that
+samples nothing (relay_traced), in --rounds pairs of drains alternating which
+goes first, and reports the traced relay's events/s over the untraced one's.
 
 The latency scenario runs one relay against the broker while writers commit
 one event per transaction at each offered rate of --rates (open loop), and a
@@ -81,7 +89,10 @@ Scenarios:
   outbox bench --db $DB --scenario write --writers 1,4,16 --duration 10s --json
   outbox bench --db $DB --scenario retention --events 100000 --batch 500
   outbox bench --db $DB --scenario drain --events 200000 --sink nats://127.0.0.1:4222
-  outbox bench --db $DB --scenario latency --sink kafka:// --rates 100,2000,5000`,
+  outbox bench --db $DB --scenario latency --sink kafka:// --rates 100,2000,5000
+  outbox bench --db $DB --scenario write --writers 8 --write-modes message,insert-delete,sql
+  outbox bench --db $DB --scenario drain --events 200000 --source cdc
+  outbox bench --db $DB --scenario latency --source cdc --plain-writes --rates 1000,2000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := bench.Lookup(scenario)
@@ -148,6 +159,12 @@ Scenarios:
 				Lanes:    lanes,
 				Linger:   linger,
 				Progress: cmd.ErrOrStderr(),
+
+				WriteModes:  wmodes,
+				Source:      source,
+				PlainWrites: plainTx,
+
+				TraceNeverSample: traceNeverSample,
 			}
 			if retention && !cmd.Flags().Changed("rounds") {
 				cfg.Rounds = 0 // the scenario's own default
@@ -199,7 +216,11 @@ Scenarios:
 	cmd.Flags().StringSliceVar(&cases, "cases", nil, "latency: run only the cells of these names ("+strings.Join(bench.LatencyCases(), ", ")+")")
 	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency: the relay's lanes (batches in flight under a backlog)")
 	cmd.Flags().DurationVar(&linger, "linger", 0, "latency: the relay's --linger")
+	cmd.Flags().BoolVar(&traceNeverSample, "trace-never-sample", false, "drain: also drain with tracing on and a sampler that samples nothing (case relay_traced), in --rounds pairs with the untraced relay, and report the ratio")
 	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "drain, latency: run the relay as a child process (this binary's `relay`), to measure its CPU and memory apart")
+	cmd.Flags().StringSliceVar(&wmodes, "write-modes", nil, "write: add the cases of other write paths, as a list: "+strings.Join(bench.WriteModes(), ", "))
+	cmd.Flags().StringVar(&source, "source", bench.SourcePoll, "drain, latency: the relay's source, poll or cdc (drain: the backlog is drained once more from the WAL, after the polling relay)")
+	cmd.Flags().BoolVar(&plainTx, "plain-writes", false, "latency: writers use WriteTx in an ordinary transaction (BEGIN, INSERT, COMMIT) instead of one pipelined batch")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
 	return cmd

@@ -39,12 +39,18 @@ func newConsole() *cobra.Command {
 	var f dbFlags
 	var addr, users, tlsCert, tlsKey, logLevel string
 	var dev, proxyTLS bool
-	var sensitive []string
+	var masks maskFlags
+	var requestTTL time.Duration
+	var rf routeFlags
+	var replayBatch int
 	cmd := &cobra.Command{
 		Use:   "console",
 		Short: "Serve the operations console: web pages and a JSON API over the outbox, for users with roles (docs/console.md)",
 		Long: `Serve the operations console: the overview, the dead letters (filter, detail,
-retry, discard) and the audit, as web pages and as a JSON API under /api/v1.
+retry, discard), requests that need a second person (replay of kept published
+events, repair of a dead letter: an operator requests, another user with the
+approver role approves, the console carries it out) and the audit, as web
+pages and as a JSON API under /api/v1.
 
 It refuses to start without users: add them with 'outbox console user add'.
 --dev runs it without users on the loopback only, everyone signed in as an
@@ -74,7 +80,18 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 			case !loopback && tlsCert == "" && !proxyTLS:
 				return fmt.Errorf("--addr %s is reachable from other machines: serve HTTPS with --tls-cert and --tls-key, or put a TLS-terminating reverse proxy in front and pass --proxy-tls", addr)
 			}
-			return f.withOps(cmd, 8, &ops.Config{SensitivePaths: sensitive, Logger: log}, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
+			if err := intIn("replay-batch", replayBatch, 1, 100_000); err != nil {
+				return err
+			}
+			rc, err := rf.config(cmd)
+			if err != nil {
+				return err
+			}
+			ocfg := &ops.Config{Logger: log, RequestTTL: requestTTL, Route: &rc}
+			if err := masks.apply(ocfg); err != nil {
+				return err
+			}
+			return f.withOps(cmd, 8, ocfg, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
 				t := o.Table()
 				status, err := st.Status(ctx, t)
 				if err != nil {
@@ -90,6 +107,20 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 				sctx, stopSampling := context.WithCancel(ctx)
 				defer stopSampling()
 				go srv.Sample(sctx) // the overview's chart
+				// Carries out approved replays and repairs, and resumes those
+				// a console that stopped left executing.
+				exec, err := o.NewExecutor(&ops.ExecutorConfig{BatchSize: replayBatch, Logger: log})
+				if err != nil {
+					return err
+				}
+				if err := exec.Start(ctx); err != nil {
+					return err
+				}
+				defer func() {
+					sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+					defer cancel()
+					_ = exec.Stop(sctx)
+				}()
 				return serveConsole(ctx, cmd.ErrOrStderr(), srv, addr, tlsCert, tlsKey, dev && len(u.Users) == 0, t)
 			})
 		},
@@ -102,8 +133,11 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 	fl.StringVar(&tlsKey, "tls-key", "", "the certificate's private key (PEM)")
 	fl.BoolVar(&proxyTLS, "proxy-tls", false, "a reverse proxy in front terminates TLS: mark cookies Secure and allow a non-loopback --addr without --tls-cert")
 	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only")
-	fl.StringArrayVar(&sensitive, "sensitive-path", nil, "JSON path masked in payloads, e.g. customer.email or cards.*.number (repeatable)")
+	masks.register(cmd)
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.DurationVar(&requestTTL, "request-ttl", ops.DefaultRequestTTL, "how long a replay or repair request may wait to be approved and carried out before it expires")
+	fl.IntVar(&replayBatch, "replay-batch", ops.DefaultReplayBatchSize, "events a replay re-enqueues per transaction")
+	rf.register(cmd) // as the relay routes: a replay's destination filter follows it
 	cmd.AddCommand(newConsoleUser())
 	return cmd
 }

@@ -80,6 +80,12 @@ func TestConsoleFailsClosed(t *testing.T) {
 	if _, err := runInProcess(t, "", "console", "--db", pg, "--users", users, "--addr", "0.0.0.0:0"); err == nil || !strings.Contains(err.Error(), "--proxy-tls") {
 		t.Errorf("a non-loopback address without TLS: %v; want a refusal naming --tls-cert and --proxy-tls", err)
 	}
+	if _, err := runInProcess(t, "", "console", "--db", pg, "--users", users, "--destination", "x", "--route-by", "type"); err == nil || !strings.Contains(err.Error(), "--destination sends every event") {
+		t.Errorf("contradicting routing flags: %v; want the relay's refusal", err)
+	}
+	if _, err := runInProcess(t, "", "console", "--db", pg, "--users", users, "--route-by", "payload"); err == nil || !strings.Contains(err.Error(), "cannot route by") {
+		t.Errorf("an unknown routing column: %v", err)
+	}
 	lite := "sqlite://" + filepath.Join(dir, "app.db")
 	if _, err := runInProcess(t, "", "migrate", "--db", lite); err != nil {
 		t.Fatal(err)

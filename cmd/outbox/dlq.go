@@ -22,7 +22,7 @@ func newDLQ() *cobra.Command {
 		Use:   "dlq",
 		Short: "List, retry or discard dead-lettered events (every action is audited)",
 	}
-	cmd.AddCommand(newDLQList(), newDLQAct("retry"), newDLQAct("discard"), newDLQAudit())
+	cmd.AddCommand(newDLQList(), newDLQShow(), newDLQAct("retry"), newDLQAct("discard"), newDLQAudit())
 	return cmd
 }
 

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -39,15 +40,23 @@ type scenario struct {
 	sinkFlags []string
 	stream    jetstream.Stream
 	raw       *tap
+	db        testDB
 }
 
 func newScenario(t *testing.T) *scenario {
 	t.Helper()
-	tb, flags := migrated(t)
+	return newScenarioFor(t, "poll")
+}
+
+// newScenarioFor is a scenario whose relays read with source src.
+func newScenarioFor(t *testing.T, src string) *scenario {
+	t.Helper()
+	tb, db := migratedFor(t, src)
+	flags := append(db.flags, db.relayFlags...)
 	nc, js := testenv.JetStream(t)
 	st, prefix := testenv.Stream(t, js)
 	return &scenario{
-		tb: tb, flags: flags, stream: st,
+		tb: tb, flags: flags, stream: st, db: db,
 		sinkFlags: []string{"--sink", testenv.NATSURL(), "--nats-stream", prefix, "--nats-no-create-stream", "--route-replacement", prefix + ".${routedByValue}"},
 		raw:       newTap(t, nc, prefix+".>"),
 	}
@@ -99,7 +108,7 @@ func (tp *tap) duplicates() int {
 // identical copies; and that duplicates stay within bound.
 func (s *scenario) check(t *testing.T, res *workload.Result, maxDups int) {
 	t.Helper()
-	waitBacklogZero(t, s.tb, 90*time.Second)
+	waitBacklogZeroIn(t, s.db.pool, s.tb, 90*time.Second)
 	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()), 30*time.Second)
 	if _, err := workload.Check(res, natsDeliveries(t, s.stream)); err != nil {
 		t.Fatal(err)
@@ -127,7 +136,13 @@ func (p *relayProc) killedBySignal(t *testing.T, timeout time.Duration) {
 
 func writeAsync(t *testing.T, tb outboxdriver.Table, cfg workload.Config) func() *workload.Result {
 	t.Helper()
-	pool := testenv.Pool(t)
+	return writeAsyncIn(t, testenv.Pool(t), tb, cfg)
+}
+
+// writeAsyncIn runs the workload on table tb of pool's database in the
+// background; the returned func waits for its result.
+func writeAsyncIn(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, cfg workload.Config) func() *workload.Result {
+	t.Helper()
 	var res *workload.Result
 	var err error
 	done := make(chan struct{})
@@ -158,19 +173,21 @@ func TestFaultKillAtNamedPoints(t *testing.T) {
 		{"published:3", 1}, // acknowledged, not recorded: republished
 		{"acquired:1", 0},
 	} {
-		t.Run(strings.Split(c.point, ":")[0], func(t *testing.T) {
-			t.Parallel()
-			s := newScenario(t)
-			wait := writeAsync(t, s.tb, workload.Config{Aggregates: 40, Transactions: 600, Writers: 4, RollbackPct: 10})
-			p := startRelayEnv(t, []string{"OUTBOX_FAULT=" + c.point}, s.args()...)
-			p.killedBySignal(t, 60*time.Second)
-			startRelay(t, s.args()...)
-			res := wait()
-			s.check(t, res, 20*relay.DefaultLanes) // a batch of 20 in flight per lane at most
-			if d := s.raw.duplicates(); d < c.minDups {
-				t.Fatalf("%d duplicate copies: the fault did not happen where it should", d)
-			}
-		})
+		for _, src := range sources {
+			t.Run(strings.Split(c.point, ":")[0]+"/"+src, func(t *testing.T) {
+				t.Parallel()
+				s := newScenarioFor(t, src)
+				wait := writeAsyncIn(t, s.db.pool, s.tb, workload.Config{Aggregates: 40, Transactions: 600, Writers: 4, RollbackPct: 10})
+				p := startRelayEnv(t, []string{"OUTBOX_FAULT=" + c.point}, s.args()...)
+				p.killedBySignal(t, 60*time.Second)
+				startRelay(t, s.args()...)
+				res := wait()
+				s.check(t, res, 20*relay.DefaultLanes) // a batch of 20 in flight per lane at most
+				if d := s.raw.duplicates(); d < c.minDups {
+					t.Fatalf("%d duplicate copies: the fault did not happen where it should", d)
+				}
+			})
+		}
 	}
 }
 
@@ -368,22 +385,28 @@ func withoutAggregate(ds []workload.Delivery, agg string) []workload.Delivery {
 }
 
 // TestFaultThreeRelaysChurn runs three relays on one table while writers
-// commit, SIGKILLing one and starting a new one every second or so.
+// commit, SIGKILLing one and starting a new one every second or so (with
+// log tailing, one of them streams and two stand by).
 func TestFaultThreeRelaysChurn(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t)
-	wait := writeAsync(t, s.tb, workload.Config{Aggregates: 200, Transactions: 3000, Writers: 6, RollbackPct: 10, LatePct: 2, LateDelay: 100 * time.Millisecond})
-	relays := []*relayProc{startRelay(t, s.args()...), startRelay(t, s.args()...), startRelay(t, s.args()...)}
-	kills := 0
-	for i := range 6 {
-		time.Sleep(time.Duration(800+rand.IntN(700)) * time.Millisecond)
-		k := i % len(relays)
-		relays[k].kill()
-		kills++
-		relays[k] = startRelay(t, s.args()...)
+	for _, src := range sources {
+		t.Run(src, func(t *testing.T) {
+			t.Parallel()
+			s := newScenarioFor(t, src)
+			wait := writeAsyncIn(t, s.db.pool, s.tb, workload.Config{Aggregates: 200, Transactions: 3000, Writers: 6, RollbackPct: 10, LatePct: 2, LateDelay: 100 * time.Millisecond})
+			relays := []*relayProc{startRelay(t, s.args()...), startRelay(t, s.args()...), startRelay(t, s.args()...)}
+			kills := 0
+			for i := range 6 {
+				time.Sleep(time.Duration(800+rand.IntN(700)) * time.Millisecond)
+				k := i % len(relays)
+				relays[k].kill()
+				kills++
+				relays[k] = startRelay(t, s.args()...)
+			}
+			res := wait()
+			s.check(t, res, kills*20*3*relay.DefaultLanes)
+		})
 	}
-	res := wait()
-	s.check(t, res, kills*20*3*relay.DefaultLanes)
 }
 
 // TestFaultFailOverWithinTwoTTLs SIGKILLs one of two relays and measures

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -21,6 +22,9 @@ func main() {
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "outbox:", err)
+		if ee, ok := errors.AsType[*exitError](err); ok {
+			os.Exit(ee.code)
+		}
 		os.Exit(1)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -314,7 +315,13 @@ func natsDeliveries(t *testing.T, st jetstream.Stream) []workload.Delivery {
 
 func waitBacklogZero(t *testing.T, tb outboxdriver.Table, timeout time.Duration) {
 	t.Helper()
-	pool := testenv.Pool(t)
+	waitBacklogZeroIn(t, testenv.Pool(t), tb, timeout)
+}
+
+// waitBacklogZeroIn waits until table tb of pool's database holds no
+// unpublished event.
+func waitBacklogZeroIn(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, timeout time.Duration) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		st, err := outboxpgx.New(pool).Status(context.Background(), tb)
@@ -500,32 +507,39 @@ func TestEndToEndRedis(t *testing.T) {
 }
 
 // TestRelayKilledAndRestartedLosesNothing SIGKILLs the relay mid-backlog,
-// restarts it, and checks that nothing was lost and order held.
+// restarts it, and checks that nothing was lost and order held, for each
+// source.
 func TestRelayKilledAndRestartedLosesNothing(t *testing.T) {
 	t.Parallel()
-	tb, flags := migrated(t)
-	st, sinkFlags := natsTarget(t)
-	res, err := workload.Run(context.Background(), testenv.Pool(t), tb, workload.Config{
-		Aggregates: 50, Transactions: 3000, Writers: 8,
-	})
-	if err != nil {
-		t.Fatal(err)
+	for _, src := range sources {
+		t.Run(src, func(t *testing.T) {
+			t.Parallel()
+			tb, db := migratedFor(t, src)
+			st, sinkFlags := natsTarget(t)
+			res, err := workload.Run(context.Background(), db.pool, tb, workload.Config{
+				Aggregates: 50, Transactions: 3000, Writers: 8,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A short lease: each restarted relay waits for the killed one's
+			// leases to expire before it takes their partitions.
+			args := append(append(append(db.flags, db.relayFlags...), sinkFlags...), "--batch", "50", "--lease-ttl", "1s")
+			for round := range 3 {
+				p := startRelay(t, args...)
+				testenv.WaitStreamMsgs(t, st, uint64((round+1)*res.Committed()/4), 60*time.Second)
+				p.kill()
+			}
+			startRelay(t, args...)
+			waitBacklogZeroIn(t, db.pool, tb, 60*time.Second)
+			testenv.WaitStreamMsgs(t, st, uint64(res.Committed()), 30*time.Second)
+			dups, err := workload.Check(res, natsDeliveries(t, st))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d events, %d duplicate copies in the stream after 3 SIGKILLs", res.Committed(), dups)
+		})
 	}
-	// A short lease: each restarted relay waits for the killed one's leases
-	// to expire before it takes their partitions.
-	args := append(append(flags, sinkFlags...), "--batch", "50", "--lease-ttl", "1s")
-	for round := range 3 {
-		p := startRelay(t, args...)
-		testenv.WaitStreamMsgs(t, st, uint64((round+1)*res.Committed()/4), 60*time.Second)
-		p.kill()
-	}
-	startRelay(t, args...)
-	waitBacklogZero(t, tb, 60*time.Second)
-	dups, err := workload.Check(res, natsDeliveries(t, st))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%d events, %d duplicate copies in the stream after 3 SIGKILLs", res.Committed(), dups)
 }
 
 // TestSIGTERMStopsGracefully checks that SIGTERM ends the relay with exit

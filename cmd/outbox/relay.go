@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,7 +25,7 @@ func newRelay() *cobra.Command {
 	var (
 		f           dbFlags
 		sf          sinkFlags
-		rc          route.Config
+		rf          routeFlags
 		batch       int
 		poll        time.Duration
 		grace       time.Duration
@@ -37,6 +38,9 @@ func newRelay() *cobra.Command {
 		cdc         outboxpgx.CDCConfig
 		cdcCreate   bool
 		cdcMode     string
+		contracts   contractFlags
+		ce          cloudEventsFlags
+		rec         relayReconcile
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -58,6 +62,12 @@ REPLICATION; it creates its publication and replication slot when they are
 missing (--cdc-create=false: an error instead). One relay streams a slot at
 a time; others wait as standbys and take over within about two --lease-ttl.
 See docs/cdc.md.
+
+With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
+it exports an OpenTelemetry span per published event over OTLP
+(http/protobuf, or grpc per OTEL_EXPORTER_OTLP_PROTOCOL), honouring the
+standard OTEL_* variables (sampler, batching, resource, headers), and
+flushes them at exit. See docs/tracing.md.
 
 Sinks (--sink):
   nats://host:port            NATS JetStream; stream OUTBOX on outbox.event.> is
@@ -85,13 +95,16 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
-			if rc.Destination != "" {
-				for _, name := range []string{"route-by", "route-regex", "route-replacement"} {
-					if cmd.Flags().Changed(name) {
-						return fmt.Errorf("--destination sends every event to one destination: leave out --%s", name)
-					}
-				}
-				rc.RouteBy, rc.Regex, rc.Replacement = "", "", ""
+			rc, err := rf.config(cmd)
+			if err != nil {
+				return err
+			}
+			registry, err := contracts.load()
+			if err != nil {
+				return err
+			}
+			if rc.CloudEvents, err = ce.config(&sf, t, registry); err != nil {
+				return err
 			}
 			router, err := route.New(&rc)
 			if err != nil {
@@ -151,7 +164,26 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
+			if registry != nil {
+				rcfg.Contracts = registry
+			}
 			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
+			tp, shutdownTracing, err := tracerFromEnv(ctx, log)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				// Flush the spans still queued; a collector that is gone
+				// costs at most a few seconds here.
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if err := shutdownTracing(sctx); err != nil {
+					log.Warn("tracing: flushing spans at exit failed", "err", err)
+				}
+			}()
+			if tp != nil {
+				rcfg.TracerProvider = tp
+			}
 			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
 			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdc, cdcCreate, cdcMode); err != nil {
 				return err
@@ -162,6 +194,15 @@ Sinks (--sink):
 				reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 				opts.Registerer = reg
 			}
+			var recReg prometheus.Registerer
+			if reg != nil {
+				recReg = reg
+			}
+			waitReconcile, err := rec.start(ctx, cmd, dbURL, t, recReg, log)
+			if err != nil {
+				return err
+			}
+			defer waitReconcile()
 			rl, err := relayd.Open(ctx, dbURL, sinkURL, opts)
 			if err != nil {
 				return err
@@ -184,7 +225,7 @@ Sinks (--sink):
 	cmd.Flags().StringVar(&cdc.Slot, "cdc-slot", "", "with --source cdc: replication slot (default outbox_<schema>_<table>)")
 	cmd.Flags().StringVar(&cdc.Publication, "cdc-publication", "", "with --source cdc: publication of the table's inserts (default: the slot's name)")
 	cmd.Flags().BoolVar(&cdcCreate, "cdc-create", true, "with --source cdc: create the publication and the slot when missing")
-	cmd.Flags().StringVar(&cdcMode, "cdc-mode", "table", "with --source cdc: how writers write events, table (rows) or message (logical decoding messages); decides what a lost slot means")
+	cmd.Flags().StringVar(&cdcMode, "cdc-mode", "table", "with --source cdc: how writers write events, table (rows), message (logical decoding messages) or insert-delete (rows deleted again at once); decides what a lost slot means")
 	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")
 	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at; see --keep-for)")
@@ -195,11 +236,8 @@ Sinks (--sink):
 	cmd.Flags().DurationVar(&rcfg.RetryBase, "retry-base", time.Second, "first retry delay of a failed event (doubles, with jitter)")
 	cmd.Flags().DurationVar(&rcfg.RetryMax, "retry-max", 5*time.Minute, "longest retry delay")
 	cmd.Flags().StringVar(&poison, "poison-policy", "hold", "after an event is dead-lettered, its aggregate's later events: hold (wait for an operator) or continue")
-	cmd.Flags().StringVar(&rc.RouteBy, "route-by", route.DefaultRouteBy, "column whose value picks the destination")
-	cmd.Flags().StringVar(&rc.Regex, "route-regex", route.DefaultRegex, "regex over the routed value; its named groups feed --route-replacement")
-	cmd.Flags().StringVar(&rc.Replacement, "route-replacement", route.DefaultReplacement, "destination template")
-	cmd.Flags().StringVar(&rc.Destination, "destination", "", "send every event to this one destination (topic, subject, queue) instead of routing")
-	cmd.Flags().StringSliceVar(&rc.HeaderColumns, "header-columns", nil, "more columns to place into headers, as column[:header] (e.g. type:eventType)")
+	rf.register(cmd)
+	cmd.Flags().StringSliceVar(&rf.rc.HeaderColumns, "header-columns", nil, "more columns to place into headers, as column[:header] (e.g. type:eventType)")
 	cmd.Flags().StringVar(&sf.natsStream, "nats-stream", "OUTBOX", "JetStream stream the events go to")
 	cmd.Flags().StringSliceVar(&sf.natsSubjects, "nats-subjects", []string{"outbox.event.>"}, "subjects of the stream, when the relay creates it")
 	cmd.Flags().BoolVar(&sf.natsNoCreate, "nats-no-create-stream", false, "fail instead of creating a missing stream")
@@ -210,6 +248,9 @@ Sinks (--sink):
 	cmd.Flags().StringArrayVar(&sf.webhookSecrets, "webhook-secret", nil, "Standard Webhooks signing secret whsec_...; repeat to sign with several during rotation (or OUTBOX_WEBHOOK_SECRETS)")
 	cmd.Flags().BoolVar(&sf.webhookPrivate, "webhook-allow-private", false, "allow webhook targets on loopback, private and link-local addresses")
 	cmd.Flags().DurationVar(&sf.webhookTimeout, "webhook-timeout", 10*time.Second, "timeout of one webhook request")
+	ce.register(cmd)
+	rec.register(cmd)
+	contracts.register(cmd, "check every event against its contract before publishing; a violation is dead-lettered with cause contract")
 	return cmd
 }
 

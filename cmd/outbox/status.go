@@ -46,9 +46,13 @@ func newStatus() *cobra.Command {
 				fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
 				fmt.Fprintf(out, "published, kept           %d\n", st.Published)
 				fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
+				if st.Held > 0 {
+					fmt.Fprintf(out, "oldest hold               %s\n", st.OldestHeldAge.Round(1e6))
+				}
 				fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
 				printPauses(out, st.Pauses)
 				printPartitions(out, st.Partitions)
+				printSlots(out, st.Slots)
 				return nil
 			})
 		},
@@ -92,6 +96,34 @@ func printPartitions(out io.Writer, parts []outboxdriver.PartitionStatus) {
 		fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\n", n, len(o.parts), o.backlog, ranges(o.parts))
 	}
 	tw.Flush()
+}
+
+// printSlots lists the log-tailing replication slots.
+func printSlots(out io.Writer, slots []outboxdriver.SlotStatus) {
+	for _, s := range slots {
+		state := "missing (lost, or not made yet)"
+		switch {
+		case s.Exists && s.WALStatus == "lost":
+			state = "invalidated (wal_status lost)"
+		case s.Exists && s.Active:
+			state = "active"
+		case s.Exists:
+			state = "inactive"
+		}
+		confirmed := s.ConfirmedLSN
+		if confirmed == "" {
+			confirmed = "-"
+		}
+		owner := s.Owner
+		if owner == "" {
+			owner = "(nobody)"
+		}
+		fmt.Fprintf(out, "cdc slot                  %s (publication %s)\n", s.Slot, s.Publication)
+		fmt.Fprintf(out, "  state                   %s\n", state)
+		fmt.Fprintf(out, "  lag (retained WAL)      %d bytes\n", s.LagBytes)
+		fmt.Fprintf(out, "  confirmed LSN           %s\n", confirmed)
+		fmt.Fprintf(out, "  streamer                %s\n", owner)
+	}
 }
 
 // ranges renders sorted ints as "0-3,7,9-10".

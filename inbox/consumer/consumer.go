@@ -13,6 +13,7 @@ import (
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/internal/tracing"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -347,10 +348,10 @@ func (e *Engine[TTx]) process(it *item) {
 			}
 			if dlErr := e.ib.DeadLetter(e.work, msg, cause); dlErr != nil {
 				e.log.Error("consumer: cannot record a dead letter; the message stays unacknowledged and is tried again",
-					"event_id", msg.EventID, "destination", msg.Destination, "cause", cause, "err", dlErr)
+					"event_id", msg.EventID, "destination", msg.Destination, "cause", cause, "err", dlErr, traceAttr(&msg))
 			} else {
 				e.log.Warn("consumer: message dead-lettered", "event_id", msg.EventID, "destination", msg.Destination,
-					"attempts", attempts, "err", cause)
+					"attempts", attempts, "err", cause, traceAttr(&msg))
 				e.stage(StageDeadLettered, msg)
 				e.ack(d, msg)
 				return
@@ -358,7 +359,7 @@ func (e *Engine[TTx]) process(it *item) {
 		}
 		delay := backoff.Delay(attempts, e.cfg.RetryBase, e.cfg.RetryMax)
 		e.log.Warn("consumer: handler failed; retrying", "event_id", msg.EventID, "destination", msg.Destination,
-			"attempt", attempts, "retry_in", delay, "err", err)
+			"attempt", attempts, "retry_in", delay, "err", err, traceAttr(&msg))
 		if left, ok := e.wait(d, delay); !ok {
 			e.release(d, msg, left)
 			return
@@ -372,7 +373,7 @@ func (e *Engine[TTx]) handle(msg inbox.Message) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("handler panicked: %v", p)
-			e.log.Error("consumer: handler panicked", "event_id", msg.EventID, "panic", p, "stack", string(debug.Stack()))
+			e.log.Error("consumer: handler panicked", "event_id", msg.EventID, "panic", p, "stack", string(debug.Stack()), traceAttr(&msg))
 		}
 	}()
 	_, err = e.ib.Handle(e.work, msg, func(ctx context.Context, tx TTx) error { return e.h(ctx, tx, msg) })
@@ -414,7 +415,7 @@ func (e *Engine[TTx]) ack(d Delivery, msg inbox.Message) {
 	defer cancel()
 	if err := d.Ack(ctx); err != nil {
 		e.log.Warn("consumer: acknowledgement failed; the broker will redeliver the message and the inbox will suppress it",
-			"event_id", msg.EventID, "err", err)
+			"event_id", msg.EventID, "err", err, traceAttr(&msg))
 	}
 	e.stage(StageAcked, msg)
 }
@@ -422,10 +423,13 @@ func (e *Engine[TTx]) ack(d Delivery, msg inbox.Message) {
 func (e *Engine[TTx]) release(d Delivery, msg inbox.Message, delay time.Duration) {
 	if err := d.Release(delay); err != nil {
 		e.log.Warn("consumer: releasing an unfinished message failed; the broker redelivers it after its timeout",
-			"event_id", msg.EventID, "err", err)
+			"event_id", msg.EventID, "err", err, traceAttr(&msg))
 	}
 	e.stage(StageReleased, msg)
 }
+
+// traceAttr is the trace_id attribute of a log line about msg, or none.
+func traceAttr(msg *inbox.Message) slog.Attr { return tracing.LogAttr(msg.TraceID()) }
 
 // keepAlive tells the broker every KeepAlive that the held messages are
 // still being worked on, until the workers have exited.

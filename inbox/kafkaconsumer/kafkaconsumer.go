@@ -242,7 +242,9 @@ func message(r *kgo.Record) inbox.Message {
 			}
 		}
 	}
-	return inbox.NewMessage(r.Topic, r.Key, hdr, r.Value)
+	m := inbox.NewMessage(r.Topic, r.Key, hdr, r.Value)
+	m.System = "kafka"
+	return m
 }
 
 // committer commits handled offsets every CommitInterval until stopped.

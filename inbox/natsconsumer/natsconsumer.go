@@ -285,6 +285,7 @@ func newDelivery(m jetstream.Msg) *delivery {
 		}
 	}
 	d := &delivery{m: m, msg: inbox.NewMessage(m.Subject(), nil, hdr, m.Data())}
+	d.msg.System = "nats"
 	if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
 		d.attempts = int(md.NumDelivered - 1)
 	}

@@ -11,6 +11,7 @@ import (
 
 // Logger returns l, or, when l is nil, the logger every package of the
 // project defaults to: warnings and errors, as text, on standard error.
+// Either way its records are one line each (see OneLine).
 //
 // The default is a new logger each time, never slog.Default(): a component
 // logs to the logger its Config gives it, not to whatever the process set
@@ -19,9 +20,9 @@ import (
 // lease, a broken connection) needs someone to act on it.
 func Logger(l *slog.Logger) *slog.Logger {
 	if l != nil {
-		return l
+		return OneLine(l)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return OneLine(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 }
 
 // PositiveOr sets *v to def when it is zero and refuses a negative value,

@@ -2,6 +2,7 @@ package confval
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -38,9 +39,14 @@ func TestRedactURL(t *testing.T) {
 }
 
 func TestLogger(t *testing.T) {
-	given := slog.New(slog.DiscardHandler)
-	if got := Logger(given); got != given {
-		t.Fatal("a logger the Config gives is not kept")
+	var buf strings.Builder
+	given := slog.New(slog.NewTextHandler(&buf, nil))
+	Logger(given).Warn("kept")
+	if !strings.Contains(buf.String(), "kept") {
+		t.Fatal("a logger the Config gives is not the one written to")
+	}
+	if once := Logger(given); Logger(once) != once {
+		t.Fatal("a logger Logger returned is wrapped again")
 	}
 	l := Logger(nil)
 	if l == nil || l == slog.Default() {
@@ -51,3 +57,44 @@ func TestLogger(t *testing.T) {
 		t.Fatal("the default logger must take warnings and errors, not info")
 	}
 }
+
+// A record whose message or values hold line breaks reaches the handler
+// without them, however deep in a group, as a value or an error.
+func TestOneLine(t *testing.T) {
+	var got slog.Record
+	var attrs []slog.Attr
+	h := recordHandler(func(r slog.Record) {
+		got = r
+		r.Attrs(func(a slog.Attr) bool { attrs = append(attrs, a); return true })
+	})
+	l := OneLine(slog.New(h)).With("with", "a\nb")
+	l.Error("line\none", "err", errors.New("pq: x\nDETAIL: y"), slog.Group("g", "s", "c\r\nd"), "n", 3)
+	if strings.ContainsAny(got.Message, "\r\n") {
+		t.Errorf("message %q", got.Message)
+	}
+	var all strings.Builder
+	for _, a := range attrs {
+		all.WriteString(a.String())
+	}
+	for _, a := range h.with {
+		all.WriteString(a.String())
+	}
+	if s := all.String(); strings.ContainsAny(s, "\r\n") || !strings.Contains(s, "pq: x; DETAIL: y") || !strings.Contains(s, "n=3") {
+		t.Errorf("attributes %q", s)
+	}
+}
+
+type recordFunc struct {
+	f    func(slog.Record)
+	with []slog.Attr
+}
+
+func recordHandler(f func(slog.Record)) *recordFunc { return &recordFunc{f: f} }
+
+func (h *recordFunc) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordFunc) Handle(_ context.Context, r slog.Record) error {
+	h.f(r)
+	return nil
+}
+func (h *recordFunc) WithAttrs(as []slog.Attr) slog.Handler { h.with = append(h.with, as...); return h }
+func (h *recordFunc) WithGroup(string) slog.Handler         { return h }

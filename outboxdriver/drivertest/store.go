@@ -157,8 +157,8 @@ func (s *suite) testStatus(t *testing.T) {
 	if st.Table.Name != e.table.Name {
 		t.Errorf("Status.Table = %v, want %v", st.Table, e.table)
 	}
-	if st.Backlog != 0 || st.OldestUnpublishedAge != 0 || st.DeadLetters != 0 || st.Published != 0 || st.Held != 0 {
-		t.Fatalf("status of an empty table = %+v; want zero counts and age", st)
+	if st.Backlog != 0 || st.OldestUnpublishedAge != 0 || st.DeadLetters != 0 || st.Published != 0 || st.Held != 0 || st.OldestHeldAge != 0 {
+		t.Fatalf("status of an empty table = %+v; want zero counts and ages", st)
 	}
 	if len(st.Partitions) != partitions {
 		t.Fatalf("status lists %d partitions, want the %d migrated", len(st.Partitions), partitions)
@@ -207,6 +207,8 @@ func (s *suite) testStatus(t *testing.T) {
 	if st.Backlog != 1 || st.DeadLetters != 1 || st.Held != 1 || st.Published != 0 {
 		t.Fatalf("after one publish and one held dead letter: %+v; want backlog 1, 1 dead letter, 1 held, 0 published", st)
 	}
+	waitFor(t, 10*time.Second, func() bool { return e.status().OldestHeldAge > 0 },
+		func() string { return "the held aggregate's age stays 0" })
 	if err := src.Release(e.ctx, leases, true); err != nil {
 		t.Fatalf("release: %v", err)
 	}

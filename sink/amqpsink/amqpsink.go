@@ -1109,3 +1109,7 @@ func (s *Sink) Close() error {
 	}
 	return nil
 }
+
+// System names the broker as OpenTelemetry's messaging.system attribute
+// does: "rabbitmq".
+func (s *Sink) System() string { return "rabbitmq" }

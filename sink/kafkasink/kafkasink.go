@@ -447,3 +447,7 @@ func (k *kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	}
 	k.l.Log(context.Background(), l, "kafka client: "+msg, keyvals...)
 }
+
+// System names the broker as OpenTelemetry's messaging.system attribute
+// does: "kafka".
+func (s *Sink) System() string { return "kafka" }

@@ -872,3 +872,7 @@ func (s *Sink) Close() error {
 	})
 	return nil
 }
+
+// System names the broker as OpenTelemetry's messaging.system attribute
+// does: "mqtt".
+func (s *Sink) System() string { return "mqtt" }

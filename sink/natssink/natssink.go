@@ -674,3 +674,7 @@ func (s *Sink) Close() error {
 	})
 	return s.closeErr
 }
+
+// System names the broker as OpenTelemetry's messaging.system attribute
+// does: "nats".
+func (s *Sink) System() string { return "nats" }

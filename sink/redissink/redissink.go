@@ -368,3 +368,7 @@ func (s *Sink) Close() error {
 	s.wg.Wait()
 	return nil
 }
+
+// System names the broker as OpenTelemetry's messaging.system attribute
+// does: "redis".
+func (s *Sink) System() string { return "redis" }

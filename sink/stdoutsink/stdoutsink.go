@@ -125,3 +125,7 @@ func (s *Sink) Close() error {
 	s.mu.Unlock()
 	return nil
 }
+
+// System names the broker as OpenTelemetry's messaging.system attribute
+// does: "stdout".
+func (s *Sink) System() string { return "stdout" }

@@ -997,3 +997,7 @@ func Verify(secrets []string, headers http.Header, body []byte, tolerance time.D
 	}
 	return nil
 }
+
+// System names the broker as OpenTelemetry's messaging.system attribute
+// does: "webhook".
+func (s *Sink) System() string { return "webhook" }

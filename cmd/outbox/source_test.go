@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/workload"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+)
+
+// sources are the relay's sources the shared correctness tests run
+// against: the polling relay, and log tailing (--source cdc).
+var sources = []string{"poll", "cdc"}
+
+// testDB is where a test's outbox table lives and how a relay reads it.
+type testDB struct {
+	pool *pgxpool.Pool
+	// flags are --db, --schema and --table; relayFlags the relay's
+	// --source flags on top.
+	flags, relayFlags []string
+}
+
+// migratedFor migrates a fresh table for a relay with source src. For
+// log tailing it is in testenv.CDCDatabase, and `outbox migrate --cdc`
+// creates its publication and slot, and the workload's table is made,
+// while no other log-tailing test runs DDL (testenv.CDCTurn); the slot is
+// dropped when the test ends.
+func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
+	t.Helper()
+	if src == "poll" {
+		tb, flags := migrated(t)
+		return tb, testDB{pool: testenv.Pool(t), flags: flags}
+	}
+	pool := testenv.CDCPool(t)
+	tb := testenv.Table(t, pool)
+	flags := []string{"--db", testenv.CDCDatabaseURL(t), "--schema", tb.Schema, "--table", tb.Name}
+	drv := outboxpgx.New(pool)
+	testenv.CDCTurn(t, pool, func() {
+		if _, stderr, code := run(t, nil, append([]string{"migrate", "--cdc"}, flags...)...); code != 0 {
+			t.Fatalf("migrate --cdc failed: %s", stderr)
+		}
+		if _, err := workload.Run(context.Background(), pool, tb, workload.Config{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// A relay's first stream of a new slot relays the rows already in the
+	// table (the slot does not hold them), and the stream brings those
+	// committed after the slot was made once more: a first relay runs
+	// until that is done on the empty table, as a deployment's first relay
+	// does, so that the tests see the steady state.
+	first := startRelay(t, append(append([]string{}, flags...), "--source", "cdc", "--sink", "stdout:", "--lease-ttl", "1s")...)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var drained bool
+		err := pool.QueryRow(context.Background(), `SELECT drained FROM `+tb.Qualified("_cdc")).Scan(&drained)
+		if err == nil && drained {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first relay did not start streaming within 60s (%v); stderr:\n%s", err, first.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := first.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := first.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("the first relay exited with %d; stderr:\n%s", code, first.stderr.String())
+	}
+	// Runs after the relays were killed (cleanups run last-in first-out).
+	t.Cleanup(func() {
+		testenv.CDCTurn(t, pool, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for {
+				_, err := drv.MigrateDown(ctx, tb, 0) // drops the slot
+				if err == nil {
+					return
+				}
+				if ctx.Err() != nil {
+					t.Errorf("migrate down (drops the slot): %v", err)
+					return
+				}
+				time.Sleep(50 * time.Millisecond) // a killed relay's walsender is still going
+			}
+		})
+	})
+	return tb, testDB{pool: pool, flags: flags, relayFlags: []string{"--source", "cdc"}}
+}
+
+// outbox status shows a table's replication slot, in text and in JSON.
+func TestStatusShowsTheCDCSlot(t *testing.T) {
+	t.Parallel()
+	tb, db := migratedFor(t, "cdc")
+	stdout, stderr, code := run(t, nil, append([]string{"status", "--json"}, db.flags...)...)
+	if code != 0 {
+		t.Fatalf("status --json: %s", stderr)
+	}
+	var js statusJSON
+	if err := json.Unmarshal([]byte(stdout), &js); err != nil {
+		t.Fatalf("status --json = %s: %v", stdout, err)
+	}
+	slot := outboxpgx.DefaultSlot(tb)
+	if len(js.CDCSlots) != 1 || js.CDCSlots[0].Slot != slot || !js.CDCSlots[0].Exists || js.CDCSlots[0].Active ||
+		js.CDCSlots[0].ConfirmedLSN == "" || js.CDCSlots[0].LagBytes <= 0 {
+		t.Fatalf("cdc_slots = %+v, want slot %s, existing, inactive (no relay runs), with a confirmed LSN and retained WAL", js.CDCSlots, slot)
+	}
+	stdout, stderr, code = run(t, nil, append([]string{"status"}, db.flags...)...)
+	if code != 0 || !strings.Contains(stdout, "cdc slot                  "+slot) || !strings.Contains(stdout, "state                   inactive") {
+		t.Fatalf("status (%d) = %s%s", code, stdout, stderr)
+	}
+}

@@ -1,0 +1,24 @@
+// Package contract loads a registry of event contracts from a folder and
+// checks payloads against them.
+//
+// A registry is a folder with an index, contracts.json, and one JSON
+// Schema document per aggregate type, event type and version:
+//
+//	{
+//	  "missing": "refuse",
+//	  "sensitive": ["customer.email"],
+//	  "forbidden": ["card.token"],
+//	  "contracts": [
+//	    {"aggregatetype": "order", "type": "OrderPlaced", "version": 1,
+//	     "schema": "order/OrderPlaced.v1.json",
+//	     "sensitive": ["shipping.address"]}
+//	  ]
+//	}
+//
+// The writer (outbox.Config.Contracts), the relay (relay.Config.Contracts,
+// outbox relay --contracts) and the operations package (masking) load the
+// same folder. An event's version travels as header eventVersion: the
+// writer sets it from the latest contract unless the event gives one.
+// Compare finds breaking changes between two registries (outbox contract
+// check). See docs/contracts.md.
+package contract

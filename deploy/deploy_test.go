@@ -1,0 +1,214 @@
+// Package deploy_test checks the shipped alert rules and dashboard against
+// the metrics a real relay exports. promtool (Debian's prometheus package)
+// checks and unit-tests the rules themselves: .ci/run runs it.
+package deploy_test
+
+import (
+	"encoding/json"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/prometheus/promql/parser"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relayd"
+)
+
+// notPollRelay are metrics the rules use that a relay exports only with
+// another source: a polling relay's registry cannot show them.
+var notPollRelay = map[string]string{
+	"outbox_cdc_slot_lag_bytes": "exported by a relay tailing the WAL (--source cdc)",
+}
+
+// exported opens a relay on a migrated table holding one unpublished
+// event (so that the gauges by destination have a series) with a
+// registry, as `outbox relay --metrics-addr` does, and returns the names
+// of the series it exports (a histogram's _bucket, _sum and _count).
+func exported(t *testing.T) map[string]bool {
+	t.Helper()
+	ctx := testenv.Context(t, time.Minute)
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	drv := outboxpgx.New(pool)
+	if _, err := drv.Migrate(ctx, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(drv, &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "Placed"}); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	rl, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Stop(ctx)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, f := range fams {
+		names[f.GetName()] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				names[f.GetName()+s] = true
+			}
+		}
+	}
+	if !names["outbox_status_up"] || !names["outbox_drain_eta_seconds"] {
+		t.Fatalf("the relay's registry lacks its status gauges: %v", slices.Sorted(func(yield func(string) bool) {
+			for n := range names {
+				if !yield(n) {
+					return
+				}
+			}
+		}))
+	}
+	return names
+}
+
+// metricsOf parses a PromQL expression and returns the metric names its
+// selectors name.
+func metricsOf(t *testing.T, where, expr string) []string {
+	t.Helper()
+	e, err := parser.NewParser(parser.Options{}).ParseExpr(expr)
+	if err != nil {
+		t.Fatalf("%s: %q does not parse: %v", where, expr, err)
+	}
+	var names []string
+	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+		if vs, ok := n.(*parser.VectorSelector); ok {
+			names = append(names, vs.Name)
+		}
+		return nil
+	})
+	if len(names) == 0 {
+		t.Fatalf("%s: %q names no metric", where, expr)
+	}
+	return names
+}
+
+type ruleFile struct {
+	Groups []struct {
+		Name  string `yaml:"name"`
+		Rules []struct {
+			Alert       string            `yaml:"alert"`
+			Expr        string            `yaml:"expr"`
+			Labels      map[string]string `yaml:"labels"`
+			Annotations map[string]string `yaml:"annotations"`
+		} `yaml:"rules"`
+	} `yaml:"groups"`
+}
+
+type dashboard struct {
+	Panels []struct {
+		Title   string `json:"title"`
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+	Templating struct {
+		List []struct {
+			Name       string `json:"name"`
+			Definition string `json:"definition"`
+		} `json:"list"`
+	} `json:"templating"`
+}
+
+// Every metric the alert rules and the dashboard use is one a relay
+// exports, and every alert carries a severity, a summary and a runbook
+// link to a section that exists.
+func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
+	names := exported(t)
+	used := map[string][]string{} // metric -> where
+	check := func(where, expr string) {
+		for _, n := range metricsOf(t, where, expr) {
+			used[n] = append(used[n], where)
+		}
+	}
+
+	raw, err := os.ReadFile("prometheus/outbox-alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules ruleFile
+	if err := yaml.Unmarshal(raw, &rules); err != nil {
+		t.Fatal(err)
+	}
+	runbooks, err := os.ReadFile("../docs/runbooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var alerts int
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			alerts++
+			check("alert "+r.Alert, r.Expr)
+			if s := r.Labels["severity"]; s != "critical" && s != "warning" {
+				t.Errorf("alert %s: severity %q, want critical or warning", r.Alert, s)
+			}
+			if r.Annotations["summary"] == "" {
+				t.Errorf("alert %s has no summary", r.Alert)
+			}
+			anchor := "#" + strings.ToLower(r.Alert)
+			if u := r.Annotations["runbook_url"]; !strings.HasSuffix(u, "/docs/runbooks.md"+anchor) {
+				t.Errorf("alert %s: runbook_url %q, want one ending in docs/runbooks.md%s", r.Alert, u, anchor)
+			}
+			if !strings.Contains(string(runbooks), "\n## "+r.Alert+"\n") {
+				t.Errorf("alert %s: docs/runbooks.md has no section \"## %s\"", r.Alert, r.Alert)
+			}
+		}
+	}
+	if alerts < 7 {
+		t.Fatalf("read %d alerts from the rules, want the 7 shipped at least", alerts)
+	}
+
+	raw, err = os.ReadFile("grafana/outbox-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash dashboard
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	var targets int
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			targets++
+			check("panel "+p.Title, tg.Expr)
+		}
+	}
+	if targets == 0 {
+		t.Fatal("the dashboard has no query")
+	}
+	labelValues := regexp.MustCompile(`^label_values\(([a-zA-Z_:][a-zA-Z0-9_:]*),`)
+	for _, v := range dash.Templating.List {
+		if m := labelValues.FindStringSubmatch(v.Definition); m != nil {
+			used[m[1]] = append(used[m[1]], "variable "+v.Name)
+		}
+	}
+
+	for n, where := range used {
+		if names[n] {
+			continue
+		}
+		if why, ok := notPollRelay[n]; ok {
+			t.Logf("%s (%s) is %s", n, strings.Join(where, ", "), why)
+			continue
+		}
+		t.Errorf("%s is used by %s but no relay exports it", n, strings.Join(where, ", "))
+	}
+}

@@ -1,0 +1,85 @@
+package outboxpgx_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Stats says whether the slot exists and is streamed, and how far the
+// relay is behind the commits it received: the lag grows while an event
+// is claimed and not done, and is 0 once it is. Status lists the slot.
+func TestCDCStatsShowTheSlotAndTheLag(t *testing.T) {
+	t.Parallel()
+	f := newCDC(t)
+	f.setup()
+	src := f.source("r1", nil)
+	leases, err := src.Acquire(f.ctx, 1, 10*time.Second)
+	if err != nil || len(leases) != 1 {
+		t.Fatalf("acquire = %v, %v", leases, err)
+	}
+	claim := func(want int) outboxdriver.Batch {
+		t.Helper()
+		var b outboxdriver.Batch
+		f.eventually("claimed", func() bool {
+			b, err = src.Claim(f.ctx, leases, 100)
+			if err != nil {
+				t.Logf("claim: %v", err)
+				return false
+			}
+			if len(b.Records()) < want {
+				b.Release(f.ctx)
+				return false
+			}
+			return true
+		})
+		return b
+	}
+	claim(0).Release(f.ctx) // starts the stream
+	f.streaming()
+	st, err := src.Stats(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Slot != f.slot() || !st.Exists || !st.Active || !st.Streaming || st.Owner != "r1" || st.Pending != 0 || st.Lag != 0 {
+		t.Fatalf("idle stats = %+v", st)
+	}
+	status, err := f.drv.Status(f.ctx, f.tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(status.Slots) != 1 || status.Slots[0].Slot != f.slot() || !status.Slots[0].Active || status.Slots[0].ConfirmedLSN == "" {
+		t.Fatalf("status slots = %+v", status.Slots)
+	}
+
+	e := cdcEvent("a", 1)
+	f.write(f.writer(modeMessage), e)
+	b := claim(1)
+	st1, err := src.Stats(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st1.Pending != 1 || st1.Lag <= 0 {
+		t.Fatalf("stats with an event claimed = %+v", st1)
+	}
+	f.eventually("the lag grows while the event is not done", func() bool {
+		st2, err := src.Stats(f.ctx)
+		return err == nil && st2.Lag > st1.Lag+20*time.Millisecond
+	})
+	if err := b.Finish(f.ctx, outboxdriver.Outcome{Published: []string{e.ID}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err = src.Stats(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pending != 0 || st.Lag != 0 {
+		t.Fatalf("stats once published = %+v", st)
+	}
+	src.Close()
+	f.eventually("the slot is inactive once the source closed", func() bool {
+		st, err := src.Stats(f.ctx)
+		return err == nil && st.Exists && !st.Active && !st.Streaming
+	})
+}

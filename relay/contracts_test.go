@@ -1,0 +1,97 @@
+package relay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outbox/contract"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/relay"
+)
+
+// With contracts, the relay checks rows written by plain SQL: one that
+// breaks its contract, names an unknown version, or has no contract is
+// dead-lettered at once with cause "contract"; a valid one is published
+// with header eventVersion, the given one or its contract's latest.
+func TestRelayDeadLettersContractViolations(t *testing.T) {
+	t.Parallel()
+	reg, err := contract.Load("../contract/testdata/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	e.start(t, nil, relay.Config{Contracts: reg})
+	bad := map[string]string{
+		"00000000-0000-7000-8000-000000000001": "at /total: fails minimum",
+		"00000000-0000-7000-8000-000000000002": "has no contract version 9",
+		"00000000-0000-7000-8000-000000000003": "order/OrderShipped has no contract",
+		"00000000-0000-7000-8000-000000000004": "holds card.token",
+	}
+	_, err = e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Qualified("")+` (id, aggregatetype, aggregateid, type, payload, headers) VALUES
+		('00000000-0000-7000-8000-000000000001', 'order', '1', 'OrderPlaced', '{"orderId": 1, "total": -5, "currency": "EUR"}', '{}'),
+		('00000000-0000-7000-8000-000000000002', 'order', '2', 'OrderPlaced', '{"orderId": 2, "total": 5}', '{"eventVersion": "9"}'),
+		('00000000-0000-7000-8000-000000000003', 'order', '3', 'OrderShipped', '{}', '{}'),
+		('00000000-0000-7000-8000-000000000004', 'order', '4', 'OrderPlaced', '{"orderId": 4, "total": 5, "currency": "EUR", "card": {"token": "tok"}}', '{}'),
+		('00000000-0000-7000-8000-000000000005', 'order', '5', 'OrderPlaced', '{"orderId": 5, "total": 5, "currency": "EUR"}', '{}'),
+		('00000000-0000-7000-8000-000000000006', 'order', '6', 'OrderPlaced', '{"orderId": 6, "total": 5}', '{"eventVersion": "1"}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, dl := range e.waitDeadLetters(t, len(bad)) {
+		want := bad[id]
+		if want == "" || !strings.HasPrefix(dl.lastErr, relay.CauseContract+": ") || !strings.Contains(dl.lastErr, want) || dl.attempts != 1 {
+			t.Errorf("dead letter %s: attempts %d, last_error %q; want 1 attempt and cause contract saying %q", id, dl.attempts, dl.lastErr, want)
+		}
+	}
+	versions := map[string]string{}
+	for _, m := range testenv.StreamMessages(t, e.stream) {
+		versions[m.Header.Get("id")] = m.Header.Get(contract.VersionHeader)
+	}
+	want := map[string]string{"00000000-0000-7000-8000-000000000005": "2", "00000000-0000-7000-8000-000000000006": "1"}
+	if len(versions) != len(want) {
+		t.Fatalf("published %v, want %v", versions, want)
+	}
+	for id, v := range want {
+		if versions[id] != v {
+			t.Errorf("event %s published with eventVersion %q, want %q", id, versions[id], v)
+		}
+	}
+}
+
+type deadLetterRow struct {
+	attempts int
+	lastErr  string
+}
+
+// waitDeadLetters polls until the backlog is empty and n events are
+// dead-lettered, and returns the dead letters by id.
+func (e *env) waitDeadLetters(t *testing.T, n int) map[string]deadLetterRow {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for st := e.status(t); st.Backlog != 0 || st.DeadLetters != int64(n); st = e.status(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("backlog %d, dead letters %d after 30s; want 0 and %d", st.Backlog, st.DeadLetters, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	rows, err := e.pool.Query(context.Background(), `SELECT id::text, attempts, last_error FROM `+e.table.Qualified("_dead_letter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]deadLetterRow{}
+	for rows.Next() {
+		var id string
+		var dl deadLetterRow
+		if err := rows.Scan(&id, &dl.attempts, &dl.lastErr); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = dl
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
