@@ -2,11 +2,14 @@ package console_test
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -184,5 +187,46 @@ func TestOverviewInsight(t *testing.T) {
 		if code != http.StatusOK || !strings.Contains(body, want) {
 			t.Fatalf("overview: %d, no %q in\n%s", code, want, body)
 		}
+	}
+}
+
+// An event's contract adds sensitive paths to the configured ones: they
+// are masked, listed, and each may be revealed (the others stay masked).
+func TestRevealContractPath(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	reg, err := contract.Load("../contract/testdata/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := ops.New(r.st, r.tb, &ops.Config{SensitivePaths: []string{"customer.email"}, Contracts: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := testenv.AddDeadLetters(t, r.pool, r.tb, testenv.DeadLetterRow{
+		AggregateType: "order", AggregateID: testenv.Hex(t), Type: "OrderPlaced",
+		Payload:   `{"orderId":42,"customer":{"email":"ada@example.com"},"shipping":{"address":"1 Analytical Way"}}`,
+		LastError: "refused", Attempts: 1,
+	})[0]
+	otto := ops.Actor{Name: "otto", Role: ops.Operator}
+	v, err := o.DeadLetter(r.ctx, otto, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(v.Payload, "Analytical") || strings.Contains(v.Payload, "ada@") || !slices.Contains(v.Sensitive, "shipping.address") || !slices.Contains(v.Sensitive, "customer.email") {
+		t.Fatalf("masked view: sensitive %v, payload %s", v.Sensitive, v.Payload)
+	}
+	v, err = o.Reveal(r.ctx, otto, id, "shipping.address", "courier lost the parcel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(v.Payload, "1 Analytical Way") || strings.Contains(v.Payload, "ada@") || v.Revealed != "shipping.address" {
+		t.Fatalf("revealed shipping.address: revealed %q, payload %s", v.Revealed, v.Payload)
+	}
+	if a := r.audit()[0]; a.Action != ops.ActionReveal || a.EventID != id || !strings.Contains(a.Detail, "shipping.address") {
+		t.Fatalf("audit of the reveal: %+v", a)
+	}
+	if _, err := o.Reveal(r.ctx, otto, id, "orderId", "not sensitive"); !errors.As(err, new(*ops.InputError)) {
+		t.Fatalf("reveal of a path that is not sensitive: %v, want an input error", err)
 	}
 }
