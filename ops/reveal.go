@@ -12,10 +12,6 @@ import (
 // ActionReveal is the audit action of showing a masked payload field.
 const ActionReveal = "reveal"
 
-// SensitivePaths lists the payload paths masked wherever a payload is
-// shown, as configured.
-func (o *Ops) SensitivePaths() []string { return slices.Clone(o.cfg.SensitivePaths) }
-
 // Reveal returns a dead letter with the values at one of its sensitive
 // paths (a configured one or its contract's) shown, the others staying
 // masked; path may be empty when the event has only one. It needs the operator's
