@@ -226,6 +226,10 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				continue
 			}
 			m, err := r.message(&recs[i])
+			if err != nil && r.pauses.destPausedRec(&recs[i], r.cfg.Router) {
+				a.block() // its destination is paused: not checked, not dead-lettered
+				continue
+			}
 			if err != nil {
 				r.metrics.PublishFailed("", true)
 				permanent++

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/route"
 )
 
 // pauses is the relay's view of the pauses in force (outbox pause): read
@@ -95,6 +96,23 @@ func (p *pauses) exclude() {
 	}
 	slices.Sort(types)
 	p.excluder.ExcludeAggregateTypes(types)
+}
+
+// destPausedRec reports whether rec routes to a paused destination, for
+// an event whose message could not be made (its contract refused it): a
+// paused event is left untouched even when it would be dead-lettered.
+func (p *pauses) destPausedRec(rec *outboxdriver.Record, router *route.Router) bool {
+	if p.reader == nil || router == nil {
+		return false
+	}
+	p.mu.Lock()
+	none := len(p.set.Destinations) == 0
+	p.mu.Unlock()
+	if none {
+		return false
+	}
+	m, err := router.Message(rec)
+	return err == nil && p.destPaused(rec.AggregateType, m.Destination)
 }
 
 // typePaused reports whether aggregateType is paused, before routing.
