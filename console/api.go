@@ -18,6 +18,18 @@ import (
 type overviewJSON struct {
 	Table string `json:"table"`
 	ops.StatusJSON
+	BacklogByKind []backlogGroupJSON `json:"backlog_by_kind"`
+	Relays        []relayJSON        `json:"relays"`
+}
+
+type backlogGroupJSON struct {
+	outboxdriver.KindBacklog
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+}
+
+type relayJSON struct {
+	outboxdriver.RelayStatus
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
 }
 
 type deadLettersJSON struct {
@@ -44,7 +56,19 @@ func (s *Server) overviewAPI(q *req) {
 		q.failErr(err)
 		return
 	}
-	js := overviewJSON{Table: st.Table.String(), StatusJSON: ops.NewStatusJSON(st)}
+	in, err := s.ops.Insight(q.ctx(), q.actor, 0)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	js := overviewJSON{Table: st.Table.String(), StatusJSON: ops.NewStatusJSON(st),
+		BacklogByKind: []backlogGroupJSON{}, Relays: []relayJSON{}}
+	for _, g := range in.Backlog {
+		js.BacklogByKind = append(js.BacklogByKind, backlogGroupJSON{g, g.OldestAge.Seconds()})
+	}
+	for _, r := range in.Relays {
+		js.Relays = append(js.Relays, relayJSON{r, r.ExpiresIn.Seconds()})
+	}
 	q.json(http.StatusOK, js)
 }
 
@@ -76,6 +100,10 @@ func (s *Server) deadLetterAPI(q *req) {
 		q.failErr(err)
 		return
 	}
+	q.deadLetterJSON(v)
+}
+
+func (q *req) deadLetterJSON(v ops.View) {
 	if v.Headers == nil {
 		v.Headers = map[string]string{}
 	}
@@ -86,11 +114,8 @@ func (s *Server) deadLetterAPI(q *req) {
 // {"reason": "..."}.
 func (s *Server) actAPI(action string) func(*req) {
 	return func(q *req) {
-		var body struct {
-			Reason string `json:"reason"`
-		}
-		if err := readJSON(q.r, &body); err != nil {
-			q.failErr(err)
+		reason, ok := q.reason()
+		if !ok {
 			return
 		}
 		do := s.ops.Retry
@@ -98,7 +123,7 @@ func (s *Server) actAPI(action string) func(*req) {
 			do = s.ops.Discard
 		}
 		id := q.r.PathValue("id")
-		done, err := do(q.ctx(), q.actor, []string{id}, body.Reason)
+		done, err := do(q.ctx(), q.actor, []string{id}, reason)
 		if err == nil && len(done) == 0 {
 			err = fmt.Errorf("dead letter %s: %w", id, outboxdriver.ErrNotFound)
 		}

@@ -97,6 +97,8 @@ func TestBrowser(t *testing.T) {
 	if err != nil || len(recs) != 1 || recs[0].Action != "retry" || recs[0].Actor != "otto" || recs[0].Role != "operator" || recs[0].Reason != "broker fixed" {
 		t.Fatalf("audit of the retried event: %+v, %v", recs, err)
 	}
+	r.browserControl(t, do, shot)
+
 	var denied int
 	for _, a := range r.audit() {
 		if a.Action == ops.ActionDenied && (a.Actor == "vera" || a.Actor == "otto") && strings.Contains(a.Detail, "retry") {
@@ -106,6 +108,66 @@ func TestBrowser(t *testing.T) {
 	if denied != 3 {
 		t.Fatalf("%d refused retries audited, want 3 (the viewer's, and two without a CSRF token)", denied)
 	}
+}
+
+// browserControl: the operator pauses an aggregate type and resumes it,
+// releases a held aggregate, and looks at the failure groups.
+func (r *rig) browserControl(t *testing.T, do func(string, ...chromedp.Action[chromedp.Void]), shot func(string) chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	do("operator pauses invoice",
+		chromedp.Navigate(r.url+"/pauses"), chromedp.WaitVisible(chromedp.ID("no-pauses")),
+		chromedp.SendKeys(chromedp.CSS(`#pause input[name=value]`), "invoice"),
+		chromedp.SendKeys(chromedp.CSS(`#pause input[name=reason]`), "schema registry migration"),
+		chromedp.Click(chromedp.CSS(`#pause button`)),
+		chromedp.WaitVisible(chromedp.ID("flash")), chromedp.WaitVisible(chromedp.ID("pauses")), shot("pauses.png"))
+	st, err := r.st.Status(r.ctx, r.tb)
+	if err != nil || len(st.Pauses) != 1 || st.Pauses[0].String() != "aggregatetype=invoice" || st.Pauses[0].Actor != "otto" || st.Pauses[0].Reason != "schema registry migration" {
+		t.Fatalf("pauses after the operator paused invoice: %+v, %v", st.Pauses, err)
+	}
+	do("operator resumes invoice",
+		chromedp.SendKeys(chromedp.CSS(`#pauses form.resume input[name=reason]`), "migration done"),
+		chromedp.Click(chromedp.CSS(`#pauses form.resume button`)),
+		chromedp.WaitVisible(chromedp.ID("flash")), chromedp.WaitVisible(chromedp.ID("no-pauses")))
+	if ps, err := r.st.ListPauses(r.ctx, r.tb); err != nil || len(ps) != 0 {
+		t.Fatalf("pauses after resume: %+v, %v", ps, err)
+	}
+
+	hs, err := r.st.HeldAggregates(r.ctx, r.tb, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holder string
+	for _, h := range hs {
+		if h.AggregateID == "c-981" {
+			holder = h.EventID
+		}
+	}
+	if holder == "" {
+		t.Fatalf("customer/c-981 is not held: %+v", hs)
+	}
+	form := `form[action="/held/` + holder + `/release"]`
+	do("operator releases customer/c-981",
+		chromedp.Navigate(r.url+"/held"), chromedp.WaitVisible(chromedp.CSS(form)),
+		chromedp.SendKeys(chromedp.CSS(form+` input[name=reason]`), "CRM retired the hook"),
+		shot("held.png"),
+		chromedp.Click(chromedp.CSS(form+` button`)),
+		chromedp.WaitVisible(chromedp.ID("flash")))
+	if d, err := r.st.DeadLetter(r.ctx, r.tb, holder); err != nil || d.Held {
+		t.Fatalf("the dead letter behind customer/c-981 after release: held=%v, %v (want kept, holding nothing)", d.Held, err)
+	}
+	recs, err := r.st.FindAudit(r.ctx, r.tb, outboxdriver.AuditQuery{Actor: "otto", Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range recs[:3] {
+		got = append(got, a.Action+":"+a.Reason)
+	}
+	if strings.Join(got, ",") != "release:CRM retired the hook,resume:migration done,pause:schema registry migration" {
+		t.Fatalf("newest audit rows of otto: %v", got)
+	}
+	do("operator looks at the failure groups",
+		chromedp.Navigate(r.url+"/failure-groups"), chromedp.WaitVisible(chromedp.ID("groups")), shot("failure-groups.png"))
 }
 
 // scenery gives the screenshots something to show: pending events, a few
@@ -128,6 +190,15 @@ func (r *rig) scenery() {
 	)
 	if _, err := r.pool.Exec(r.ctx, `UPDATE `+r.tb.Qualified("_leases")+` SET owner = CASE WHEN partition % 2 = 0 THEN 'relay-a-7f3c' ELSE 'relay-b-19d2' END,
 		epoch = 3, expires_at = now() + interval '25 seconds' WHERE partition < 12`); err != nil {
+		r.t.Fatal(err)
+	}
+	// An hour of samples for the chart: a burst the relays work off.
+	if _, err := r.pool.Exec(r.ctx, `INSERT INTO `+r.tb.Qualified("_samples")+` (at, backlog, oldest_age, dead_letters, last_seq)
+SELECT now() - (60 - i) * interval '1 minute', greatest(0, 4000 - abs(i - 25) * 160)::bigint + 40, 2, 2, i * 900
+FROM generate_series(0, 59) AS i`); err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := r.pool.Exec(r.ctx, `INSERT INTO `+r.tb.Qualified("_relays")+` (relay, expires_at) VALUES ('relay-a-7f3c', now() + interval '25 seconds'), ('relay-b-19d2', now() + interval '25 seconds')`); err != nil {
 		r.t.Fatal(err)
 	}
 }

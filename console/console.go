@@ -201,6 +201,25 @@ func (s *Server) routeTable() []route {
 		api("POST", "/api/v1/dead-letters/{id}/retry", s.actAPI("retry")),
 		api("POST", "/api/v1/dead-letters/{id}/discard", s.actAPI("discard")),
 		api("GET", "/api/v1/audit", s.auditAPI),
+		// Pauses and held aggregates (control.go).
+		html("GET", "/pauses", s.pausesPage),
+		html("POST", "/pauses", s.pausePage),
+		html("POST", "/pauses/{scope}/resume", s.resumePage),
+		html("GET", "/held", s.heldPage),
+		html("POST", "/held/{id}/release", s.releasePage),
+		api("GET", "/api/v1/pauses", s.pausesAPI),
+		api("POST", "/api/v1/pauses/{scope}/pause", s.pauseAPI(true)),
+		api("POST", "/api/v1/pauses/{scope}/resume", s.pauseAPI(false)),
+		api("GET", "/api/v1/held", s.heldAPI),
+		api("POST", "/api/v1/held/{id}/release", s.releaseAPI),
+		html("POST", "/dead-letters/{id}/reveal", s.revealPage),
+		api("POST", "/api/v1/dead-letters/{id}/reveal", s.revealAPI),
+		html("GET", "/failure-groups", s.failureGroupsPage),
+		html("POST", "/failure-groups/{group}/retry", s.groupActPage("retry")),
+		html("POST", "/failure-groups/{group}/discard", s.groupActPage("discard")),
+		api("GET", "/api/v1/failure-groups", s.failureGroupsAPI),
+		api("POST", "/api/v1/failure-groups/{group}/retry", s.groupActAPI("retry")),
+		api("POST", "/api/v1/failure-groups/{group}/discard", s.groupActAPI("discard")),
 	}, s.requestRoutes(html, api)...)
 }
 
@@ -404,7 +423,7 @@ func (q *req) failErr(err error) {
 	case errors.As(err, &input):
 		q.fail(http.StatusBadRequest, input.Error())
 	case errors.Is(err, outboxdriver.ErrNotFound):
-		q.fail(http.StatusNotFound, "no such dead letter (it may have been retried or discarded)")
+		q.fail(http.StatusNotFound, notFoundText(err))
 	case errors.Is(err, outboxdriver.ErrNotMigrated):
 		q.fail(http.StatusServiceUnavailable, "the outbox table does not exist: run `outbox migrate`")
 	case errors.Is(err, ops.ErrUnsupported):

@@ -44,6 +44,24 @@ var roleMatrix = []struct {
 	{"POST", "/api/v1/dead-letters/{id}/retry", 403, 200, 403},
 	{"POST", "/api/v1/dead-letters/{id}/discard", 403, 200, 403},
 	{"GET", "/api/v1/audit", 200, 200, 200},
+	{"GET", "/pauses", 200, 200, 200},
+	{"POST", "/pauses", 403, 303, 403},
+	{"POST", "/pauses/{scope}/resume", 403, 303, 403},
+	{"GET", "/held", 200, 200, 200},
+	{"POST", "/held/{id}/release", 403, 303, 403},
+	{"GET", "/api/v1/pauses", 200, 200, 200},
+	{"POST", "/api/v1/pauses/{scope}/pause", 403, 200, 403},
+	{"POST", "/api/v1/pauses/{scope}/resume", 403, 200, 403},
+	{"GET", "/api/v1/held", 200, 200, 200},
+	{"POST", "/api/v1/held/{id}/release", 403, 200, 403},
+	{"POST", "/dead-letters/{id}/reveal", 403, 200, 403},
+	{"POST", "/api/v1/dead-letters/{id}/reveal", 403, 200, 403},
+	{"GET", "/failure-groups", 200, 200, 200},
+	{"POST", "/failure-groups/{group}/retry", 403, 303, 403},
+	{"POST", "/failure-groups/{group}/discard", 403, 303, 403},
+	{"GET", "/api/v1/failure-groups", 200, 200, 200},
+	{"POST", "/api/v1/failure-groups/{group}/retry", 403, 200, 403},
+	{"POST", "/api/v1/failure-groups/{group}/discard", 403, 200, 403},
 	{"GET", "/requests", 200, 200, 200},
 	{"GET", "/requests/{id}", 200, 200, 200},
 	{"POST", "/requests/{id}/approve", 403, 403, 303},
@@ -94,8 +112,7 @@ func TestRoleMatrix(t *testing.T) {
 		for _, role := range ops.Roles() {
 			want := map[ops.Role]int{ops.Viewer: m.viewer, ops.Operator: m.operator, ops.Approver: m.approver}[role]
 			u := r.users[role]
-			id := r.subject(m.pattern)
-			path := fill(m.pattern, id)
+			id, path, form, _ := r.target(m.method, m.pattern)
 			before := r.state()
 			var got int
 			switch {
@@ -111,7 +128,8 @@ func TestRoleMatrix(t *testing.T) {
 				b := r.browser()
 				b.login(u)
 				if m.method == "POST" {
-					got, _ = b.post(path, r.form(m.pattern, "matrix"), true)
+					form.Set("reason", "matrix")
+					got, _ = b.post(path, form, true)
 				} else {
 					got, _ = b.get(path)
 				}
@@ -121,7 +139,7 @@ func TestRoleMatrix(t *testing.T) {
 			}
 			if got == http.StatusForbidden {
 				after := r.state()
-				if after.backlog != before.backlog || after.dead != before.dead {
+				if after.backlog != before.backlog || after.dead != before.dead || after.held != before.held || after.pauses != before.pauses || after.requests != before.requests {
 					t.Errorf("%s %s as %s was refused but changed %+v into %+v", m.method, m.pattern, role, before, after)
 				}
 				if last := r.audit()[0]; last.Action != ops.ActionDenied || last.Actor != u.name || last.Role != string(role) {
@@ -207,12 +225,12 @@ func TestAuditForEveryStateChange(t *testing.T) {
 	viewer := r.users[ops.Viewer]
 	for _, p := range posts {
 		u := allowed(r, "POST", p)
-		id := r.subject(p)
+		id, path, _, event := r.target("POST", p)
 		mark := r.lastAuditID()
-		if code, body := r.api("POST", fill(p, id), viewer.token, r.body(p, id, "no")); code != 403 {
+		if code, body := r.api("POST", path, viewer.token, r.body(p, id, "no")); code != 403 {
 			t.Fatalf("POST %s as viewer: %d %s", p, code, body)
 		}
-		if code, body := r.api("POST", fill(p, id), u.token, r.body(p, id, "audit walk")); code != 200 && code != 201 {
+		if code, body := r.api("POST", path, u.token, r.body(p, id, "audit walk")); code != 200 && code != 201 {
 			t.Fatalf("POST %s as %s: %d %s", p, u.name, code, body)
 		}
 		rows := r.auditSince(mark)
@@ -222,7 +240,7 @@ func TestAuditForEveryStateChange(t *testing.T) {
 		if d := rows[0]; d.Action != ops.ActionDenied || d.Actor != "vera" || d.Role != "viewer" {
 			t.Errorf("POST %s refused to vera: audit %+v", p, d)
 		}
-		if a := rows[1]; a.Action != auditAction(p) || a.Actor != u.name || a.Role != string(u.role) || !aboutSubject(a, p, id) || a.Reason != "audit walk" {
+		if a := rows[1]; a.Action != auditAction(p) || a.Actor != u.name || a.Role != string(u.role) || !aboutSubject(a, p, id, event) || a.Reason != "audit walk" {
 			t.Errorf("POST %s by %s: audit %+v; want %s of %s by %s (%s), reason \"audit walk\"", p, u.name, a, auditAction(p), id, u.name, u.role)
 		}
 	}
@@ -241,13 +259,19 @@ func TestAuditForEveryStateChange(t *testing.T) {
 			b.login(u)
 			browsers[u.name] = b
 		}
-		id := r.subject(rt.Pattern)
+		id, path, form, event := r.target("POST", rt.Pattern)
 		mark := r.lastAuditID()
-		if code, _ := b.post(fill(rt.Pattern, id), r.form(rt.Pattern, "from the page"), true); code != 303 {
-			t.Fatalf("POST %s: %d", rt.Pattern, code)
+		form.Set("reason", "from the page")
+		// An action redirects (303); a reveal shows its result (200).
+		want := http.StatusSeeOther
+		if strings.HasSuffix(rt.Pattern, "/reveal") {
+			want = http.StatusOK
+		}
+		if code, body := b.post(path, form, true); code != want {
+			t.Fatalf("POST %s: %d, want %d: %s", rt.Pattern, code, want, body)
 		}
 		rows := r.auditSince(mark)
-		if len(rows) != 1 || rows[0].Action != auditAction(rt.Pattern) || !aboutSubject(rows[0], rt.Pattern, id) || rows[0].Actor != u.name || rows[0].Role != string(u.role) || rows[0].Reason != "from the page" {
+		if len(rows) != 1 || rows[0].Action != auditAction(rt.Pattern) || !aboutSubject(rows[0], rt.Pattern, id, event) || rows[0].Actor != u.name || rows[0].Role != string(u.role) || rows[0].Reason != "from the page" {
 			t.Errorf("POST %s: audit %+v", rt.Pattern, rows)
 		}
 	}
@@ -272,15 +296,18 @@ func TestAuditForEveryStateChange(t *testing.T) {
 // auditAction is the action a POST route leaves in the audit.
 func auditAction(pattern string) string {
 	action := pattern[strings.LastIndex(pattern, "/")+1:]
-	if action == "replay" || action == "repair" {
+	switch action {
+	case "replay", "repair":
 		return "request" // a replay or repair is requested
+	case "pauses":
+		return ops.ActionPause // the pauses page's form pauses
 	}
 	return action
 }
 
 // aboutSubject reports whether audit row a names what a route acted on:
-// the request, or the dead letter.
-func aboutSubject(a outboxdriver.AuditRecord, pattern, id string) bool {
+// the request, or else the event target found (none for a pause).
+func aboutSubject(a outboxdriver.AuditRecord, pattern, id, event string) bool {
 	switch {
 	case strings.Contains(pattern, "/requests/{id}"):
 		return a.RequestID == id
@@ -289,7 +316,7 @@ func aboutSubject(a outboxdriver.AuditRecord, pattern, id string) bool {
 	case strings.HasSuffix(pattern, "/repair"):
 		return a.RequestID != "" && a.EventID == id
 	}
-	return a.EventID == id && a.RequestID == ""
+	return a.EventID == event && a.RequestID == ""
 }
 
 // A state change from a signed-in browser needs the session's CSRF token
@@ -384,6 +411,19 @@ func TestBadInput(t *testing.T) {
 		{"POST", "/api/v1/dead-letters/" + id + "/retry", map[string]any{"why": "x"}, 400},
 		{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 1001)}, 400},
 		{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 70000)}, 400},
+		{"POST", "/api/v1/pauses/everything/pause", map[string]any{"reason": "x"}, 400},
+		{"POST", "/api/v1/pauses/aggregatetype=/pause", map[string]any{"reason": "x"}, 400},
+		{"POST", "/api/v1/pauses/all/pause", nil, 400}, // no reason
+		{"POST", "/api/v1/pauses/all/pause", map[string]any{"reason": " "}, 400},
+		{"POST", "/api/v1/pauses/aggregatetype=order/resume", nil, 404},
+		{"GET", "/api/v1/pauses?x=1", nil, 400},
+		{"GET", "/api/v1/held?limit=501", nil, 400},
+		{"POST", "/api/v1/held/" + unknown + "/release", map[string]any{"reason": "x"}, 404},
+		{"POST", "/api/v1/held/not-a-uuid/release", map[string]any{"reason": "x"}, 400},
+		{"POST", "/api/v1/held/" + id + "/release", nil, 400}, // no reason
+		{"GET", "/api/v1/failure-groups?limit=0", nil, 400},
+		{"POST", "/api/v1/failure-groups/zz/retry", nil, 400},
+		{"POST", "/api/v1/failure-groups/" + strings.Repeat("0", 32) + "/discard", nil, 404},
 		{"GET", "/api/v1/nothing", nil, 404},
 		{"DELETE", "/api/v1/audit", nil, 404},
 	}

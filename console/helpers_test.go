@@ -104,7 +104,7 @@ func (r *rig) deadLetter() string {
 // state is what a refused or malformed request must leave as it was.
 type state struct {
 	backlog, dead, held int64
-	audit               int
+	audit, pauses       int
 	requests            string // every request's id and state
 }
 
@@ -118,7 +118,7 @@ func (r *rig) state() state {
 	if err := r.pool.QueryRow(r.ctx, `SELECT coalesce(string_agg(id || ':' || state, ' ' ORDER BY id), '') FROM `+r.tb.Qualified("_requests")).Scan(&reqs); err != nil {
 		r.t.Fatal(err)
 	}
-	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit()), reqs}
+	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit()), len(st.Pauses), reqs}
 }
 
 // request adds a pending replay request by a (default otto, operator)
@@ -341,6 +341,50 @@ func (r *rig) openAPIOperations() map[string]string {
 		}
 	}
 	return ops
+}
+
+// target prepares what a request to a route needs: its subject (a
+// pending request for the routes of requests, else a fresh dead letter
+// that holds its aggregate; for {group}, the only one of its failure
+// group), and a fresh scope (for {scope}, and for the pause form), paused
+// already when the route resumes it. It returns the subject's id, the
+// path, the form fields a page sends besides the reason, and the event id
+// the action's audit row names.
+func (r *rig) target(method, pattern string) (id, path string, form url.Values, event string) {
+	r.t.Helper()
+	id = r.subject(pattern)
+	typ := "t-" + id[len(id)-12:]
+	scope := outboxdriver.PauseScope{Kind: outboxdriver.PauseAggregateType, Value: typ}
+	if method == "POST" && strings.HasSuffix(pattern, "/resume") {
+		if _, err := r.st.SetPause(r.ctx, r.tb, scope, outboxdriver.Acting{Name: "setup", Role: "operator", Reason: "to resume"}); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	path = strings.ReplaceAll(fill(pattern, id), "{scope}", url.PathEscape(scope.String()))
+	if strings.Contains(pattern, "{group}") {
+		id = testenv.AddDeadLetters(r.t, r.pool, r.tb, testenv.DeadLetterRow{AggregateType: "order", AggregateID: typ, Type: "Type" + typ,
+			Payload: `{}`, LastError: "refused", Attempts: 1})[0]
+		event = id
+		gs, err := r.st.FailureGroups(r.ctx, r.tb, 1000)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		for _, g := range gs {
+			if g.Example == id && g.Count == 1 {
+				path = strings.ReplaceAll(path, "{group}", g.Key)
+			}
+		}
+	}
+	form = r.form(pattern, "")
+	form.Del("reason")
+	if method == "POST" && pattern == "/pauses" {
+		form.Set("kind", string(scope.Kind))
+		form.Set("value", scope.Value)
+	}
+	if strings.Contains(pattern, "{id}") {
+		event = id
+	}
+	return id, path, form, event
 }
 
 // fill puts an id into a route pattern.

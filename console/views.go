@@ -17,7 +17,8 @@ import (
 
 // The views: each file under templates/ but the layout is one page, parsed
 // once with the layout.
-var viewNames = []string{"overview", "dead_letters", "dead_letter", "audit", "login", "error", "requests", "request", "replay", "repair"}
+var viewNames = []string{"overview", "dead_letters", "dead_letter", "audit", "login", "error", "pauses", "held", "failure_groups",
+	"requests", "request", "replay", "repair"}
 
 func parseViews() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -69,8 +70,12 @@ func (q *req) render(status int, view, title string, data any) {
 		p.CSRF = q.sess.csrf
 	}
 	p.Flash = map[string]string{"retried": "The dead letter is back in the outbox.", "discarded": "The dead letter was discarded.",
-		"requested": "Requested. Another person with the approver role must approve it before it expires.",
-		"approved":  "Approved: it is being carried out.", "rejected": "Rejected.", "cancelled": "Cancelled."}[q.r.URL.Query().Get("done")]
+		"paused": "Paused: every relay stops claiming it within one poll interval.", "resumed": "Resumed: the paused events flow again.",
+		"released":        "Released: the aggregate's later events flow on.",
+		"group-retried":   "The group's dead letters are back in the outbox: " + q.r.URL.Query().Get("n") + ".",
+		"group-discarded": "The group's dead letters were discarded: " + q.r.URL.Query().Get("n") + ".",
+		"requested":       "Requested. Another person with the approver role must approve it before it expires.",
+		"approved":        "Approved: it is being carried out.", "rejected": "Rejected.", "cancelled": "Cancelled."}[q.r.URL.Query().Get("done")]
 	var b bytes.Buffer
 	if err := q.s.views[view].Execute(&b, p); err != nil {
 		q.s.log.Error("console: render", "view", view, "err", err)
@@ -84,13 +89,17 @@ func (q *req) render(status int, view, title string, data any) {
 
 // overview is what the overview shows.
 type overview struct {
-	Status outboxdriver.Status
-	Relays []relayRow
+	Status  outboxdriver.Status
+	Relays  []relayRow
+	Insight ops.Insight
+	Chart   chart
 }
 
 type relayRow struct {
 	Name       string
 	Partitions []int
+	// Registered is the relay's entry in the registry, when it has one.
+	Registered *outboxdriver.RelayStatus
 }
 
 func newOverview(st outboxdriver.Status) overview {
@@ -102,7 +111,7 @@ func newOverview(st outboxdriver.Status) overview {
 	}
 	ov := overview{Status: st}
 	for name, parts := range byOwner {
-		ov.Relays = append(ov.Relays, relayRow{name, parts})
+		ov.Relays = append(ov.Relays, relayRow{Name: name, Partitions: parts})
 	}
 	sort.Slice(ov.Relays, func(i, j int) bool { return ov.Relays[i].Name < ov.Relays[j].Name })
 	return ov
@@ -114,7 +123,12 @@ func (s *Server) overviewPage(q *req) {
 		q.failErr(err)
 		return
 	}
-	q.render(http.StatusOK, "overview", "Overview", newOverview(st))
+	in, err := s.ops.Insight(q.ctx(), q.actor, chartWindow)
+	if err != nil {
+		q.failErr(err)
+		return
+	}
+	q.render(http.StatusOK, "overview", "Overview", newOverview(st).with(in, time.Now()))
 }
 
 // deadLettersView is what the list of dead letters shows.

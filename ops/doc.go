@@ -14,7 +14,9 @@
 //   - viewer reads everything: the overview, dead letters (payloads with
 //     the configured sensitive paths masked) and the audit.
 //   - operator reads everything and acts: retries and discards dead
-//     letters.
+//     letters (one at a time or a failure group), pauses and resumes the
+//     relays by scope, releases held aggregates, and reveals a masked
+//     payload field (audited before it is shown).
 //   - approver reads everything and approves or rejects what other users
 //     request (two-person approval): a replay of published events kept in
 //     the table, or the repair of a dead letter's payload and headers. An
@@ -27,7 +29,9 @@
 //
 // The full set of operations (filtered listing, the detail of one dead
 // letter, role and reason in every audit row) needs a Store that is also
-// an outboxdriver.Inspector, Auditor and DeadLetterActions, as the
-// PostgreSQL driver outboxpgx is; on other Stores, ops offers what the
+// an outboxdriver.Inspector, Auditor and DeadLetterActions; pauses and
+// held aggregates need an outboxdriver.Controller, failure groups a
+// FailureGrouper, the overview's details an Observer. The PostgreSQL
+// driver outboxpgx is all of them; on other Stores, ops offers what the
 // Store has and answers the rest with ErrUnsupported.
 package ops

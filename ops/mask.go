@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,11 @@ type View struct {
 	PayloadNote string `json:"payload_note"`
 	// Masked counts the values masked.
 	Masked int `json:"masked"`
+	// Sensitive lists the sensitive paths of this event (the configured
+	// ones and its contract's), which an operator may reveal one at a
+	// time (Ops.Reveal); Revealed is the one shown.
+	Sensitive []string `json:"sensitive,omitempty"`
+	Revealed  string   `json:"revealed,omitempty"`
 }
 
 // Mask is what a masked value shows instead.
@@ -38,9 +44,17 @@ const Mask = "***"
 // maxShown is the largest payload shown; a larger one is summarised.
 const maxShown = 1 << 20
 
-func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
-	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext}
-	masks := o.masksFor(d.AggregateType, d.Type)
+func (o *Ops) view(d outboxdriver.DeadLetterDetail) View { return o.viewRevealing(d, -1) }
+
+// viewRevealing is view with the sensitive path
+// o.sensitiveFor(d.AggregateType, d.Type)[reveal] shown.
+func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
+	paths, masks := o.sensitiveFor(d.AggregateType, d.Type)
+	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext,
+		Sensitive: paths}
+	if reveal >= 0 {
+		v.Revealed = paths[reveal]
+	}
 	switch {
 	case d.Payload == nil && d.PayloadRaw == nil:
 		v.PayloadNote = "no payload"
@@ -70,8 +84,10 @@ func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
 			v.Payload, v.PayloadNote = string(d.Payload), "shown as stored"
 			return v
 		}
-		for _, m := range masks {
-			v.Masked += tree.mask(m)
+		for i, m := range masks {
+			if i != reveal {
+				v.Masked += tree.mask(m)
+			}
 		}
 		var b strings.Builder
 		tree.write(&b, "")
@@ -83,21 +99,26 @@ func (o *Ops) view(d outboxdriver.DeadLetterDetail) View {
 	return v
 }
 
-// masksFor returns the paths to mask in an event's payload: the
-// configured ones and its contract's.
-func (o *Ops) masksFor(aggregateType, eventType string) [][]string {
+// sensitiveFor returns an event's sensitive paths, the configured ones
+// first and then its contract's (each once), and the same paths parsed:
+// masks[i] is paths[i].
+func (o *Ops) sensitiveFor(aggregateType, eventType string) (paths []string, masks [][]string) {
+	paths, masks = o.cfg.SensitivePaths, o.masks
 	if o.cfg.Contracts == nil {
-		return o.masks
+		return paths, masks
 	}
-	masks := o.masks
 	for _, p := range o.cfg.Contracts.SensitivePaths(aggregateType, eventType) {
+		if slices.Contains(paths, p) {
+			continue
+		}
 		segs, err := contract.ParsePath(p)
 		if err != nil { // a registry checks its paths when it loads
 			segs = []string{"*"}
 		}
+		paths = append(paths[:len(paths):len(paths)], p)
 		masks = append(masks[:len(masks):len(masks)], segs)
 	}
-	return masks
+	return paths, masks
 }
 
 // jnode is a JSON value that keeps the order of object keys.

@@ -122,16 +122,6 @@ func checkText(field, v string) error {
 	return nil
 }
 
-func checkReason(reason string, required bool) error {
-	if len(reason) > maxReasonLen || !utf8.ValidString(reason) {
-		return &InputError{"reason", fmt.Sprintf("at most %d bytes of text", maxReasonLen)}
-	}
-	if required && strings.TrimSpace(reason) == "" {
-		return &InputError{"reason", "say why: a request needs a reason"}
-	}
-	return nil
-}
-
 // replayFilter checks p (Until defaults to, and is at most, now) and
 // resolves its destination into routed values.
 func (o *Ops) replayFilter(ctx context.Context, p *ReplayParams) (outboxdriver.ReplayFilter, error) {

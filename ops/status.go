@@ -15,6 +15,8 @@ type StatusJSON struct {
 	SchemaVersion               int             `json:"schema_version"`
 	LatestSchemaVersion         int             `json:"latest_schema_version"`
 	Partitions                  []PartitionJSON `json:"partitions"`
+	// Pauses lists the pauses in force, oldest first.
+	Pauses []outboxdriver.Pause `json:"pauses"`
 	// CDCSlots are the log-tailing replication slots of the table;
 	// omitted when it is polled.
 	CDCSlots []SlotJSON `json:"cdc_slots,omitempty"`
@@ -49,6 +51,7 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 		OldestHeldAgeSeconds: st.OldestHeldAge.Seconds(),
 		SchemaVersion:        st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
 		Partitions: make([]PartitionJSON, 0, len(st.Partitions)),
+		Pauses:     append([]outboxdriver.Pause{}, st.Pauses...),
 	}
 	for _, p := range st.Partitions {
 		js.Partitions = append(js.Partitions, PartitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})

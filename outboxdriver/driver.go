@@ -305,6 +305,8 @@ type Status struct {
 	// SchemaVersion is the applied migration; LatestSchemaVersion the
 	// newest this build knows.
 	SchemaVersion, LatestSchemaVersion int
+	// Pauses lists the pauses in force (a Controller's; none elsewhere).
+	Pauses []Pause
 	// Slots lists the replication slots that relay the table by log
 	// tailing (PostgreSQL only); none when it is polled.
 	Slots []SlotStatus

@@ -127,6 +127,8 @@ type queue struct {
 	// dead letter comes back (retried by an operator: the same id is
 	// inserted again) and is published, or is discarded.
 	held map[aggKey]string
+	// skip holds the aggregate types claims leave out (paused).
+	skip map[string]bool
 	// pending counts events not done; drainLeft those of them that were
 	// read from the table.
 	pending, drainLeft int
@@ -182,7 +184,7 @@ func (q *queue) claim(limit int, now time.Time) []*event {
 			if blocked[k] {
 				continue
 			}
-			if !ready {
+			if !ready || (q.skip[e.AggregateType] && !e.orphan) {
 				blocked[k] = true
 				continue
 			}

@@ -61,7 +61,7 @@ SELECT gen_random_uuid(), 'order', (g % 1000)::text, 'Placed', '{}' FROM generat
 				t.Fatal(err)
 			}
 		}
-		rows, _ := tx.Query(ctx, `EXPLAIN `+r.src.q.claim, 500, parts, epochs, r.src.Cfg.RelayName, r.src.lockKey, int64(0), int64(0))
+		rows, _ := tx.Query(ctx, `EXPLAIN `+r.src.q.claim, 500, parts, epochs, r.src.Cfg.RelayName, r.src.lockKey, int64(0), int64(0), []string{})
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,6 +33,8 @@ type Source struct {
 	listener *pgxpool.Conn
 
 	floors floors
+
+	exclude atomic.Pointer[[]string] // aggregate types the claim leaves out (paused)
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
@@ -82,6 +85,7 @@ WHERE o.partition = ANY (ARRAY(SELECT partition FROM locked))
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
   AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` h
                   WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
+  AND o.aggregatetype <> ALL ($8::text[])
 ORDER BY o.seq
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`,
@@ -270,7 +274,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	// statement for all settings: every statement of the batch costs.
 	//
 	pb.Queue(s.q.settings, strconv.FormatInt(s.TTL().Milliseconds(), 10))
-	pb.Queue(s.q.claim, limit, parts, epochs, s.Cfg.RelayName, s.lockKey, floor, audit)
+	pb.Queue(s.q.claim, limit, parts, epochs, s.Cfg.RelayName, s.lockKey, floor, audit, s.excluded())
 	br := conn.SendBatch(ctx, &pb)
 	records, err := func() ([]outboxdriver.Record, error) {
 		defer br.Close()

@@ -57,6 +57,9 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if heldSeconds > 0 {
 		st.OldestHeldAge = time.Duration(heldSeconds * float64(time.Second))
 	}
+	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
+		return st, err
+	}
 	rows, err := db.Query(ctx, `SELECT l.partition, coalesce(l.owner, ''), l.epoch,
        CASE WHEN l.expires_at = '-infinity' THEN -1e9
             ELSE extract(epoch FROM l.expires_at - clock_timestamp()) END::float8,

@@ -24,7 +24,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 	wk := newWakeups(r.src, r.cfg.PollInterval, r.log)
 	for ctx.Err() == nil {
 		leases := r.leases.snapshot()
-		if len(leases) == 0 {
+		if len(leases) == 0 || r.pauses.refresh(ctx) {
 			r.waitForWork(ctx, r.cfg.PollInterval)
 			continue
 		}
@@ -64,6 +64,12 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		wk.claimed(ctx, len(recs), full)
 		clean, outage := r.process(pubCtx, b, recs)
 		r.leases.inFlight.RUnlock()
+		if outage == nil && r.pauses.stall() {
+			// Paused events the claim could not leave out: they would
+			// come back at once.
+			r.waitForWork(ctx, r.cfg.PollInterval)
+			continue
+		}
 		if outage == nil && full && r.cfg.Lanes > 1 {
 			// A backlog: work it off in lanes.
 			outage = r.lanes(ctx, pubCtx)
@@ -128,7 +134,7 @@ func (r *Relay) lanes(ctx, pubCtx context.Context) error {
 						leases = append(leases, l)
 					}
 				}
-				if len(leases) == 0 {
+				if len(leases) == 0 || r.pauses.refresh(ctx) {
 					return
 				}
 				r.leases.inFlight.RLock()
@@ -155,7 +161,7 @@ func (r *Relay) lanes(ctx, pubCtx context.Context) error {
 					mu.Unlock()
 					return
 				}
-				if len(recs) < r.cfg.BatchSize {
+				if len(recs) < r.cfg.BatchSize || r.pauses.stalled.Load() {
 					return
 				}
 			}
@@ -215,7 +221,15 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		msgs, pos, dests, wave, spans = msgs[:0], pos[:0], dests[:0], wave[:0], spans[:0]
 		for _, a := range plan.next() {
 			i := a.at()
+			if r.pauses.typePaused(recs[i].AggregateType) {
+				a.block() // paused: left untouched, its aggregate waits
+				continue
+			}
 			m, err := r.message(&recs[i])
+			if err != nil && r.pauses.destPausedRec(&recs[i], r.cfg.Router) {
+				a.block() // its destination is paused: not checked, not dead-lettered
+				continue
+			}
 			if err != nil {
 				r.metrics.PublishFailed("", true)
 				permanent++
@@ -226,6 +240,10 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				}
 				out.Failed, failed = append(out.Failed, f), append(failed, fe)
 				r.afterDeadLetter(a)
+				continue
+			}
+			if r.pauses.destPaused(recs[i].AggregateType, m.Destination) {
+				a.block()
 				continue
 			}
 			if tr != nil {

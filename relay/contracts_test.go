@@ -8,6 +8,8 @@ import (
 
 	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 )
 
@@ -94,4 +96,57 @@ func (e *env) waitDeadLetters(t *testing.T, n int) map[string]deadLetterRow {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// A paused destination's event is left untouched even when its contract
+// would refuse it: no attempt, no dead letter until the pause is lifted;
+// events of other scopes are handled meanwhile.
+func TestPausedDestinationKeepsContractViolation(t *testing.T) {
+	t.Parallel()
+	reg, err := contract.Load("../contract/testdata/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	drv := outboxpgx.New(e.pool)
+	by := outboxdriver.Acting{Name: "test", Role: "operator", Reason: "receiver maintenance"}
+	scope := outboxdriver.PauseScope{Kind: outboxdriver.PauseDestination, Value: e.prefix + ".order"}
+	if ok, err := drv.SetPause(context.Background(), e.table, scope, by); err != nil || !ok {
+		t.Fatalf("pause: %v, %v", ok, err)
+	}
+	const bad, other = "00000000-0000-7000-8000-000000000001", "00000000-0000-7000-8000-000000000002"
+	// The bad order first, then an invoice that has no contract: once the
+	// invoice is dead-lettered, the relay has seen the order.
+	_, err = e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Qualified("")+` (id, aggregatetype, aggregateid, type, payload, headers) VALUES
+		('`+bad+`', 'order', '1', 'OrderPlaced', '{"orderId": 1, "total": -5, "currency": "EUR"}', '{}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Qualified("")+` (id, aggregatetype, aggregateid, type, payload, headers) VALUES
+		('`+other+`', 'invoice', '1', 'InvoiceSent', '{}', '{}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.start(t, nil, relay.Config{Contracts: reg, PollInterval: 100 * time.Millisecond})
+	deadline := time.Now().Add(30 * time.Second)
+	for e.status(t).DeadLetters == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the invoice without a contract was not dead-lettered within 30s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var attempts int
+	if err := e.pool.QueryRow(context.Background(), `SELECT attempts FROM `+e.table.Qualified("")+` WHERE id = $1`, bad).Scan(&attempts); err != nil || attempts != 0 {
+		t.Fatalf("the paused order: attempts %d, %v; want still in the outbox with no attempt", attempts, err)
+	}
+	if n := e.status(t).DeadLetters; n != 1 {
+		t.Fatalf("%d dead letters while the order's destination is paused, want 1 (the invoice)", n)
+	}
+	if ok, err := drv.LiftPause(context.Background(), e.table, scope, by); err != nil || !ok {
+		t.Fatalf("resume: %v, %v", ok, err)
+	}
+	dls := e.waitDeadLetters(t, 2)
+	if dl := dls[bad]; !strings.HasPrefix(dl.lastErr, relay.CauseContract+": ") || dl.attempts != 1 {
+		t.Fatalf("the order after resume: %+v, want dead-lettered for its contract", dl)
+	}
 }

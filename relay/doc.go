@@ -9,6 +9,13 @@
 // previous was acknowledged), so a failed event is never overtaken by a
 // later event of its own aggregate; other aggregates flow on.
 //
+// Pauses (outbox pause) are honoured here, for every source that is an
+// outboxdriver.PauseReader: the relay reads them at most once per poll
+// interval, before it claims, leaves paused events untouched (their
+// aggregates wait, no attempt is spent) and asks a source that is an
+// outboxdriver.ClaimExcluder to leave paused aggregate types out of its
+// claims.
+//
 // With a tracer provider (Config.TracerProvider, or the global one once
 // the application sets it), every publish is an OpenTelemetry producer
 // span, a child of the trace context its writer stored, and the message

@@ -217,6 +217,7 @@ type Relay struct {
 	done      chan struct{}
 
 	leases leaseState
+	pauses *pauses
 
 	tracing   *tracing.Provider
 	sys       attribute.KeyValue // messaging.system of snk
@@ -290,7 +291,8 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if m == nil {
 		m = nopMetrics{}
 	}
-	r := &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m, tracing: tracing.NewProvider(c.TracerProvider)}
+	r := &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m, tracing: tracing.NewProvider(c.TracerProvider),
+		pauses: newPauses(src, c.PollInterval, c.Router.ByAggregateType(), c.Logger)}
 	r.sys = r.system()
 	return r, nil
 }

@@ -168,6 +168,10 @@ func (r *Router) DestinationOf(v string) (string, error) {
 	return d, nil
 }
 
+// ByAggregateType reports whether the destination depends on the
+// aggregate type alone (the default routing, and a fixed destination).
+func (r *Router) ByAggregateType() bool { return r.byName == DefaultRouteBy }
+
 // maxCached bounds the remembered destinations: routing by a column with
 // many values (the aggregate id) must not grow memory without end.
 const maxCached = 4096

@@ -65,7 +65,7 @@ func newAudit() *cobra.Command {
 	fl.BoolVar(&asJSON, "json", false, "print JSON lines (with the before and after of a repair)")
 	fl.IntVar(&limit, "limit", 100, "most rows shown")
 	fl.StringVar(&q.Actor, "actor", "", "only rows by this actor")
-	fl.StringVar(&q.Action, "action", "", "only rows of this action (retry, discard, request, approve, reject, cancel, expire, execute, finish, fail, repair, login, login-failed, logout, denied, audit-prune)")
+	fl.StringVar(&q.Action, "action", "", "only rows of this action (retry, discard, pause, resume, release, reveal, request, approve, reject, cancel, expire, execute, finish, fail, repair, login, login-failed, logout, denied, audit-prune)")
 	fl.StringVar(&q.EventID, "event", "", "only rows about this event id")
 	fl.StringVar(&q.RequestID, "request", "", "only rows about this request id")
 	fl.StringVar(&since, "since", "", "only rows at or after this time (RFC 3339, or 2006-01-02T15:04 / 2006-01-02 in UTC)")

@@ -104,6 +104,9 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 				if err != nil {
 					return err
 				}
+				sctx, stopSampling := context.WithCancel(ctx)
+				defer stopSampling()
+				go srv.Sample(sctx) // the overview's chart
 				// Carries out approved replays and repairs, and resumes those
 				// a console that stopped left executing.
 				exec, err := o.NewExecutor(&ops.ExecutorConfig{BatchSize: replayBatch, Logger: log})

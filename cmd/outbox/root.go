@@ -25,6 +25,7 @@ func newRoot() *cobra.Command {
 	root.SetVersionTemplate("{{.Version}}")
 	root.AddCommand(newVersion())
 	root.AddCommand(newDemo(), newMigrate(), newRelay(), newStatus(), newDLQ(), newBench(), newConsole())
+	root.AddCommand(newPauseCmd(true), newPauseCmd(false), newHeld())
 	root.AddCommand(newContract(), newReconcile())
 	root.AddCommand(newAudit())
 	return root

@@ -50,6 +50,7 @@ func newStatus() *cobra.Command {
 					fmt.Fprintf(out, "oldest hold               %s\n", st.OldestHeldAge.Round(1e6))
 				}
 				fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+				printPauses(out, st.Pauses)
 				printPartitions(out, st.Partitions)
 				printSlots(out, st.Slots)
 				return nil

@@ -50,6 +50,8 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{relays}}", n.Relays,
 		"{{held}}", n.Held,
 		"{{audit}}", n.Audit,
+		"{{pause}}", t.Qualified("_pause"),
+		"{{samples}}", t.Qualified("_samples"),
 		"{{pending_idx}}", q(t.Name+"_pending"),
 		"{{by_part_idx}}", q(t.Name+"_by_part"),
 		"{{published_idx}}", q(t.Name+"_published"),

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS {{samples}};
+DROP TABLE IF EXISTS {{pause}};

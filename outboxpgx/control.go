@@ -1,0 +1,400 @@
+package outboxpgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Pauses and held aggregates (schema version 6).
+var (
+	_ outboxdriver.Controller    = (*Driver)(nil)
+	_ outboxdriver.PauseReader   = (*Source)(nil)
+	_ outboxdriver.PauseReader   = (*CDCSource)(nil)
+	_ outboxdriver.ClaimExcluder = (*Source)(nil)
+	_ outboxdriver.ClaimExcluder = (*CDCSource)(nil)
+)
+
+// Audit actions of pauses and releases.
+const (
+	actionPause   = "pause"
+	actionResume  = "resume"
+	actionRelease = "release"
+)
+
+func pauseTable(t outboxdriver.Table) string { return t.WithDefaults().Qualified("_pause") }
+
+// listPauses reads the pauses in force on t. A table that predates schema
+// version 6 has none.
+func listPauses(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
+	rows, err := pool.Query(ctx, `SELECT scope, value, actor, role, reason, since FROM `+pauseTable(t)+` ORDER BY since, scope, value`)
+	if err != nil {
+		if isUndefinedTable(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("outboxpgx: pauses of %s: %w", t, err)
+	}
+	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.Pause, error) {
+		var p outboxdriver.Pause
+		err := r.Scan(&p.Kind, &p.Value, &p.Actor, &p.Role, &p.Reason, &p.Since)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: pauses of %s: %w", t, err)
+	}
+	return ps, nil
+}
+
+func isUndefinedTable(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "42P01"
+}
+
+// controlErr wraps err; a table without the pause table says to migrate.
+func controlErr(t outboxdriver.Table, what string, err error) error {
+	if isUndefinedTable(err) {
+		return fmt.Errorf("outboxpgx: %s %s: the table predates schema version 6 (pauses): run `outbox migrate`: %w", what, t, err)
+	}
+	return auditErr(t, what, err)
+}
+
+// Pauses reads the pauses in force: one small query.
+func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return listPauses(ctx, s.pool, s.Table)
+}
+
+// Pauses reads the pauses in force: one small query.
+func (s *CDCSource) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return listPauses(ctx, s.pool, s.Table)
+}
+
+// ExcludeAggregateTypes leaves the events of types out of the next claims.
+func (s *Source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }
+
+// ExcludeAggregateTypes leaves the events of types out of the next claims.
+func (s *CDCSource) ExcludeAggregateTypes(types []string) {
+	m := make(map[string]bool, len(types))
+	for _, t := range types {
+		m[t] = true
+	}
+	s.mu.Lock()
+	s.queue.skip = m
+	s.mu.Unlock()
+}
+
+// excluded returns the aggregate types the claim leaves out (never nil:
+// the claim compares with every element of the array).
+func (s *Source) excluded() []string {
+	if p := s.exclude.Load(); p != nil && *p != nil {
+		return *p
+	}
+	return []string{}
+}
+
+// ListPauses lists the pauses in force on t, oldest first.
+func (d *Driver) ListPauses(ctx context.Context, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
+	if _, err := d.names(t); err != nil {
+		return nil, err
+	}
+	return listPauses(ctx, d.pool, t)
+}
+
+// SetPause pauses s on t and writes the audit row in the same
+// transaction; it reports false, writing nothing, when s was paused
+// already. Relays see it within one poll interval; the channel's wake-up
+// tells idle ones at once.
+func (d *Driver) SetPause(ctx context.Context, t outboxdriver.Table, s outboxdriver.PauseScope, by outboxdriver.Acting) (bool, error) {
+	return d.changePause(ctx, t, s, by, actionPause, `INSERT INTO `+pauseTable(t)+` (scope, value, actor, role, reason)
+VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, value) DO NOTHING RETURNING 1`, string(s.Kind), s.Value, by.Name, by.Role, by.Reason)
+}
+
+// LiftPause resumes s on t and writes the audit row in the same
+// transaction; it reports false, writing nothing, when s was not paused.
+func (d *Driver) LiftPause(ctx context.Context, t outboxdriver.Table, s outboxdriver.PauseScope, by outboxdriver.Acting) (bool, error) {
+	return d.changePause(ctx, t, s, by, actionResume, `DELETE FROM `+pauseTable(t)+` WHERE scope = $1 AND value = $2 RETURNING 1`,
+		string(s.Kind), s.Value)
+}
+
+func (d *Driver) changePause(ctx context.Context, t outboxdriver.Table, s outboxdriver.PauseScope, by outboxdriver.Acting, action, change string, args ...any) (bool, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return false, err
+	}
+	if err := s.Validate(); err != nil {
+		return false, fmt.Errorf("outboxpgx: %w", err)
+	}
+	var changed bool
+	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		var one int
+		switch err := tx.QueryRow(ctx, change, args...).Scan(&one); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return err
+		}
+		changed = true
+		if _, err := tx.Exec(ctx, `INSERT INTO `+n.Audit+` (actor, role, action, detail, reason) VALUES ($1, $2, $3, $4, $5)`,
+			by.Name, by.Role, action, s.String(), by.Reason); err != nil {
+			return err
+		}
+		// Wake idle relays: a resumed scope flows at once.
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, t.WithDefaults().Channel())
+		return err
+	})
+	if err != nil {
+		return false, controlErr(t, action+" of", err)
+	}
+	return changed, nil
+}
+
+// HeldAggregates lists up to limit held aggregates of t, longest held
+// first, with the event each waits behind and how many events wait.
+func (d *Driver) HeldAggregates(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.HeldAggregate, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: limit %d, want a positive one", t, limit)
+	}
+	// The reason is what holds the aggregate now: a dead letter, or an
+	// event in the outbox (retrying, or a dead letter retried by an
+	// operator and not yet published).
+	rows, err := d.pool.Query(ctx, `SELECT h.aggregatetype, h.aggregateid, h.event_id::text,
+       CASE WHEN EXISTS (SELECT 1 FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id) THEN 'dead-lettered' ELSE 'retrying' END,
+       h.held_at,
+       (SELECT count(*) FROM `+n.Table+` o
+        WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
+          AND o.published_at IS NULL AND o.id <> h.event_id),
+       coalesce((SELECT dl.last_error FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id),
+                (SELECT o.last_error FROM `+n.Table+` o WHERE o.id = h.event_id), '')
+FROM `+n.Held+` h
+ORDER BY h.held_at, h.aggregatetype, h.aggregateid
+LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.HeldAggregate, error) {
+		var h outboxdriver.HeldAggregate
+		err := r.Scan(&h.AggregateType, &h.AggregateID, &h.EventID, &h.Reason, &h.Since, &h.Waiting, &h.LastError)
+		return h, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// ReleaseHeld lets the later events of the aggregate held behind the dead
+// letter eventID flow on, leaving the dead letter where it is, and writes the
+// audit row in the same transaction. An aggregate held behind an event
+// that is still being retried is not released (its order would break
+// while the event may yet be published): ErrNotFound.
+func (d *Driver) ReleaseHeld(ctx context.Context, t outboxdriver.Table, eventID string, by outboxdriver.Acting) (outboxdriver.HeldAggregate, error) {
+	var h outboxdriver.HeldAggregate
+	n, err := d.names(t)
+	if err != nil {
+		return h, err
+	}
+	u, err := uuid.Parse(eventID)
+	if err != nil {
+		return h, fmt.Errorf("outboxpgx: dead letter %q of %s: %w", eventID, t, outboxdriver.ErrNotFound)
+	}
+	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `WITH gone AS (
+    DELETE FROM `+n.Held+` h
+    WHERE h.event_id = $1
+      AND EXISTS (SELECT 1 FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id)
+    RETURNING h.aggregatetype, h.aggregateid, h.event_id, h.reason, h.held_at
+), unmark AS (
+    UPDATE `+n.DeadLetter+` dl SET held = false FROM gone WHERE dl.id = gone.event_id
+    RETURNING dl.last_error
+)
+SELECT g.aggregatetype, g.aggregateid, g.event_id::text, g.reason, g.held_at, coalesce((SELECT last_error FROM unmark), '')
+FROM gone g`, u).Scan(&h.AggregateType, &h.AggregateID, &h.EventID, &h.Reason, &h.Since, &h.LastError)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("outboxpgx: dead letter %s of %s holds no aggregate: %w", eventID, t, outboxdriver.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+n.Audit+` (actor, role, action, event_id, detail, reason) VALUES ($1, $2, $3, $4, $5, $6)`,
+			by.Name, by.Role, actionRelease, h.EventID, "released "+h.AggregateType+"/"+h.AggregateID+" held behind it", by.Reason); err != nil {
+			return err
+		}
+		// Wake idle relays: the aggregate's later events are claimable.
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, t.WithDefaults().Channel())
+		return err
+	})
+	if errors.Is(err, outboxdriver.ErrNotFound) {
+		return h, err
+	}
+	if err != nil {
+		return h, auditErr(t, "release held aggregate of", err)
+	}
+	return h, nil
+}
+
+// pausesIn is for Status: the pauses on a table of schema version 6 or
+// newer.
+func pausesIn(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, version int) ([]outboxdriver.Pause, error) {
+	if version < 6 {
+		return nil, nil
+	}
+	return listPauses(ctx, pool, t)
+}
+
+var _ outboxdriver.FailureGrouper = (*Driver)(nil)
+
+// errorClass is the SQL of a dead letter's error class: its last error
+// with UUIDs and numbers of four or more digits blanked, cut to 200
+// characters. groupKey names a group of an event type and class.
+const (
+	errorClass = `left(regexp_replace(regexp_replace(last_error, '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'), '[0-9]{4,}', '<n>', 'g'), 200)`
+	groupKey   = `md5(length(type)::text || ':' || type || ` + errorClass + `)`
+)
+
+// FailureGroups lists up to limit groups of t's dead letters (same event
+// type, same error class), largest first. It reads every dead letter.
+func (d *Driver) FailureGroups(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.FailureGroup, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT `+groupKey+` AS key, type, `+errorClass+` AS class, count(*), min(dead_lettered_at), max(dead_lettered_at),
+       (array_agg(id::text ORDER BY dead_lettered_at, seq))[1]
+FROM `+n.DeadLetter+`
+GROUP BY 1, 2, 3
+ORDER BY 4 DESC, 5
+LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: failure groups of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.FailureGroup, error) {
+		var g outboxdriver.FailureGroup
+		err := r.Scan(&g.Key, &g.Type, &g.ErrorClass, &g.Count, &g.First, &g.Last, &g.Example)
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: failure groups of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// FailureGroupIDs returns the ids of up to limit dead letters of the
+// group key, oldest first.
+func (d *Driver) FailureGroupIDs(ctx context.Context, t outboxdriver.Table, key string, limit int) ([]string, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT id::text FROM `+n.DeadLetter+` WHERE `+groupKey+` = $1 ORDER BY dead_lettered_at, seq LIMIT $2`, key, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: failure group %s of %s: %w", key, t, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: failure group %s of %s: %w", key, t, err)
+	}
+	return ids, nil
+}
+
+var _ outboxdriver.Observer = (*Driver)(nil)
+
+// Backlog lists up to limit groups (aggregate type, event type) of t's
+// unpublished events, largest first, with the age of each one's oldest.
+// It reads every unpublished row.
+func (d *Driver) Backlog(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.KindBacklog, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT aggregatetype, type, count(*), extract(epoch FROM now() - min(created_at))::float8
+FROM `+n.Table+` WHERE published_at IS NULL
+GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.KindBacklog, error) {
+		var g outboxdriver.KindBacklog
+		var age float64
+		err := r.Scan(&g.AggregateType, &g.Type, &g.Backlog, &age)
+		g.OldestAge = time.Duration(max(age, 0) * float64(time.Second))
+		return g, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// Relays lists the relays registered on t (alive or not yet cleaned up).
+func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriver.RelayStatus, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT relay, started_at, extract(epoch FROM expires_at - clock_timestamp())::float8 FROM `+n.Relays+` ORDER BY relay`)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: relays of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.RelayStatus, error) {
+		var x outboxdriver.RelayStatus
+		var secs float64
+		err := r.Scan(&x.Name, &x.Started, &secs)
+		x.ExpiresIn = time.Duration(secs * float64(time.Second))
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: relays of %s: %w", t, err)
+	}
+	return out, nil
+}
+
+// RecordSample stores one sample of t (backlog, oldest age, dead letters,
+// the sequence's last value) and deletes samples older than keep.
+func (d *Driver) RecordSample(ctx context.Context, t outboxdriver.Table, keep time.Duration) error {
+	n, err := d.names(t)
+	if err != nil {
+		return err
+	}
+	samples := t.WithDefaults().Qualified("_samples")
+	_, err = d.pool.Exec(ctx, `WITH gone AS (DELETE FROM `+samples+` WHERE at < clock_timestamp() - $1 * interval '1 millisecond')
+INSERT INTO `+samples+` (backlog, oldest_age, dead_letters, last_seq)
+SELECT (SELECT count(*) FROM `+n.Table+` WHERE published_at IS NULL),
+       (SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM `+n.Table+` WHERE published_at IS NULL),
+       (SELECT count(*) FROM `+n.DeadLetter+`),
+       coalesce(pg_sequence_last_value(pg_get_serial_sequence($2, 'seq')::regclass), 0)
+ON CONFLICT (at) DO NOTHING`, keep.Milliseconds(), n.Table)
+	if err != nil {
+		return controlErr(t, "sample of", err)
+	}
+	return nil
+}
+
+// Samples lists t's samples since a time, oldest first.
+func (d *Driver) Samples(ctx context.Context, t outboxdriver.Table, since time.Time) ([]outboxdriver.Sample, error) {
+	if _, err := d.names(t); err != nil {
+		return nil, err
+	}
+	rows, err := d.pool.Query(ctx, `SELECT at, backlog, oldest_age, dead_letters, last_seq FROM `+t.WithDefaults().Qualified("_samples")+` WHERE at >= $1 ORDER BY at`, since)
+	if err != nil {
+		if isUndefinedTable(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("outboxpgx: samples of %s: %w", t, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdriver.Sample])
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: samples of %s: %w", t, err)
+	}
+	return out, nil
+}

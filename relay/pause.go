@@ -1,0 +1,158 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/route"
+)
+
+// pauses is the relay's view of the pauses in force (outbox pause): read
+// from a Source that is an outboxdriver.PauseReader at most once per poll
+// interval, before a claim. A relay honours a pause within one poll
+// interval of it: every claim that starts later sees it.
+//
+// A paused event is never touched: the relay blocks its aggregate for the
+// rest of the batch (as for a broker outage, spending no attempt) and
+// leaves the event to be claimed again. So that a paused backlog does not
+// fill every batch while other events wait behind it, the relay asks a
+// Source that is an outboxdriver.ClaimExcluder to leave the paused
+// aggregate types out of its claims, and, when the router picks the
+// destination by aggregate type alone, the types it saw routed to a
+// paused destination. A batch with paused events the source could not
+// leave out makes the relay wait a poll interval before it claims again.
+type pauses struct {
+	reader   outboxdriver.PauseReader // nil: the source knows no pauses
+	excluder outboxdriver.ClaimExcluder
+	every    time.Duration
+	byType   bool // the destination depends on the aggregate type alone
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	set     outboxdriver.Pauses
+	readAt  time.Time
+	learned map[string]string // aggregate type -> its paused destination
+	stalled atomic.Bool       // a batch held paused events the claim could not leave out
+}
+
+func newPauses(src outboxdriver.Source, every time.Duration, byType bool, log *slog.Logger) *pauses {
+	p := &pauses{every: every, byType: byType, log: log, learned: map[string]string{}}
+	p.reader, _ = src.(outboxdriver.PauseReader)
+	p.excluder, _ = src.(outboxdriver.ClaimExcluder)
+	return p
+}
+
+// refresh reads the pauses when the last read is a poll interval old,
+// and reports whether everything is paused. A failed read keeps the last
+// set (the claim that follows meets the same database).
+func (p *pauses) refresh(ctx context.Context) (all bool) {
+	if p.reader == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.readAt) < p.every {
+		return p.set.All
+	}
+	p.readAt = time.Now()
+	ps, err := p.reader.Pauses(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.log.Warn("relay: reading the pauses failed; keeping the last known", "err", err)
+		}
+		return p.set.All
+	}
+	set := outboxdriver.NewPauses(ps)
+	if !set.All && !p.set.All && maps.Equal(set.Destinations, p.set.Destinations) && maps.Equal(set.AggregateTypes, p.set.AggregateTypes) {
+		return false
+	}
+	if !set.Empty() || !p.set.Empty() {
+		p.log.Info("relay: pauses changed", "all", set.All, "destinations", slices.Sorted(maps.Keys(set.Destinations)),
+			"aggregate_types", slices.Sorted(maps.Keys(set.AggregateTypes)))
+	}
+	p.set = set
+	maps.DeleteFunc(p.learned, func(_, dest string) bool { return !set.Destinations[dest] })
+	p.exclude()
+	return set.All
+}
+
+// exclude tells the source which aggregate types to leave out; p.mu is
+// held.
+func (p *pauses) exclude() {
+	if p.excluder == nil {
+		return
+	}
+	types := slices.Collect(maps.Keys(p.set.AggregateTypes))
+	for t := range p.learned {
+		if !p.set.AggregateTypes[t] {
+			types = append(types, t)
+		}
+	}
+	slices.Sort(types)
+	p.excluder.ExcludeAggregateTypes(types)
+}
+
+// destPausedRec reports whether rec routes to a paused destination, for
+// an event whose message could not be made (its contract refused it): a
+// paused event is left untouched even when it would be dead-lettered.
+func (p *pauses) destPausedRec(rec *outboxdriver.Record, router *route.Router) bool {
+	if p.reader == nil || router == nil {
+		return false
+	}
+	p.mu.Lock()
+	none := len(p.set.Destinations) == 0
+	p.mu.Unlock()
+	if none {
+		return false
+	}
+	m, err := router.Message(rec)
+	return err == nil && p.destPaused(rec.AggregateType, m.Destination)
+}
+
+// typePaused reports whether aggregateType is paused, before routing.
+func (p *pauses) typePaused(aggregateType string) bool {
+	if p.reader == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.set.All && !p.set.AggregateTypes[aggregateType] {
+		return false
+	}
+	if p.set.All || p.excluder == nil {
+		p.stalled.Store(true)
+	}
+	return true
+}
+
+// destPaused reports whether destination is paused; an event of
+// aggregateType routed there is left for later.
+func (p *pauses) destPaused(aggregateType, destination string) bool {
+	if p.reader == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.set.Destinations[destination] {
+		return false
+	}
+	if p.byType && p.excluder != nil {
+		if _, ok := p.learned[aggregateType]; !ok {
+			p.learned[aggregateType] = destination
+			p.exclude()
+		}
+		return true
+	}
+	p.stalled.Store(true)
+	return true
+}
+
+// stall reports (once) that a batch held paused events the source could
+// not leave out of its claims.
+func (p *pauses) stall() bool { return p.stalled.Swap(false) }
