@@ -361,6 +361,20 @@ func (r *Registry) SensitivePaths(aggregateType, eventType string) []string {
 	return slices.Compact(out)
 }
 
+// AllSensitivePaths returns every path SensitivePaths returns for any
+// event: the registry's own and every contract's.
+func (r *Registry) AllSensitivePaths() []string {
+	out := slices.Clone(r.sensitive)
+	for _, vs := range r.versions {
+		for _, c := range vs {
+			out = append(out, c.Sensitive...)
+			out = append(out, c.Forbidden...)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // describe renders a validation error as its failing locations and
 // keywords, without the values a library message may quote.
 func describe(err error) string {

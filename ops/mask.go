@@ -50,6 +50,12 @@ func (o *Ops) view(d outboxdriver.DeadLetterDetail) View { return o.viewRevealin
 // o.sensitiveFor(d.AggregateType, d.Type)[reveal] shown.
 func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
 	paths, masks := o.sensitiveFor(d.AggregateType, d.Type)
+	return o.viewMasked(d, reveal, paths, masks)
+}
+
+// viewMasked is the view of d with the values at masks hidden, but for
+// masks[reveal] (paths[reveal]: the same paths as text).
+func (o *Ops) viewMasked(d outboxdriver.DeadLetterDetail, reveal int, paths []string, masks [][]string) View {
 	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext,
 		Sensitive: paths}
 	if reveal >= 0 {
@@ -103,11 +109,27 @@ func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
 // first and then its contract's (each once), and the same paths parsed:
 // masks[i] is paths[i].
 func (o *Ops) sensitiveFor(aggregateType, eventType string) (paths []string, masks [][]string) {
-	paths, masks = o.cfg.SensitivePaths, o.masks
 	if o.cfg.Contracts == nil {
-		return paths, masks
+		return o.cfg.SensitivePaths, o.masks
 	}
-	for _, p := range o.cfg.Contracts.SensitivePaths(aggregateType, eventType) {
+	return o.withPaths(o.cfg.Contracts.SensitivePaths(aggregateType, eventType))
+}
+
+// sensitiveForAny is every path sensitive in any event: the configured
+// ones and every contract's. What names no event type (an audit row's
+// before and after) is masked with all of them.
+func (o *Ops) sensitiveForAny() (paths []string, masks [][]string) {
+	if o.cfg.Contracts == nil {
+		return o.cfg.SensitivePaths, o.masks
+	}
+	return o.withPaths(o.cfg.Contracts.AllSensitivePaths())
+}
+
+// withPaths is the configured sensitive paths and then extra (each once),
+// and the same paths parsed: masks[i] is paths[i].
+func (o *Ops) withPaths(extra []string) (paths []string, masks [][]string) {
+	paths, masks = o.cfg.SensitivePaths, o.masks
+	for _, p := range extra {
 		if slices.Contains(paths, p) {
 			continue
 		}

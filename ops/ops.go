@@ -146,10 +146,12 @@ type Config struct {
 	Route *route.Config
 }
 
-// SensitiveSource names the sensitive payload paths of one event type.
-// *contract.Registry implements it.
+// SensitiveSource names the sensitive payload paths of one event type,
+// and of all of them together (for what names no event type, such as an
+// audit row's before and after). *contract.Registry implements it.
 type SensitiveSource interface {
 	SensitivePaths(aggregateType, eventType string) []string
+	AllSensitivePaths() []string
 }
 
 // DefaultMaxPage is Config.MaxPage's default.

@@ -290,7 +290,8 @@ func (o *Ops) RequestRepair(ctx context.Context, a Actor, p RepairParams, reason
 		if d.Payload != nil && bytes.HasPrefix(bytes.TrimSpace(d.Payload), []byte("{")) && !bytes.HasPrefix(bytes.TrimSpace(p.Payload), []byte("{")) {
 			return Request{}, &InputError{"payload", "the stored payload is a JSON object: propose an object"}
 		}
-		if p.Payload, err = o.unmask(p.Payload, d.Payload); err != nil {
+		_, masks := o.sensitiveFor(d.AggregateType, d.Type)
+		if p.Payload, err = unmask(p.Payload, d.Payload, masks); err != nil {
 			return Request{}, &InputError{"payload", err.Error()}
 		}
 	}
@@ -302,9 +303,9 @@ func (o *Ops) RequestRepair(ctx context.Context, a Actor, p RepairParams, reason
 }
 
 // unmask puts the stored values back where a proposal kept the mask at a
-// sensitive path.
-func (o *Ops) unmask(proposed, stored []byte) ([]byte, error) {
-	if len(o.masks) == 0 || stored == nil {
+// sensitive path (masks: the event's, parsed).
+func unmask(proposed, stored []byte, masks [][]string) ([]byte, error) {
+	if len(masks) == 0 || stored == nil {
 		return proposed, nil
 	}
 	p, err := decodeTree(json.NewDecoder(bytes.NewReader(proposed)), 0)
@@ -316,7 +317,7 @@ func (o *Ops) unmask(proposed, stored []byte) ([]byte, error) {
 		return proposed, nil
 	}
 	restored := 0
-	for _, m := range o.masks {
+	for _, m := range masks {
 		restored += p.restore(s, m)
 	}
 	if restored == 0 {
@@ -762,7 +763,8 @@ func ParseTime(field, s string) (time.Time, error) {
 // maskDiff masks the payload of an audit row's before or after
 // ({"payload": ..., "headers": ...}), as every payload shown is masked.
 func (o *Ops) maskDiff(b json.RawMessage) json.RawMessage {
-	if len(b) == 0 || len(o.masks) == 0 {
+	paths, masks := o.sensitiveForAny()
+	if len(b) == 0 || len(masks) == 0 {
 		return b
 	}
 	var m map[string]json.RawMessage
@@ -770,7 +772,7 @@ func (o *Ops) maskDiff(b json.RawMessage) json.RawMessage {
 		return nil
 	}
 	if p, ok := m["payload"]; ok && string(p) != "null" {
-		v := o.view(outboxdriver.DeadLetterDetail{Payload: p})
+		v := o.viewMasked(outboxdriver.DeadLetterDetail{Payload: p}, -1, paths, masks)
 		shown := json.RawMessage(v.Payload)
 		if v.Payload == "" || !json.Valid(shown) {
 			shown, _ = json.Marshal(v.PayloadNote)

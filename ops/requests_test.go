@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -366,10 +367,29 @@ func TestReplayBadInput(t *testing.T) {
 // *** keeps the stored one) and headers; once another person approves, the
 // dead letter gets them and goes back into the outbox with its id; the
 // audit keeps the before and after.
+// A repair, with the sensitive path configured or named by a contract:
+// the stored value comes back where the proposal kept the mask, and the
+// audit's before and after are shown masked.
 func TestRepair(t *testing.T) {
 	t.Parallel()
+	reg, err := contract.Load("../contract/testdata/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, cfg := range map[string]*ops.Config{
+		"configured": {SensitivePaths: []string{"customer.email"}},
+		"contract":   {Contracts: reg},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testRepair(t, cfg)
+		})
+	}
+}
+
+func testRepair(t *testing.T, cfg *ops.Config) {
 	r := newRig(t)
-	o := r.ops(t, &ops.Config{SensitivePaths: []string{"customer.email"}})
+	o := r.ops(t, cfg)
 	id := testenv.AddDeadLetters(t, r.pool, r.tb, testenv.DeadLetterRow{AggregateType: "order", AggregateID: "42", Type: "OrderPlaced",
 		Payload: `{"orderId":"42x","customer":{"email":"ada@example.com"}}`, Headers: `{"tenant":"t1"}`, LastError: "schema: orderId must be a number", Attempts: 1, Held: true})[0]
 	for name, p := range map[string]ops.RepairParams{
