@@ -5,7 +5,7 @@
 // on the stream named by Message.Destination). The partition key is
 // Message.Key, the aggregate id, so one aggregate's events land on one
 // shard; a message without a key uses its id. Kinesis records have no
-// headers, so the data is the JSON envelope of the mqttsink package ("id",
+// headers, so the data is the JSON envelope of sink.Envelope, as MQTT uses it ("id",
 // "destination", "key", "headers", "payload" or "payload_base64").
 //
 // # Batches, partial failures and order

@@ -21,7 +21,6 @@ import (
 
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/sink"
-	"github.com/outboxkit/outbox/sink/mqttsink"
 )
 
 // Limits of Kinesis Data Streams.
@@ -315,7 +314,7 @@ func (s *Sink) record(i int, m *sink.Message) (*record, error) {
 	if !utf8.ValidString(key) || utf8.RuneCountInString(key) > maxKeyChars {
 		return nil, sink.Permanent(fmt.Errorf("kinesissink: message %s: partition key must be 1 to %d characters of UTF-8", m.ID, maxKeyChars))
 	}
-	data, err := mqttsink.Envelope(m)
+	data, err := sink.Envelope(m)
 	if err != nil {
 		return nil, sink.Permanent(fmt.Errorf("kinesissink: message %s: %w", m.ID, err))
 	}

@@ -1,13 +1,10 @@
 package mqttsink
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -746,7 +743,7 @@ func (s *Sink) encode(m *sink.Message) (string, []byte, error) {
 	}
 	payload := m.Value
 	if !s.cfg.RawPayload {
-		b, err := Envelope(m)
+		b, err := sink.Envelope(m)
 		if err != nil {
 			return "", nil, sink.Permanent(fmt.Errorf("mqttsink: publish to topic %q: encode envelope: %w", topic, err))
 		}
@@ -767,60 +764,8 @@ func (s *Sink) encode(m *sink.Message) (string, []byte, error) {
 }
 
 // Envelope returns the JSON envelope the sink publishes for m unless
-// Config.RawPayload is set; see the package documentation.
-func Envelope(m *sink.Message) ([]byte, error) {
-	var b bytes.Buffer
-	b.Grow(len(m.Value)*4/3 + 128)
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	str := func(s string) {
-		_ = enc.Encode(s)       // a string always encodes
-		b.Truncate(b.Len() - 1) // Encode's newline
-	}
-	b.WriteString(`{"id":`)
-	str(m.ID)
-	b.WriteString(`,"destination":`)
-	str(m.Destination)
-	if utf8.Valid(m.Key) {
-		b.WriteString(`,"key":`)
-		str(string(m.Key))
-	} else {
-		b.WriteString(`,"key_base64":"`)
-		b.WriteString(base64.StdEncoding.EncodeToString(m.Key))
-		b.WriteByte('"')
-	}
-	b.WriteString(`,"headers":[`)
-	header := func(k, v string) {
-		if b.Bytes()[b.Len()-1] != '[' {
-			b.WriteByte(',')
-		}
-		b.WriteString(`{"key":`)
-		str(k)
-		b.WriteString(`,"value":`)
-		str(v)
-		b.WriteByte('}')
-	}
-	if _, ok := m.Header("id"); !ok {
-		header("id", m.ID)
-	}
-	for _, h := range m.Headers {
-		header(h.Key, h.Value)
-	}
-	b.WriteByte(']')
-	switch {
-	case len(m.Value) == 0:
-		b.WriteString(`,"payload":null`)
-	case utf8.Valid(m.Value) && json.Valid(m.Value):
-		b.WriteString(`,"payload":`)
-		b.Write(m.Value)
-	default:
-		b.WriteString(`,"payload_base64":"`)
-		b.WriteString(base64.StdEncoding.EncodeToString(m.Value))
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.Bytes(), nil
-}
+// Config.RawPayload is set: sink.Envelope.
+func Envelope(m *sink.Message) ([]byte, error) { return sink.Envelope(m) }
 
 // CheckTopic reports why topic cannot be published to, or nil. A topic must
 // be 1 to 65535 bytes of UTF-8 without the wildcards '+' and '#', NUL,
