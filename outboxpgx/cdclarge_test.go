@@ -461,18 +461,37 @@ func TestCDCRelayRestartedDuringAnOpenTransaction(t *testing.T) {
 
 // dropSlotWhileStreamed drops the table's slot under the relay that
 // streams it: its walsender is terminated, and the slot dropped before the
-// relay connects again.
+// relay connects again. Both happen in one statement on the server (a
+// loop that retries while the relay, reconnecting every few tens of
+// milliseconds, got there first), so a busy machine's round trips cannot
+// lose the race every time.
 func (f *cdcFixture) dropSlotWhileStreamed() {
 	f.t.Helper()
 	f.eventually("the slot is dropped", func() bool {
-		_, err := f.pool.Exec(f.ctx, `SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = $1 AND active`, f.slot())
+		_, err := f.pool.Exec(f.ctx, `DO $$
+DECLARE
+	slot text := `+pgQuote(f.slot())+`;
+BEGIN
+	FOR i IN 1..200 LOOP
+		PERFORM pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = slot AND active;
+		BEGIN
+			PERFORM pg_drop_replication_slot(slot);
+			RETURN;
+		EXCEPTION WHEN object_in_use THEN
+			PERFORM pg_sleep(0.005);
+		END;
+	END LOOP;
+	RAISE EXCEPTION 'slot % stayed in use', slot;
+END $$`)
 		if err != nil {
-			f.t.Logf("terminate the walsender: %v", err)
+			f.t.Logf("drop the slot: %v", err)
 		}
-		_, err = f.pool.Exec(f.ctx, `SELECT pg_drop_replication_slot($1)`, f.slot())
 		return err == nil
 	})
 }
+
+// pgQuote quotes s as an SQL string literal.
+func pgQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // A slot dropped while it is streamed: in table mode the relay reports it,
 // relays the rows still in the table, makes the slot again and streams on,
@@ -502,6 +521,9 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 			var mu sync.Mutex
 			written := map[string][]string{}
 			stop, done := make(chan struct{}), make(chan struct{})
+			var stopOnce sync.Once
+			halt := func() { stopOnce.Do(func() { close(stop) }); <-done }
+			t.Cleanup(halt) // the writer ends before the test does, even when it fails
 			go func() {
 				defer close(done)
 				for i := 1; ; i++ {
@@ -537,8 +559,7 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 				}
 			})
 			time.Sleep(100 * time.Millisecond) // some written after it
-			close(stop)
-			<-done
+			halt()
 
 			if mode != modeTable {
 				want := "was dropped: events written as"
