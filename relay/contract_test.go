@@ -1,11 +1,9 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/outboxkit/outbox/internal/testenv"
@@ -14,24 +12,6 @@ import (
 	"github.com/outboxkit/outbox/sink/natssink"
 	"github.com/outboxkit/outbox/sink/stdoutsink"
 )
-
-// lockedBuffer is an io.Writer a test can read while a sink writes to it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // Rows written by plain SQL that cannot become the message their writer
 // meant (an aggregate id that cannot be the key unchanged, a headers
@@ -43,7 +23,7 @@ func TestRowsThatCannotBePublishedAsWrittenAreDeadLettered(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			var out lockedBuffer
+			var out testenv.Buffer
 			var wrap func(sink.Sink) sink.Sink
 			if name == "stdout" {
 				wrap = func(sink.Sink) sink.Sink { return stdoutsink.New(&out) }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -9,32 +8,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
-
-// lockedBuffer is a bytes.Buffer for a command that writes while the
-// test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // inProcess runs the command line in this process with ctx and input.
 func inProcess(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, args ...string) error {
@@ -48,7 +27,7 @@ func inProcess(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, a
 
 func runInProcess(t *testing.T, stdin string, args ...string) (string, error) {
 	t.Helper()
-	var out lockedBuffer
+	var out testenv.Buffer
 	err := inProcess(testenv.Context(t, time.Minute), strings.NewReader(stdin), &out, &out, args...)
 	return out.String(), err
 }
@@ -166,7 +145,7 @@ func TestConsoleServes(t *testing.T) {
 	}
 	token := regexp.MustCompile(`API token: (obx_\S+)`).FindStringSubmatch(out)[1]
 	sctx, stop := context.WithCancel(ctx)
-	var stderr lockedBuffer
+	var stderr testenv.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- inProcess(sctx, strings.NewReader(""), io.Discard, &stderr, "console", "--db", testenv.DatabaseURL(), "--schema", tb.Schema,

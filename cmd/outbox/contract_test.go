@@ -177,7 +177,7 @@ func startConsole(t *testing.T, ctx context.Context, schema string, args ...stri
 	t.Helper()
 	users := filepath.Join(t.TempDir(), "users.json")
 	sctx, stop := context.WithCancel(ctx)
-	var stderr lockedBuffer
+	var stderr testenv.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- inProcess(sctx, strings.NewReader(""), io.Discard, &stderr, append([]string{"console", "--db", testenv.DatabaseURL(), "--schema", schema,

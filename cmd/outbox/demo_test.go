@@ -103,7 +103,7 @@ func TestDemoServeKeepsTheRelayUp(t *testing.T) {
 	t.Parallel()
 	addr := freeAddr(t)
 	cmd := exec.Command(raceBin, "demo", "--orders", "20", "--rate", "200", "--serve", "--metrics-addr", addr)
-	var out syncBuffer
+	var out testenv.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -127,25 +126,8 @@ func failsWithOneLine(t *testing.T, env []string, want string, args ...string) {
 // relayProc is a running `outbox relay`.
 type relayProc struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *testenv.Buffer
 	done   chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func startRelay(t *testing.T, args ...string) *relayProc {
@@ -163,7 +145,7 @@ func startRelayBinary(t *testing.T, exe string, env []string, args ...string) *r
 	t.Helper()
 	cmd := exec.Command(exe, append([]string{"relay"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
+	p := &relayProc{cmd: cmd, stderr: &testenv.Buffer{}, done: make(chan error, 1)}
 	cmd.Stdout = io.Discard
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {

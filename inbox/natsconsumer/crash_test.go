@@ -1,42 +1,25 @@
 package natsconsumer_test
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outboxkit/outbox/internal/testenv"
 )
 
 // proc is a consumer process started from this test binary (see child).
 type proc struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.Buffer
 	done chan struct{}
 	err  error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // spawn starts a consumer process on durable of f's stream as consumer
@@ -46,7 +29,7 @@ func (f *fixture) spawn(t *testing.T, durable, name, fault string) *proc {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChild+"=1", envSchema+"="+f.tbl.Schema, envStream+"="+f.stream,
 		envDurable+"="+durable, envConsumer+"="+name, envFault+"="+fault)
-	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{cmd: cmd, out: &testenv.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ func (f *fixture) startRelay(t *testing.T, bin string) *proc {
 		"--route-replacement", f.stream+".${routedByValue}",
 		"--lease-ttl", "1s", "--poll-interval", "100ms", "--batch", "50", "--retry-base", "50ms", "--retry-max", "500ms")
 	cmd.Env = os.Environ()
-	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{cmd: cmd, out: &testenv.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
