@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
@@ -470,7 +471,7 @@ func (f *cdcFixture) dropSlotWhileStreamed() {
 	f.eventually("the slot is dropped", func() bool {
 		_, err := f.pool.Exec(f.ctx, `DO $$
 DECLARE
-	slot text := `+pgQuote(f.slot())+`;
+	slot text := `+pgschema.QuoteLiteral(f.slot())+`;
 BEGIN
 	FOR i IN 1..200 LOOP
 		PERFORM pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = slot AND active;
@@ -489,9 +490,6 @@ END $$`)
 		return err == nil
 	})
 }
-
-// pgQuote quotes s as an SQL string literal.
-func pgQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // A slot dropped while it is streamed: in table mode the relay reports it,
 // relays the rows still in the table, makes the slot again and streams on,
