@@ -56,7 +56,8 @@ type Contract struct {
 	// Sensitive are the payload paths masked wherever a payload is shown;
 	// Forbidden the paths that must never enter the outbox (a payload that
 	// holds one is refused). Both are dot-separated: customer.email,
-	// cards.*.number.
+	// cards.*.number. Each holds the index's paths for the contract and
+	// then those its schema marks (x-sensitive or writeOnly, x-forbidden).
 	Sensitive, Forbidden []string
 
 	schema    *jsonschema.Schema
