@@ -242,7 +242,8 @@ func (r *Registry) SetMissing(m Missing) error {
 }
 
 // Uncovered counts the events let through without a contract under
-// MissingAllow since the registry was loaded.
+// MissingAllow since the registry was loaded (not those refused for a
+// forbidden field or a payload that is not JSON).
 func (r *Registry) Uncovered() int64 { return r.uncovered.Load() }
 
 // EachUncovered calls fn with the count of the events let through without
@@ -359,26 +360,10 @@ func (r *Registry) check(aggregateType, eventType, version string, payload []byt
 		if r.missing != MissingAllow {
 			return "", fmt.Errorf("%w: %s/%s has no contract in the registry (its missing policy is refuse)", ErrViolation, aggregateType, eventType)
 		}
-		r.countUncovered(aggregateType, eventType)
-		if payload == nil || raw {
-			return version, nil
-		}
-		if len(r.forbidden) == 0 {
-			if !notJSONIsRaw && !json.Valid(payload) {
-				return "", fmt.Errorf("%w: the payload is not JSON", ErrViolation)
-			}
-			return version, nil
-		}
-		doc, err := decode(payload)
-		switch {
-		case err != nil && notJSONIsRaw:
-			return version, nil
-		case err != nil:
-			return "", fmt.Errorf("%w: the payload is not JSON: %v", ErrViolation, err)
-		}
-		if err := forbiddenIn(doc, r.forbidden); err != nil {
+		if err := r.uncoveredPayload(payload, raw, notJSONIsRaw); err != nil {
 			return "", err
 		}
+		r.countUncovered(aggregateType, eventType)
 		return version, nil
 	}
 	if raw {
@@ -394,6 +379,29 @@ func (r *Registry) check(aggregateType, eventType, version string, payload []byt
 		return "", err
 	}
 	return strconv.Itoa(c.Version), nil
+}
+
+// uncoveredPayload checks the payload of an event without a contract: it
+// must be JSON (unless raw, or notJSONIsRaw) and hold no field the
+// registry forbids.
+func (r *Registry) uncoveredPayload(payload []byte, raw, notJSONIsRaw bool) error {
+	if payload == nil || raw {
+		return nil
+	}
+	if len(r.forbidden) == 0 {
+		if !notJSONIsRaw && !json.Valid(payload) {
+			return fmt.Errorf("%w: the payload is not JSON (use RawPayload for other formats)", ErrViolation)
+		}
+		return nil
+	}
+	doc, err := decode(payload)
+	switch {
+	case err != nil && notJSONIsRaw:
+		return nil
+	case err != nil: // the parser's message may quote the payload
+		return fmt.Errorf("%w: the payload is not JSON (use RawPayload for other formats)", ErrViolation)
+	}
+	return forbiddenIn(doc, r.forbidden)
 }
 
 // validate checks a decoded payload against c: forbidden fields first,
