@@ -40,6 +40,8 @@ func TestWriteTxChecksContracts(t *testing.T) {
 		{AggregateType: "order", AggregateID: "3", Type: "OrderPlaced", Payload: []byte(`{"orderId": 3, "total": 1, "currency": "EUR", "card": {"token": "tok_live_1"}}`)},
 		{AggregateType: "order", AggregateID: "3", Type: "OrderCancelled", Payload: []byte(`{}`)},
 		{AggregateType: "order", AggregateID: "3", Type: "OrderPlaced", RawPayload: []byte(`abc`)},
+		// Not JSON: with contracts, the check's own parse refuses it.
+		{AggregateType: "order", AggregateID: "3", Type: "OrderPlaced", Payload: []byte(`{"orderId": 3, "total": 1,`)},
 	}
 	for i, b := range bad {
 		tx, err := pool.Begin(ctx)

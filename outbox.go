@@ -74,7 +74,10 @@ type Config struct {
 // the event's eventVersion header, or "" for the latest contract; raw
 // says the payload is not JSON (RawPayload). It returns the version the
 // event goes out with, or "" when the event has no contract and may
-// still be written. *contract.Registry implements it.
+// still be written. With Contracts set, WriteTx leaves checking that a
+// Payload is JSON to Check (so that it is parsed once): Check must refuse
+// a payload that does not parse unless raw is true. *contract.Registry
+// implements it.
 type Contracts interface {
 	Check(aggregateType, eventType, version string, payload []byte, raw bool) (string, error)
 }
@@ -236,7 +239,9 @@ func toRow(e *Event, check Contracts) (outboxdriver.Row, error) {
 		return invalid("Type is empty")
 	case e.Payload != nil && e.RawPayload != nil:
 		return invalid("both Payload and RawPayload are set")
-	case e.Payload != nil && !json.Valid(e.Payload):
+	case e.Payload != nil && check == nil && !json.Valid(e.Payload):
+		// With contracts, Check parses the payload once and refuses one
+		// that is not JSON: no second pass over it here.
 		return invalid("Payload is not valid JSON (use RawPayload for other formats)")
 	}
 	for _, s := range []string{e.AggregateType, e.AggregateID, e.Type} {
@@ -266,7 +271,7 @@ func toRow(e *Event, check Contracts) (outboxdriver.Row, error) {
 		Payload:       e.Payload,
 		RawPayload:    e.RawPayload,
 	}
-	if r.Payload != nil && json.Valid(r.Payload) && strings.Contains(string(r.Payload), `\u0000`) {
+	if r.Payload != nil && strings.Contains(string(r.Payload), `\u0000`) {
 		return invalid("Payload contains \\u0000, which PostgreSQL jsonb cannot store (use RawPayload)")
 	}
 	headers := e.Headers

@@ -10,8 +10,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
+	"github.com/bytedance/sonic"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -54,7 +56,8 @@ type Contract struct {
 	// Sensitive are the payload paths masked wherever a payload is shown;
 	// Forbidden the paths that must never enter the outbox (a payload that
 	// holds one is refused). Both are dot-separated: customer.email,
-	// cards.*.number.
+	// cards.*.number. Each holds the index's paths for the contract and
+	// then those its schema marks (x-sensitive or writeOnly, x-forbidden).
 	Sensitive, Forbidden []string
 
 	schema    *jsonschema.Schema
@@ -77,7 +80,19 @@ type Registry struct {
 	forbidden [][]string
 	versions  map[eventKey][]*Contract // ascending by version
 	uncovered atomic.Int64
+
+	mu          sync.Mutex
+	uncoveredBy map[eventKey]int64 // at most MaxUncoveredTypes keys, then Other
 }
+
+// MaxUncoveredTypes bounds the event types Registry.EachUncovered names:
+// the first MaxUncoveredTypes aggregate type and type pairs seen without
+// a contract keep their names, later ones are counted under Other, Other.
+const MaxUncoveredTypes = 100
+
+// Other stands for the aggregate type and type of every event without a
+// contract past the first MaxUncoveredTypes pairs.
+const Other = "other"
 
 type indexDoc struct {
 	// Missing is "refuse" (the default) or "allow".
@@ -134,6 +149,8 @@ func Load(dir string) (*Registry, error) {
 		return nil, err
 	}
 	comp := jsonschema.NewCompiler()
+	comp.RegisterVocabulary(marksVocabulary())
+	comp.AssertVocabs() // let the marks compile under every draft
 	for i, e := range idx.Contracts {
 		c, err := r.compile(comp, absDir, e)
 		if err != nil {
@@ -190,6 +207,15 @@ func (r *Registry) compile(comp *jsonschema.Compiler, absDir string, e indexEntr
 	if c.schema, err = comp.Compile(p); err != nil {
 		return nil, fmt.Errorf("%s: schema %s is not a valid JSON Schema: %w", c, e.Schema, err)
 	}
+	marked, err := marks(c.schema)
+	if err != nil {
+		return nil, fmt.Errorf("%s: schema %s: %w", c, e.Schema, err)
+	}
+	c.Sensitive = append(c.Sensitive, marked.sensitive...)
+	c.Forbidden = append(c.Forbidden, marked.forbidden...)
+	for _, p := range marked.forbidden {
+		c.forbidden = append(c.forbidden, strings.Split(p, "."))
+	}
 	if c.DataSchema == "" {
 		if m, ok := c.doc.(map[string]any); ok {
 			c.DataSchema, _ = m["$id"].(string)
@@ -216,8 +242,40 @@ func (r *Registry) SetMissing(m Missing) error {
 }
 
 // Uncovered counts the events let through without a contract under
-// MissingAllow since the registry was loaded.
+// MissingAllow since the registry was loaded (not those refused for a
+// forbidden field or a payload that is not JSON).
 func (r *Registry) Uncovered() int64 { return r.uncovered.Load() }
+
+// EachUncovered calls fn with the count of the events let through without
+// a contract under MissingAllow since the registry was loaded, by
+// aggregate type and type (at most MaxUncoveredTypes pairs, then Other,
+// Other), in no particular order. outboxprom.RegisterContracts exports
+// them as outbox_contract_uncovered_events_total.
+func (r *Registry) EachUncovered(fn func(aggregateType, eventType string, events int64)) {
+	r.mu.Lock()
+	counts := make(map[eventKey]int64, len(r.uncoveredBy))
+	for k, n := range r.uncoveredBy {
+		counts[k] = n
+	}
+	r.mu.Unlock()
+	for k, n := range counts {
+		fn(k.aggregateType, k.typ, n)
+	}
+}
+
+func (r *Registry) countUncovered(aggregateType, eventType string) {
+	r.uncovered.Add(1)
+	k := eventKey{aggregateType, eventType}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.uncoveredBy == nil {
+		r.uncoveredBy = map[eventKey]int64{}
+	}
+	if _, ok := r.uncoveredBy[k]; !ok && len(r.uncoveredBy) >= MaxUncoveredTypes {
+		k = eventKey{Other, Other}
+	}
+	r.uncoveredBy[k]++
+}
 
 // Contracts returns every contract, ordered by aggregate type, type and
 // version.
@@ -281,59 +339,116 @@ func versionList(vs []*Contract) string {
 // the event's eventVersion header, or "" for the latest. It returns the
 // version the event goes out with ("" when it has no contract and the
 // registry allows that). payload is JSON text, or nil; raw is true for a
-// payload that is not JSON, which no contract accepts. The error wraps
-// ErrViolation and names the failing locations and keywords, never a
-// value of the payload.
+// payload that is not JSON, which no contract accepts. A payload that is
+// given as JSON (raw false) but does not parse is refused, whether the
+// event has a contract or not: Check parses it once, so that the writer
+// need not check it is JSON beforehand. The error wraps ErrViolation and
+// names the failing locations and keywords, never a value of the payload.
 func (r *Registry) Check(aggregateType, eventType, version string, payload []byte, raw bool) (string, error) {
+	return r.check(aggregateType, eventType, version, payload, raw, false)
+}
+
+// check is Check; notJSONIsRaw (the relay's reading of a stored payload)
+// takes a payload that does not parse as a raw one rather than refusing
+// it, so that a raw payload is parsed once, not scanned and then parsed.
+func (r *Registry) check(aggregateType, eventType, version string, payload []byte, raw, notJSONIsRaw bool) (string, error) {
 	c, err := r.Lookup(aggregateType, eventType, version)
 	if err != nil {
 		return "", err
 	}
 	if c == nil {
-		if r.missing == MissingAllow {
-			r.uncovered.Add(1)
-			if len(r.forbidden) > 0 && payload != nil && !raw {
-				doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(payload))
-				if err != nil {
-					return "", fmt.Errorf("%w: the payload is not JSON: %v", ErrViolation, err)
-				}
-				if err := forbiddenIn(doc, r.forbidden); err != nil {
-					return "", err
-				}
-			}
-			return version, nil
+		if r.missing != MissingAllow {
+			return "", fmt.Errorf("%w: %s/%s has no contract in the registry (its missing policy is refuse)", ErrViolation, aggregateType, eventType)
 		}
-		return "", fmt.Errorf("%w: %s/%s has no contract in the registry (its missing policy is refuse)", ErrViolation, aggregateType, eventType)
+		if err := r.uncoveredPayload(payload, raw, notJSONIsRaw); err != nil {
+			return "", err
+		}
+		r.countUncovered(aggregateType, eventType)
+		return version, nil
 	}
 	if raw {
 		return "", fmt.Errorf("%w: %s: the payload is not JSON (RawPayload); the contract is a JSON Schema", ErrViolation, c)
 	}
 	var doc any // SQL NULL validates as JSON null
 	if payload != nil {
-		if doc, err = jsonschema.UnmarshalJSON(bytes.NewReader(payload)); err != nil {
+		if doc, err = decode(payload); err != nil {
 			return "", fmt.Errorf("%w: %s: the payload is not JSON", ErrViolation, c)
 		}
 	}
-	if err := forbiddenIn(doc, r.forbidden, c.forbidden); err != nil {
-		return "", fmt.Errorf("%s: %w", c, err)
-	}
-	if err := c.schema.Validate(doc); err != nil {
-		return "", fmt.Errorf("%w: %s: %s", ErrViolation, c, describe(err))
+	if err := r.validate(c, doc); err != nil {
+		return "", err
 	}
 	return strconv.Itoa(c.Version), nil
+}
+
+// uncoveredPayload checks the payload of an event without a contract: it
+// must be JSON (unless raw, or notJSONIsRaw) and hold no field the
+// registry forbids.
+func (r *Registry) uncoveredPayload(payload []byte, raw, notJSONIsRaw bool) error {
+	if payload == nil || raw {
+		return nil
+	}
+	if len(r.forbidden) == 0 {
+		if !notJSONIsRaw && !json.Valid(payload) {
+			return fmt.Errorf("%w: the payload is not JSON (use RawPayload for other formats)", ErrViolation)
+		}
+		return nil
+	}
+	doc, err := decode(payload)
+	switch {
+	case err != nil && notJSONIsRaw:
+		return nil
+	case err != nil: // the parser's message may quote the payload
+		return fmt.Errorf("%w: the payload is not JSON (use RawPayload for other formats)", ErrViolation)
+	}
+	return forbiddenIn(doc, r.forbidden)
+}
+
+// validate checks a decoded payload against c: forbidden fields first,
+// then the JSON Schema.
+func (r *Registry) validate(c *Contract, doc any) error {
+	if err := forbiddenIn(doc, r.forbidden, c.forbidden); err != nil {
+		return fmt.Errorf("%s: %w", c, err)
+	}
+	if err := c.schema.Validate(doc); err != nil {
+		return fmt.Errorf("%w: %s: %s", ErrViolation, c, describe(err))
+	}
+	return nil
+}
+
+// decoder reads JSON into the value form the JSON Schema library validates:
+// map[string]any, []any, string, json.Number (exact, never a float64),
+// bool and nil, in one pass. Strings are not copied out of the payload:
+// nothing decoded outlives the check. ValidateString refuses control
+// characters in strings, as encoding/json does. It stops at 4096 levels
+// of nesting.
+var decoder = sonic.Config{UseNumber: true, ValidateString: true}.Froze()
+
+// decode parses one JSON value into the form the validator takes. It
+// accepts and refuses the same texts as encoding/json: what the fast
+// decoder refuses (malformed, or nested deeper than it goes) is decoded
+// again by encoding/json, which has the last word, so only a payload that
+// is refused anyway pays twice.
+func decode(payload []byte) (any, error) {
+	var doc any
+	if err := decoder.Unmarshal(payload, &doc); err == nil {
+		return doc, nil
+	}
+	return jsonschema.UnmarshalJSON(bytes.NewReader(payload))
 }
 
 // CheckRecord is Check for a claimed record, for the relay: it validates
 // the payload against the contract its eventVersion header names (the
 // latest when none) and sets the header when the record lacks it. A
-// record whose headers could not be read is left to the router.
+// payload that does not parse as JSON is a raw one (the relay cannot tell
+// them apart otherwise). A record whose headers could not be read is left
+// to the router.
 func (r *Registry) CheckRecord(rec *outboxdriver.Record) error {
 	if rec.HeadersErr != nil {
 		return nil
 	}
 	given := rec.Headers[VersionHeader]
-	raw := rec.Payload != nil && !json.Valid(rec.Payload)
-	v, err := r.Check(rec.AggregateType, rec.Type, given, rec.Payload, raw)
+	v, err := r.check(rec.AggregateType, rec.Type, given, rec.Payload, false, true)
 	if err != nil {
 		return err
 	}

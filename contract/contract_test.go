@@ -2,6 +2,7 @@ package contract_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,8 +92,8 @@ func TestMissingContractIsRefusedOrAllowedAndCounted(t *testing.T) {
 	if _, err := r.Check("order", "OrderShipped", "", []byte(`{"card": {"token": "x"}}`), false); !errors.Is(err, contract.ErrViolation) {
 		t.Fatalf("allow, forbidden field: %v", err)
 	}
-	if n := r.Uncovered(); n != 2 {
-		t.Fatalf("Uncovered %d, want 2", n)
+	if n := r.Uncovered(); n != 1 {
+		t.Fatalf("Uncovered %d, want 1: the event let through, not the one refused", n)
 	}
 }
 
@@ -143,7 +144,91 @@ func TestLoadRefusesABadRegistry(t *testing.T) {
 func TestSensitivePathsJoinRegistryAndContract(t *testing.T) {
 	r := load(t, "testdata/orders")
 	got := strings.Join(r.SensitivePaths("order", "OrderPlaced"), ",")
-	if got != "card.token,customer.email,shipping.address" {
+	if got != "billing.iban,card.token,customer.email,payment.cvv,shipping.address" {
 		t.Fatalf("SensitivePaths %q", got)
+	}
+}
+
+// Fields a schema marks x-sensitive (or writeOnly) join the contract's
+// sensitive paths, x-forbidden ones its forbidden paths, through $ref,
+// array items and nested objects; a forbidden one is refused.
+func TestSchemaMarksSensitiveAndForbiddenFields(t *testing.T) {
+	dir := writeRegistry(t, map[string]string{
+		"contracts.json": `{"missing": "allow", "sensitive": ["note"], "contracts": [
+			{"aggregatetype": "user", "type": "SignedUp", "version": 1, "schema": "user.json"}]}`,
+		"user.json": `{
+			"type": "object",
+			"properties": {
+				"email": {"type": "string", "x-sensitive": true},
+				"password": {"type": "string", "x-forbidden": true},
+				"apiKey": {"type": "string", "writeOnly": true},
+				"home": {"$ref": "#/$defs/address"},
+				"cards": {"type": "array", "items": {"type": "object", "properties": {"number": {"type": "string", "x-sensitive": true}}}},
+				"plain": {"type": "string", "x-sensitive": false}
+			},
+			"$defs": {"address": {"type": "object", "properties": {"street": {"type": "string", "x-sensitive": true}}}}
+		}`,
+	})
+	r := load(t, dir)
+	got := strings.Join(r.SensitivePaths("user", "SignedUp"), ",")
+	if want := "apiKey,cards.*.number,email,home.street,note,password"; got != want {
+		t.Fatalf("SensitivePaths %q, want %q", got, want)
+	}
+	if _, err := r.Check("user", "SignedUp", "", []byte(`{"email": "a@example.com", "home": {"street": "x"}}`), false); err != nil {
+		t.Fatalf("a payload without the forbidden field: %v", err)
+	}
+	_, err := r.Check("user", "SignedUp", "", []byte(`{"password": "hunter2-SECRET"}`), false)
+	if !errors.Is(err, contract.ErrViolation) || !strings.Contains(err.Error(), "holds password, which must never enter the outbox") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("a payload with the x-forbidden field: %v", err)
+	}
+	if got := strings.Join(r.AllSensitivePaths(), ","); !strings.Contains(got, "home.street") {
+		t.Fatalf("AllSensitivePaths %q lacks home.street", got)
+	}
+
+	for name, c := range map[string]struct{ schema, want string }{
+		"not a boolean":  {`{"properties": {"a": {"x-sensitive": "yes"}}}`, "is not a valid JSON Schema"},
+		"the whole root": {`{"x-sensitive": true}`, "the whole payload is marked sensitive or forbidden"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := contract.Load(writeRegistry(t, map[string]string{
+				"contracts.json": `{"contracts": [{"aggregatetype": "a", "type": "T", "version": 1, "schema": "a.json"}]}`,
+				"a.json":         c.schema,
+			}))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Load: %v; want an error saying %q", err, c.want)
+			}
+		})
+	}
+}
+
+// Events without a contract under MissingAllow are counted by aggregate
+// type and type, past MaxUncoveredTypes pairs under Other.
+func TestUncoveredEventsAreCountedByType(t *testing.T) {
+	r := load(t, "testdata/orders")
+	if err := r.SetMissing(contract.MissingAllow); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := r.Check("order", "OrderShipped", "", []byte(`{}`), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := outboxdriver.Record{AggregateType: "user", Type: "SignedUp", Payload: []byte(`not JSON`)}
+	if err := r.CheckRecord(&rec); err != nil {
+		t.Fatalf("the relay, an uncovered raw payload: %v", err)
+	}
+	for i := range contract.MaxUncoveredTypes {
+		if _, err := r.Check("bulk", fmt.Sprint("T", i), "", nil, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]int64{}
+	r.EachUncovered(func(a, typ string, n int64) { got[a+"/"+typ] = n })
+	if got["order/OrderShipped"] != 2 || got["user/SignedUp"] != 1 || got["other/other"] != 2 || len(got) != contract.MaxUncoveredTypes+1 {
+		t.Fatalf("uncovered by type: order/OrderShipped %d, user/SignedUp %d, other/other %d, %d pairs",
+			got["order/OrderShipped"], got["user/SignedUp"], got["other/other"], len(got))
+	}
+	if r.Uncovered() != 3+contract.MaxUncoveredTypes {
+		t.Fatalf("Uncovered %d", r.Uncovered())
 	}
 }

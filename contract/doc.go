@@ -15,6 +15,10 @@
 //	  ]
 //	}
 //
+// A schema may mark fields itself: "x-sensitive": true (or "writeOnly":
+// true) on a field's schema adds its path to the sensitive ones,
+// "x-forbidden": true to the forbidden ones.
+//
 // The writer (outbox.Config.Contracts), the relay (relay.Config.Contracts,
 // outbox relay --contracts) and the operations package (masking) load the
 // same folder. An event's version travels as header eventVersion: the

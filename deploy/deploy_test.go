@@ -19,18 +19,21 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 )
 
 // exported opens a relay of each source (polling, and log tailing, whose
 // slot gauges only it exports) on a migrated table holding one unpublished
 // event (so that the gauges by destination have a series) with a
-// registry, as `outbox relay --metrics-addr` does, and returns the names
-// of the series they export (a histogram's _bucket, _sum and _count). The
-// relays are opened, not started: their registries hold every series
-// already, and the log-tailing one makes no replication slot.
+// registry and a contract registry, as `outbox relay --metrics-addr
+// --contracts` does, and returns the names of the series they export (a
+// histogram's _bucket, _sum and _count). The relays are opened, not
+// started: their registries hold every series already, and the
+// log-tailing one makes no replication slot.
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
@@ -47,10 +50,18 @@ func exported(t *testing.T) map[string]bool {
 	if err := ob.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "Placed"}); err != nil {
 		t.Fatal(err)
 	}
+	contracts, err := contract.Load("../contract/testdata/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := contracts.SetMissing(contract.MissingAllow); err != nil { // the event above has none
+		t.Fatal(err)
+	}
 	names := map[string]bool{}
 	for _, source := range []string{relayd.SourcePoll, relayd.SourceCDC} {
 		reg := prometheus.NewRegistry()
-		rl, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: source, Registerer: reg})
+		rl, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: source, Registerer: reg,
+			Relay: relay.Config{Contracts: contracts}})
 		if err != nil {
 			t.Fatalf("open a relay with source %s: %v", source, err)
 		}
@@ -202,5 +213,43 @@ func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 			continue
 		}
 		t.Errorf("%s is used by %s but no relay exports it", n, strings.Join(where, ", "))
+	}
+}
+
+// The metrics table of docs/operations.md lists every outbox_ metric a
+// polling relay with contracts exports, and nothing it does not.
+func TestOperationsDocListsTheExportedMetrics(t *testing.T) {
+	names := exported(t)
+	raw, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	start := strings.Index(doc, "\n## Metrics\n")
+	if start < 0 {
+		t.Fatal(`docs/operations.md has no "## Metrics" section`)
+	}
+	section := doc[start+1:]
+	if end := strings.Index(section[1:], "\n## "); end >= 0 {
+		section = section[:end+1]
+	}
+	row := regexp.MustCompile("(?m)^\\| `(outbox_[a-z0-9_]+)` \\|")
+	documented := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		documented[m[1]] = true
+	}
+	if len(documented) < 20 {
+		t.Fatalf("read %d metrics from the table of docs/operations.md, want the 20 shipped at least", len(documented))
+	}
+	for n := range documented {
+		if !names[n] {
+			t.Errorf("docs/operations.md lists %s, which the relay does not export", n)
+		}
+	}
+	for n := range names {
+		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")
+		if strings.HasPrefix(n, "outbox_") && !documented[n] && !documented[base] {
+			t.Errorf("the relay exports %s, which the metrics table of docs/operations.md does not list", n)
+		}
 	}
 }

@@ -58,7 +58,9 @@ type Options struct {
 	// (package outboxprom): the engine's counters and the table's gauges,
 	// the backlog and oldest-event age by destination (PostgreSQL) and the
 	// drain estimate included (docs/operations.md, Metrics), and with
-	// SourceCDC its replication slot's (outboxprom.RegisterCDC).
+	// SourceCDC its replication slot's (outboxprom.RegisterCDC); with
+	// Relay.Contracts (a *contract.Registry), the events let through
+	// without a contract (outboxprom.RegisterContracts).
 	Registerer prometheus.Registerer
 	// OneCPUWhileIdle runs the process on one P (GOMAXPROCS=1) while the
 	// relay's batches come back short, and on the runtime's default from
@@ -172,6 +174,11 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 		}
 		if cfg.Metrics, err = newMetrics(o.Registerer, rl.db.Store, t, cfg.Router, rl.src.RelayName()); err != nil {
 			return nil, err
+		}
+		if uc, ok := cfg.Contracts.(outboxprom.UncoveredCounter); ok {
+			if err := outboxprom.RegisterContracts(o.Registerer, uc); err != nil {
+				return nil, err
+			}
 		}
 		if cdc, ok := rl.src.(*outboxpgx.CDCSource); ok {
 			err := outboxprom.RegisterCDC(o.Registerer, cdc.Slot(), func(ctx context.Context) (outboxdriver.SlotStatus, time.Duration, error) {

@@ -69,12 +69,17 @@ func TestContractCheckExitStatus(t *testing.T) {
 // A recognisable secret in a sensitive field reaches the broker and
 // nothing else: not the relay's log (at debug level), not the refusal of
 // a forbidden field, not the dead letters as dlq list, dlq show and the
-// console (API and page) show them, not status.
+// console (API and page) show them, not status. The fields are marked in
+// both ways: customer.email in the registry's index, billing.iban by the
+// schema's own x-sensitive; card.token forbidden by the index,
+// payment.cvv by the schema's x-forbidden.
 func TestSecretAppearsOnlyInTheBrokerMessage(t *testing.T) {
 	t.Parallel()
 	const secret = "SECRET-7f3a9c1e-do-not-leak@example.com"
 	const token = "tok_live_SECRET_4e1b"
-	const marker = "GBP-MARKER-51" // not sensitive: shown in the payload, never in an error
+	const iban = "DE00SECRET0IBAN0x9d4c" // x-sensitive in the schema
+	const cvv = "CVV-SECRET-0417"        // x-forbidden in the schema
+	const marker = "GBP-MARKER-51"       // not sensitive: shown in the payload, never in an error
 	ctx := testenv.Context(t, 2*time.Minute)
 	tb, flags := migrated(t)
 	st, sinkFlags := natsTarget(t)
@@ -94,27 +99,35 @@ func TestSecretAppearsOnlyInTheBrokerMessage(t *testing.T) {
 	if !errors.Is(err, outbox.ErrInvalidEvent) || strings.Contains(err.Error(), token) {
 		t.Fatalf("Write with a forbidden field: %v", err)
 	}
+	err = ob.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "9", Type: "OrderPlaced",
+		Payload: []byte(`{"orderId": 9, "total": 1, "currency": "EUR", "payment": {"cvv": "` + cvv + `"}}`)})
+	if !errors.Is(err, outbox.ErrInvalidEvent) || !strings.Contains(err.Error(), "payment.cvv") || strings.Contains(err.Error(), cvv) {
+		t.Fatalf("Write with a field the schema marks x-forbidden: %v", err)
+	}
 	// Published: a valid event with the secret in a sensitive field.
 	if err := ob.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "OrderPlaced",
-		Payload: []byte(`{"orderId": 1, "total": 5, "currency": "EUR", "customer": {"email": "` + secret + `"}}`)}); err != nil {
+		Payload: []byte(`{"orderId": 1, "total": 5, "currency": "EUR", "customer": {"email": "` + secret + `"}, "billing": {"iban": "` + iban + `"}}`)}); err != nil {
 		t.Fatal(err)
 	}
 	// Dead-lettered by the relay: rows written by plain SQL that break the
-	// contract, both holding the secret.
-	const bad1, bad2 = "00000000-0000-7000-8000-0000000000b1", "00000000-0000-7000-8000-0000000000b2"
+	// contract, all holding the secrets; the third holds the field the
+	// schema forbids.
+	const bad1, bad2, bad3 = "00000000-0000-7000-8000-0000000000b1", "00000000-0000-7000-8000-0000000000b2", "00000000-0000-7000-8000-0000000000b3"
 	if _, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type, payload) VALUES
-		($1, 'order', '2', 'OrderPlaced', $3),
-		($2, 'order', '3', 'OrderPlaced', $4)`, bad1, bad2,
-		`{"orderId": 2, "total": -1, "currency": "EUR", "customer": {"email": "`+secret+`"}}`,
-		`{"orderId": 3, "total": 1, "currency": "`+marker+`", "customer": {"email": "`+secret+`"}}`); err != nil {
+		($1, 'order', '2', 'OrderPlaced', $4),
+		($2, 'order', '3', 'OrderPlaced', $5),
+		($3, 'order', '4', 'OrderPlaced', $6)`, bad1, bad2, bad3,
+		`{"orderId": 2, "total": -1, "currency": "EUR", "customer": {"email": "`+secret+`"}, "billing": {"iban": "`+iban+`"}}`,
+		`{"orderId": 3, "total": 1, "currency": "`+marker+`", "customer": {"email": "`+secret+`"}, "billing": {"iban": "`+iban+`"}}`,
+		`{"orderId": 4, "total": 1, "currency": "EUR", "payment": {"cvv": "`+cvv+`"}, "billing": {"iban": "`+iban+`"}}`); err != nil {
 		t.Fatal(err)
 	}
 	relayProc := startRelay(t, append(append(flags, sinkFlags...), "--contracts", registryDir, "--log-level", "debug")...)
 	testenv.WaitStreamMsgs(t, st, 1, 30*time.Second)
 	waitBacklogZero(t, tb, 30*time.Second)
 	msgs := testenv.StreamMessages(t, st)
-	if len(msgs) != 1 || !strings.Contains(string(msgs[0].Data), secret) || msgs[0].Header.Get("eventVersion") != "2" {
-		t.Fatalf("broker: %d message(s); want the one event, with the secret and eventVersion 2", len(msgs))
+	if len(msgs) != 1 || !strings.Contains(string(msgs[0].Data), secret) || !strings.Contains(string(msgs[0].Data), iban) || msgs[0].Header.Get("eventVersion") != "2" {
+		t.Fatalf("broker: %d message(s); want the one event, with the secrets and eventVersion 2", len(msgs))
 	}
 	_ = relayProc.cmd.Process.Signal(syscall.SIGTERM)
 	if code := relayProc.wait(t, 30*time.Second); code != 0 {
@@ -132,10 +145,13 @@ func TestSecretAppearsOnlyInTheBrokerMessage(t *testing.T) {
 	cli("dlq list --json", "dlq", "list", "--json")
 	cli("dlq show", "dlq", "show", bad1, "--contracts", registryDir)
 	cli("dlq show --json", "dlq", "show", bad2, "--json", "--contracts", registryDir)
+	cli("dlq show forbidden", "dlq", "show", bad3, "--contracts", registryDir)
 	cli("status", "status")
 	cli("status --json", "status", "--json")
-	if !strings.Contains(shown["dlq list"], "contract: event "+bad1) || !strings.Contains(shown["dlq show"], `"email": "***"`) {
-		t.Fatalf("dlq list %q / dlq show %q: want the cause contract and a masked email", shown["dlq list"], shown["dlq show"])
+	if !strings.Contains(shown["dlq list"], "contract: event "+bad1) || !strings.Contains(shown["dlq list"], "contract: event "+bad3) ||
+		!strings.Contains(shown["dlq show"], `"email": "***"`) || !strings.Contains(shown["dlq show"], `"iban": "***"`) ||
+		!strings.Contains(shown["dlq show forbidden"], `"cvv": "***"`) {
+		t.Fatalf("dlq list %q / dlq show %q / %q: want the cause contract and masked email, iban and cvv", shown["dlq list"], shown["dlq show"], shown["dlq show forbidden"])
 	}
 	// The console, --dev, with the registry: the API and the page.
 	base := startConsole(t, ctx, tb.Schema, "--contracts", registryDir)
@@ -144,7 +160,7 @@ func TestSecretAppearsOnlyInTheBrokerMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	browser := &http.Client{Jar: jar} // dev mode signs a browser in on its first page
-	for _, path := range []string{"/dead-letters/" + bad1, "/api/v1/dead-letters/" + bad1, "/api/v1/dead-letters/" + bad2, "/api/v1/dead-letters"} {
+	for _, path := range []string{"/dead-letters/" + bad1, "/dead-letters/" + bad3, "/api/v1/dead-letters/" + bad1, "/api/v1/dead-letters/" + bad2, "/api/v1/dead-letters/" + bad3, "/api/v1/dead-letters"} {
 		resp, err := browser.Get(base + path)
 		if err != nil {
 			t.Fatal(err)
@@ -165,7 +181,7 @@ func TestSecretAppearsOnlyInTheBrokerMessage(t *testing.T) {
 		}
 	}
 	for where, text := range shown {
-		if strings.Contains(text, secret) || strings.Contains(text, token) {
+		if strings.Contains(text, secret) || strings.Contains(text, token) || strings.Contains(text, iban) || strings.Contains(text, cvv) {
 			t.Errorf("%s shows the secret:\n%s", where, text)
 		}
 	}
