@@ -520,7 +520,9 @@ func TestCDCMalformedMessageIsDeadLettered(t *testing.T) {
 func TestCDCResumesFromTheConfirmedLSN(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	ttl := time.Second
+	// Nothing renews the lease: it must outlast a slow claim on a loaded
+	// machine. The test ends it itself for the second relay.
+	ttl := 30 * time.Second
 	leased := map[*outboxpgx.CDCSource][]outboxdriver.Lease{}
 	claimAll := func(src *outboxpgx.CDCSource, want int) (outboxdriver.Batch, []string) {
 		t.Helper()
