@@ -105,6 +105,24 @@ const (
 	drainPage             = 1000
 )
 
+// cdcPartitions is how many partitions a CDC source presents its slot as
+// (the most lanes a relay may have). One lease, the slot's, covers them
+// all: whoever holds it holds every one, with the same epoch. Each
+// aggregate hashes into one of them, so that the relay's lanes
+// (relay.Config.Lanes) keep batches of different aggregates in flight at
+// once while it works off a backlog, as they do for polling, and an
+// aggregate's events never are in two batches at once.
+const cdcPartitions = 64
+
+// cdcPartition is the partition of aggregate k.
+func cdcPartition(k aggKey) int {
+	h := fnv.New32a()
+	h.Write([]byte(k.typ))
+	h.Write([]byte{0})
+	h.Write([]byte(k.id))
+	return int(h.Sum32() % cdcPartitions)
+}
+
 var slotRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // DefaultSlot is the default replication slot (and publication) name of
@@ -358,8 +376,9 @@ func (s *CDCSource) Setup(ctx context.Context) error {
 }
 
 // Heartbeat checks the database and releases the aggregates held behind
-// dead letters an operator discarded. The slot is one partition: every
-// relay's fair share is it, and the first to lease it streams.
+// dead letters an operator discarded. The slot's lease covers all of the
+// source's partitions: every relay's fair share is all of them, and the
+// first to lease the slot streams.
 func (s *CDCSource) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
 	s.NoteTTL(ttl)
 	// Only holds older than the query may be released: one recorded
@@ -390,11 +409,13 @@ func (s *CDCSource) Heartbeat(ctx context.Context, ttl time.Duration) (relays, p
 	if released {
 		s.signal()
 	}
-	return 1, 1, nil
+	return 1, cdcPartitions, nil
 }
 
 // Acquire takes the slot's lease when nobody holds it (free, or
-// expired), with a new epoch: the relay's next claim streams under it.
+// expired), with a new epoch: the relay's next claim streams under it. It
+// returns the first n of the source's partitions (at most all), each
+// with the lease's epoch.
 func (s *CDCSource) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if n <= 0 {
 		return nil, nil
@@ -419,7 +440,11 @@ func (s *CDCSource) Acquire(ctx context.Context, n int, ttl time.Duration) ([]ou
 	s.lease, s.leased, s.leaseUntil = l, true, started.Add(ttl)
 	s.mu.Unlock()
 	s.Log.Info("outboxpgx: leased replication slot; streaming", "slot", s.cfg.Slot, "epoch", l.Epoch)
-	return []outboxdriver.Lease{l}, nil
+	leases := make([]outboxdriver.Lease, min(n, cdcPartitions))
+	for i := range leases {
+		leases[i] = outboxdriver.Lease{Partition: i, Epoch: l.Epoch}
+	}
+	return leases, nil
 }
 
 // Renew extends the slot's lease. Once it is lost, the stream stops at
@@ -448,11 +473,11 @@ func (s *CDCSource) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl 
 		return nil, nil
 	}
 	s.mu.Lock()
-	if s.leased && s.lease == l {
+	if s.leased && s.lease.Epoch == l.Epoch {
 		s.leaseUntil = started.Add(ttl)
 	}
 	s.mu.Unlock()
-	return []outboxdriver.Lease{l}, nil
+	return leases, nil
 }
 
 // Release stops the stream and gives the slot's lease up, so that a
@@ -519,9 +544,10 @@ func (s *CDCSource) Close() error {
 	return nil
 }
 
-// Claim hands out up to limit events whose transactions have committed,
-// in commit order, none of an aggregate whose earlier event is still in
-// flight, waiting for a retry or held behind a dead letter. Under a lease
+// Claim hands out up to limit events of the leased partitions whose
+// transactions have committed, in commit order, none of an aggregate whose
+// earlier event is still in flight (in this or another batch), waiting for
+// a retry or held behind a dead letter. Under a lease
 // it does not stream yet, it starts the stream (which first creates what
 // is missing) and returns what is decoded so far, often nothing. It
 // returns the error that ended the stream before, once, and streams again
@@ -559,7 +585,7 @@ func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limi
 		s.mu.Unlock()
 		return b, nil
 	}
-	evs := s.queue.claim(limit, time.Now())
+	evs := s.queue.claim(limit, time.Now(), partitionsOf(leases))
 	b.gen, b.epoch = s.gen, l.Epoch
 	check := s.needsCheck(evs)
 	s.mu.Unlock()
@@ -585,6 +611,21 @@ func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limi
 		}
 	}
 	return b, nil
+}
+
+// partitionsOf returns which partitions leases name; nil when they name
+// all.
+func partitionsOf(leases []outboxdriver.Lease) *[cdcPartitions]bool {
+	if len(leases) >= cdcPartitions {
+		return nil
+	}
+	var in [cdcPartitions]bool
+	for _, l := range leases {
+		if l.Partition >= 0 && l.Partition < cdcPartitions {
+			in[l.Partition] = true
+		}
+	}
+	return &in
 }
 
 // needsCheck returns the ids of evs that may be in the dead-letter table

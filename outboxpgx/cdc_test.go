@@ -65,6 +65,26 @@ func newCDC(t *testing.T) *cdcFixture {
 	return f
 }
 
+// acquire leases the slot for src as the relay does: every partition the
+// source's Heartbeat names, all under the slot's one lease.
+func (f *cdcFixture) acquire(src *outboxpgx.CDCSource, ttl time.Duration) []outboxdriver.Lease {
+	f.t.Helper()
+	_, n, err := src.Heartbeat(f.ctx, ttl)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	leases, err := src.Acquire(f.ctx, n, ttl)
+	if err != nil || len(leases) != n || n == 0 {
+		f.t.Fatalf("acquire %d partitions = %v, %v", n, leases, err)
+	}
+	for _, l := range leases[1:] {
+		if l.Epoch != leases[0].Epoch {
+			f.t.Fatalf("acquire = %v: the slot's partitions under different epochs", leases)
+		}
+	}
+	return leases
+}
+
 // ddl runs fn while no other log-tailing test runs DDL or creates a slot
 // (testenv.CDCTurn).
 func (f *cdcFixture) ddl(fn func()) { testenv.CDCTurn(f.t, f.pool, fn) }
@@ -500,16 +520,15 @@ func TestCDCMalformedMessageIsDeadLettered(t *testing.T) {
 func TestCDCResumesFromTheConfirmedLSN(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	ttl := time.Second
+	// Nothing renews the lease: it must outlast a slow claim on a loaded
+	// machine. The test ends it itself for the second relay.
+	ttl := 30 * time.Second
 	leased := map[*outboxpgx.CDCSource][]outboxdriver.Lease{}
 	claimAll := func(src *outboxpgx.CDCSource, want int) (outboxdriver.Batch, []string) {
 		t.Helper()
 		leases, err := leased[src], error(nil)
 		if leases == nil {
-			leases, err = src.Acquire(f.ctx, 1, ttl)
-			if err != nil || len(leases) != 1 {
-				t.Fatalf("acquire = %v, %v", leases, err)
-			}
+			leases = f.acquire(src, ttl)
 			leased[src] = leases
 		}
 		var ids []string
@@ -568,14 +587,12 @@ func TestCDCStaleStreamerIsFenced(t *testing.T) {
 	ttl := time.Second
 	f.setup()
 	src1, src2 := f.source("r1", nil), f.source("r2", nil)
-	l1, err := src1.Acquire(f.ctx, 1, ttl)
-	if err != nil || len(l1) != 1 {
-		t.Fatalf("acquire = %v, %v", l1, err)
-	}
+	l1 := f.acquire(src1, ttl)
 	if l, err := src2.Acquire(f.ctx, 1, ttl); err != nil || len(l) != 0 {
 		t.Fatalf("a second relay acquired a held lease: %v, %v", l, err)
 	}
 	var b outboxdriver.Batch
+	var err error
 	e := cdcEvent("a", 1)
 	wrote := false
 	f.eventually("the event is claimed", func() bool {
@@ -602,9 +619,9 @@ func TestCDCStaleStreamerIsFenced(t *testing.T) {
 	f.pool.QueryRow(f.ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, f.slot()).Scan(&before)
 	// The lease expires (the relay paused); another relay takes the slot.
 	f.exec(`UPDATE `+f.tb.Qualified("_cdc")+` SET expires_at = now() WHERE slot = $1`, f.slot())
-	l2, err := src2.Acquire(f.ctx, 1, ttl)
-	if err != nil || len(l2) != 1 || l2[0].Epoch <= l1[0].Epoch {
-		t.Fatalf("takeover acquired %v, %v", l2, err)
+	l2 := f.acquire(src2, ttl)
+	if l2[0].Epoch <= l1[0].Epoch {
+		t.Fatalf("takeover acquired %v after %v: no higher epoch", l2, l1)
 	}
 	var b2 outboxdriver.Batch
 	f.eventually("the new owner claims the event", func() bool {
@@ -965,10 +982,7 @@ func TestCDCLostSlot(t *testing.T) {
 	f.exec(`SELECT pg_drop_replication_slot($1)`, f.slot())
 
 	src := f.source("r2", &outboxpgx.CDCConfig{Mode: outboxpgx.CDCMessages})
-	leases, err := src.Acquire(f.ctx, 1, time.Second)
-	if err != nil || len(leases) != 1 {
-		t.Fatalf("acquire = %v, %v", leases, err)
-	}
+	leases := f.acquire(src, time.Second)
 	f.eventually("message mode refuses the lost slot", func() bool {
 		b, err := src.Claim(f.ctx, leases, 10)
 		if err == nil {

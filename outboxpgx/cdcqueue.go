@@ -37,6 +37,7 @@ type event struct {
 	// not follow the format): it orders and holds nothing but itself.
 	orphan bool
 
+	part      int // the partition of its aggregate (cdcPartition)
 	tx        *txn
 	state     evState
 	attempts  int
@@ -72,9 +73,10 @@ func (e *event) record() outboxdriver.Record {
 
 // seal fills the record the relay is handed.
 func (e *event) seal() {
+	e.part = cdcPartition(e.key())
 	r := outboxdriver.Record{
 		ID: e.ID, Seq: e.Seq, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.Type,
-		TraceContext: e.TraceContext, CreatedAt: e.CreatedAt,
+		TraceContext: e.TraceContext, CreatedAt: e.CreatedAt, Partition: e.part,
 	}
 	switch {
 	case e.Payload != nil:
@@ -154,8 +156,10 @@ func (q *queue) push(t *txn) {
 	q.advance()
 }
 
-// claim takes up to limit claimable events, in commit order.
-func (q *queue) claim(limit int, now time.Time) []*event {
+// claim takes up to limit claimable events, in commit order, of the
+// partitions in parts (nil: all). An aggregate lives in one partition, so
+// what it leaves out never orders what it takes.
+func (q *queue) claim(limit int, now time.Time, parts *[cdcPartitions]bool) []*event {
 	var out []*event
 	blocked := map[aggKey]bool{}
 	for _, t := range q.txns {
@@ -163,7 +167,7 @@ func (q *queue) claim(limit int, now time.Time) []*event {
 			continue
 		}
 		for _, e := range t.events {
-			if e.state == evDone {
+			if e.state == evDone || (parts != nil && !parts[e.part]) {
 				continue
 			}
 			k := e.key()

@@ -32,11 +32,11 @@ func TestQueueOrderAndMark(t *testing.T) {
 	q.push(t1)
 	q.push(t2)
 	q.push(t3)
-	if got := qids(q.claim(3, now)); !slices.Equal(got, []string{"a1", "b1", "a2"}) {
+	if got := qids(q.claim(3, now, nil)); !slices.Equal(got, []string{"a1", "b1", "a2"}) {
 		t.Fatalf("first claim = %v", got)
 	}
 	// a1, b1, a2 are in flight: only c1 is claimable.
-	if got := qids(q.claim(10, now)); !slices.Equal(got, []string{"c1"}) {
+	if got := qids(q.claim(10, now, nil)); !slices.Equal(got, []string{"c1"}) {
 		t.Fatalf("second claim = %v, want [c1]", got)
 	}
 	a1, b1, a2, c1 := t1.events[0], t1.events[1], t2.events[0], t2.events[1]
@@ -54,10 +54,10 @@ func TestQueueOrderAndMark(t *testing.T) {
 	if q.advance() {
 		t.Fatal("mark moved while t1 is not done")
 	}
-	if got := qids(q.claim(10, now)); len(got) != 0 {
+	if got := qids(q.claim(10, now, nil)); len(got) != 0 {
 		t.Fatalf("claim while a1 waits = %v, want none", got)
 	}
-	if got := qids(q.claim(10, now.Add(2*time.Hour))); !slices.Equal(got, []string{"a1", "a2"}) {
+	if got := qids(q.claim(10, now.Add(2*time.Hour), nil)); !slices.Equal(got, []string{"a1", "a2"}) {
 		t.Fatalf("claim once a1 is due = %v, want [a1 a2]", got)
 	}
 	if a1.attempts != 1 {
@@ -82,7 +82,7 @@ func TestQueueHeldAggregate(t *testing.T) {
 	q.held[aggKey{"order", "a"}] = "dead"
 	q.push(&txn{end: 10, events: []*event{qev("a", "a2"), qev("b", "b1")}})
 	q.push(&txn{end: 20, events: []*event{qev("a", "dead")}})
-	got := q.claim(10, now)
+	got := q.claim(10, now, nil)
 	if !slices.Equal(qids(got), []string{"b1", "dead"}) {
 		t.Fatalf("claim = %v, want [b1 dead]", qids(got))
 	}
@@ -90,7 +90,7 @@ func TestQueueHeldAggregate(t *testing.T) {
 		q.done(e)
 	}
 	delete(q.held, aggKey{"order", "a"})
-	if got := qids(q.claim(10, now)); !slices.Equal(got, []string{"a2"}) {
+	if got := qids(q.claim(10, now, nil)); !slices.Equal(got, []string{"a2"}) {
 		t.Fatalf("claim after release = %v, want [a2]", got)
 	}
 }
@@ -99,9 +99,38 @@ func TestQueueHeldAggregate(t *testing.T) {
 func TestQueueDrainedRowsHaveNoLSN(t *testing.T) {
 	q := newQueue()
 	q.push(&txn{events: []*event{qev("a", "r1")}})
-	e := q.claim(1, time.Now())[0]
+	e := q.claim(1, time.Now(), nil)[0]
 	q.done(e)
 	if q.advance() || q.mark != pglogrepl.LSN(0) {
 		t.Fatalf("mark = %v after a drained row, want 0", q.mark)
+	}
+}
+
+// A claim of some partitions (one lane's) takes only the events of the
+// aggregates in them, in commit order; another lane's claim takes the
+// rest meanwhile, and neither takes an aggregate the other has in flight.
+func TestQueueClaimsByPartition(t *testing.T) {
+	q := newQueue()
+	now := time.Now()
+	// Two aggregates in different partitions.
+	a := "a"
+	b := "b"
+	for i := 0; cdcPartition(aggKey{"order", a}) == cdcPartition(aggKey{"order", b}); i++ {
+		b = "b" + string(rune('0'+i))
+	}
+	pa, pb := cdcPartition(aggKey{"order", a}), cdcPartition(aggKey{"order", b})
+	q.push(&txn{end: 100, events: []*event{qev(a, "a1"), qev(b, "b1")}})
+	q.push(&txn{end: 200, events: []*event{qev(b, "b2"), qev(a, "a2")}})
+	var laneA, laneB [cdcPartitions]bool
+	laneA[pa], laneB[pb] = true, true
+	got := q.claim(10, now, &laneA)
+	if !slices.Equal(qids(got), []string{"a1", "a2"}) || got[0].record().Partition != pa {
+		t.Fatalf("claim of partition %d = %v (partition %d), want [a1 a2] of it", pa, qids(got), got[0].record().Partition)
+	}
+	if got := qids(q.claim(10, now, &laneB)); !slices.Equal(got, []string{"b1", "b2"}) {
+		t.Fatalf("claim of partition %d = %v, want [b1 b2]", pb, got)
+	}
+	if got := qids(q.claim(10, now, nil)); len(got) != 0 {
+		t.Fatalf("claim of every partition while both lanes' batches are in flight = %v, want none", got)
 	}
 }

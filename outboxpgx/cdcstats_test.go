@@ -15,10 +15,8 @@ func TestCDCStatsShowTheSlotAndTheLag(t *testing.T) {
 	f := newCDC(t)
 	f.setup()
 	src := f.source("r1", nil)
-	leases, err := src.Acquire(f.ctx, 1, 10*time.Second)
-	if err != nil || len(leases) != 1 {
-		t.Fatalf("acquire = %v, %v", leases, err)
-	}
+	leases := f.acquire(src, 10*time.Second)
+	var err error
 	claim := func(want int) outboxdriver.Batch {
 		t.Helper()
 		var b outboxdriver.Batch

@@ -453,15 +453,29 @@ func slotError(err error, slot string) error {
 // brings: the stream starts once they are read, its events of the same
 // aggregates wait behind them, and the slot confirms nothing until they
 // are done (held ones included: they stay in the table, and a restart
-// reads them again). Rows committed while it reads may come again from
-// the stream: duplicates, never a loss. The reader marks the slot drained
-// once every row was published or dead-lettered (markDrained).
+// reads them again).
+//
+// Every page reads one snapshot, taken after the slot was made: a row is
+// either in it (read here, and perhaps again from the stream when it
+// committed after the slot: a duplicate, never a loss) or committed after
+// it (only in the stream, which comes after every row read here). Pages
+// with snapshots of their own would skip a row whose seq an earlier page
+// passed before its transaction committed, and a later row of its
+// aggregate read by a later page would go out first. The snapshot is held
+// (a read-only transaction) until the last page was read. The reader marks
+// the slot drained once every row was published or dead-lettered
+// (markDrained).
 func (st *stream) drain(ctx context.Context) error {
 	s := st.src
 	s.Log.Info("outboxpgx: relaying the rows already in the table before streaming", "slot", s.cfg.Slot)
 	sql := `SELECT id::text, aggregatetype, aggregateid, type, payload::text, payload_raw, headers::text,
        coalesce(tracingspancontext, ''), created_at, seq
 FROM ` + s.names.Table + ` WHERE published_at IS NULL AND seq > $1 ORDER BY seq LIMIT $2`
+	snap, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+	}
+	defer snap.Rollback(context.WithoutCancel(ctx))
 	var last int64 = -1 << 63
 	for {
 		room, err := st.waitRoom(ctx)
@@ -469,7 +483,7 @@ FROM ` + s.names.Table + ` WHERE published_at IS NULL AND seq > $1 ORDER BY seq 
 			return err
 		}
 		t := &txn{drain: true}
-		rows, err := s.pool.Query(ctx, sql, last, min(drainPage, room))
+		rows, err := snap.Query(ctx, sql, last, min(drainPage, room))
 		if err != nil {
 			return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
 		}
@@ -501,6 +515,9 @@ FROM ` + s.names.Table + ` WHERE published_at IS NULL AND seq > $1 ORDER BY seq 
 		if len(t.events) < min(drainPage, room) {
 			break
 		}
+	}
+	if err := snap.Rollback(ctx); err != nil {
+		return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
 	}
 	return st.markDrained(ctx)
 }

@@ -44,14 +44,69 @@ type env struct {
 	stream jetstream.Stream
 	prefix string
 	js     jetstream.JetStream
+	source string // "poll" or "cdc" (testenv.Sources)
+	url    string // of the table's database
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	pool := testenv.Pool(t)
+	return newEnvFor(t, "poll")
+}
+
+// newEnvFor is a table whose relays read it with source: for log tailing
+// it is in testenv.CDCDatabase, with its publication and slot made (as
+// `outbox migrate --cdc` does) and dropped when the test ends.
+func newEnvFor(t *testing.T, source string) *env {
+	t.Helper()
+	pool, url := testenv.Pool(t), testenv.DatabaseURL()
+	if source == "cdc" {
+		pool, url = testenv.CDCPool(t), testenv.CDCDatabaseURL(t)
+	}
 	tb := testenv.Table(t, pool)
-	if _, err := outboxpgx.New(pool).Migrate(context.Background(), tb, nil); err != nil {
-		t.Fatal(err)
+	drv := outboxpgx.New(pool)
+	migrate := func() {
+		if _, err := drv.Migrate(context.Background(), tb, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if source == "cdc" {
+		testenv.CDCTurn(t, pool, func() {
+			migrate()
+			src, err := drv.NewCDCSource(tb, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			if err := src.Setup(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+		// A new slot's first stream relays the rows in the table first; the
+		// table is empty, so there is nothing to relay: the slot starts
+		// drained, as after a first relay's run.
+		if _, err := pool.Exec(context.Background(), `UPDATE `+tb.Qualified("_cdc")+` SET drained = true`); err != nil {
+			t.Fatal(err)
+		}
+		// Runs after the relays stopped (cleanups run last-in first-out).
+		t.Cleanup(func() {
+			testenv.CDCTurn(t, pool, func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				for {
+					_, err := drv.MigrateDown(ctx, tb, 0) // drops the slot
+					if err == nil {
+						return
+					}
+					if ctx.Err() != nil {
+						t.Errorf("migrate down (drops the slot): %v", err)
+						return
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+		})
+	} else {
+		migrate()
 	}
 	ob, err := outbox.New(outboxpgx.New(pool), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
 	if err != nil {
@@ -59,7 +114,7 @@ func newEnv(t *testing.T) *env {
 	}
 	_, js := testenv.JetStream(t)
 	st, prefix := testenv.Stream(t, js)
-	return &env{pool: pool, table: tb, ob: ob, stream: st, prefix: prefix, js: js}
+	return &env{pool: pool, table: tb, ob: ob, stream: st, prefix: prefix, js: js, source: source, url: url}
 }
 
 // start runs a relay over e's table into e's stream, wrapping the real
@@ -72,7 +127,13 @@ func (e *env) start(t *testing.T, wrap func(sink.Sink) sink.Sink, cfg relay.Conf
 // startOn is start with the relay's own pool.
 func (e *env) startOn(t *testing.T, pool *pgxpool.Pool, wrap func(sink.Sink) sink.Sink, cfg relay.Config) *relay.Relay {
 	t.Helper()
-	src, err := outboxpgx.New(pool).NewSource(e.table, nil)
+	var src outboxdriver.Source
+	var err error
+	if e.source == "cdc" {
+		src, err = outboxpgx.New(pool).NewCDCSource(e.table, nil)
+	} else {
+		src, err = outboxpgx.New(pool).NewSource(e.table, nil)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +241,11 @@ func decode(t *testing.T, msgs []*jetstream.RawStreamMsg) []payload {
 
 func TestCommittedEventsArriveRolledBackNever(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.ForSources(t, testCommittedEventsArriveRolledBackNever)
+}
+
+func testCommittedEventsArriveRolledBackNever(t *testing.T, source string) {
+	e := newEnvFor(t, source)
 	e.start(t, nil, relay.Config{BatchSize: 7})
 	const aggs, per = 10, 20
 	for n := range per {
@@ -221,7 +286,11 @@ func TestCommittedEventsArriveRolledBackNever(t *testing.T) {
 // still be published.
 func TestLateCommitIsPublished(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.ForSources(t, testLateCommitIsPublished)
+}
+
+func testLateCommitIsPublished(t *testing.T, source string) {
+	e := newEnvFor(t, source)
 	ctx := context.Background()
 	late, err := e.pool.Begin(ctx)
 	if err != nil {
@@ -247,7 +316,11 @@ func TestLateCommitIsPublished(t *testing.T) {
 
 func TestPlainSQLInsertIsRelayed(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.ForSources(t, testPlainSQLInsertIsRelayed)
+}
+
+func testPlainSQLInsertIsRelayed(t *testing.T, source string) {
+	e := newEnvFor(t, source)
 	e.start(t, nil, relay.Config{})
 	_, err := e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)
 		VALUES ('0b0d8a5e-8a5b-4c3e-9c1d-2f3e4a5b6c7d', 'order', '42', 'OrderPlaced', '{"orderId": 42}')`)
@@ -263,7 +336,11 @@ func TestPlainSQLInsertIsRelayed(t *testing.T) {
 
 func TestOversizedEventIsDeadLetteredOthersFlow(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.ForSources(t, testOversizedEventIsDeadLetteredOthersFlow)
+}
+
+func testOversizedEventIsDeadLetteredOthersFlow(t *testing.T, source string) {
+	e := newEnvFor(t, source)
 	e.start(t, nil, relay.Config{})
 	big := outbox.Event{AggregateType: "order", AggregateID: "big", Type: "Huge", RawPayload: make([]byte, 2<<20)}
 	e.write(t, true, event("a", 0), big, event("b", 0))
@@ -298,10 +375,20 @@ func (f *flaky) Publish(ctx context.Context, msgs []sink.Message) []error {
 
 func TestBrokerDownBurnsNoAttempts(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.ForSources(t, testBrokerDownBurnsNoAttempts)
+}
+
+func testBrokerDownBurnsNoAttempts(t *testing.T, source string) {
+	e := newEnvFor(t, source)
 	f := &flaky{}
 	f.down.Store(true)
-	e.start(t, func(s sink.Sink) sink.Sink { f.Sink = s; return f }, relay.Config{})
+	var cfg relay.Config
+	if source == "cdc" {
+		// Log tailing keeps attempts in memory (the table's column stays
+		// 0): with one attempt allowed, a spent one is a dead letter.
+		cfg.MaxAttempts = 1
+	}
+	e.start(t, func(s sink.Sink) sink.Sink { f.Sink = s; return f }, cfg)
 	for n := range 20 {
 		e.write(t, true, event("x", n))
 	}
@@ -320,6 +407,9 @@ func TestBrokerDownBurnsNoAttempts(t *testing.T) {
 	f.down.Store(false)
 	testenv.WaitStreamMsgs(t, e.stream, 20, 30*time.Second)
 	e.waitBacklog(t, 0, 10*time.Second)
+	if st := e.status(t); st.DeadLetters != 0 {
+		t.Fatalf("an outage dead-lettered %d events", st.DeadLetters)
+	}
 	for i, p := range decode(t, testenv.StreamMessages(t, e.stream)) {
 		if p.N != i {
 			t.Fatalf("message %d is event %d: order lost across the outage", i, p.N)
@@ -343,13 +433,29 @@ func (g *gate) Publish(ctx context.Context, msgs []sink.Message) []error {
 
 func TestStopFinishesInFlightBatch(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.ForSources(t, testStopFinishesInFlightBatch)
+}
+
+func testStopFinishesInFlightBatch(t *testing.T, source string) {
+	e := newEnvFor(t, source)
 	for n := range 30 {
 		e.write(t, true, event("s", n))
 	}
 	g := &gate{entered: make(chan struct{}), release: make(chan struct{})}
-	r := e.start(t, func(s sink.Sink) sink.Sink { g.Sink = s; return g }, relay.Config{BatchSize: 10})
+	var claimed atomic.Int64 // the first batch's size
+	onStage := func(st relay.Stage, n int) {
+		if st == relay.StageClaimed {
+			claimed.CompareAndSwap(0, int64(n))
+		}
+	}
+	r := e.start(t, func(s sink.Sink) sink.Sink { g.Sink = s; return g }, relay.Config{BatchSize: 10, OnStage: onStage})
 	<-g.entered
+	// Polling claims 10 of the 30 at once; log tailing what the stream
+	// had decoded by then (1 to 10).
+	inFlight := int(claimed.Load())
+	if inFlight < 1 || inFlight > 10 || (source == "poll" && inFlight != 10) {
+		t.Fatalf("the first batch holds %d events", inFlight)
+	}
 	stopped := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -367,11 +473,11 @@ func TestStopFinishesInFlightBatch(t *testing.T) {
 	}
 	// Exactly the in-flight batch was published and recorded; nothing more
 	// was claimed after Stop.
-	if got := len(testenv.StreamMessages(t, e.stream)); got != 10 {
-		t.Fatalf("%d messages published, want the 10 of the in-flight batch", got)
+	if got := len(testenv.StreamMessages(t, e.stream)); got != inFlight {
+		t.Fatalf("%d messages published, want the %d of the in-flight batch", got, inFlight)
 	}
-	if st := e.status(t); st.Backlog != 20 {
-		t.Fatalf("backlog %d after stop, want 20", st.Backlog)
+	if st := e.status(t); st.Backlog != int64(30-inFlight) {
+		t.Fatalf("backlog %d after stop, want %d", st.Backlog, 30-inFlight)
 	}
 	if err := r.Stop(context.Background()); err != nil {
 		t.Fatalf("second Stop: %v", err)
@@ -417,9 +523,13 @@ func TestLifecycle(t *testing.T) {
 // (pg_terminate_backend) while it works; it reconnects and loses nothing.
 func TestDatabaseConnectionsKilled(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.ForSources(t, testDatabaseConnectionsKilled)
+}
+
+func testDatabaseConnectionsKilled(t *testing.T, source string) {
+	e := newEnvFor(t, source)
 	app := testenv.Name("relay")
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL())
+	cfg, err := pgxpool.ParseConfig(e.url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +568,8 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 		t.Fatalf("%d distinct events delivered, want 200", len(seen))
 	}
 	// After the last kill the relay is woken again by NOTIFY (its listener
-	// reconnected), not only by polling: a new event arrives promptly.
+	// reconnected), or by its stream, not only by polling: a new event
+	// arrives promptly.
 	e.write(t, true, event("after", 1000))
 	testenv.WaitStreamMsgs(t, e.stream, 201, 30*time.Second)
 }
@@ -467,7 +578,11 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 // commit: every committed event is delivered, none twice into the stream.
 func TestTwoRelaysLoseNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	testenv.ForSources(t, testTwoRelaysLoseNothing)
+}
+
+func testTwoRelaysLoseNothing(t *testing.T, source string) {
+	e := newEnvFor(t, source)
 	e.start(t, nil, relay.Config{BatchSize: 20})
 	e.start(t, nil, relay.Config{BatchSize: 20})
 	res, err := workload.Run(context.Background(), e.pool, e.table, workload.Config{Aggregates: 30, Transactions: 600, Writers: 6, RollbackPct: 10})

@@ -36,16 +36,12 @@ var faultArgs = []string{"--lease-ttl", "1s", "--poll-interval", "100ms", "--bat
 // scenario is one table and stream with a raw tap on every publish.
 type scenario struct {
 	tb        outboxdriver.Table
-	flags     []string // --db, --schema, --table
+	flags     []string // --db, --schema, --table and the relay's --source flags
 	sinkFlags []string
 	stream    jetstream.Stream
 	raw       *tap
 	db        testDB
-}
-
-func newScenario(t *testing.T) *scenario {
-	t.Helper()
-	return newScenarioFor(t, "poll")
+	source    string // "poll" or "cdc"
 }
 
 // newScenarioFor is a scenario whose relays read with source src.
@@ -56,7 +52,7 @@ func newScenarioFor(t *testing.T, src string) *scenario {
 	nc, js := testenv.JetStream(t)
 	st, prefix := testenv.Stream(t, js)
 	return &scenario{
-		tb: tb, flags: flags, stream: st, db: db,
+		tb: tb, flags: flags, stream: st, db: db, source: src,
 		sinkFlags: []string{"--sink", testenv.NATSURL(), "--nats-stream", prefix, "--nats-no-create-stream", "--route-replacement", prefix + ".${routedByValue}"},
 		raw:       newTap(t, nc, prefix+".>"),
 	}
@@ -134,11 +130,6 @@ func (p *relayProc) killedBySignal(t *testing.T, timeout time.Duration) {
 	}
 }
 
-func writeAsync(t *testing.T, tb outboxdriver.Table, cfg workload.Config) func() *workload.Result {
-	t.Helper()
-	return writeAsyncIn(t, testenv.Pool(t), tb, cfg)
-}
-
 // writeAsyncIn runs the workload on table tb of pool's database in the
 // background; the returned func waits for its result.
 func writeAsyncIn(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, cfg workload.Config) func() *workload.Result {
@@ -196,41 +187,69 @@ func TestFaultKillAtNamedPoints(t *testing.T) {
 // and when it resumes nothing it does breaks an invariant.
 func TestFaultPausedOwnerIsFenced(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t)
-	wait := writeAsync(t, s.tb, workload.Config{Aggregates: 40, Transactions: 1500, Writers: 4, RollbackPct: 5})
-	a := startRelay(t, s.args()...)
-	testenv.WaitStreamMsgs(t, s.stream, 50, 60*time.Second)
-	b := startRelay(t, s.args()...)
-	_ = b
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	for _, src := range sources {
+		t.Run(src, func(t *testing.T) {
+			t.Parallel()
+			s := newScenarioFor(t, src)
+			wait := writeAsyncIn(t, s.db.pool, s.tb, workload.Config{Aggregates: 40, Transactions: 1500, Writers: 4, RollbackPct: 5})
+			a := startRelay(t, s.args()...)
+			testenv.WaitStreamMsgs(t, s.stream, 50, 60*time.Second)
+			startRelay(t, s.args()...)
+			if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			// Within about two TTLs, the live relay owns every partition
+			// (with log tailing: streams the slot).
+			deadline := time.Now().Add(10 * time.Second)
+			for m := s.owners(t); m[""] > 0 || a.owns(m) || len(m) == 0; m = s.owners(t) {
+				if time.Now().After(deadline) {
+					t.Fatalf("partitions still %v 10s after their owner was paused", m)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			time.Sleep(2 * time.Second) // the paused relay stays stale while work goes on
+			if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			res := wait()
+			s.check(t, res, 60*relay.DefaultLanes)
+		})
 	}
-	// Within about two TTLs, the live relay owns every partition.
-	pool := testenv.Pool(t)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st, err := outboxpgx.New(pool).Status(context.Background(), s.tb)
+}
+
+// owners counts the partitions each relay leases ("" for none); with log
+// tailing the slot's lease, which covers them all, counts once.
+func (s *scenario) owners(t *testing.T) map[string]int {
+	t.Helper()
+	m := map[string]int{}
+	if s.source == "cdc" {
+		var owner string
+		err := s.db.pool.QueryRow(context.Background(), `SELECT CASE WHEN expires_at > now() THEN coalesce(owner, '') ELSE '' END FROM `+s.tb.Qualified("_cdc")).Scan(&owner)
 		if err != nil {
 			t.Fatal(err)
 		}
-		owners := map[string]bool{}
-		for _, p := range st.Partitions {
-			owners[p.Owner] = true
-		}
-		if len(owners) == 1 && !owners[""] {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("partitions still split %v 10s after the owner was paused", owners)
-		}
-		time.Sleep(50 * time.Millisecond)
+		m[owner]++
+		return m
 	}
-	time.Sleep(2 * time.Second) // the paused relay stays stale while work goes on
-	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	st, err := outboxpgx.New(s.db.pool).Status(context.Background(), s.tb)
+	if err != nil {
 		t.Fatal(err)
 	}
-	res := wait()
-	s.check(t, res, 60*relay.DefaultLanes)
+	for _, p := range st.Partitions {
+		m[p.Owner]++
+	}
+	return m
+}
+
+// owns reports whether p leases any partition of m (a relay's default
+// name holds its process id).
+func (p *relayProc) owns(m map[string]int) bool {
+	for owner := range m {
+		if strings.Contains(owner, fmt.Sprintf("-%d-", p.cmd.Process.Pid)) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestFaultBrokerUnreachable cuts the relay from NATS (a TCP proxy drops
@@ -238,36 +257,49 @@ func TestFaultPausedOwnerIsFenced(t *testing.T) {
 // the relay recovers by itself.
 func TestFaultBrokerUnreachable(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t)
-	proxy, err := faultproxy.Start(strings.TrimPrefix(testenv.NATSURL(), "nats://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	args := s.args()
-	for i, a := range args {
-		if a == testenv.NATSURL() {
-			args[i] = "nats://" + proxy.Addr()
-		}
-	}
-	startRelay(t, args...)
-	wait := writeAsync(t, s.tb, workload.Config{Aggregates: 30, Transactions: 800, Writers: 4})
-	testenv.WaitStreamMsgs(t, s.stream, 50, 60*time.Second)
-	proxy.Cut()
-	time.Sleep(3 * time.Second) // the outage
-	pool := testenv.Pool(t)
-	var attempts int
-	if err := pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM `+s.tb.Qualified("")).Scan(&attempts); err != nil {
-		t.Fatal(err)
-	}
-	if attempts != 0 {
-		t.Fatalf("the outage spent attempts: max attempts %d", attempts)
-	}
-	proxy.Restore()
-	res := wait()
-	s.check(t, res, 100)
-	if st, _ := outboxpgx.New(pool).Status(context.Background(), s.tb); st.DeadLetters != 0 {
-		t.Fatalf("%d events dead-lettered by a broker outage", st.DeadLetters)
+	for _, src := range sources {
+		t.Run(src, func(t *testing.T) {
+			t.Parallel()
+			s := newScenarioFor(t, src)
+			proxy, err := faultproxy.Start(strings.TrimPrefix(testenv.NATSURL(), "nats://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { proxy.Close() })
+			var extra []string
+			if src == "cdc" {
+				// Log tailing keeps attempts in memory (the table's column
+				// stays 0): with one attempt allowed, any attempt the outage
+				// spent shows as a dead letter below.
+				extra = []string{"--max-attempts", "1"}
+			}
+			args := s.args(extra...)
+			for i, a := range args {
+				if a == testenv.NATSURL() {
+					args[i] = "nats://" + proxy.Addr()
+				}
+			}
+			startRelay(t, args...)
+			wait := writeAsyncIn(t, s.db.pool, s.tb, workload.Config{Aggregates: 30, Transactions: 800, Writers: 4})
+			testenv.WaitStreamMsgs(t, s.stream, 50, 60*time.Second)
+			proxy.Cut()
+			time.Sleep(3 * time.Second) // the outage
+			if src == "poll" {
+				var attempts int
+				if err := s.db.pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM `+s.tb.Qualified("")).Scan(&attempts); err != nil {
+					t.Fatal(err)
+				}
+				if attempts != 0 {
+					t.Fatalf("the outage spent attempts: max attempts %d", attempts)
+				}
+			}
+			proxy.Restore()
+			res := wait()
+			s.check(t, res, 100)
+			if st, _ := outboxpgx.New(s.db.pool).Status(context.Background(), s.tb); st.DeadLetters != 0 {
+				t.Fatalf("%d events dead-lettered by a broker outage", st.DeadLetters)
+			}
+		})
 	}
 }
 
@@ -277,8 +309,12 @@ func TestFaultBrokerUnreachable(t *testing.T) {
 // it, then flow in order.
 func TestFaultPoisonEvent(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t)
-	pool := testenv.Pool(t)
+	forSources(t, testFaultPoisonEvent)
+}
+
+func testFaultPoisonEvent(t *testing.T, src string) {
+	s := newScenarioFor(t, src)
+	pool := s.db.pool
 	ctx := context.Background()
 	insert := func(agg string, v int, payload string) string {
 		var id string
@@ -307,7 +343,7 @@ func TestFaultPoisonEvent(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the poison event never reached the dead-letter table")
 		}
-		out, stderr, code := run(t, nil, append([]string{"dlq", "list", "--json"}, s.flags...)...)
+		out, stderr, code := run(t, nil, append([]string{"dlq", "list", "--json"}, s.db.flags...)...)
 		if code != 0 {
 			t.Fatal(stderr)
 		}
@@ -328,7 +364,7 @@ func TestFaultPoisonEvent(t *testing.T) {
 	}
 	// retry puts it back (it fails again: still too large), discard frees
 	// the aggregate; both are audited.
-	if _, stderr, code := run(t, nil, append([]string{"dlq", "retry", poisonID, "--actor", "alice"}, s.flags...)...); code != 0 {
+	if _, stderr, code := run(t, nil, append([]string{"dlq", "retry", poisonID, "--actor", "alice"}, s.db.flags...)...); code != 0 {
 		t.Fatal(stderr)
 	}
 	first := dls[0].DeadLetteredAt
@@ -345,7 +381,7 @@ func TestFaultPoisonEvent(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if _, stderr, code := run(t, nil, append([]string{"dlq", "discard", poisonID, "--actor", "bob"}, s.flags...)...); code != 0 {
+	if _, stderr, code := run(t, nil, append([]string{"dlq", "discard", poisonID, "--actor", "bob"}, s.db.flags...)...); code != 0 {
 		t.Fatal(stderr)
 	}
 	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()+3), 30*time.Second)
@@ -415,33 +451,37 @@ func TestFaultThreeRelaysChurn(t *testing.T) {
 // upkeep), plus slack for a loaded CI machine.
 func TestFaultFailOverWithinTwoTTLs(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t)
+	forSources(t, testFaultFailOverWithinTwoTTLs)
+}
+
+func testFaultFailOverWithinTwoTTLs(t *testing.T, src string) {
+	s := newScenarioFor(t, src)
 	const ttl = 2 * time.Second
 	args := s.args("--lease-ttl", ttl.String())
 	a := startRelay(t, args...)
-	startRelay(t, args...)
-	pool := testenv.Pool(t)
-	owners := func() map[string]int {
-		st, err := outboxpgx.New(pool).Status(context.Background(), s.tb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]int{}
-		for _, p := range st.Partitions {
-			m[p.Owner]++
-		}
-		return m
-	}
+	b := startRelay(t, args...)
+	// Polling: both share the partitions. Log tailing: one streams, the
+	// other stands by.
 	deadline := time.Now().Add(30 * time.Second)
-	for m := owners(); len(m) != 2 || m[""] > 0; m = owners() {
+	taken := func(m map[string]int) bool {
+		if src == "cdc" {
+			return m[""] == 0 && (a.owns(m) || b.owns(m))
+		}
+		return m[""] == 0 && a.owns(m) && b.owns(m)
+	}
+	for m := s.owners(t); !taken(m); m = s.owners(t) {
 		if time.Now().After(deadline) {
-			t.Fatalf("two relays never shared the partitions: %v", m)
+			t.Fatalf("the relays never took the partitions: %v", m)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	a.kill()
+	victim := a
+	if !a.owns(s.owners(t)) {
+		victim = b // the streamer
+	}
+	victim.kill()
 	killed := time.Now()
-	for m := owners(); len(m) != 1 || m[""] > 0; m = owners() {
+	for m := s.owners(t); m[""] > 0 || victim.owns(m); m = s.owners(t) {
 		if time.Since(killed) > 2*ttl+2*time.Second {
 			t.Fatalf("%s after the SIGKILL the partitions are still %v; want one live owner within about two TTLs (%s)", time.Since(killed).Round(time.Millisecond), m, 2*ttl)
 		}
@@ -449,7 +489,7 @@ func TestFaultFailOverWithinTwoTTLs(t *testing.T) {
 	}
 	t.Logf("partitions moved %s after the SIGKILL (lease TTL %s)", time.Since(killed).Round(time.Millisecond), ttl)
 	// And they work: an event in any partition is delivered.
-	res, err := workload.Run(context.Background(), pool, s.tb, workload.Config{Aggregates: 64, Transactions: 200, Writers: 4})
+	res, err := workload.Run(context.Background(), s.db.pool, s.tb, workload.Config{Aggregates: 64, Transactions: 200, Writers: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -461,24 +501,28 @@ func TestFaultFailOverWithinTwoTTLs(t *testing.T) {
 // writers commit: it reconnects each time and loses nothing.
 func TestFaultDatabaseConnectionsTerminated(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t)
+	forSources(t, testFaultDatabaseConnectionsTerminated)
+}
+
+func testFaultDatabaseConnectionsTerminated(t *testing.T, src string) {
+	s := newScenarioFor(t, src)
 	app := testenv.Name("relay")
-	sep := "?"
-	if strings.Contains(testenv.DatabaseURL(), "?") {
-		sep = "&"
-	}
 	args := s.args()
-	for i, a := range args {
-		if a == testenv.DatabaseURL() {
-			args[i] = a + sep + "application_name=" + app
+	for i := range args[:len(args)-1] {
+		if args[i] == "--db" {
+			sep := "?"
+			if strings.Contains(args[i+1], "?") {
+				sep = "&"
+			}
+			args[i+1] += sep + "application_name=" + app
 		}
 	}
 	startRelay(t, args...)
-	wait := writeAsync(t, s.tb, workload.Config{Aggregates: 40, Transactions: 1000, Writers: 4, RollbackPct: 5})
+	wait := writeAsyncIn(t, s.db.pool, s.tb, workload.Config{Aggregates: 40, Transactions: 1000, Writers: 4, RollbackPct: 5})
 	// Past start-up (where a failed check ends the process with an error, as
 	// it should), the relay is at work.
 	testenv.WaitStreamMsgs(t, s.stream, 20, 60*time.Second)
-	pool := testenv.Pool(t)
+	pool := s.db.pool
 	terminated := 0
 	for range 6 {
 		time.Sleep(300 * time.Millisecond)

@@ -528,9 +528,14 @@ func TestRelayKilledAndRestartedLosesNothing(t *testing.T) {
 // code 0 and leaves nothing half-done: everything published is recorded.
 func TestSIGTERMStopsGracefully(t *testing.T) {
 	t.Parallel()
-	tb, flags := migrated(t)
+	forSources(t, testSIGTERMStopsGracefully)
+}
+
+func testSIGTERMStopsGracefully(t *testing.T, src string) {
+	tb, db := migratedFor(t, src)
+	flags := append(db.flags, db.relayFlags...)
 	st, sinkFlags := natsTarget(t)
-	res, err := workload.Run(context.Background(), testenv.Pool(t), tb, workload.Config{Aggregates: 20, Transactions: 2000, Writers: 4})
+	res, err := workload.Run(context.Background(), db.pool, tb, workload.Config{Aggregates: 20, Transactions: 2000, Writers: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -548,8 +553,7 @@ func TestSIGTERMStopsGracefully(t *testing.T) {
 	}
 	// Every event in the stream was recorded as published: the backlog is
 	// exactly what was not delivered.
-	pool := testenv.Pool(t)
-	status, err := outboxpgx.New(pool).Status(context.Background(), tb)
+	status, err := outboxpgx.New(db.pool).Status(context.Background(), tb)
 	if err != nil {
 		t.Fatal(err)
 	}

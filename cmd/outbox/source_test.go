@@ -17,8 +17,12 @@ import (
 )
 
 // sources are the relay's sources the shared correctness tests run
-// against: the polling relay, and log tailing (--source cdc).
-var sources = []string{"poll", "cdc"}
+// against (testenv.Sources says which tests run where, and why some do
+// not run against log tailing).
+var sources = testenv.Sources
+
+// forSources runs test once per source (testenv.ForSources).
+var forSources = testenv.ForSources
 
 // testDB is where a test's outbox table lives and how a relay reads it.
 type testDB struct {
