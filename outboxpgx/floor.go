@@ -77,6 +77,10 @@ type probe struct {
 }
 
 const (
+	// floorScan bounds the pending rows a probe reads to raise the
+	// floors (one index, in seq order; the table has no index by
+	// partition): a backlog costs each probe at most this many.
+	floorScan  = 1024
 	floorTick  = 100 * time.Millisecond
 	floorReset = 5 * time.Minute
 	// rewindPayload is the notification that drops the floors.
