@@ -111,9 +111,12 @@ type Config struct {
 	// polling relay, in the same run), and the latency scenario runs the
 	// relay with --source cdc.
 	Source string
-	// PlainWrites makes the latency scenario's writers use WriteTx in an
-	// ordinary transaction (BEGIN, INSERT, COMMIT: three round trips)
-	// instead of one pipelined batch.
+	// PlainWrites adds, beside each notify cell of the latency scenario,
+	// the same cell with writers that use WriteTx in an ordinary
+	// transaction (BEGIN, INSERT, COMMIT: three round trips) on a pgx.Tx
+	// (WriterPgx) and on a *sql.Tx (WriterSQL), and the baselines of the
+	// same transaction without an outbox (WriterOrderOnly) and with
+	// Watermill's row (WriterWatermill).
 	PlainWrites bool
 	// Progress receives one line per measured cell and round while the
 	// scenario runs. Nil means quiet.

@@ -78,7 +78,7 @@ func TestLogTailingScenarios(t *testing.T) {
 			t.Fatalf("relay_cdc vs the polling relay %v, want %v", d.VsPollRelay, res[3].PerSecond/res[2].PerSecond)
 		}
 		res, err = bench.CommitToConsumer(ctx, bench.Config{Pool: pool, Schema: testenv.Name("bench"), Sink: testenv.NATSURL(),
-			Duration: 500 * time.Millisecond, Warmup: 100 * time.Millisecond, Rates: []int{500}, Cases: []string{"notify"},
+			Duration: 500 * time.Millisecond, Warmup: 100 * time.Millisecond, Rates: []int{500}, Cases: []string{"notify_pgx"},
 			Source: bench.SourceCDC, PlainWrites: true})
 		if err != nil {
 			t.Fatal(err)

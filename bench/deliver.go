@@ -589,6 +589,7 @@ type latencyCell struct {
 	wakeup string        // "notify" or "poll"
 	poll   time.Duration // the relay's poll interval
 	longTx bool
+	writer string // WriterPipelined unless Config.PlainWrites added the cell
 }
 
 // Wake-up strategies of the latency scenario.
@@ -603,22 +604,33 @@ const (
 
 // LatencyCases returns the names of the latency scenario's cells.
 func LatencyCases() []string {
-	return []string{"idle", "idle_poll_10ms", "poll_500ms", "poll_10ms", "notify", "notify_long_tx"}
+	return []string{"idle", "idle_poll_10ms", "poll_500ms", "poll_10ms", "notify", "notify_long_tx",
+		"notify_pgx", "notify_sql", "notify_long_tx_pgx", "notify_long_tx_sql",
+		WriterOrderOnly, WriterWatermill, WriterOrderOnly + "_long_tx", WriterWatermill + "_long_tx"}
 }
 
-// latencyCells lists the latency scenario's cells at rates; with only,
-// those of these names.
-func latencyCells(rates []int, only []string) []latencyCell {
+// latencyCells lists the latency scenario's cells at rates, with the
+// writers of plain (Config.PlainWrites) beside each notify cell; with
+// only, those of these names.
+func latencyCells(rates []int, only []string, plain bool) []latencyCell {
 	cells := []latencyCell{
-		{"idle", 0, WakeupNotify, 500 * time.Millisecond, false},
-		{"idle_poll_10ms", 0, WakeupPoll, 10 * time.Millisecond, false},
-		{"poll_500ms", 100, WakeupPoll, 500 * time.Millisecond, false},
-		{"poll_10ms", 100, WakeupPoll, 10 * time.Millisecond, false},
+		{"idle", 0, WakeupNotify, 500 * time.Millisecond, false, WriterPipelined},
+		{"idle_poll_10ms", 0, WakeupPoll, 10 * time.Millisecond, false, WriterPipelined},
+		{"poll_500ms", 100, WakeupPoll, 500 * time.Millisecond, false, WriterPipelined},
+		{"poll_10ms", 100, WakeupPoll, 10 * time.Millisecond, false, WriterPipelined},
 	}
 	for _, r := range rates {
-		cells = append(cells, latencyCell{"notify", r, WakeupNotify, 500 * time.Millisecond, false})
+		c := latencyCell{"notify", r, WakeupNotify, 500 * time.Millisecond, false, WriterPipelined}
+		cells = append(cells, c)
+		if plain {
+			cells = append(cells, plainCells(c)...)
+		}
 		if r == 2000 {
-			cells = append(cells, latencyCell{"notify_long_tx", r, WakeupNotify, 500 * time.Millisecond, true})
+			c.name, c.longTx = "notify_long_tx", true
+			cells = append(cells, c)
+			if plain {
+				cells = append(cells, plainCells(c)...)
+			}
 		}
 	}
 	if len(only) > 0 {
@@ -676,7 +688,13 @@ func CommitToConsumer(ctx context.Context, cfg Config) (results []Result, err er
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range latencyCells(cfg.Rates, cfg.Cases) {
+	if cfg.PlainWrites {
+		if lt.plain, err = s.newPlainWriters(ctx); err != nil {
+			return nil, err
+		}
+		defer lt.plain.close()
+	}
+	for _, c := range latencyCells(cfg.Rates, cfg.Cases, cfg.PlainWrites) {
 		res, err := lt.cell(ctx, c)
 		if err != nil {
 			return nil, fmt.Errorf("%s at %d events/s: %w", c.name, c.rate, err)
@@ -693,6 +711,8 @@ type latencyRun struct {
 	cfg Config
 	ob  *outbox.Outbox[pgx.Tx]
 	drv *outboxpgx.Driver
+	// plain writes in ordinary transactions (Config.PlainWrites).
+	plain *plainWriters
 
 	mu        sync.Mutex
 	committed map[string]time.Time // the cell's events, by id: when Commit returned
@@ -774,7 +794,7 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 		sleepUntil(ctx, to)
 	} else {
 		var ok bool
-		cpu0, relay0, m0, measuredFrom, ok = lt.offer(ctx, c.rate, from, to, relayCPU)
+		cpu0, relay0, m0, measuredFrom, ok = lt.offer(ctx, c.writer, c.rate, from, to, relayCPU)
 		if !ok {
 			return Result{}, ctx.Err()
 		}
@@ -808,6 +828,9 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 	}
 	rec := &Recorder{}
 	var inWindow int64
+	if baselineWriter(c.writer) {
+		rec, inWindow = lt.baselineRecorder(from, to)
+	}
 	lt.mu.Lock()
 	for id, at := range lt.committed {
 		if at.Before(from) || !at.Before(to) {
@@ -829,8 +852,18 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 	if lt.cfg.Source == SourceCDC {
 		desc += "; the relay tails the WAL (--source cdc)"
 	}
-	if lt.cfg.PlainWrites && c.rate > 0 {
-		desc += "; writers: WriteTx in an ordinary transaction"
+	switch c.writer {
+	case WriterPgx:
+		desc += "; writers: WriteTx in an ordinary transaction on a pgx.Tx (BEGIN, INSERT, COMMIT)"
+	case WriterSQL:
+		desc += "; writers: WriteTx in an ordinary transaction on a *sql.Tx (BEGIN, INSERT, COMMIT)"
+	case WriterOrderOnly:
+		desc = "baseline, no outbox: BEGIN, INSERT an order, COMMIT on a pgx.Tx; latency: the transaction's own time"
+	case WriterWatermill:
+		desc = "baseline: BEGIN, INSERT Watermill's outbox row, COMMIT on a pgx.Tx (nothing relays it); latency: the transaction's own time"
+	}
+	if baselineWriter(c.writer) && c.longTx {
+		desc += ", an unrelated transaction open throughout"
 	}
 	res := Result{
 		Scenario: "latency", Case: c.name, Description: desc, Workers: LatencyWriters, Unit: "event",
@@ -848,13 +881,13 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 // offer runs LatencyWriters writers committing one event per transaction
 // at rate events/s from now until to, and returns the process's and the
 // machine's CPU time at from, when the measured window began.
-func (lt *latencyRun) offer(ctx context.Context, rate int, from, to time.Time, relayCPU func() time.Duration) (cpu0, relay0 time.Duration, m0 CPUTime, at time.Time, ok bool) {
+func (lt *latencyRun) offer(ctx context.Context, writer string, rate int, from, to time.Time, relayCPU func() time.Duration) (cpu0, relay0 time.Duration, m0 CPUTime, at time.Time, ok bool) {
 	due := make(chan time.Time, 1024)
 	var wg sync.WaitGroup
 	for range LatencyWriters {
 		wg.Go(func() {
 			for t := range due {
-				if err := lt.write(ctx, t); err != nil {
+				if err := lt.write(ctx, writer, t); err != nil {
 					lt.setWriteErr(err)
 				}
 			}
@@ -896,20 +929,23 @@ func (lt *latencyRun) offer(ctx context.Context, rate int, from, to time.Time, r
 // INSERT, COMMIT: one round trip), so that the load costs the machine the
 // relay shares as little as it can; what is measured starts at the
 // commit either way.
-func (lt *latencyRun) write(ctx context.Context, _ time.Time) error {
+func (lt *latencyRun) write(ctx context.Context, writer string, _ time.Time) error {
 	id := uuid.Must(uuid.NewV7()).String()
 	ev := outbox.Event{ID: id, AggregateType: "order", AggregateID: "order-" + id[len(id)-3:], Type: "OrderPlaced",
 		Payload: []byte(`{"order_id": "` + id + `", "total": 42.5}`)}
 	var err error
-	if lt.cfg.PlainWrites {
-		// BEGIN, the event's INSERT, COMMIT: three round trips, as an
-		// application's ordinary transaction.
-		err = pgx.BeginFunc(ctx, lt.s.pool, func(tx pgx.Tx) error { return lt.ob.WriteTx(ctx, tx, ev) })
-	} else {
+	if writer == WriterPipelined {
 		err = lt.pipelined(ctx, ev)
+	} else {
+		// BEGIN, the INSERT, COMMIT: three round trips, as an
+		// application's ordinary transaction.
+		err = lt.writePlain(ctx, writer, ev)
 	}
 	if err != nil {
 		return err
+	}
+	if baselineWriter(writer) {
+		return nil // nothing to deliver: writePlain noted the transaction
 	}
 	now := time.Now()
 	lt.mu.Lock()
@@ -1051,7 +1087,7 @@ func (c Config) deliverDefaults() (Config, error) {
 			return c, fmt.Errorf("bench: unknown latency case %q: use %s", name, strings.Join(LatencyCases(), ", "))
 		}
 	}
-	if len(c.Cases) > 0 && len(latencyCells(c.Rates, c.Cases)) == 0 {
+	if len(c.Cases) > 0 && len(latencyCells(c.Rates, c.Cases, c.PlainWrites)) == 0 {
 		return c, fmt.Errorf("bench: no latency cell is named %s at rates %v (notify_long_tx runs at 2000 events/s only)", strings.Join(c.Cases, ", "), c.Rates)
 	}
 	for _, r := range c.Rates {

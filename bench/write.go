@@ -83,7 +83,9 @@ const (
 )
 
 // WriteModes returns the names Config.WriteModes accepts.
-func WriteModes() []string { return []string{WriteModeMessage, WriteModeInsertDelete, WriteModeSQL} }
+func WriteModes() []string {
+	return []string{WriteModeMessage, WriteModeInsertDelete, WriteModeSQL, WriteModeOldRow}
+}
 
 // Counters reported by the write scenario for each cell.
 const (
@@ -106,10 +108,11 @@ const (
 type writeMode int
 
 const (
-	viaWriteTx writeMode = iota // WriteTx after the order's INSERT
-	viaQueue                    // Driver.Queue in the order's pgx.Batch
-	viaCommit                   // outboxpgx.Tx: the events go with the COMMIT
-	viaPlain                    // one plain INSERT into the plain table
+	viaWriteTx   writeMode = iota // WriteTx after the order's INSERT
+	viaQueue                      // Driver.Queue in the order's pgx.Batch
+	viaCommit                     // outboxpgx.Tx: the events go with the COMMIT
+	viaPlain                      // one plain INSERT into the plain table
+	viaWatermill                  // one INSERT of Watermill's row
 )
 
 type writeCase struct {
@@ -126,7 +129,9 @@ type writeCase struct {
 var writeCases = []writeCase{
 	{CaseBaseline, "BEGIN; INSERT an order; COMMIT (no outbox)", 0, viaWriteTx, true, false, ""},
 	{CasePlainInsert, "+ 1 plain INSERT (uuid PK, jsonb) of its own: the floor of any extra statement", 0, viaPlain, true, false, ""},
+	{CaseWatermillRow, "+ 1 INSERT of Watermill's outbox row ((transaction_id xid8, offset) key, json payload)", 0, viaWatermill, true, false, ""},
 	{CaseOutbox, "+ 1 event via WriteTx; trigger on, no relay idle: no NOTIFY", 1, viaWriteTx, true, false, ""},
+	{CaseOutboxOldRow, "+ 1 event via WriteTx into the row of before schema version 10 (uuid primary key, (partition, seq) index)", 1, viaWriteTx, true, false, WriteModeOldRow},
 	{CaseOutboxQueue, "+ 1 event via Driver.Queue in the order's pgx.Batch: no round trip of its own; order id made client-side", 1, viaQueue, true, false, ""},
 	{CaseOutboxCommit, "+ 1 event added to an outboxpgx.Tx: sent with the COMMIT, no round trip of its own", 1, viaCommit, true, false, ""},
 	{CaseOutboxNotify, "+ 1 event; a relay registered idle: every commit NOTIFYs", 1, viaWriteTx, true, true, ""},
@@ -238,6 +243,7 @@ type writeBench struct {
 	nextOrder  atomic.Int64
 	lis        *listener
 	waits      *WaitSampler
+	other      *otherRows
 	checkpoint bool
 	// schemaVersion is the outbox schema version migrated to.
 	schemaVersion int
@@ -283,6 +289,9 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 	if wb.obInsertDelete, err = outbox.New(outboxpgx.New(pool, outboxpgx.WithInsertDelete()), cfgOB); err != nil {
 		return nil, err
 	}
+	if wb.other, err = newOtherRows(ctx, pool, wb.drv, schema); err != nil {
+		return nil, err
+	}
 	wb.sqlDB = stdlib.OpenDBFromPool(pool)
 	if wb.obSQL, err = outbox.New(outboxsql.New(wb.sqlDB), cfgOB); err != nil {
 		return nil, err
@@ -320,7 +329,7 @@ func (wb *writeBench) prepare(c writeCase) func(context.Context) error {
 	stmts := []string{
 		`ALTER TABLE ` + wb.names.Table + ` ` + trigger + ` TRIGGER ` + outboxdriver.QuoteIdent(wb.table.Name+"_notify"),
 		`DELETE FROM ` + wb.names.Wakeup,
-		`TRUNCATE ` + wb.orders + `, ` + wb.plain + `, ` + wb.names.Table,
+		`TRUNCATE ` + wb.orders + `, ` + wb.plain + `, ` + wb.names.Table + `, ` + wb.other.watermill + `, ` + wb.other.old.Qualified(""),
 	}
 	if c.idle {
 		stmts = append(stmts, `INSERT INTO `+wb.names.Wakeup+` (relay, expires_at) VALUES (`+
@@ -362,6 +371,8 @@ func (wb *writeBench) op(c writeCase) Op {
 		ob = wb.obMessage
 	case WriteModeInsertDelete:
 		ob = wb.obInsertDelete
+	case WriteModeOldRow:
+		ob = wb.other.obOld
 	}
 	return func(ctx context.Context, worker int) error {
 		customer := "customer-" + strconv.Itoa(worker)
@@ -409,6 +420,10 @@ func (wb *writeBench) op(c writeCase) Op {
 			}
 			if _, err := tx.Exec(ctx, insertPlain, u.String(), string(orderEvents(id, customer, 1)[0].Payload)); err != nil {
 				return fmt.Errorf("plain insert: %w", err)
+			}
+		case c.mode == viaWatermill:
+			if err := wb.other.writeWatermill(ctx, tx, orderEvents(id, customer, 1)[0].Payload); err != nil {
+				return err
 			}
 		case c.events > 0:
 			if err := ob.WriteTx(ctx, tx, orderEvents(id, customer, c.events)...); err != nil {
@@ -468,9 +483,20 @@ func (wb *writeBench) collect(c writeCase) func(context.Context, Measurement) (m
 		if err != nil {
 			return nil, err
 		}
-		var orders, rows, plain int64
-		if err := wb.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+wb.orders+`), (SELECT count(*) FROM `+wb.names.Table+`), (SELECT count(*) FROM `+wb.plain+`)`).Scan(&orders, &rows, &plain); err != nil {
+		var orders, rows, plain, wm int64
+		table := wb.names.Table
+		if c.path == WriteModeOldRow {
+			table = wb.other.old.Qualified("")
+		}
+		if err := wb.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+wb.orders+`), (SELECT count(*) FROM `+table+`), (SELECT count(*) FROM `+wb.plain+`), (SELECT count(*) FROM `+wb.other.watermill+`)`).Scan(&orders, &rows, &plain, &wm); err != nil {
 			return nil, fmt.Errorf("count rows: %w", err)
+		}
+		var wantWM int64
+		if c.mode == viaWatermill {
+			wantWM = m.Completed
+		}
+		if wm != wantWM {
+			return nil, fmt.Errorf("check: %d Watermill rows for %d committed transactions, want %d", wm, m.Completed, wantWM)
 		}
 		if orders != m.Completed {
 			return nil, fmt.Errorf("check: %d orders for %d committed transactions", orders, m.Completed)
@@ -483,7 +509,7 @@ func (wb *writeBench) collect(c writeCase) func(context.Context, Measurement) (m
 			return nil, fmt.Errorf("check: %d outbox rows for %d committed transactions of %d event(s), want %d", rows, m.Completed, c.events, want)
 		}
 		var orphans int64
-		if err := wb.pool.QueryRow(ctx, `SELECT count(*) FROM `+wb.names.Table+` o
+		if err := wb.pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` o
 WHERE NOT EXISTS (SELECT 1 FROM `+wb.orders+` r WHERE r.id::text = o.aggregateid)`).Scan(&orphans); err != nil {
 			return nil, fmt.Errorf("count events without their order: %w", err)
 		}
@@ -504,7 +530,7 @@ WHERE NOT EXISTS (SELECT 1 FROM `+wb.orders+` r WHERE r.id::text = o.aggregateid
 		if notified != want {
 			return nil, fmt.Errorf("check: %d notifications for %d committed transactions, want %d", notified, m.Completed, want)
 		}
-		return map[string]int64{CounterCommitted: m.Completed, CounterOutboxRows: rows, CounterNotifications: notified, CounterPlainRows: plain}, nil
+		return map[string]int64{CounterCommitted: m.Completed, CounterOutboxRows: rows, CounterNotifications: notified, CounterPlainRows: plain, CounterWatermillRows: wm}, nil
 	}
 }
 

@@ -267,11 +267,11 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigi
             $8::text[], $9::text[], $10::bytea[], $11::integer[], $12::text[], $13::boolean[])
   AS u(id, at, aid, ty, p, seq, ca, h, tc, raw, att, err, hold)
 ON CONFLICT (id) DO NOTHING`,
-		mark:         `SELECT ` + t.Qualified("_cdc_mark") + `($1::uuid[], $2::bigint[], $3)`,
+		mark:         `SELECT ` + t.Qualified("_cdc_mark") + `($1::uuid[], $2::bigint[], $3, $4::bigint[])`,
 		isDeadLetter: `SELECT id::text FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])`,
 		held:         `SELECT aggregatetype, aggregateid, event_id::text FROM ` + n.Held + ` WHERE reason = 'dead-lettered'`,
-		cleanup: `DELETE FROM ` + n.Table + ` WHERE id = ANY (ARRAY(
-    SELECT id FROM ` + n.Table + `
+		cleanup: `DELETE FROM ` + n.Table + ` WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM ` + n.Table + `
     WHERE published_at < clock_timestamp() - $1 * interval '1 millisecond'
     ORDER BY published_at
     LIMIT $2))`,
@@ -711,14 +711,14 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	plan := out.Plan()
 	var finished []*event
 	var rowIDs []string
-	var rowXids []int64
+	var rowXids, rowSeqs []int64
 	var unhold []string
 	s.mu.Lock()
 	for _, id := range plan.Published {
 		for _, e := range byID[id] {
 			finished = append(finished, e)
 			if e.row {
-				rowIDs, rowXids = append(rowIDs, id), append(rowXids, int64(e.tx.xid))
+				rowIDs, rowXids, rowSeqs = append(rowIDs, id), append(rowXids, int64(e.tx.xid)), append(rowSeqs, e.Seq)
 			}
 			if s.queue.held[e.key()] == id {
 				unhold = append(unhold, id)
@@ -729,7 +729,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	var deadErr []string
 	var deadHold []bool
 	var deadRows []string
-	var deadXids []int64
+	var deadXids, deadSeqs []int64
 	var deadLSN pglogrepl.LSN
 	var holdIDs []string
 	for _, f := range plan.DeadLetters {
@@ -742,7 +742,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 				holdIDs = append(holdIDs, f.ID)
 			}
 			if e.row {
-				deadRows, deadXids = append(deadRows, f.ID), append(deadXids, int64(e.tx.xid))
+				deadRows, deadXids, deadSeqs = append(deadRows, f.ID), append(deadXids, int64(e.tx.xid)), append(deadSeqs, e.Seq)
 			}
 			deadLSN = max(deadLSN, e.tx.lsn)
 		}
@@ -759,7 +759,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	var pb pgx.Batch
 	pb.Queue(s.cq.fence, s.cfg.Slot, s.Cfg.RelayName, b.epoch, lsnArg(lsn), lsnArg(deadLSN))
 	if len(rowIDs) > 0 {
-		pb.Queue(s.cq.mark, uuidArray(rowIDs), rowXids, s.Cfg.Retention == outboxdriver.RetentionKeep)
+		pb.Queue(s.cq.mark, uuidArray(rowIDs), rowXids, s.Cfg.Retention == outboxdriver.RetentionKeep, rowSeqs)
 	}
 	if len(unhold) > 0 {
 		pb.Queue(s.q.unhold, uuidArray(unhold))
@@ -767,7 +767,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	if len(dead) > 0 {
 		pb.Queue(s.cq.deadLetter, deadArgs(dead, deadErr, deadHold)...)
 		if len(deadRows) > 0 {
-			pb.Queue(s.cq.mark, uuidArray(deadRows), deadXids, false)
+			pb.Queue(s.cq.mark, uuidArray(deadRows), deadXids, false, deadSeqs)
 		}
 		if len(holdIDs) > 0 {
 			pb.Queue(s.q.holdDead, uuidArray(holdIDs))

@@ -175,7 +175,7 @@ func (d *Driver) HeldAggregates(ctx context.Context, t outboxdriver.Table, limit
         WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
           AND o.published_at IS NULL AND o.id <> h.event_id),
        coalesce((SELECT dl.last_error FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id),
-                (SELECT o.last_error FROM `+n.Table+` o WHERE o.id = h.event_id), '')
+                (SELECT o.last_error FROM `+n.Table+` o WHERE o.seq = h.seq AND o.published_at IS NULL AND o.id = h.event_id), '')
 FROM `+n.Held+` h
 ORDER BY h.held_at, h.aggregatetype, h.aggregateid
 LIMIT $1`, limit)

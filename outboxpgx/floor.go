@@ -38,7 +38,9 @@ import (
 // had ended by then or is in W. Once a later probe finds none of W left,
 // every row up to L is committed (visible) or gone, and a statement after
 // that probe may raise each floor to the partition's first unpublished
-// row, or to L+1 if it has none. Transactions that do not write to the
+// row, or to L+1 if it has none. (The probe reads the pending index in seq
+// order from the lowest floor, at most floorScan rows: a partition with
+// none among them rises to the last row read, below which it has none.) Transactions that do not write to the
 // table (the long ones this is about) never hold that lock, so they never
 // hold a floor back; a long transaction that did insert an event does,
 // as it must.
@@ -77,6 +79,10 @@ type probe struct {
 }
 
 const (
+	// floorScan bounds the pending rows a probe reads to raise the
+	// floors (one index, in seq order; the table has no index by
+	// partition): a backlog costs each probe at most this many.
+	floorScan  = 1024
 	floorTick  = 100 * time.Millisecond
 	floorReset = 5 * time.Minute
 	// rewindPayload is the notification that drops the floors.

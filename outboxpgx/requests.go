@@ -361,29 +361,31 @@ func (d *Driver) ReplayBatch(ctx context.Context, t outboxdriver.Table, b outbox
 		if err != nil {
 			return err
 		}
-		var ids []string
+		// The rows are found again by ctid (stable while this transaction
+		// holds their locks): the table has no index on id.
+		var ids, ctids []string
 		var seqs []int64
-		rows, err := tx.Query(ctx, `SELECT o.id::text, o.seq FROM `+t.Qualified("")+` o
+		rows, err := tx.Query(ctx, `SELECT o.id::text, o.seq, o.ctid::text FROM `+t.Qualified("")+` o
 WHERE o.seq > $1 AND `+replayWhere(3)+` ORDER BY o.seq LIMIT $2
 FOR UPDATE OF o`, append([]any{r.Cursor, b.Limit + 1}, replayArgs(b.Filter)...)...)
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
-			var id string
+			var id, ctid string
 			var seq int64
-			if err := rows.Scan(&id, &seq); err != nil {
+			if err := rows.Scan(&id, &seq, &ctid); err != nil {
 				rows.Close()
 				return err
 			}
-			ids, seqs = append(ids, id), append(seqs, seq)
+			ids, seqs, ctids = append(ids, id), append(seqs, seq), append(ctids, ctid)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return err
 		}
 		if len(ids) > b.Limit {
-			ids, seqs, more = ids[:b.Limit], seqs[:b.Limit], true
+			ids, seqs, ctids, more = ids[:b.Limit], seqs[:b.Limit], ctids[:b.Limit], true
 		}
 		n = len(ids)
 		if n > 0 {
@@ -394,13 +396,13 @@ FOR UPDATE OF o`, append([]any{r.Cursor, b.Limit + 1}, replayArgs(b.Filter)...).
 					newIDs[i] = uuid.Must(uuid.NewV7()).String()
 				}
 			}
-			src := t.Qualified("")
+			src, where := t.Qualified(""), `WHERE o.ctid = ANY($5::text[]::tid[])`
 			if !b.NewIDs {
 				// The copy keeps the id: it replaces the kept original.
-				src = "gone"
+				src, where = "gone", ""
 			}
 			tag, err := tx.Exec(ctx, `WITH gone AS (
-    DELETE FROM `+t.Qualified("")+` WHERE $3 AND id = ANY($1::uuid[]) RETURNING *
+    DELETE FROM `+t.Qualified("")+` WHERE $3 AND ctid = ANY($5::text[]::tid[]) RETURNING *
 )
 INSERT INTO `+t.Qualified("")+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, payload_raw)
 SELECT u.new_id, o.aggregatetype, o.aggregateid, o.type, o.payload,
@@ -409,7 +411,8 @@ SELECT u.new_id, o.aggregatetype, o.aggregateid, o.type, o.payload,
        o.tracingspancontext, o.payload_raw
 FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS u(id, new_id, ord)
 JOIN `+src+` o ON o.id = u.id
-ORDER BY u.ord`, ids, newIDs, !b.NewIDs, b.Request)
+`+where+`
+ORDER BY u.ord`, ids, newIDs, !b.NewIDs, b.Request, ctids)
 			if err != nil {
 				return err
 			}

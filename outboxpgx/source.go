@@ -90,9 +90,20 @@ ORDER BY o.seq
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`,
 		unhold: `DELETE FROM ` + n.Held + ` WHERE event_id = ANY($1::uuid[])`,
-		floors: `SELECT array_agg(least((SELECT o.seq FROM ` + n.Table + ` AS o
-        WHERE o.partition = m.partition AND o.published_at IS NULL AND o.seq >= m.floor
-        ORDER BY o.seq LIMIT 1), $3::bigint + 1) ORDER BY m.i)
+		// The first pending rows from the lowest floor up to the final
+		// seq $3, at most floorScan of them, through the pending index. A
+		// partition that has none among them has none below the last one
+		// read (or none up to $3, when fewer were read): its floor rises
+		// to there.
+		floors: `WITH scan AS MATERIALIZED (
+    SELECT o.seq, o.partition FROM ` + n.Table + ` AS o
+    WHERE o.published_at IS NULL AND o.seq >= (SELECT min(f) FROM unnest($2::bigint[]) AS f) AND o.seq <= $3::bigint
+    ORDER BY o.seq LIMIT ` + strconv.Itoa(floorScan) + `
+), bound AS (
+    SELECT CASE WHEN count(*) < ` + strconv.Itoa(floorScan) + ` THEN $3::bigint + 1 ELSE max(seq) END AS seq FROM scan
+)
+SELECT array_agg(coalesce((SELECT min(s.seq) FROM scan AS s WHERE s.partition = m.partition AND s.seq >= m.floor),
+                          (SELECT seq FROM bound)) ORDER BY m.i)
 FROM unnest($1::integer[], $2::bigint[]) WITH ORDINALITY AS m(partition, floor, i)`,
 		lastSeq: `SELECT s.seqcache, pg_sequence_last_value(s.seqrelid) FROM pg_sequence s
 WHERE s.seqrelid = pg_get_serial_sequence($1, 'seq')::regclass`,
@@ -104,18 +115,23 @@ WHERE locktype = 'relation' AND mode = 'RowExclusiveLock'
 		retry: `UPDATE ` + n.Table + ` AS o
 SET attempts = o.attempts + 1, last_error = f.err,
     next_attempt_at = clock_timestamp() + f.delay_ms * interval '1 millisecond'
-FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS f(id, err, delay_ms)
-WHERE o.id = f.id`,
+FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(seq, err, delay_ms)
+WHERE o.seq = f.seq AND o.published_at IS NULL`,
 		holdRetry: `INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
-SELECT aggregatetype, aggregateid, seq, id, 'retrying' FROM ` + n.Table + ` WHERE id = ANY($1::uuid[])
+SELECT aggregatetype, aggregateid, seq, id, 'retrying' FROM ` + n.Table + ` WHERE seq = ANY($1::bigint[]) AND published_at IS NULL
+ORDER BY seq
 ON CONFLICT (aggregatetype, aggregateid) DO NOTHING`,
-		deadLetter: `WITH f AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::boolean[]) AS f(id, err, hold)),
-moved AS (DELETE FROM ` + n.Table + ` AS o USING f WHERE o.id = f.id RETURNING o.*, f.err, f.hold)
+		// The dead-letter table keeps its key on id: a second row with
+		// the id of an event dead-lettered already (a writer that wrote
+		// one event twice) is that event again, and stays out of it.
+		deadLetter: `WITH f AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::boolean[]) AS f(seq, err, hold)),
+moved AS (DELETE FROM ` + n.Table + ` AS o USING f WHERE o.seq = f.seq AND o.published_at IS NULL RETURNING o.*, f.err, f.hold)
 INSERT INTO ` + n.DeadLetter + ` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
     headers, tracingspancontext, payload_raw, attempts, last_error, held)
 SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at,
     headers, tracingspancontext, payload_raw, attempts + 1, err, hold
-FROM moved`,
+FROM moved
+ON CONFLICT (id) DO NOTHING`,
 		holdDead: `INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
 SELECT aggregatetype, aggregateid, seq, id, 'dead-lettered' FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])
 ON CONFLICT (aggregatetype, aggregateid) DO UPDATE SET reason = excluded.reason, held_at = now()
@@ -151,16 +167,16 @@ FROM unnest($2::integer[], $3::bigint[]) AS m(partition, epoch)
 WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
 		unregister: `DELETE FROM ` + n.Relays + ` WHERE relay = $1`,
 		fence:      `SELECT ` + t.Qualified("_fence") + `($1, $2::integer[], $3::bigint[])`,
-		cleanup: `DELETE FROM ` + n.Table + ` WHERE id = ANY (ARRAY(
-    SELECT id FROM ` + n.Table + `
+		cleanup: `DELETE FROM ` + n.Table + ` WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM ` + n.Table + `
     WHERE published_at < clock_timestamp() - $2 * interval '1 millisecond' AND partition = ANY($1::integer[])
     ORDER BY published_at
     LIMIT $3))`,
 	}
 	if r == outboxdriver.RetentionKeep {
-		q.markPublished = `UPDATE ` + n.Table + ` SET published_at = clock_timestamp(), last_error = NULL, next_attempt_at = NULL WHERE id = ANY($1::uuid[])`
+		q.markPublished = `UPDATE ` + n.Table + ` SET published_at = clock_timestamp(), last_error = NULL, next_attempt_at = NULL WHERE seq = ANY($1::bigint[]) AND published_at IS NULL`
 	} else {
-		q.markPublished = `DELETE FROM ` + n.Table + ` WHERE id = ANY($1::uuid[])`
+		q.markPublished = `DELETE FROM ` + n.Table + ` WHERE seq = ANY($1::bigint[]) AND published_at IS NULL`
 	}
 	return q
 }
@@ -337,25 +353,38 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	parts, epochs := leaseArrays(b.Fenced())
 	pb.Queue(q.fence, b.src.Cfg.RelayName, parts, epochs)
 	plan := out.Plan()
+	// Rows are recorded by seq, through the pending index: the table has
+	// no index on id. An id names every row of the batch that carries it.
+	seqs := b.seqsByID()
 	if len(plan.Published) > 0 {
-		ids := uuidArray(plan.Published)
-		pb.Queue(q.markPublished, ids)
-		pb.Queue(q.unhold, ids)
+		var rows []int64
+		for _, id := range plan.Published {
+			rows = append(rows, seqs[id]...)
+		}
+		pb.Queue(q.markPublished, rows)
+		pb.Queue(q.unhold, uuidArray(plan.Published))
 	}
 	if fs := plan.Retries; len(fs) > 0 {
-		ids, msgs, delays := outboxdriver.FailureIDs(fs), make([]string, len(fs)), make([]int64, len(fs))
-		for i, f := range fs {
-			msgs[i], delays[i] = outboxdriver.ErrorText(f.Err), f.RetryAfter.Milliseconds()
+		var rows, delays []int64
+		var msgs []string
+		for _, f := range fs {
+			for _, seq := range seqs[f.ID] {
+				rows, msgs, delays = append(rows, seq), append(msgs, outboxdriver.ErrorText(f.Err)), append(delays, f.RetryAfter.Milliseconds())
+			}
 		}
-		pb.Queue(q.retry, ids, msgs, delays)
-		pb.Queue(q.holdRetry, ids)
+		pb.Queue(q.retry, rows, msgs, delays)
+		pb.Queue(q.holdRetry, rows)
 	}
 	if fs := plan.DeadLetters; len(fs) > 0 {
-		ids, msgs, hold := outboxdriver.FailureIDs(fs), make([]string, len(fs)), make([]bool, len(fs))
-		for i, f := range fs {
-			msgs[i], hold[i] = outboxdriver.ErrorText(f.Err), f.Hold
+		var rows []int64
+		var msgs []string
+		var hold []bool
+		for _, f := range fs {
+			for _, seq := range seqs[f.ID] {
+				rows, msgs, hold = append(rows, seq), append(msgs, outboxdriver.ErrorText(f.Err)), append(hold, f.Hold)
+			}
 		}
-		pb.Queue(q.deadLetter, ids, msgs, hold)
+		pb.Queue(q.deadLetter, rows, msgs, hold)
 		if len(plan.Hold) > 0 {
 			pb.Queue(q.holdDead, plan.Hold)
 		}
@@ -374,6 +403,16 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		return fmt.Errorf("outboxpgx: finish batch of %d: %w", len(b.Recs), err)
 	}
 	return nil
+}
+
+// seqsByID maps the batch's event ids to the seqs of their rows, in the
+// order claimed.
+func (b *batch) seqsByID() map[string][]int64 {
+	m := make(map[string][]int64, len(b.Recs))
+	for _, r := range b.Recs {
+		m[r.ID] = append(m[r.ID], r.Seq)
+	}
+	return m
 }
 
 // uuidArray returns ids as binary UUIDs, which pgx sends as a uuid[]

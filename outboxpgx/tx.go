@@ -18,7 +18,7 @@ import (
 // transaction no round trip of their own, whatever the transaction does
 // before (statements whose results it uses, such as an INSERT ...
 // RETURNING id that names the aggregate). An INSERT that fails (a
-// duplicate event id) therefore fails Commit, not WriteTx, and nothing is
+// constraint or trigger of the table refuses it) therefore fails Commit, not WriteTx, and nothing is
 // committed. Tx is a pgx.Tx: pass it to code that takes one. Its other
 // methods are pgx's; Commit and Rollback also return the connection to the
 // pool. A Tx is not safe for concurrent use, as no pgx.Tx is.

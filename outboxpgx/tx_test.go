@@ -7,7 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -207,20 +206,30 @@ func TestTxCommitIsAllOrNothing(t *testing.T) {
 	t.Parallel()
 	r := newTxRig(t)
 	ctx := context.Background()
-	dup := ev("1", 1)
-	dup.ID = uuid.NewString()
-	write(t, r.pool, r.ob, true, dup)
+	// The table refuses events of type Refused, so that the events'
+	// INSERT, sent with the COMMIT, fails.
+	if _, err := r.pool.Exec(ctx, `CREATE FUNCTION `+r.table.Qualified("_refuse")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.type = 'Refused' THEN RAISE EXCEPTION 'refused'; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse BEFORE INSERT ON `+r.table.Qualified("")+` FOR EACH ROW EXECUTE FUNCTION `+r.table.Qualified("_refuse")+`()`); err != nil {
+		t.Fatal(err)
+	}
+	write(t, r.pool, r.ob, true, ev("1", 1))
+	refused := ev("1", 2)
+	refused.Type = "Refused"
 
 	tx := r.begin(t)
 	id := r.order(t, tx)
 	if err := r.ob.WriteTx(ctx, tx, outbox.Event{AggregateType: "order"}); !errors.Is(err, outbox.ErrInvalidEvent) {
 		t.Fatalf("WriteTx of an invalid event: %v, want outbox.ErrInvalidEvent", err)
 	}
-	if err := r.ob.WriteTx(ctx, tx, ev(id, 1), dup); err != nil {
+	if err := r.ob.WriteTx(ctx, tx, ev(id, 1), refused); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err == nil {
-		t.Fatal("Commit with an event id that exists already succeeded")
+		t.Fatal("Commit with an event the table refuses succeeded")
 	}
 	if o, e := r.counts(t); o != 0 || e != 1 {
 		t.Fatalf("%d orders and %d events after a failed Commit, want 0 and the 1 from before", o, e)

@@ -36,6 +36,7 @@ func TestDriverConformance(t *testing.T) {
 				VALUES ($1, $2, $3, $4, $5)`, id, aggregateType, aggregateID, typ, payload)
 			return err
 		},
-		Parallel: true,
+		DuplicateIDs: true,
+		Parallel:     true,
 	})
 }

@@ -220,7 +220,7 @@ Scenarios:
 	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "drain, latency: run the relay as a child process (this binary's `relay`), to measure its CPU and memory apart")
 	cmd.Flags().StringSliceVar(&wmodes, "write-modes", nil, "write: add the cases of other write paths, as a list: "+strings.Join(bench.WriteModes(), ", "))
 	cmd.Flags().StringVar(&source, "source", bench.SourcePoll, "drain, latency: the relay's source, poll or cdc (drain: the backlog is drained once more from the WAL, after the polling relay)")
-	cmd.Flags().BoolVar(&plainTx, "plain-writes", false, "latency: writers use WriteTx in an ordinary transaction (BEGIN, INSERT, COMMIT) instead of one pipelined batch")
+	cmd.Flags().BoolVar(&plainTx, "plain-writes", false, "latency: beside each notify cell, writers that use WriteTx in an ordinary transaction (BEGIN, INSERT, COMMIT) on a pgx.Tx (_pgx) and a *sql.Tx (_sql), and the baselines order_only and watermill_row (the writers alone)")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
 	return cmd

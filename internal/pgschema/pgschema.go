@@ -44,6 +44,7 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 	return strings.NewReplacer(
 		"{{schema}}", q(t.Schema),
 		"{{table}}", n.Table,
+		"{{table_literal}}", QuoteLiteral(n.Table),
 		"{{dead_letter}}", n.DeadLetter,
 		"{{wakeup}}", n.Wakeup,
 		"{{leases}}", n.Leases,
@@ -54,6 +55,7 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{samples}}", t.Qualified("_samples"),
 		"{{pending_idx}}", q(t.Name+"_pending"),
 		"{{by_part_idx}}", q(t.Name+"_by_part"),
+		"{{by_part_idx_q}}", t.Qualified("_by_part"),
 		"{{published_idx}}", q(t.Name+"_published"),
 		"{{published_idx_q}}", t.Qualified("_published"),
 		"{{held_event_idx}}", q(t.Name+"_held_event"),

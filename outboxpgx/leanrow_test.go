@@ -1,0 +1,244 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/relay"
+	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink/stdoutsink"
+)
+
+// leanVersion is the migration that moves the table to the lean row.
+const leanVersion = 10
+
+// published collects what a stdoutsink wrote: every event id in the
+// order first published, and every copy.
+type published struct {
+	mu     sync.Mutex
+	order  map[string][]int // aggregate -> n, in publish order
+	copies map[string]int   // id -> times published
+	err    error
+}
+
+func (p *published) Write(b []byte) (int, error) {
+	var l struct {
+		ID      string `json:"id"`
+		Key     string `json:"key"`
+		Payload struct {
+			N int `json:"n"`
+		} `json:"payload"`
+	}
+	err := json.Unmarshal(b, &l)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.err = fmt.Errorf("line %q: %v", b, err)
+		return len(b), nil
+	}
+	p.copies[l.ID]++
+	if p.copies[l.ID] == 1 {
+		p.order[l.Key] = append(p.order[l.Key], l.Payload.N)
+	}
+	return len(b), nil
+}
+
+// hasLeanShape reports whether tb has neither the primary key on id nor
+// the (partition, seq) index.
+func hasLeanShape(t *testing.T, ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, table string) bool {
+	t.Helper()
+	var pk, byPart bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'p'),
+       EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+               WHERE i.indrelid = $1::regclass AND a.attname = 'partition')`, table).Scan(&pk, &byPart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pk != byPart {
+		t.Fatalf("table %s half migrated: primary key %v, (partition, seq) index %v", table, pk, byPart)
+	}
+	return !pk
+}
+
+// Migration 10 (the lean row) and its revert run while writers commit
+// events and a relay drains a backlog: nothing is lost, nothing published
+// twice, and every aggregate's events are published in the order written.
+func TestLeanRowMigratesUnderLoad(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 6*time.Minute)
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	drv := outboxpgx.New(pool)
+	if _, err := drv.Migrate(ctx, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := drv.MigrateDown(ctx, tb, leanVersion-1); err != nil {
+		t.Fatal(err)
+	}
+	table := tb.Qualified("")
+	if hasLeanShape(t, ctx, pool, table) {
+		t.Fatal("the table has the lean shape before migration 10")
+	}
+
+	// A backlog written with plain SQL: aggregates b0..b19, n = 1..100 each.
+	const backlog, backlogAggs = 6000, 20
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (id, aggregatetype, aggregateid, type, payload)
+SELECT gen_random_uuid(), 'order', 'b' || (g % $2), 'Placed', json_build_object('n', g / $2 + 1)
+FROM generate_series(0, $1 - 1) AS g ORDER BY g`, backlog, backlogAggs); err != nil {
+		t.Fatal(err)
+	}
+
+	out := &published{order: map[string][]int{}, copies: map[string]int{}}
+	src, err := drv.NewSource(tb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := route.New(&route.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := relay.New(src, stdoutsink.New(out), &relay.Config{
+		BatchSize: 20, LeaseTTL: 2 * time.Second, PollInterval: 50 * time.Millisecond, Router: router,
+		Logger: slog.New(slog.NewTextHandler(&testenv.Buffer{}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := rl.Stop(sctx); err != nil {
+			t.Errorf("stop relay: %v", err)
+		}
+		src.Close()
+	}()
+
+	// Writers: aggregates w0..w3, each its own n = 1, 2, ... in order,
+	// one event per transaction, until told to stop.
+	ob, err := outbox.New(drv, &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	written := make([]int, 4)
+	errs := make(chan error, 4)
+	for w := range 4 {
+		wg.Go(func() {
+			for n := 1; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					return ob.WriteTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("w%d", w),
+						Type: "Placed", Payload: fmt.Appendf(nil, `{"n":%d}`, n)})
+				})
+				if err != nil {
+					errs <- fmt.Errorf("writer %d, event %d: %w", w, n, err)
+					return
+				}
+				written[w] = n
+			}
+		})
+	}
+	// Up, down and up again, each while the backlog is in flight.
+	backlogLeft := func() int {
+		var left int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE aggregateid LIKE 'b%'`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		return left
+	}
+	for i, step := range []func() error{
+		func() error { _, err := drv.Migrate(ctx, tb, nil); return err },
+		func() error { _, err := drv.MigrateDown(ctx, tb, leanVersion-1); return err },
+		func() error { _, err := drv.Migrate(ctx, tb, nil); return err },
+	} {
+		if left := backlogLeft(); left == 0 {
+			t.Fatalf("step %d: the backlog was drained before the migration ran (slow the relay down)", i)
+		}
+		if err := step(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if lean := hasLeanShape(t, ctx, pool, table); lean != (i != 1) {
+			t.Fatalf("step %d: lean shape %v", i, lean)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	// Everything drains: every event published once, in order.
+	total := backlog
+	for _, n := range written {
+		total += n
+	}
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		var left int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		out.mu.Lock()
+		got := len(out.copies)
+		out.mu.Unlock()
+		if left == 0 && got == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after four minutes: %d rows left, %d of %d events published", left, got, total)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if out.err != nil {
+		t.Fatal(out.err)
+	}
+	for id, c := range out.copies {
+		if c != 1 {
+			t.Errorf("event %s published %d times", id, c)
+		}
+	}
+	want := map[string]int{}
+	for a := range backlogAggs {
+		want[fmt.Sprintf("b%d", a)] = backlog / backlogAggs
+	}
+	for w, n := range written {
+		want[fmt.Sprintf("w%d", w)] = n
+	}
+	for agg, n := range want {
+		got := out.order[agg]
+		if len(got) != n {
+			t.Errorf("aggregate %s: %d events published, want %d", agg, len(got), n)
+			continue
+		}
+		for i, v := range got {
+			if v != i+1 {
+				t.Errorf("aggregate %s: publish order %s, want 1..%d", agg, strings.Trim(fmt.Sprint(got), "[]"), n)
+				break
+			}
+		}
+	}
+}
