@@ -175,7 +175,7 @@ func TestCDCParkedEventsSurviveKilledRelays(t *testing.T) {
 			f.eventually("p4 is parked behind them", func() bool { return f.count("_cdc_parked") == 3 })
 			f.confirmedPast("the slot confirms past p4", f.walNow())
 			// An operator repairs the dead letter and retries it.
-			f.exec(`UPDATE `+f.tb.Qualified("_dead_letter")+` SET payload = '{"say": "cured"}'`)
+			f.exec(`UPDATE ` + f.tb.Qualified("_dead_letter") + ` SET payload = '{"say": "cured"}'`)
 			if ids, err := f.drv.RetryDeadLetters(f.ctx, f.tb, nil, "test"); err != nil || len(ids) != 1 {
 				t.Fatalf("retry dead letters = %v, %v", ids, err)
 			}
