@@ -80,6 +80,9 @@ func TestCDCParksAHeldAggregateAndReleasesItInOrderOnRetry(t *testing.T) {
 			f.waitFor(b2.ID)
 			f.eventually("p4 is parked behind them", func() bool { return f.count("_cdc_parked") == 3 })
 			f.confirmedPast("the slot confirms past p4", f.walNow())
+			if st, err := f.drv.Status(f.ctx, f.tb); err != nil || st.Parked != 3 || st.Held != 1 {
+				t.Fatalf("status: %d parked, %d held, %v; want 3 parked, 1 held", st.Parked, st.Held, err)
+			}
 			if got := f.delivered(); slices.ContainsFunc(got, func(id string) bool { return slices.Contains([]string{p1.ID, p2.ID, p3.ID, p4.ID}, id) }) {
 				t.Fatalf("an event of the held aggregate was published: %v", got)
 			}
