@@ -300,6 +300,10 @@ type Status struct {
 	// OldestHeldAge is how long the aggregate held longest has been held,
 	// 0 when none is.
 	OldestHeldAge time.Duration
+	// Parked counts the events of held aggregates that log tailing parked
+	// in the database (PostgreSQL only); they are not in the backlog
+	// unless they are rows of the table.
+	Parked int64
 	// Partitions lists every partition's lease.
 	Partitions []PartitionStatus
 	// SchemaVersion is the applied migration; LatestSchemaVersion the

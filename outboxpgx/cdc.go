@@ -223,9 +223,17 @@ var (
 type cdcQueries struct {
 	ensure, acquire, renew, release, fence, row   string
 	deadLetter, mark, isDeadLetter, held, cleanup string
-	// setState and setStateFenced record a change of the slot's state;
-	// the fenced form only under the lease ($2 relay, $3 epoch).
-	setState, setStateFenced [4]string
+	// setState records a change of the slot's state: under the lease ($2
+	// relay, $3 epoch), or, with both NULL, unfenced (Setup).
+	setState [5]string
+	// drainList lists the rows a new slot's stream does not hold ($1 slot,
+	// $2 its consistent point), inside the snapshot the slot exported;
+	// dropLists drops the lists of a slot that are not the one it drains.
+	drainList, dropLists string
+	// park writes events to the parked table; parkedCounts counts them
+	// per aggregate; unpark reads the first of some aggregates' in order;
+	// unparked deletes the ones published or dead-lettered.
+	park, parkedCounts, unpark, unparked string
 }
 
 // slotState is a change of a slot's state in the _cdc companion.
@@ -236,12 +244,29 @@ const (
 	slotCreated                  // the slot exists: missing, it is lost
 	slotNew                      // a new slot: the table's rows are to be drained
 	slotOwned                    // changes nothing: checks the lease
+	slotListed                   // the rows to drain are listed ($4 the slot's consistent point, $5 none: drained)
 )
 
 func newCDCQueries(t outboxdriver.Table) cdcQueries {
 	n := pgschema.NamesOf(t)
 	cdc := t.Qualified("_cdc")
+	parked := t.Qualified("_cdc_parked")
 	q := cdcQueries{
+		park: `INSERT INTO ` + parked + ` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers,
+    tracingspancontext, seq, created_at, bad, is_row, xid, lsn)
+SELECT u.id, u.at, u.aid, u.ty, u.p, u.raw, u.h, u.tc, u.seq, u.ca, u.bad, u.isrow, u.xid, u.lsn::pg_lsn
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[],
+            $9::bigint[], $10::timestamptz[], $11::text[], $12::boolean[], $13::bigint[], $14::text[])
+  WITH ORDINALITY AS u(id, at, aid, ty, p, raw, h, tc, seq, ca, bad, isrow, xid, lsn, i)
+ORDER BY u.i
+ON CONFLICT (id) DO NOTHING`,
+		parkedCounts: `SELECT aggregatetype, aggregateid, count(*) FROM ` + parked + ` GROUP BY 1, 2`,
+		unpark: `SELECT p.id::text, p.aggregatetype, p.aggregateid, p.type, p.payload, p.payload_raw, p.headers,
+       p.tracingspancontext, p.seq, p.created_at, p.bad, p.is_row, p.xid
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS a(t, id, i)
+CROSS JOIN LATERAL (SELECT * FROM ` + parked + ` WHERE aggregatetype = a.t AND aggregateid = a.id ORDER BY pos LIMIT $3) p
+ORDER BY a.i, p.pos`,
+		unparked: `DELETE FROM ` + parked + ` WHERE id = ANY($1::uuid[])`,
 		ensure: `INSERT INTO ` + cdc + ` (slot, publication) VALUES ($1, $2)
 ON CONFLICT (slot) DO UPDATE SET publication = excluded.publication WHERE ` + cdc + `.publication <> excluded.publication`,
 		acquire: `UPDATE ` + cdc + `
@@ -253,13 +278,18 @@ WHERE slot = $1 AND owner = $2 AND epoch = $3
 RETURNING epoch`,
 		release: `UPDATE ` + cdc + ` SET owner = NULL, expires_at = '-infinity' WHERE slot = $1 AND owner = $2 AND epoch = $3`,
 		fence:   `SELECT ` + t.Qualified("_cdc_fence") + `($1, $2, $3, $4::pg_lsn, $5::pg_lsn)`,
-		row:     `SELECT drained, dead_lsn::text FROM ` + cdc + ` WHERE slot = $1`,
-		setState: [4]string{
+		row:     `SELECT drained, dead_lsn::text, coalesce(drain_lsn::text, '') FROM ` + cdc + ` WHERE slot = $1`,
+		setState: [5]string{
 			slotDrained: `UPDATE ` + cdc + ` SET drained = true WHERE slot = $1`,
 			slotCreated: `UPDATE ` + cdc + ` SET slot_created = true WHERE slot = $1`,
-			slotNew:     `UPDATE ` + cdc + ` SET drained = false, confirmed_lsn = NULL WHERE slot = $1`,
+			slotNew:     `UPDATE ` + cdc + ` SET drained = false, confirmed_lsn = NULL, drain_lsn = NULL WHERE slot = $1`,
 			slotOwned:   `UPDATE ` + cdc + ` SET updated_at = now() WHERE slot = $1`,
+			slotListed:  `UPDATE ` + cdc + ` SET slot_created = true, drain_lsn = $4::pg_lsn, drained = $5 WHERE slot = $1`,
 		},
+		drainList: `INSERT INTO ` + t.Qualified("_cdc_drain") + ` (slot, lsn, id)
+SELECT $1, $2::pg_lsn, id FROM ` + n.Table + ` WHERE published_at IS NULL`,
+		dropLists: `DELETE FROM ` + t.Qualified("_cdc_drain") + ` d WHERE d.slot = $1 AND NOT EXISTS (
+    SELECT 1 FROM ` + cdc + ` c WHERE c.slot = d.slot AND NOT c.drained AND c.drain_lsn = d.lsn)`,
 		deadLetter: `INSERT INTO ` + n.DeadLetter + ` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
     headers, tracingspancontext, payload_raw, attempts, last_error, held)
 SELECT u.id, u.at, u.aid, u.ty, u.p::json, u.seq, u.ca, coalesce(u.h::jsonb, '{}'::jsonb), u.tc, u.raw, u.att, u.err, u.hold
@@ -278,7 +308,7 @@ ON CONFLICT (id) DO NOTHING`,
 	}
 	for i, sql := range q.setState {
 		// A stale streamer changes nothing.
-		q.setStateFenced[i] = sql + ` AND owner = $2 AND epoch = $3 AND expires_at > clock_timestamp()`
+		q.setState[i] = sql + ` AND ($2::text IS NULL OR (owner = $2 AND epoch = $3::bigint AND expires_at > clock_timestamp()))`
 	}
 	return q
 }
@@ -333,7 +363,7 @@ func (s *CDCSource) Check(ctx context.Context) error {
 	var replication, migrated bool
 	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
        coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
-       to_regclass($1) IS NOT NULL`, s.Table.Qualified("_cdc")).Scan(&walLevel, &keep, &replication, &migrated)
+       to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`, s.Table.Qualified("_cdc"), s.Table.Qualified("_cdc_parked")).Scan(&walLevel, &keep, &replication, &migrated)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: check log tailing: %w", err)
 	}
@@ -343,7 +373,7 @@ func (s *CDCSource) Check(ctx context.Context) error {
 	case !replication:
 		return errors.New("outboxpgx: log tailing needs a role with the REPLICATION attribute: run ALTER ROLE <the relay's role> REPLICATION")
 	case !migrated:
-		return fmt.Errorf("outboxpgx: %s is not migrated for log tailing (no %s_cdc table): run `outbox migrate`", s.Table, s.Table.Name)
+		return fmt.Errorf("outboxpgx: %s is not migrated for log tailing (no %s_cdc or %s_cdc_parked table): run `outbox migrate`", s.Table, s.Table.Name, s.Table.Name)
 	}
 	if keep == "-1" {
 		s.Log.Warn("outboxpgx: max_slot_wal_keep_size is unbounded: a slot that stops moving (a relay down for long) keeps WAL until the disk is full; set it, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'",
@@ -369,8 +399,8 @@ func (s *CDCSource) Setup(ctx context.Context) error {
 	if err := s.ensurePublication(ctx, true); err != nil {
 		return err
 	}
-	return s.ensureSlot(ctx, true, func(ctx context.Context, st slotState) error {
-		_, err := s.pool.Exec(ctx, s.cq.setState[st], s.cfg.Slot) // not under a lease
+	return s.ensureSlot(ctx, true, func(ctx context.Context, st slotState, args ...any) error {
+		_, err := s.pool.Exec(ctx, s.cq.setState[st], append([]any{s.cfg.Slot, nil, nil}, args...)...) // not under a lease
 		return err
 	})
 }
@@ -585,6 +615,19 @@ func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limi
 		s.mu.Unlock()
 		return b, nil
 	}
+	gen := s.gen
+	s.mu.Unlock()
+	if err := s.park(ctx, gen, l.Epoch); err != nil {
+		return nil, err
+	}
+	if err := s.unpark(ctx, gen); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if gen != s.gen {
+		s.mu.Unlock()
+		return b, nil // the stream restarted meanwhile
+	}
 	evs := s.queue.claim(limit, time.Now(), partitionsOf(leases))
 	b.gen, b.epoch = s.gen, l.Epoch
 	check := s.needsCheck(evs)
@@ -713,12 +756,16 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	var rowIDs []string
 	var rowXids, rowSeqs []int64
 	var unhold []string
+	var unparked []string
 	s.mu.Lock()
 	for _, id := range plan.Published {
 		for _, e := range byID[id] {
 			finished = append(finished, e)
 			if e.row {
-				rowIDs, rowXids, rowSeqs = append(rowIDs, id), append(rowXids, int64(e.tx.xid)), append(rowSeqs, e.Seq)
+				rowIDs, rowXids, rowSeqs = append(rowIDs, id), append(rowXids, e.xid()), append(rowSeqs, e.Seq)
+			}
+			if e.tx.front {
+				unparked = append(unparked, id)
 			}
 			if s.queue.held[e.key()] == id {
 				unhold = append(unhold, id)
@@ -732,6 +779,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	var deadXids, deadSeqs []int64
 	var deadLSN pglogrepl.LSN
 	var holdIDs []string
+	hold := map[aggKey]string{}
 	for _, f := range plan.DeadLetters {
 		for _, e := range byID[f.ID] {
 			finished = append(finished, e)
@@ -740,17 +788,28 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 			deadHold = append(deadHold, f.Hold && !e.orphan)
 			if f.Hold && !e.orphan {
 				holdIDs = append(holdIDs, f.ID)
+				hold[e.key()] = f.ID
 			}
 			if e.row {
-				deadRows, deadXids, deadSeqs = append(deadRows, f.ID), append(deadXids, int64(e.tx.xid)), append(deadSeqs, e.Seq)
+				deadRows, deadXids, deadSeqs = append(deadRows, f.ID), append(deadXids, e.xid()), append(deadSeqs, e.Seq)
+			}
+			if e.tx.front {
+				unparked = append(unparked, f.ID)
 			}
 			deadLSN = max(deadLSN, e.tx.lsn)
 		}
 	}
 	var lsn pglogrepl.LSN
+	var park []*event
 	sameGen := b.gen == s.gen
 	if sameGen {
-		if m := s.queue.markIf(finished); m > s.queue.mark {
+		// The aggregates held from now on park the stream's events behind
+		// their dead letters in the same transaction.
+		if len(hold) > 0 {
+			park = s.queue.parkable(hold)
+			deadLSN = max(deadLSN, parkedLSN(park))
+		}
+		if m := s.queue.markIf(slices.Concat(finished, park)); m > s.queue.mark {
 			lsn = m
 		}
 	}
@@ -758,6 +817,9 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 
 	var pb pgx.Batch
 	pb.Queue(s.cq.fence, s.cfg.Slot, s.Cfg.RelayName, b.epoch, lsnArg(lsn), lsnArg(deadLSN))
+	if len(unparked) > 0 {
+		pb.Queue(s.cq.unparked, uuidArray(unparked))
+	}
 	if len(rowIDs) > 0 {
 		pb.Queue(s.cq.mark, uuidArray(rowIDs), rowXids, s.Cfg.Retention == outboxdriver.RetentionKeep, rowSeqs)
 	}
@@ -775,6 +837,9 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		if len(plan.Flow) > 0 {
 			pb.Queue(s.q.unhold, uuidArray(plan.Flow))
 		}
+	}
+	if len(park) > 0 {
+		pb.Queue(s.cq.park, parkArgs(park)...)
 	}
 	// One implicit transaction: the statements of a batch sent without
 	// BEGIN commit together or not at all. A transaction the stream sent
@@ -801,16 +866,15 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	current := b.gen == s.gen
 	if err != nil {
 		if current {
-			for _, e := range b.events {
+			for _, e := range slices.Concat(b.events, park) {
 				s.queue.release(e)
 			}
 		}
 		s.signal()
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Hint == "outbox-lease-lost" {
-			return fmt.Errorf("outboxpgx: finish batch of %d: %w: %s", len(b.events), outboxdriver.ErrLeaseLost, pgErr.Message)
-		}
-		return fmt.Errorf("outboxpgx: finish batch of %d: %w", len(b.events), err)
+		return finishError("finish a batch of", len(b.events), err)
+	}
+	if len(park) > 0 {
+		s.parkedLocked(b.gen, park)
 	}
 	if !current {
 		return nil // the stream restarted meanwhile: it replays these events

@@ -659,7 +659,7 @@ const helperEnv = "OUTBOX_TEST_CDC_RELAY"
 // until it is killed. Without it, it does nothing.
 func TestCDCHelperRelay(t *testing.T) {
 	spec := strings.Fields(os.Getenv(helperEnv))
-	if len(spec) != 4 {
+	if len(spec) != 4 && len(spec) != 5 {
 		return
 	}
 	pool := testenv.CDCPool(t)
@@ -678,7 +678,11 @@ func TestCDCHelperRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl, err := relay.New(src, snk, &relay.Config{Router: router, Logger: log, LeaseTTL: time.Second, PollInterval: 200 * time.Millisecond, BatchSize: 20})
+	var through sink.Sink = snk
+	if len(spec) == 5 && spec[4] == "poison" { // refuses "poison" for good
+		through = &faultySink{Sink: snk, tried: map[string]bool{}}
+	}
+	rl, err := relay.New(src, through, &relay.Config{Router: router, Logger: log, LeaseTTL: time.Second, PollInterval: 200 * time.Millisecond, BatchSize: 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -695,10 +699,12 @@ type relayProcess struct {
 	mu  *sync.Mutex
 }
 
-func (f *cdcFixture) startProcess(name string) *relayProcess {
+// startProcess starts a relay process named name; with "poison" in
+// opts, its sink refuses events that say "poison" for good.
+func (f *cdcFixture) startProcess(name string, opts ...string) *relayProcess {
 	f.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCDCHelperRelay$", "-test.count=1")
-	cmd.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{f.tb.Schema, f.tb.Name, f.prefix, name}, " "))
+	cmd.Env = append(os.Environ(), helperEnv+"="+strings.Join(append([]string{f.tb.Schema, f.tb.Name, f.prefix, name}, opts...), " "))
 	p := &relayProcess{cmd: cmd, out: &strings.Builder{}, mu: &sync.Mutex{}}
 	w := lockedWriter{p}
 	cmd.Stdout, cmd.Stderr = w, w

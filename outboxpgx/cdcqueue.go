@@ -2,6 +2,7 @@ package outboxpgx
 
 import (
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -38,6 +39,10 @@ type event struct {
 	orphan bool
 
 	part      int // the partition of its aggregate (cdcPartition)
+	// pxid is the transaction that inserted a row released from the
+	// parked table (txn.front), for the mark.
+	pxid uint32
+
 	tx        *txn
 	state     evState
 	attempts  int
@@ -53,6 +58,14 @@ const (
 	evRetry           // waiting for notBefore
 	evDone            // published or dead-lettered (or known to be)
 )
+
+// xid is the transaction that inserted e's row.
+func (e *event) xid() int64 {
+	if e.tx.front {
+		return int64(e.pxid)
+	}
+	return int64(e.tx.xid)
+}
 
 // key is the aggregate of e.
 func (e *event) key() aggKey {
@@ -111,6 +124,10 @@ type txn struct {
 	xid uint32
 	// drain says the events are rows read from the table (stream.drain).
 	drain bool
+	// front says the events were released from the parked table
+	// (CDCSource.unpark): they go before the stream's events of their
+	// aggregates, and the slot's position does not wait for them.
+	front bool
 	// commit is the transaction's commit time (zero for drained rows).
 	commit time.Time
 	events []*event
@@ -131,15 +148,30 @@ type queue struct {
 	held map[aggKey]string
 	// skip holds the aggregate types claims leave out (paused).
 	skip map[string]bool
-	// pending counts events not done; drainLeft those of them that were
-	// read from the table.
+	// pending counts events of txns not done; drainLeft those of them
+	// that were read from the table.
 	pending, drainLeft int
+	// front holds the events released from the parked table, claimed
+	// before any of txns; frontLeft counts those not done, unparking those
+	// of each aggregate.
+	front     []*txn
+	frontLeft int
+	unparking map[aggKey]int
+	// parked counts, per aggregate, the events in the parked table, as
+	// far as known: never fewer than there are (CDCSource.unpark). While
+	// it is not 0, or the aggregate is held, the stream's events of the
+	// aggregate are parked behind them (parkable) instead of claimed.
+	parked map[aggKey]int
+	// parks counts the parking writes that committed (CDCSource.unpark).
+	parks int
 	// mark is the end of the newest transaction that is done together
 	// with every transaction before it: the LSN the slot may confirm.
 	mark pglogrepl.LSN
 }
 
-func newQueue() queue { return queue{held: map[aggKey]string{}} }
+func newQueue() queue {
+	return queue{held: map[aggKey]string{}, parked: map[aggKey]int{}, unparking: map[aggKey]int{}}
+}
 
 // push appends a committed transaction.
 func (q *queue) push(t *txn) {
@@ -156,12 +188,91 @@ func (q *queue) push(t *txn) {
 	q.advance()
 }
 
-// claim takes up to limit claimable events, in commit order, of the
-// partitions in parts (nil: all). An aggregate lives in one partition, so
-// what it leaves out never orders what it takes.
+// pushFront appends events released from the parked table.
+func (q *queue) pushFront(t *txn) {
+	t.front = true
+	t.left = len(t.events)
+	for _, e := range t.events {
+		e.tx = t
+		e.seal()
+		q.unparking[e.key()]++
+	}
+	q.frontLeft += t.left
+	q.front = append(q.front, t)
+}
+
+// parking reports whether the stream's events of aggregate k go to the
+// parked table: k has parked events, which go first.
+func (q *queue) parking(k aggKey) bool { return q.parked[k] > 0 || q.unparking[k] > 0 }
+
+// parkable returns, marked claimed and in commit order, the stream's
+// events that go to the parked table: those of an aggregate held behind a
+// dead letter (but that dead letter itself, back from an operator's
+// retry) or parking. hold adds aggregates about to be held, with their
+// dead letters. It parks no event behind an earlier one of its aggregate
+// that is in flight or waiting for a retry.
+func (q *queue) parkable(hold map[aggKey]string) []*event {
+	var out []*event
+	blocked := map[aggKey]bool{}
+	for _, t := range q.txns {
+		if t.left == 0 {
+			continue
+		}
+		for _, e := range t.events {
+			if e.state == evDone || e.orphan {
+				continue
+			}
+			k := e.key()
+			h, held := q.held[k]
+			if id, ok := hold[k]; ok {
+				h, held = id, true
+			}
+			switch {
+			case blocked[k]:
+			case held && e.ID == h:
+			case !held && !q.parking(k):
+			case e.state == evReady:
+				e.state = evClaimed
+				out = append(out, e)
+			default:
+				blocked[k] = true
+			}
+		}
+	}
+	return out
+}
+
+// claim takes up to limit claimable events of the partitions in parts
+// (nil: all): first those released from the parked table, then the
+// stream's, in commit order. An aggregate lives in one partition, so what
+// it leaves out never orders what it takes.
 func (q *queue) claim(limit int, now time.Time, parts *[cdcPartitions]bool) []*event {
 	var out []*event
 	blocked := map[aggKey]bool{}
+	for _, t := range q.front {
+		if t.left == 0 {
+			continue
+		}
+		for _, e := range t.events {
+			if e.state == evDone || (parts != nil && !parts[e.part]) {
+				continue
+			}
+			k := e.key()
+			ready := e.state == evReady || (e.state == evRetry && !now.Before(e.notBefore))
+			if _, held := q.held[k]; held {
+				continue // held again: its dead letter, when retried, goes first
+			}
+			if blocked[k] || !ready || q.skip[e.AggregateType] {
+				blocked[k] = true
+				continue
+			}
+			e.state = evClaimed
+			out = append(out, e)
+			if len(out) == limit {
+				return out
+			}
+		}
+	}
 	for _, t := range q.txns {
 		if t.left == 0 {
 			continue
@@ -185,8 +296,8 @@ func (q *queue) claim(limit int, now time.Time, parts *[cdcPartitions]bool) []*e
 				}
 				continue
 			}
-			if blocked[k] {
-				continue
+			if blocked[k] || q.parking(k) {
+				continue // parking: parkable takes it
 			}
 			if !ready || (q.skip[e.AggregateType] && !e.orphan) {
 				blocked[k] = true
@@ -209,6 +320,17 @@ func (q *queue) done(e *event) {
 	}
 	e.state = evDone
 	e.tx.left--
+	if e.tx.front {
+		k := e.key()
+		q.frontLeft--
+		if q.unparking[k]--; q.unparking[k] <= 0 {
+			delete(q.unparking, k)
+		}
+		if q.parked[k]--; q.parked[k] <= 0 {
+			delete(q.parked, k)
+		}
+		return
+	}
 	q.pending--
 	if e.tx.drain {
 		q.drainLeft--
@@ -245,6 +367,7 @@ func (q *queue) advance() bool {
 		clear(q.txns[:i])
 		q.txns = q.txns[i:]
 	}
+	q.front = slices.DeleteFunc(q.front, func(t *txn) bool { return t.left == 0 })
 	return moved
 }
 
@@ -270,7 +393,7 @@ func (q *queue) markIf(done []*event) pglogrepl.LSN {
 // nextRetry returns when the earliest waiting retry is due (zero: none).
 func (q *queue) nextRetry() time.Time {
 	var at time.Time
-	for _, t := range q.txns {
+	for _, t := range slices.Concat(q.front, q.txns) {
 		for _, e := range t.events {
 			if e.state == evRetry && (at.IsZero() || e.notBefore.Before(at)) {
 				at = e.notBefore
@@ -281,8 +404,11 @@ func (q *queue) nextRetry() time.Time {
 }
 
 // reset forgets every event: the stream they came from ended, and the
-// next one replays them from the slot's confirmed LSN.
+// next one replays them from the slot's confirmed LSN (and releases the
+// parked ones again). What is held and parked stays: it is the database's.
 func (q *queue) reset() {
 	clear(q.txns)
+	clear(q.front)
 	q.txns, q.pending, q.drainLeft, q.mark = nil, 0, 0, 0
+	q.front, q.frontLeft, q.unparking = nil, 0, map[aggKey]int{}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -158,8 +159,8 @@ func (st *stream) run(ctx context.Context) error {
 		return err
 	}
 	var drained bool
-	var dead string
-	if err := s.pool.QueryRow(ctx, s.cq.row, s.cfg.Slot).Scan(&drained, &dead); err != nil {
+	var dead, listed string
+	if err := s.pool.QueryRow(ctx, s.cq.row, s.cfg.Slot).Scan(&drained, &dead, &listed); err != nil {
 		return fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
 	}
 	deadLSN, err := pglogrepl.ParseLSN(dead)
@@ -171,7 +172,7 @@ func (st *stream) run(ctx context.Context) error {
 	}
 	st.drained = drained
 	if !drained {
-		if err := st.drain(ctx); err != nil {
+		if err := st.drain(ctx, listed); err != nil {
 			return err
 		}
 	}
@@ -272,8 +273,9 @@ func (st *stream) close(conn *pgconn.PgConn) {
 	}
 }
 
-// loadHeld loads the aggregates held behind dead letters, and the LSN up
-// to which replayed events may be dead letters already.
+// loadHeld loads the aggregates held behind dead letters, how many events
+// of each aggregate are parked, and the LSN up to which replayed events may
+// be dead letters or parked already.
 func (st *stream) loadHeld(ctx context.Context, deadLSN pglogrepl.LSN) error {
 	s := st.src
 	rows, err := s.pool.Query(ctx, s.cq.held)
@@ -286,12 +288,20 @@ func (st *stream) loadHeld(ctx context.Context, deadLSN pglogrepl.LSN) error {
 	if _, err := pgx.ForEachRow(rows, []any{&k.typ, &k.id, &id}, func() error { held[k] = id; return nil }); err != nil {
 		return fmt.Errorf("outboxpgx: read held aggregates: %w", err)
 	}
+	if rows, err = s.pool.Query(ctx, s.cq.parkedCounts); err != nil {
+		return fmt.Errorf("outboxpgx: count parked events: %w", err)
+	}
+	parked := map[aggKey]int{}
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&k.typ, &k.id, &n}, func() error { parked[k] = n; return nil }); err != nil {
+		return fmt.Errorf("outboxpgx: count parked events: %w", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !st.current() {
 		return errStopped
 	}
-	s.queue.held = held
+	s.queue.held, s.queue.parked = held, parked
 	s.deadLSN = deadLSN
 	return nil
 }
@@ -343,7 +353,7 @@ func (s *CDCSource) ensurePublication(ctx context.Context, create bool) error {
 // first; in message mode that is an error naming the LSN from which
 // messages were not relayed. mark records the slot's state (the
 // streamer's marks are fenced by its lease).
-func (s *CDCSource) ensureSlot(ctx context.Context, create bool, mark func(context.Context, slotState) error) error {
+func (s *CDCSource) ensureSlot(ctx context.Context, create bool, mark func(context.Context, slotState, ...any) error) error {
 	var plugin, walStatus string
 	var sameDB, found bool
 	err := s.pool.QueryRow(ctx, `SELECT coalesce(plugin, ''), database = current_database(), coalesce(wal_status, '')
@@ -406,19 +416,56 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 	if err := mark(ctx, slotNew); err != nil {
 		return err
 	}
-	var lsn string
-	if err := s.pool.QueryRow(ctx, `SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')`, s.cfg.Slot).Scan(&lsn); err != nil {
-		return fmt.Errorf("outboxpgx: create replication slot %s: %w", s.cfg.Slot, slotError(err, s.cfg.Slot))
+	if _, err := s.pool.Exec(ctx, s.cq.dropLists, s.cfg.Slot); err != nil {
+		return fmt.Errorf("outboxpgx: slot %s: drop old drain lists: %w", s.cfg.Slot, err)
 	}
-	s.Log.Info("outboxpgx: created replication slot", "slot", s.cfg.Slot, "lsn", lsn)
-	return mark(ctx, slotCreated)
+	lsn, listed, err := s.createSlot(ctx)
+	if err != nil {
+		return err
+	}
+	s.Log.Info("outboxpgx: created replication slot", "slot", s.cfg.Slot, "lsn", lsn, "rows_to_drain", listed)
+	return mark(ctx, slotListed, lsn, listed == 0)
+}
+
+// createSlot creates the slot over the replication protocol, which exports
+// the snapshot the slot starts at: every transaction it shows committed is
+// not in the slot's stream, every later one is. Inside that snapshot it
+// lists the unpublished rows, which are exactly the rows the stream does
+// not hold (stream.drain relays them). It returns the slot's consistent
+// point and how many rows it listed.
+func (s *CDCSource) createSlot(ctx context.Context) (string, int64, error) {
+	conn, err := pgconn.ConnectConfig(ctx, s.replConfig())
+	if err != nil {
+		return "", 0, fmt.Errorf("outboxpgx: create replication slot %s: %w", s.cfg.Slot, replConnError(err))
+	}
+	defer conn.Close(context.Background()) // the exported snapshot ends with it
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, s.cfg.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		return "", 0, fmt.Errorf("outboxpgx: create replication slot %s: %w", s.cfg.Slot, slotError(err, s.cfg.Slot))
+	}
+	var listed int64
+	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET TRANSACTION SNAPSHOT `+pgschema.QuoteLiteral(res.SnapshotName)); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, s.cq.drainList, s.cfg.Slot, res.ConsistentPoint)
+		listed = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		// The slot stays, not recorded as listed: its first streamer
+		// drains every unpublished row (duplicates, never a loss).
+		return "", 0, fmt.Errorf("outboxpgx: replication slot %s: list the rows it does not hold: %w", s.cfg.Slot, err)
+	}
+	return res.ConsistentPoint, listed, nil
 }
 
 // fenced records a change of the slot's state under the lease; it fails
 // with ErrLeaseLost when the lease is gone.
-func (st *stream) fenced(ctx context.Context, state slotState) error {
+func (st *stream) fenced(ctx context.Context, state slotState, args ...any) error {
 	s := st.src
-	tag, err := s.pool.Exec(ctx, s.cq.setStateFenced[state], s.cfg.Slot, s.Cfg.RelayName, st.epoch)
+	tag, err := s.pool.Exec(ctx, s.cq.setState[state], append([]any{s.cfg.Slot, s.Cfg.RelayName, st.epoch}, args...)...)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: slot %s: %w", s.cfg.Slot, err)
 	}
@@ -453,24 +500,34 @@ func slotError(err error, slot string) error {
 // brings: the stream starts once they are read, its events of the same
 // aggregates wait behind them, and the slot confirms nothing until they
 // are done (held ones included: they stay in the table, and a restart
-// reads them again).
+// reads them again). listed is the slot's consistent point when the rows
+// were listed at its creation (createSlot): then it reads exactly those,
+// each of which the stream does not hold. Else (a slot made by hand, or
+// before the list existed) it reads every unpublished row, and rows
+// committed while it reads may come again from the stream: duplicates,
+// never a loss.
 //
 // Every page reads one snapshot, taken after the slot was made: a row is
-// either in it (read here, and perhaps again from the stream when it
-// committed after the slot: a duplicate, never a loss) or committed after
-// it (only in the stream, which comes after every row read here). Pages
-// with snapshots of their own would skip a row whose seq an earlier page
-// passed before its transaction committed, and a later row of its
-// aggregate read by a later page would go out first. The snapshot is held
-// (a read-only transaction) until the last page was read. The reader marks
-// the slot drained once every row was published or dead-lettered
-// (markDrained).
-func (st *stream) drain(ctx context.Context) error {
+// either in it (read here) or committed after it (only in the stream,
+// which comes after every row read here). Pages with snapshots of their
+// own would skip a row whose seq an earlier page passed before its
+// transaction committed, and a later row of its aggregate read by a later
+// page would go out first. The snapshot is held (a read-only transaction)
+// until the last page was read. The reader marks the slot drained once
+// every row was published or dead-lettered (markDrained).
+func (st *stream) drain(ctx context.Context, listed string) error {
 	s := st.src
-	s.Log.Info("outboxpgx: relaying the rows already in the table before streaming", "slot", s.cfg.Slot)
+	s.Log.Info("outboxpgx: relaying the rows already in the table before streaming", "slot", s.cfg.Slot, "listed", listed != "")
 	sql := `SELECT id::text, aggregatetype, aggregateid, type, payload::text, payload_raw, headers::text,
        coalesce(tracingspancontext, ''), created_at, seq
-FROM ` + s.names.Table + ` WHERE published_at IS NULL AND seq > $1 ORDER BY seq LIMIT $2`
+FROM ` + s.names.Table + ` o WHERE published_at IS NULL AND seq > $1
+  AND ($3::pg_lsn IS NULL OR EXISTS (SELECT 1 FROM ` + s.Table.Qualified("_cdc_drain") + ` d
+                                     WHERE d.slot = $4 AND d.lsn = $3::pg_lsn AND d.id = o.id))
+ORDER BY seq LIMIT $2`
+	var list *string
+	if listed != "" {
+		list = &listed
+	}
 	snap, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
@@ -483,7 +540,7 @@ FROM ` + s.names.Table + ` WHERE published_at IS NULL AND seq > $1 ORDER BY seq 
 			return err
 		}
 		t := &txn{drain: true}
-		rows, err := snap.Query(ctx, sql, last, min(drainPage, room))
+		rows, err := snap.Query(ctx, sql, last, min(drainPage, room), list, s.cfg.Slot)
 		if err != nil {
 			return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
 		}
@@ -538,6 +595,9 @@ func (st *stream) markDrained(ctx context.Context) error {
 	if err := st.fenced(ctx, slotDrained); err != nil {
 		return err
 	}
+	if _, err := s.pool.Exec(ctx, s.cq.dropLists, s.cfg.Slot); err != nil {
+		s.Log.Warn("outboxpgx: could not drop the drained slot's list of rows (dropped at its next drain)", "slot", s.cfg.Slot, "err", err)
+	}
 	st.drained = true
 	s.Log.Info("outboxpgx: relayed the rows that were in the table before the slot", "slot", s.cfg.Slot)
 	return nil
@@ -587,11 +647,8 @@ func (st *stream) push(t *txn) error {
 	return nil
 }
 
-// connect opens the replication connection and starts streaming from the
-// slot's confirmed LSN. A stale streamer still connected to the slot (its
-// lease expired, and this relay holds it now) is terminated first.
-func (st *stream) connect(ctx context.Context, streaming bool) (*pgconn.PgConn, error) {
-	s := st.src
+// replConfig is the configuration of a replication connection.
+func (s *CDCSource) replConfig() *pgconn.Config {
 	cfg := s.pool.Config().ConnConfig.Config.Copy()
 	cfg.RuntimeParams["replication"] = "database"
 	if cfg.RuntimeParams["application_name"] == "" {
@@ -604,13 +661,27 @@ func (st *stream) connect(ctx context.Context, streaming bool) (*pgconn.PgConn, 
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	return cfg
+}
+
+// replConnError says what to do when a replication connection is refused
+// for want of the REPLICATION attribute.
+func replConnError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("log tailing needs a role with the REPLICATION attribute: run ALTER ROLE <the relay's role> REPLICATION (%s)", pgErr.Message)
+	}
+	return fmt.Errorf("open the replication connection: %w", err)
+}
+
+// connect opens the replication connection and starts streaming from the
+// slot's confirmed LSN. A stale streamer still connected to the slot (its
+// lease expired, and this relay holds it now) is terminated first.
+func (st *stream) connect(ctx context.Context, streaming bool) (*pgconn.PgConn, error) {
+	s := st.src
+	conn, err := pgconn.ConnectConfig(ctx, s.replConfig())
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			return nil, fmt.Errorf("outboxpgx: log tailing needs a role with the REPLICATION attribute: run ALTER ROLE %s REPLICATION (%s)", cfg.User, pgErr.Message)
-		}
-		return nil, fmt.Errorf("outboxpgx: open the replication connection: %w", err)
+		return nil, fmt.Errorf("outboxpgx: %w", replConnError(err))
 	}
 	// Only under the lease: a relay whose lease expired must not stop the
 	// new owner's stream.

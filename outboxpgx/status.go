@@ -57,6 +57,11 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if heldSeconds > 0 {
 		st.OldestHeldAge = time.Duration(heldSeconds * float64(time.Second))
 	}
+	if st.SchemaVersion >= 9 {
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+t.Qualified("_cdc_parked")).Scan(&st.Parked); err != nil {
+			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+		}
+	}
 	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
 		return st, err
 	}

@@ -67,6 +67,11 @@ write logical decoding messages need the slot before their first event.
 							return err
 						}
 					}
+					if down > 0 {
+						if err := refuseToDropParked(ctx, t, st, down); err != nil {
+							return err
+						}
+					}
 					vs, err := st.MigrateDown(ctx, t, down)
 					if err != nil {
 						return err
@@ -187,11 +192,26 @@ func refuseToDropRows(ctx context.Context, t outboxdriver.Table, st outboxdriver
 	if err != nil {
 		return fmt.Errorf("--down 0: cannot count the rows it would drop: %w (--force drops the tables without counting)", err)
 	}
-	if s.Backlog == 0 && s.Published == 0 && s.DeadLetters == 0 {
+	if s.Backlog == 0 && s.Published == 0 && s.DeadLetters == 0 && s.Parked == 0 {
 		return nil
 	}
-	return fmt.Errorf("--down 0 would drop %s with %d unpublished event(s), %d published event(s) kept by --retention keep and %d dead letter(s); "+
-		"let the relay publish them and retry or discard the dead letters (outbox dlq), or pass --force to drop them", t, s.Backlog, s.Published, s.DeadLetters)
+	return fmt.Errorf("--down 0 would drop %s with %d unpublished event(s), %d published event(s) kept by --retention keep, %d dead letter(s) and %d parked event(s); "+
+		"let the relay publish them and retry or discard the dead letters (outbox dlq), or pass --force to drop them", t, s.Backlog, s.Published, s.DeadLetters, s.Parked)
+}
+
+// parkedSince is the PostgreSQL schema version that parks held
+// aggregates' events (log tailing).
+const parkedSince = 9
+
+// refuseToDropParked returns an error when reverting t to version down
+// would drop events that log tailing parked: they exist nowhere else.
+func refuseToDropParked(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store, down int) error {
+	s, err := st.Status(ctx, t)
+	if err != nil || down >= parkedSince || s.Parked == 0 {
+		return nil // a table that cannot be read cannot be reverted either
+	}
+	return fmt.Errorf("--down %d would drop %d event(s) of held aggregates parked by log tailing, which exist nowhere else; "+
+		"retry or discard the dead letters they wait behind (outbox dlq) and let the relay publish them first", down, s.Parked)
 }
 
 // refusePartitionChange returns an error when t exists with another number

@@ -55,17 +55,15 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 			t.Fatal(err)
 		}
 	})
-	// A relay's first stream of a new slot relays the rows already in the
-	// table (the slot does not hold them), and the stream brings those
-	// committed after the slot was made once more: a first relay runs
-	// until that is done on the empty table, as a deployment's first relay
-	// does, so that the tests see the steady state.
+	// A first relay streams the new slot once and stops, as a deployment's
+	// first relay does, so that the tests see the steady state.
 	first := startRelay(t, append(append([]string{}, flags...), "--source", "cdc", "--sink", "stdout:", "--lease-ttl", "1s")...)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		var drained bool
-		err := pool.QueryRow(context.Background(), `SELECT drained FROM `+tb.Qualified("_cdc")).Scan(&drained)
-		if err == nil && drained {
+		var streamed bool
+		err := pool.QueryRow(context.Background(), `SELECT drained AND EXISTS (SELECT 1 FROM pg_replication_slots s
+			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1) FROM `+tb.Qualified("_cdc"), outboxpgx.DefaultSlot(tb)).Scan(&streamed)
+		if err == nil && streamed {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -118,7 +116,8 @@ func TestStatusShowsTheCDCSlot(t *testing.T) {
 		t.Fatalf("cdc_slots = %+v, want slot %s, existing, inactive (no relay runs), with a confirmed LSN and retained WAL", js.CDCSlots, slot)
 	}
 	stdout, stderr, code = run(t, nil, append([]string{"status"}, db.flags...)...)
-	if code != 0 || !strings.Contains(stdout, "cdc slot                  "+slot) || !strings.Contains(stdout, "state                   inactive") {
+	if code != 0 || !strings.Contains(stdout, "cdc slot                  "+slot) || !strings.Contains(stdout, "state                   inactive") ||
+		!strings.Contains(stdout, "parked events             0") {
 		t.Fatalf("status (%d) = %s%s", code, stdout, stderr)
 	}
 }

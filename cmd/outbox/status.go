@@ -49,6 +49,9 @@ func newStatus() *cobra.Command {
 				if st.Held > 0 {
 					fmt.Fprintf(out, "oldest hold               %s\n", st.OldestHeldAge.Round(1e6))
 				}
+				if st.Parked > 0 || len(st.Slots) > 0 {
+					fmt.Fprintf(out, "parked events             %d\n", st.Parked)
+				}
 				fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
 				printPauses(out, st.Pauses)
 				printPartitions(out, st.Partitions)

@@ -68,6 +68,8 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{cdc_fence_fn}}", t.Qualified("_cdc_fence"),
 		"{{cdc_write_fn}}", t.Qualified("_cdc_write"),
 		"{{cdc_mark_fn}}", t.Qualified("_cdc_mark"),
+		"{{cdc_drain}}", t.Qualified("_cdc_drain"),
+		"{{cdc_parked}}", t.Qualified("_cdc_parked"),
 		"{{requests}}", t.Qualified("_requests"),
 		"{{requests_idx}}", q(t.Name+"_requests_at"),
 		"{{audit_guard_fn}}", t.Qualified("_audit_ro"),

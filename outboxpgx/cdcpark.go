@@ -1,0 +1,238 @@
+package outboxpgx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// Parking (docs/cdc.md#parking). The stream's events of an aggregate held
+// behind a dead letter (poison policy hold) cannot be published, and the
+// slot may not confirm past them while they exist only in memory: a
+// message or an insert+delete row exists nowhere but in the WAL. So they
+// are parked: written to the table's _cdc_parked companion, fenced by the
+// slot's lease, after which they are done and the slot confirms past them.
+// Once the aggregate is no longer held (its dead letter retried and
+// published, discarded, or released), its parked events are read back in
+// the order they were parked (unpark) and claimed before any of the
+// stream's events of the aggregate, which meanwhile are parked behind
+// them; each is deleted from the parked table in the transaction that
+// records it published or dead-lettered.
+
+// park writes the stream's parkable events to the parked table under the
+// slot's lease (epoch), and marks them done: the slot may then confirm past
+// them. gen is the stream the caller saw.
+func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
+	s.mu.Lock()
+	if gen != s.gen {
+		s.mu.Unlock()
+		return nil
+	}
+	evs := s.queue.parkable(nil)
+	if len(evs) == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	var lsn pglogrepl.LSN
+	if m := s.queue.markIf(evs); m > s.queue.mark {
+		lsn = m
+	}
+	s.mu.Unlock()
+	var pb pgx.Batch
+	pb.Queue(s.cq.fence, s.cfg.Slot, s.Cfg.RelayName, epoch, lsnArg(lsn), lsnArg(parkedLSN(evs)))
+	pb.Queue(s.cq.park, parkArgs(evs)...)
+	err := s.pool.SendBatch(ctx, &pb).Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		if gen == s.gen {
+			for _, e := range evs {
+				s.queue.release(e)
+			}
+		}
+		return finishError("park", len(evs), err)
+	}
+	s.parkedLocked(gen, evs)
+	return nil
+}
+
+// parkedLocked records in memory that evs were parked. s.mu is held.
+func (s *CDCSource) parkedLocked(gen int, evs []*event) {
+	// The database holds them whatever stream this is: never count fewer.
+	s.queue.parks++
+	for _, e := range evs {
+		s.queue.parked[e.key()]++
+	}
+	if gen != s.gen {
+		return
+	}
+	for _, e := range evs {
+		s.queue.done(e)
+	}
+	if s.queue.advance() {
+		s.target = max(s.target, s.queue.mark)
+		if s.st != nil {
+			s.st.kick()
+		}
+	}
+	if s.st != nil {
+		s.st.roomy()
+		if s.queue.drainLeft == 0 {
+			s.st.kick() // the reader may record the slot drained
+		}
+	}
+}
+
+// unpark reads back the first parked events of the aggregates that have
+// some and are no longer held, unless some of theirs are in memory
+// already, and queues them ahead of the stream's.
+func (s *CDCSource) unpark(ctx context.Context, gen int) error {
+	s.mu.Lock()
+	if gen != s.gen {
+		s.mu.Unlock()
+		return nil
+	}
+	room := s.cfg.MaxPending - s.queue.frontLeft
+	var typs, ids []string
+	for k, n := range s.queue.parked {
+		if _, held := s.queue.held[k]; n > 0 && !held && s.queue.unparking[k] == 0 {
+			typs, ids = append(typs, k.typ), append(ids, k.id)
+		}
+	}
+	parks := s.queue.parks
+	s.mu.Unlock()
+	if len(typs) == 0 || room <= 0 {
+		return nil
+	}
+	per := max(1, min(drainPage, room/len(typs)))
+	rows, err := s.pool.Query(ctx, s.cq.unpark, typs, ids, per)
+	if err != nil {
+		return fmt.Errorf("outboxpgx: read parked events: %w", err)
+	}
+	t := &txn{}
+	found := map[aggKey]int{}
+	for rows.Next() {
+		e := &event{}
+		var payload, headers *string
+		var bad string
+		var xid int64
+		if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &e.RawPayload, &headers,
+			&e.TraceContext, &e.Seq, &e.CreatedAt, &bad, &e.row, &xid); err != nil {
+			rows.Close()
+			return fmt.Errorf("outboxpgx: read parked events: %w", err)
+		}
+		if payload != nil {
+			e.Payload, e.RawPayload = []byte(*payload), nil
+		}
+		if headers != nil {
+			e.HeadersJSON = []byte(*headers)
+		}
+		if bad != "" {
+			e.bad = errors.New(bad)
+		}
+		e.pxid = uint32(xid)
+		t.events = append(t.events, e)
+		found[e.key()]++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("outboxpgx: read parked events: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.gen {
+		return nil
+	}
+	for i := range typs {
+		k := aggKey{typs[i], ids[i]}
+		// Fewer than asked for: that is all there is, unless more were
+		// parked while the query ran.
+		if n := found[k]; n < per && parks == s.queue.parks {
+			s.queue.parked[k] = n
+		} else {
+			s.queue.parked[k] = max(s.queue.parked[k], n)
+		}
+		if s.queue.parked[k] == 0 {
+			delete(s.queue.parked, k)
+		}
+	}
+	if len(t.events) > 0 {
+		s.queue.pushFront(t)
+		s.signal()
+	}
+	return nil
+}
+
+// parkedLSN is the newest commit of evs: replays up to it check whether
+// their events are done already (needsCheck).
+func parkedLSN(evs []*event) pglogrepl.LSN {
+	var l pglogrepl.LSN
+	for _, e := range evs {
+		l = max(l, e.tx.lsn)
+	}
+	return l
+}
+
+// parkArgs are the arguments of the park insert.
+func parkArgs(evs []*event) []any {
+	n := len(evs)
+	ids, ats, aids, tys := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	ps, hs, tcs, bads := make([]*string, n), make([]*string, n), make([]string, n), make([]string, n)
+	raws := make([][]byte, n)
+	seqs, xids := make([]int64, n), make([]int64, n)
+	cas := make([]time.Time, n)
+	rows := make([]bool, n)
+	lsns := make([]string, n)
+	for i, e := range evs {
+		ids[i], ats[i], aids[i], tys[i] = e.ID, pgText(e.AggregateType), pgText(e.AggregateID), pgText(e.Type)
+		switch {
+		case e.Payload != nil && storable(e.Payload):
+			ps[i] = text(e.Payload)
+		case e.Payload != nil:
+			raws[i] = e.Payload // published the same; only a dead letter would tell
+		default:
+			raws[i] = e.RawPayload
+		}
+		if len(e.HeadersJSON) > 0 && storable(e.HeadersJSON) {
+			hs[i] = text(e.HeadersJSON)
+		}
+		tcs[i] = pgText(e.TraceContext)
+		if e.bad != nil {
+			bads[i] = pgText(e.bad.Error())
+		}
+		seqs[i], cas[i], rows[i], xids[i] = e.Seq, e.CreatedAt, e.row, e.xid()
+		lsns[i] = e.tx.lsn.String()
+	}
+	return []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs, seqs, cas, bads, rows, xids, lsns}
+}
+
+// storable reports whether b can be stored as PostgreSQL text as it is.
+func storable(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, c := range b {
+		if c == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// finishError wraps the error of a fenced write of n events (what: the
+// kind of write), saying when the lease was lost.
+func finishError(what string, n int, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Hint == "outbox-lease-lost" {
+		return fmt.Errorf("outboxpgx: %s %d events: %w: %s", what, n, outboxdriver.ErrLeaseLost, pgErr.Message)
+	}
+	return fmt.Errorf("outboxpgx: %s %d events: %w", what, n, err)
+}
