@@ -44,5 +44,6 @@ func TestDriverConformance(t *testing.T) {
 			return err
 		},
 		Parallel: true,
+		Pauses:   true,
 	})
 }
