@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,9 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxsqlite"
 )
 
 // startConsoleProcess starts `outbox console args...` as a process of its own,
@@ -93,23 +99,178 @@ func consoleCall(t *testing.T, base, method, path, token string, body any, want 
 	}
 }
 
+// crashTarget is a migrated outbox table on one database, as the crash
+// test reads and fills it.
+type crashTarget struct {
+	flags []string
+	store interface {
+		outboxdriver.Requests
+		outboxdriver.Auditor
+	}
+	tb outboxdriver.Table
+	// addPublished inserts published events n of 1..events, of aggregate
+	// agg-(n % aggregates), in that order, with payload {"n": n}.
+	addPublished func(events, aggregates int)
+	// rows lists every row of the outbox table in seq order.
+	rows func() []crashRow
+}
+
+type crashRow struct {
+	id               string
+	seq              int64
+	aggregate        string
+	headers, payload string
+}
+
+func crashTargetOn(t *testing.T, ctx context.Context, db string) crashTarget {
+	t.Helper()
+	switch db {
+	case "postgres":
+		tb, flags := migrated(t)
+		pool := testenv.Pool(t)
+		return crashTarget{flags: flags, store: outboxpgx.New(pool), tb: tb,
+			addPublished: func(events, aggregates int) {
+				if _, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type, payload, published_at)
+SELECT gen_random_uuid(), 'order', 'agg-' || (i % $2), 'Placed', json_build_object('n', i), now() - interval '10 minutes'
+FROM generate_series(1, $1) AS i ORDER BY i`, events, aggregates); err != nil {
+					t.Fatal(err)
+				}
+			},
+			rows: func() []crashRow {
+				rows, err := pool.Query(ctx, `SELECT id::text, seq, aggregateid, headers::text, coalesce(payload::text, '') FROM `+tb.Qualified("")+` ORDER BY seq`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer rows.Close()
+				return scanCrashRows(t, rows)
+			}}
+	case "mysql":
+		m := mysqlMigrated(t)
+		return sqlCrashTarget(t, ctx, m.flags, outboxmysql.New(m.db), m.db, m.tb, "2006-01-02 15:04:05.000000")
+	default:
+		path := filepath.Join(t.TempDir(), "app.db")
+		flags := []string{"--db", "sqlite://" + path}
+		if _, stderr, code := run(t, nil, append([]string{"migrate"}, flags...)...); code != 0 {
+			t.Fatalf("migrate: %s", stderr)
+		}
+		sdb, err := outboxsqlite.Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sdb.Close() })
+		return sqlCrashTarget(t, ctx, flags, outboxsqlite.New(sdb), sdb, outboxdriver.Table{Schema: outboxsqlite.Schema, Name: "outbox"}, "2006-01-02 15:04:05.000")
+	}
+}
+
+func sqlCrashTarget(t *testing.T, ctx context.Context, flags []string, store interface {
+	outboxdriver.Requests
+	outboxdriver.Auditor
+}, db *sql.DB, tb outboxdriver.Table, layout string) crashTarget {
+	name := "`" + tb.Schema + "`.`" + tb.Name + "`"
+	return crashTarget{flags: flags, store: store, tb: tb,
+		addPublished: func(events, aggregates int) {
+			at := time.Now().UTC().Add(-10 * time.Minute).Format(layout)
+			for first := 1; first <= events; first += 500 {
+				var q strings.Builder
+				var args []any
+				q.WriteString(`INSERT INTO ` + name + ` (id, aggregatetype, aggregateid, type, payload, published_at) VALUES `)
+				for n := first; n < first+500 && n <= events; n++ {
+					if n > first {
+						q.WriteString(", ")
+					}
+					q.WriteString("(?, 'order', ?, 'Placed', ?, ?)")
+					args = append(args, uuid.Must(uuid.NewV7()).String(), fmt.Sprint("agg-", n%aggregates), fmt.Sprintf(`{"n":%d}`, n), at)
+				}
+				if _, err := db.ExecContext(ctx, q.String(), args...); err != nil {
+					t.Fatal(err)
+				}
+			}
+		},
+		rows: func() []crashRow {
+			rows, err := db.QueryContext(ctx, `SELECT id, seq, aggregateid, headers, coalesce(payload, '') FROM `+name+` ORDER BY seq`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			return scanCrashRows(t, rows)
+		}}
+}
+
+func scanCrashRows(t *testing.T, rows interface {
+	Next() bool
+	Scan(...any) error
+	Err() error
+}) []crashRow {
+	t.Helper()
+	var out []crashRow
+	for rows.Next() {
+		var r crashRow
+		if err := rows.Scan(&r.id, &r.seq, &r.aggregate, &r.headers, &r.payload); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// replayed is what the table holds of a replay: its copies in seq order,
+// each with the original it copies, and the originals by id.
+type replayed struct {
+	copies    []crashRow
+	of        []string // outbox-replay-of of each copy
+	originals map[string]crashRow
+}
+
+func (c crashTarget) replayed(t *testing.T, request string) replayed {
+	t.Helper()
+	r := replayed{originals: map[string]crashRow{}}
+	for _, row := range c.rows() {
+		var h map[string]string
+		if err := json.Unmarshal([]byte(row.headers), &h); err != nil {
+			t.Fatalf("headers %q: %v", row.headers, err)
+		}
+		if h["outbox-replay-id"] == request {
+			r.copies, r.of = append(r.copies, row), append(r.of, h["outbox-replay-of"])
+		} else {
+			r.originals[row.id] = row
+		}
+	}
+	return r
+}
+
+func payloadN(t *testing.T, payload string) int {
+	t.Helper()
+	var p struct{ N int }
+	if err := json.Unmarshal([]byte(payload), &p); err != nil {
+		t.Fatalf("payload %q: %v", payload, err)
+	}
+	return p.N
+}
+
 // A console killed (SIGKILL) in the middle of a replay leaves the request
 // executing with exactly the batches it committed applied (its progress,
 // its cursor and the copies in the table agree), visibly so; a new console
 // takes it over once the heartbeat is stale and finishes it: every kept
 // event is re-enqueued exactly once, each aggregate's copies in the order
-// of the originals.
+// of the originals. On PostgreSQL, MySQL/MariaDB and SQLite.
 func TestConsoleCrashMidReplayResumes(t *testing.T) {
 	t.Parallel()
-	tb, flags := migrated(t)
-	pool := testenv.Pool(t)
+	for _, db := range []string{"postgres", "mysql", "sqlite"} {
+		t.Run(db, func(t *testing.T) {
+			t.Parallel()
+			ctx := testenv.Context(t, 3*time.Minute)
+			crashMidReplay(t, crashTargetOn(t, ctx, db))
+		})
+	}
+}
+
+func crashMidReplay(t *testing.T, c crashTarget) {
 	ctx := testenv.Context(t, 3*time.Minute)
 	const events, aggregates, batch = 3000, 30, 10
-	if _, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type, payload, published_at)
-SELECT gen_random_uuid(), 'order', 'agg-' || (i % $2), 'Placed', json_build_object('n', i), now() - interval '10 minutes'
-FROM generate_series(1, $1) AS i ORDER BY i`, events, aggregates); err != nil {
-		t.Fatal(err)
-	}
+	c.addPublished(events, aggregates)
 	users := filepath.Join(t.TempDir(), "users.json")
 	token := func(name, role string) string {
 		out, err := runInProcess(t, "", "console", "user", "add", name, "--role", role, "--users", users)
@@ -119,7 +280,7 @@ FROM generate_series(1, $1) AS i ORDER BY i`, events, aggregates); err != nil {
 		return regexp.MustCompile(`API token: (obx_\S+)`).FindStringSubmatch(out)[1]
 	}
 	otto, anna := token("otto", "operator"), token("anna", "approver")
-	args := append(flags, "--users", users, "--addr", "127.0.0.1:0", "--replay-batch", fmt.Sprint(batch), "--takeover-after", "2s")
+	args := append(append([]string{}, c.flags...), "--users", users, "--addr", "127.0.0.1:0", "--replay-batch", fmt.Sprint(batch), "--takeover-after", "2s")
 
 	first, base := startConsoleProcess(t, args...)
 	var req outboxdriver.Request
@@ -128,9 +289,8 @@ FROM generate_series(1, $1) AS i ORDER BY i`, events, aggregates); err != nil {
 	consoleCall(t, base, "POST", "/api/v1/requests/"+req.ID+"/approve", anna, map[string]any{"reason": "checked"}, 200, nil)
 
 	// Kill the console once some batches, but not all, are committed.
-	drv := outboxpgx.New(pool)
 	for deadline := time.Now().Add(60 * time.Second); ; {
-		r, err := drv.GetRequest(ctx, tb, req.ID)
+		r, err := c.store.GetRequest(ctx, c.tb, req.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,27 +313,19 @@ FROM generate_series(1, $1) AS i ORDER BY i`, events, aggregates); err != nil {
 
 	// What the killed console left: executing, its progress exactly the
 	// copies in the table, its cursor the last original they copy.
-	r, err := drv.GetRequest(ctx, tb, req.ID)
+	r, err := c.store.GetRequest(ctx, c.tb, req.ID)
 	if err != nil {
-		t.Fatal(err)
-	}
-	copies := func() int64 {
-		t.Helper()
-		var n int64
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tb.Qualified("")+` WHERE headers->>'outbox-replay-id' = $1`, req.ID).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	var lastCopied int64
-	if err := pool.QueryRow(ctx, `SELECT coalesce(max(o.seq), 0) FROM `+tb.Qualified("")+` o JOIN `+tb.Qualified("")+` c
-ON c.headers->>'outbox-replay-of' = o.id::text WHERE c.headers->>'outbox-replay-id' = $1`, req.ID).Scan(&lastCopied); err != nil {
 		t.Fatal(err)
 	}
 	if r.State != outboxdriver.StateExecuting || r.Total == nil || *r.Total != events || r.Done <= 0 || r.Done >= events {
 		t.Fatalf("after the kill: state %s, done %d of %v; want executing, part of %d done", r.State, r.Done, r.Total, events)
 	}
-	if n := copies(); n != r.Done || r.Cursor != lastCopied || r.Done%batch != 0 {
+	mid := c.replayed(t, req.ID)
+	var lastCopied int64
+	for _, of := range mid.of {
+		lastCopied = max(lastCopied, mid.originals[of].seq)
+	}
+	if n := int64(len(mid.copies)); n != r.Done || r.Cursor != lastCopied || r.Done%batch != 0 {
 		t.Fatalf("after the kill: %d copies in the table, progress %d, cursor %d (last original copied %d): a batch is half applied", n, r.Done, r.Cursor, lastCopied)
 	}
 	killedAt := r.Done
@@ -190,40 +342,29 @@ ON c.headers->>'outbox-replay-of' = o.id::text WHERE c.headers->>'outbox-replay-
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if r.Done != events || copies() != events {
-		t.Fatalf("done: progress %d, %d copies; want %d each", r.Done, copies(), events)
-	}
 	// Exactly once, in order per aggregate.
-	rows, err := pool.Query(ctx, `SELECT o.aggregateid, (o.payload->>'n')::int, count(*) OVER (PARTITION BY o.id)
-FROM `+tb.Qualified("")+` c JOIN `+tb.Qualified("")+` o ON c.headers->>'outbox-replay-of' = o.id::text
-WHERE c.headers->>'outbox-replay-id' = $1 ORDER BY c.seq`, req.ID)
-	if err != nil {
-		t.Fatal(err)
+	done := c.replayed(t, req.ID)
+	if r.Done != events || len(done.copies) != events {
+		t.Fatalf("done: progress %d, %d copies; want %d each", r.Done, len(done.copies), events)
 	}
 	last := map[string]int{}
-	seen := 0
-	for rows.Next() {
-		var agg string
-		var n, times int
-		if err := rows.Scan(&agg, &n, &times); err != nil {
-			t.Fatal(err)
+	seen := map[string]bool{}
+	for i, cp := range done.copies {
+		orig, ok := done.originals[done.of[i]]
+		if !ok || seen[orig.id] || cp.id == orig.id {
+			t.Fatalf("copy %s of %q: want a new id copying a kept original once", cp.id, done.of[i])
 		}
-		if times != 1 {
-			t.Fatalf("event %d of %s was replayed %d times", n, agg, times)
+		seen[orig.id] = true
+		n := payloadN(t, cp.payload)
+		if n != payloadN(t, orig.payload) || cp.aggregate != orig.aggregate || n <= last[cp.aggregate] {
+			t.Fatalf("%s: copy of #%d after the copy of #%d (original #%d)", cp.aggregate, n, last[cp.aggregate], payloadN(t, orig.payload))
 		}
-		if n <= last[agg] {
-			t.Fatalf("%s: copy of #%d after the copy of #%d", agg, n, last[agg])
-		}
-		last[agg] = n
-		seen++
+		last[cp.aggregate] = n
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+	if len(seen) != events || len(last) != aggregates {
+		t.Fatalf("%d originals copied over %d aggregates; want %d over %d", len(seen), len(last), events, aggregates)
 	}
-	if seen != events || len(last) != aggregates {
-		t.Fatalf("%d copies of originals over %d aggregates; want %d over %d", seen, len(last), events, aggregates)
-	}
-	recs, err := drv.FindAudit(ctx, tb, outboxdriver.AuditQuery{RequestID: req.ID, Action: "execute", Limit: 10})
+	recs, err := c.store.FindAudit(ctx, c.tb, outboxdriver.AuditQuery{RequestID: req.ID, Action: "execute", Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
