@@ -22,6 +22,7 @@ var (
 	_ outboxdriver.Requests          = (*Driver)(nil)
 	_ outboxdriver.AuditPruner       = (*Driver)(nil)
 	_ outboxdriver.PauseReader       = (*Source)(nil)
+	_ outboxdriver.ClaimExcluder     = (*Source)(nil)
 )
 
 // console is the operators' side of the tables, shared with outboxmysql.
@@ -64,3 +65,8 @@ var dialect = sqlstore.Dialect{
 func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	return sqlstore.Pauses(ctx, dialect, s.db, s.Table)
 }
+
+// ExcludeAggregateTypes leaves the events of types out of the next claims
+// (the relay sets the paused ones), so that a paused backlog does not fill
+// every batch while other events wait behind it.
+func (s *Source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }
