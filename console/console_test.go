@@ -94,60 +94,61 @@ func allowed(r *rig, method, pattern string) testUser {
 
 func TestRoleMatrix(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, nil)
-	listed := map[string]bool{}
-	for _, m := range roleMatrix {
-		listed[m.method+" "+m.pattern] = true
-	}
-	for _, rt := range r.srv.Routes() {
-		if !listed[rt.Method+" "+rt.Pattern] {
-			t.Errorf("route %s %s has no row in the role matrix", rt.Method, rt.Pattern)
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		listed := map[string]bool{}
+		for _, m := range roleMatrix {
+			listed[m.method+" "+m.pattern] = true
 		}
-		delete(listed, rt.Method+" "+rt.Pattern)
-	}
-	for k := range listed {
-		t.Errorf("the role matrix lists %s, which the console does not answer", k)
-	}
-	for _, m := range roleMatrix {
-		for _, role := range ops.Roles() {
-			want := map[ops.Role]int{ops.Viewer: m.viewer, ops.Operator: m.operator, ops.Approver: m.approver}[role]
-			u := r.users[role]
-			id, path, form, _ := r.target(m.method, m.pattern)
-			before := r.state()
-			var got int
-			switch {
-			case m.pattern == "/login" && m.method == "POST":
-				got = r.browser().signIn(u.name, u.password)
-			case strings.HasPrefix(m.pattern, "/api/"):
-				var body any
-				if m.method == "POST" {
-					body = r.body(m.pattern, id, "matrix")
-				}
-				got, _ = r.api(m.method, path, u.token, body)
-			default:
-				b := r.browser()
-				b.login(u)
-				if m.method == "POST" {
-					form.Set("reason", "matrix")
-					got, _ = b.post(path, form, true)
-				} else {
-					got, _ = b.get(path)
-				}
+		for _, rt := range r.srv.Routes() {
+			if !listed[rt.Method+" "+rt.Pattern] {
+				t.Errorf("route %s %s has no row in the role matrix", rt.Method, rt.Pattern)
 			}
-			if got != want {
-				t.Errorf("%s %s as %s: %d, want %d", m.method, m.pattern, role, got, want)
-			}
-			if got == http.StatusForbidden {
-				after := r.state()
-				if after.backlog != before.backlog || after.dead != before.dead || after.held != before.held || after.pauses != before.pauses || after.requests != before.requests {
-					t.Errorf("%s %s as %s was refused but changed %+v into %+v", m.method, m.pattern, role, before, after)
+			delete(listed, rt.Method+" "+rt.Pattern)
+		}
+		for k := range listed {
+			t.Errorf("the role matrix lists %s, which the console does not answer", k)
+		}
+		for _, m := range roleMatrix {
+			for _, role := range ops.Roles() {
+				want := map[ops.Role]int{ops.Viewer: m.viewer, ops.Operator: m.operator, ops.Approver: m.approver}[role]
+				u := r.users[role]
+				id, path, form, _ := r.target(m.method, m.pattern)
+				before := r.state()
+				var got int
+				switch {
+				case m.pattern == "/login" && m.method == "POST":
+					got = r.browser().signIn(u.name, u.password)
+				case strings.HasPrefix(m.pattern, "/api/"):
+					var body any
+					if m.method == "POST" {
+						body = r.body(m.pattern, id, "matrix")
+					}
+					got, _ = r.api(m.method, path, u.token, body)
+				default:
+					b := r.browser()
+					b.login(u)
+					if m.method == "POST" {
+						form.Set("reason", "matrix")
+						got, _ = b.post(path, form, true)
+					} else {
+						got, _ = b.get(path)
+					}
 				}
-				if last := r.audit()[0]; last.Action != ops.ActionDenied || last.Actor != u.name || last.Role != string(role) {
-					t.Errorf("%s %s as %s was refused; newest audit row %+v, want a denied row for %s", m.method, m.pattern, role, last, u.name)
+				if got != want {
+					t.Errorf("%s %s as %s: %d, want %d", m.method, m.pattern, role, got, want)
+				}
+				if got == http.StatusForbidden {
+					after := r.state()
+					if after.backlog != before.backlog || after.dead != before.dead || after.held != before.held || after.pauses != before.pauses || after.requests != before.requests {
+						t.Errorf("%s %s as %s was refused but changed %+v into %+v", m.method, m.pattern, role, before, after)
+					}
+					if last := r.audit()[0]; last.Action != ops.ActionDenied || last.Actor != u.name || last.Role != string(role) {
+						t.Errorf("%s %s as %s was refused; newest audit row %+v, want a denied row for %s", m.method, m.pattern, role, last, u.name)
+					}
 				}
 			}
 		}
-	}
+	})
 }
 
 // The OpenAPI document the console serves describes exactly its API
@@ -212,85 +213,86 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 // sign-in and sign-out.
 func TestAuditForEveryStateChange(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, nil)
-	var posts []string
-	for op := range r.openAPIOperations() {
-		if strings.HasPrefix(op, "POST ") {
-			posts = append(posts, strings.TrimPrefix(op, "POST "))
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		var posts []string
+		for op := range r.openAPIOperations() {
+			if strings.HasPrefix(op, "POST ") {
+				posts = append(posts, strings.TrimPrefix(op, "POST "))
+			}
 		}
-	}
-	if len(posts) < 2 {
-		t.Fatalf("the OpenAPI document has %d POST operations; want retry and discard at least", len(posts))
-	}
-	viewer := r.users[ops.Viewer]
-	for _, p := range posts {
-		u := allowed(r, "POST", p)
-		id, path, _, event := r.target("POST", p)
-		mark := r.lastAuditID()
-		if code, body := r.api("POST", path, viewer.token, r.body(p, id, "no")); code != 403 {
-			t.Fatalf("POST %s as viewer: %d %s", p, code, body)
+		if len(posts) < 2 {
+			t.Fatalf("the OpenAPI document has %d POST operations; want retry and discard at least", len(posts))
 		}
-		if code, body := r.api("POST", path, u.token, r.body(p, id, "audit walk")); code != 200 && code != 201 {
-			t.Fatalf("POST %s as %s: %d %s", p, u.name, code, body)
+		viewer := r.users[ops.Viewer]
+		for _, p := range posts {
+			u := allowed(r, "POST", p)
+			id, path, _, event := r.target("POST", p)
+			mark := r.lastAuditID()
+			if code, body := r.api("POST", path, viewer.token, r.body(p, id, "no")); code != 403 {
+				t.Fatalf("POST %s as viewer: %d %s", p, code, body)
+			}
+			if code, body := r.api("POST", path, u.token, r.body(p, id, "audit walk")); code != 200 && code != 201 {
+				t.Fatalf("POST %s as %s: %d %s", p, u.name, code, body)
+			}
+			rows := r.auditSince(mark)
+			if len(rows) != 2 {
+				t.Fatalf("POST %s left %d audit rows, want 2: %+v", p, len(rows), rows)
+			}
+			if d := rows[0]; d.Action != ops.ActionDenied || d.Actor != "vera" || d.Role != "viewer" {
+				t.Errorf("POST %s refused to vera: audit %+v", p, d)
+			}
+			if a := rows[1]; a.Action != auditAction(p) || a.Actor != u.name || a.Role != string(u.role) || !aboutSubject(a, p, id, event) || a.Reason != "audit walk" {
+				t.Errorf("POST %s by %s: audit %+v; want %s of %s by %s (%s), reason \"audit walk\"", p, u.name, a, auditAction(p), id, u.name, u.role)
+			}
 		}
-		rows := r.auditSince(mark)
-		if len(rows) != 2 {
-			t.Fatalf("POST %s left %d audit rows, want 2: %+v", p, len(rows), rows)
-		}
-		if d := rows[0]; d.Action != ops.ActionDenied || d.Actor != "vera" || d.Role != "viewer" {
-			t.Errorf("POST %s refused to vera: audit %+v", p, d)
-		}
-		if a := rows[1]; a.Action != auditAction(p) || a.Actor != u.name || a.Role != string(u.role) || !aboutSubject(a, p, id, event) || a.Reason != "audit walk" {
-			t.Errorf("POST %s by %s: audit %+v; want %s of %s by %s (%s), reason \"audit walk\"", p, u.name, a, auditAction(p), id, u.name, u.role)
-		}
-	}
 
-	// The pages: every POST route but the sign-in (below), by whom the
-	// role matrix allows.
-	browsers := map[string]*browser{}
-	for _, rt := range r.srv.Routes() {
-		if rt.Method != "POST" || rt.API || rt.Pattern == "/login" || rt.Pattern == "/logout" {
-			continue
+		// The pages: every POST route but the sign-in (below), by whom the
+		// role matrix allows.
+		browsers := map[string]*browser{}
+		for _, rt := range r.srv.Routes() {
+			if rt.Method != "POST" || rt.API || rt.Pattern == "/login" || rt.Pattern == "/logout" {
+				continue
+			}
+			u := allowed(r, "POST", rt.Pattern)
+			b := browsers[u.name]
+			if b == nil {
+				b = r.browser()
+				b.login(u)
+				browsers[u.name] = b
+			}
+			id, path, form, event := r.target("POST", rt.Pattern)
+			mark := r.lastAuditID()
+			form.Set("reason", "from the page")
+			// An action redirects (303); a reveal shows its result (200).
+			want := http.StatusSeeOther
+			if strings.HasSuffix(rt.Pattern, "/reveal") {
+				want = http.StatusOK
+			}
+			if code, body := b.post(path, form, true); code != want {
+				t.Fatalf("POST %s: %d, want %d: %s", rt.Pattern, code, want, body)
+			}
+			rows := r.auditSince(mark)
+			if len(rows) != 1 || rows[0].Action != auditAction(rt.Pattern) || !aboutSubject(rows[0], rt.Pattern, id, event) || rows[0].Actor != u.name || rows[0].Role != string(u.role) || rows[0].Reason != "from the page" {
+				t.Errorf("POST %s: audit %+v", rt.Pattern, rows)
+			}
 		}
-		u := allowed(r, "POST", rt.Pattern)
-		b := browsers[u.name]
-		if b == nil {
-			b = r.browser()
-			b.login(u)
-			browsers[u.name] = b
-		}
-		id, path, form, event := r.target("POST", rt.Pattern)
+		operator := r.users[ops.Operator]
+		b := browsers[operator.name]
 		mark := r.lastAuditID()
-		form.Set("reason", "from the page")
-		// An action redirects (303); a reveal shows its result (200).
-		want := http.StatusSeeOther
-		if strings.HasSuffix(rt.Pattern, "/reveal") {
-			want = http.StatusOK
+		if code, _ := b.post("/logout", nil, true); code != 303 {
+			t.Fatalf("sign-out: %d", code)
 		}
-		if code, body := b.post(path, form, true); code != want {
-			t.Fatalf("POST %s: %d, want %d: %s", rt.Pattern, code, want, body)
-		}
+		b.signIn("otto", "wrong password!")
+		b.signIn("otto", operator.password)
 		rows := r.auditSince(mark)
-		if len(rows) != 1 || rows[0].Action != auditAction(rt.Pattern) || !aboutSubject(rows[0], rt.Pattern, id, event) || rows[0].Actor != u.name || rows[0].Role != string(u.role) || rows[0].Reason != "from the page" {
-			t.Errorf("POST %s: audit %+v", rt.Pattern, rows)
+		var got []string
+		for _, x := range rows {
+			got = append(got, x.Action+":"+x.Actor+":"+x.Role)
 		}
-	}
-	operator := r.users[ops.Operator]
-	b := browsers[operator.name]
-	mark := r.lastAuditID()
-	if code, _ := b.post("/logout", nil, true); code != 303 {
-		t.Fatalf("sign-out: %d", code)
-	}
-	b.signIn("otto", "wrong password!")
-	b.signIn("otto", operator.password)
-	rows := r.auditSince(mark)
-	var got []string
-	for _, x := range rows {
-		got = append(got, x.Action+":"+x.Actor+":"+x.Role)
-	}
-	if strings.Join(got, " ") != "logout:otto:operator login-failed:otto: login:otto:operator" {
-		t.Fatalf("sign-out, failed and good sign-in audited as %v", got)
-	}
+		if strings.Join(got, " ") != "logout:otto:operator login-failed:otto: login:otto:operator" {
+			t.Fatalf("sign-out, failed and good sign-in audited as %v", got)
+		}
+	})
 }
 
 // auditAction is the action a POST route leaves in the audit.
@@ -324,56 +326,57 @@ func aboutSubject(a outboxdriver.AuditRecord, pattern, id, event string) bool {
 // and is audited.
 func TestCSRF(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, nil)
-	id := r.deadLetter()
-	b := r.browser()
-	b.login(r.users[ops.Operator])
-	before := r.state()
-	paths := []string{"/dead-letters/" + id + "/retry", "/dead-letters/" + id + "/discard", "/logout",
-		"/requests/" + r.request() + "/cancel", "/replay", "/dead-letters/" + id + "/repair"}
-	before = r.state()
-	for _, p := range paths {
-		if code, _ := b.post(p, url.Values{"reason": {"no token"}}, false); code != 403 {
-			t.Errorf("POST %s without a CSRF token: %d, want 403", p, code)
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		id := r.deadLetter()
+		b := r.browser()
+		b.login(r.users[ops.Operator])
+		before := r.state()
+		paths := []string{"/dead-letters/" + id + "/retry", "/dead-letters/" + id + "/discard", "/logout",
+			"/requests/" + r.request() + "/cancel", "/replay", "/dead-letters/" + id + "/repair"}
+		before = r.state()
+		for _, p := range paths {
+			if code, _ := b.post(p, url.Values{"reason": {"no token"}}, false); code != 403 {
+				t.Errorf("POST %s without a CSRF token: %d, want 403", p, code)
+			}
+			if code, _ := b.post(p, url.Values{"csrf": {"forged"}}, false); code != 403 {
+				t.Errorf("POST %s with a wrong CSRF token: %d, want 403", p, code)
+			}
 		}
-		if code, _ := b.post(p, url.Values{"csrf": {"forged"}}, false); code != 403 {
-			t.Errorf("POST %s with a wrong CSRF token: %d, want 403", p, code)
+		// The API with a session cookie needs the token in X-CSRF-Token.
+		req, _ := http.NewRequestWithContext(r.ctx, "POST", r.url+"/api/v1/dead-letters/"+id+"/retry", nil)
+		if code, _ := r.do(b.c, req); code != 403 {
+			t.Errorf("API POST with the session cookie and no CSRF header: %d, want 403", code)
 		}
-	}
-	// The API with a session cookie needs the token in X-CSRF-Token.
-	req, _ := http.NewRequestWithContext(r.ctx, "POST", r.url+"/api/v1/dead-letters/"+id+"/retry", nil)
-	if code, _ := r.do(b.c, req); code != 403 {
-		t.Errorf("API POST with the session cookie and no CSRF header: %d, want 403", code)
-	}
-	// A cross-site request is refused even with the right token.
-	req, _ = http.NewRequestWithContext(r.ctx, "POST", r.url+"/dead-letters/"+id+"/retry", strings.NewReader(url.Values{"csrf": {b.csrf}}.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Sec-Fetch-Site", "cross-site")
-	if code, _ := r.do(b.c, req); code != 403 {
-		t.Errorf("cross-site POST: %d, want 403", code)
-	}
-	after := r.state()
-	refused := 2*len(paths) + 2
-	if after.dead != before.dead || after.backlog != before.backlog || after.requests != before.requests || after.audit != before.audit+refused {
-		t.Fatalf("refused requests changed %+v into %+v; want only %d more audit rows", before, after, refused)
-	}
-	for _, a := range r.audit()[:refused] {
-		if a.Action != ops.ActionDenied {
-			t.Errorf("refusal audited as %+v", a)
+		// A cross-site request is refused even with the right token.
+		req, _ = http.NewRequestWithContext(r.ctx, "POST", r.url+"/dead-letters/"+id+"/retry", strings.NewReader(url.Values{"csrf": {b.csrf}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Sec-Fetch-Site", "cross-site")
+		if code, _ := r.do(b.c, req); code != 403 {
+			t.Errorf("cross-site POST: %d, want 403", code)
 		}
-	}
-	// With the token, from the same origin, it works.
-	req, _ = http.NewRequestWithContext(r.ctx, "POST", r.url+"/api/v1/dead-letters/"+id+"/retry", nil)
-	req.Header.Set("X-CSRF-Token", b.csrf)
-	req.Header.Set("Sec-Fetch-Site", "same-origin")
-	if code, body := r.do(b.c, req); code != 200 {
-		t.Fatalf("API POST with the session and its CSRF header: %d %s", code, body)
-	}
-	// The sign-in form needs its own token.
-	code, _ := r.browser().post("/login", url.Values{"name": {"otto"}, "password": {r.users[ops.Operator].password}}, false)
-	if code != 403 {
-		t.Fatalf("sign-in without the form token: %d, want 403", code)
-	}
+		after := r.state()
+		refused := 2*len(paths) + 2
+		if after.dead != before.dead || after.backlog != before.backlog || after.requests != before.requests || after.audit != before.audit+refused {
+			t.Fatalf("refused requests changed %+v into %+v; want only %d more audit rows", before, after, refused)
+		}
+		for _, a := range r.audit()[:refused] {
+			if a.Action != ops.ActionDenied {
+				t.Errorf("refusal audited as %+v", a)
+			}
+		}
+		// With the token, from the same origin, it works.
+		req, _ = http.NewRequestWithContext(r.ctx, "POST", r.url+"/api/v1/dead-letters/"+id+"/retry", nil)
+		req.Header.Set("X-CSRF-Token", b.csrf)
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		if code, body := r.do(b.c, req); code != 200 {
+			t.Fatalf("API POST with the session and its CSRF header: %d %s", code, body)
+		}
+		// The sign-in form needs its own token.
+		code, _ := r.browser().post("/login", url.Values{"name": {"otto"}, "password": {r.users[ops.Operator].password}}, false)
+		if code != 403 {
+			t.Fatalf("sign-in without the form token: %d, want 403", code)
+		}
+	})
 }
 
 // Malformed filters, oversized pages, unknown and malformed ids, bad
@@ -381,86 +384,87 @@ func TestCSRF(t *testing.T) {
 // audited).
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, nil)
-	id := r.deadLetter()
-	op := r.users[ops.Operator].token
-	unknown := "0190a0a0-0000-7000-8000-000000000000"
-	cases := []struct {
-		method, path string
-		body         any
-		want         int
-	}{
-		{"GET", "/api/v1/dead-letters?limit=100000", nil, 400},
-		{"GET", "/api/v1/dead-letters?limit=0", nil, 400},
-		{"GET", "/api/v1/dead-letters?limit=ten", nil, 400},
-		{"GET", "/api/v1/dead-letters?since=yesterday", nil, 400},
-		{"GET", "/api/v1/dead-letters?since=2030-01-02&until=2020-01-01", nil, 400},
-		{"GET", "/api/v1/dead-letters?after=abc", nil, 400},
-		{"GET", "/api/v1/dead-letters?colour=red", nil, 400},
-		{"GET", "/api/v1/dead-letters?type=a&type=b", nil, 400},
-		{"GET", "/api/v1/dead-letters?error=" + strings.Repeat("x", 300), nil, 400},
-		{"GET", "/api/v1/audit?before=-1", nil, 400},
-		{"GET", "/api/v1/audit?event_id=nope", nil, 400},
-		{"GET", "/api/v1/audit?limit=501", nil, 400},
-		{"GET", "/api/v1/dead-letters/" + unknown, nil, 404},
-		{"GET", "/api/v1/dead-letters/not-a-uuid", nil, 400},
-		{"POST", "/api/v1/dead-letters/" + unknown + "/retry", nil, 404},
-		{"POST", "/api/v1/dead-letters/" + unknown + "/discard", nil, 404},
-		{"POST", "/api/v1/dead-letters/1%27%20OR%201=1/retry", nil, 400},
-		{"POST", "/api/v1/dead-letters/" + id + "/retry", map[string]any{"reason": 7}, 400},
-		{"POST", "/api/v1/dead-letters/" + id + "/retry", map[string]any{"why": "x"}, 400},
-		{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 1001)}, 400},
-		{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 70000)}, 400},
-		{"POST", "/api/v1/pauses/everything/pause", map[string]any{"reason": "x"}, 400},
-		{"POST", "/api/v1/pauses/aggregatetype=/pause", map[string]any{"reason": "x"}, 400},
-		{"POST", "/api/v1/pauses/all/pause", nil, 400}, // no reason
-		{"POST", "/api/v1/pauses/all/pause", map[string]any{"reason": " "}, 400},
-		{"POST", "/api/v1/pauses/aggregatetype=order/resume", nil, 404},
-		{"GET", "/api/v1/pauses?x=1", nil, 400},
-		{"GET", "/api/v1/held?limit=501", nil, 400},
-		{"POST", "/api/v1/held/" + unknown + "/release", map[string]any{"reason": "x"}, 404},
-		{"POST", "/api/v1/held/not-a-uuid/release", map[string]any{"reason": "x"}, 400},
-		{"POST", "/api/v1/held/" + id + "/release", nil, 400}, // no reason
-		{"GET", "/api/v1/failure-groups?limit=0", nil, 400},
-		{"POST", "/api/v1/failure-groups/zz/retry", nil, 400},
-		{"POST", "/api/v1/failure-groups/" + strings.Repeat("0", 32) + "/discard", nil, 404},
-		{"GET", "/api/v1/nothing", nil, 404},
-		{"DELETE", "/api/v1/audit", nil, 404},
-	}
-	before := r.state()
-	for _, c := range cases {
-		code, body := r.api(c.method, c.path, op, c.body)
-		if code != c.want {
-			t.Errorf("%s %s: %d %s; want %d", c.method, c.path, code, body, c.want)
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		id := r.deadLetter()
+		op := r.users[ops.Operator].token
+		unknown := "0190a0a0-0000-7000-8000-000000000000"
+		cases := []struct {
+			method, path string
+			body         any
+			want         int
+		}{
+			{"GET", "/api/v1/dead-letters?limit=100000", nil, 400},
+			{"GET", "/api/v1/dead-letters?limit=0", nil, 400},
+			{"GET", "/api/v1/dead-letters?limit=ten", nil, 400},
+			{"GET", "/api/v1/dead-letters?since=yesterday", nil, 400},
+			{"GET", "/api/v1/dead-letters?since=2030-01-02&until=2020-01-01", nil, 400},
+			{"GET", "/api/v1/dead-letters?after=abc", nil, 400},
+			{"GET", "/api/v1/dead-letters?colour=red", nil, 400},
+			{"GET", "/api/v1/dead-letters?type=a&type=b", nil, 400},
+			{"GET", "/api/v1/dead-letters?error=" + strings.Repeat("x", 300), nil, 400},
+			{"GET", "/api/v1/audit?before=-1", nil, 400},
+			{"GET", "/api/v1/audit?event_id=nope", nil, 400},
+			{"GET", "/api/v1/audit?limit=501", nil, 400},
+			{"GET", "/api/v1/dead-letters/" + unknown, nil, 404},
+			{"GET", "/api/v1/dead-letters/not-a-uuid", nil, 400},
+			{"POST", "/api/v1/dead-letters/" + unknown + "/retry", nil, 404},
+			{"POST", "/api/v1/dead-letters/" + unknown + "/discard", nil, 404},
+			{"POST", "/api/v1/dead-letters/1%27%20OR%201=1/retry", nil, 400},
+			{"POST", "/api/v1/dead-letters/" + id + "/retry", map[string]any{"reason": 7}, 400},
+			{"POST", "/api/v1/dead-letters/" + id + "/retry", map[string]any{"why": "x"}, 400},
+			{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 1001)}, 400},
+			{"POST", "/api/v1/dead-letters/" + id + "/discard", map[string]any{"reason": strings.Repeat("r", 70000)}, 400},
+			{"POST", "/api/v1/pauses/everything/pause", map[string]any{"reason": "x"}, 400},
+			{"POST", "/api/v1/pauses/aggregatetype=/pause", map[string]any{"reason": "x"}, 400},
+			{"POST", "/api/v1/pauses/all/pause", nil, 400}, // no reason
+			{"POST", "/api/v1/pauses/all/pause", map[string]any{"reason": " "}, 400},
+			{"POST", "/api/v1/pauses/aggregatetype=order/resume", nil, 404},
+			{"GET", "/api/v1/pauses?x=1", nil, 400},
+			{"GET", "/api/v1/held?limit=501", nil, 400},
+			{"POST", "/api/v1/held/" + unknown + "/release", map[string]any{"reason": "x"}, 404},
+			{"POST", "/api/v1/held/not-a-uuid/release", map[string]any{"reason": "x"}, 400},
+			{"POST", "/api/v1/held/" + id + "/release", nil, 400}, // no reason
+			{"GET", "/api/v1/failure-groups?limit=0", nil, 400},
+			{"POST", "/api/v1/failure-groups/zz/retry", nil, 400},
+			{"POST", "/api/v1/failure-groups/" + strings.Repeat("0", 32) + "/discard", nil, 404},
+			{"GET", "/api/v1/nothing", nil, 404},
+			{"DELETE", "/api/v1/audit", nil, 404},
 		}
-		var e struct {
-			Error struct{ Message string } `json:"error"`
+		before := r.state()
+		for _, c := range cases {
+			code, body := r.api(c.method, c.path, op, c.body)
+			if code != c.want {
+				t.Errorf("%s %s: %d %s; want %d", c.method, c.path, code, body, c.want)
+			}
+			var e struct {
+				Error struct{ Message string } `json:"error"`
+			}
+			if json.Unmarshal(body, &e) != nil || e.Error.Message == "" {
+				t.Errorf("%s %s: body %s; want a JSON error with a message", c.method, c.path, body)
+			}
 		}
-		if json.Unmarshal(body, &e) != nil || e.Error.Message == "" {
-			t.Errorf("%s %s: body %s; want a JSON error with a message", c.method, c.path, body)
+		if after := r.state(); after != before {
+			t.Fatalf("bad input changed %+v into %+v", before, after)
 		}
-	}
-	if after := r.state(); after != before {
-		t.Fatalf("bad input changed %+v into %+v", before, after)
-	}
-	// A bad token is refused and audited; it changes nothing else.
-	if code, _ := r.api("POST", "/api/v1/dead-letters/"+id+"/retry", "obx_forged", nil); code != 401 {
-		t.Fatalf("a forged token: %d, want 401", code)
-	}
-	if code, _ := r.api("GET", "/api/v1/overview", "", nil); code != 401 {
-		t.Fatalf("no token: %d, want 401", code)
-	}
-	after := r.state()
-	if after.dead != before.dead || after.audit != before.audit+1 || r.audit()[0].Action != ops.ActionDenied {
-		t.Fatalf("a forged token changed %+v into %+v (newest audit %+v); want one denied row more", before, after, r.audit()[0])
-	}
-	badRequests(t, r, id)
-	// A page with a bad filter says so.
-	b := r.browser()
-	b.login(r.users[ops.Viewer])
-	if code, page := b.get("/dead-letters?since=soon"); code != 400 || !strings.Contains(string(page), "since") {
-		t.Fatalf("page with a bad filter: %d\n%s", code, page)
-	}
+		// A bad token is refused and audited; it changes nothing else.
+		if code, _ := r.api("POST", "/api/v1/dead-letters/"+id+"/retry", "obx_forged", nil); code != 401 {
+			t.Fatalf("a forged token: %d, want 401", code)
+		}
+		if code, _ := r.api("GET", "/api/v1/overview", "", nil); code != 401 {
+			t.Fatalf("no token: %d, want 401", code)
+		}
+		after := r.state()
+		if after.dead != before.dead || after.audit != before.audit+1 || r.audit()[0].Action != ops.ActionDenied {
+			t.Fatalf("a forged token changed %+v into %+v (newest audit %+v); want one denied row more", before, after, r.audit()[0])
+		}
+		badRequests(t, r, id)
+		// A page with a bad filter says so.
+		b := r.browser()
+		b.login(r.users[ops.Viewer])
+		if code, page := b.get("/dead-letters?since=soon"); code != 400 || !strings.Contains(string(page), "since") {
+			t.Fatalf("page with a bad filter: %d\n%s", code, page)
+		}
+	})
 }
 
 // badRequests: the requests' bad input gets a clear 4xx and changes
@@ -480,9 +484,7 @@ func badRequests(t *testing.T, r *rig, deadLetter string) {
 	}
 	mine := r.request(ops.Actor{Name: "anna", Role: ops.Operator}) // anna requested it, as an operator then
 	expired := r.request()
-	if _, err := r.pool.Exec(r.ctx, `UPDATE `+r.tb.Qualified("_requests")+` SET expires_at = now() - interval '1 second' WHERE id = $1`, expired); err != nil {
-		t.Fatal(err)
-	}
+	r.fx.expire(t, r.tb, expired)
 	// The next call that reads requests marks it expired (and audits it).
 	if code, body := r.api("GET", "/api/v1/requests/"+expired, op, nil); code != 200 || !strings.Contains(string(body), `"state": "expired"`) {
 		t.Fatalf("a request past its expiry: %d %s", code, body)

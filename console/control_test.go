@@ -20,60 +20,67 @@ import (
 // members back into the outbox, each audited.
 func TestFailureGroups(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, nil)
-	row := func(typ, err string) testenv.DeadLetterRow {
-		return testenv.DeadLetterRow{AggregateType: "order", AggregateID: testenv.Hex(t), Type: typ, Payload: `{}`, LastError: err, Attempts: 20}
-	}
-	timeouts := testenv.AddDeadLetters(t, r.pool, r.tb,
-		row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000001: timeout after 30000ms"),
-		row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000002: timeout after 31000ms"),
-		row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000003: timeout after 30500ms"))
-	testenv.AddDeadLetters(t, r.pool, r.tb,
-		row("OrderShipped", "publish 0190a0a0-0000-7000-8000-000000000004: timeout after 30000ms"), // another type
-		row("OrderPlaced", "broker refused: 400 Bad Request"))                                      // another class
-	op := r.users[ops.Operator].token
-	code, body := r.api("GET", "/api/v1/failure-groups", r.users[ops.Viewer].token, nil)
-	if code != http.StatusOK {
-		t.Fatalf("list groups: %d %s", code, body)
-	}
-	var list struct{ Groups []outboxdriver.FailureGroup }
-	if err := json.Unmarshal(body, &list); err != nil {
-		t.Fatal(err)
-	}
-	if len(list.Groups) != 3 || list.Groups[0].Count != 3 || list.Groups[0].Type != "OrderPlaced" || list.Groups[0].Example != timeouts[0] {
-		t.Fatalf("groups %+v; want 3, the largest OrderPlaced timeouts (3) with the oldest as example", list.Groups)
-	}
-	if c := list.Groups[0].ErrorClass; c != "publish <id>: timeout after <n>ms" {
-		t.Fatalf("error class %q", c)
-	}
-	mark := r.lastAuditID()
-	code, body = r.api("POST", "/api/v1/failure-groups/"+list.Groups[0].Key+"/retry", op, map[string]string{"reason": "receiver back"})
-	if code != http.StatusOK {
-		t.Fatalf("retry group: %d %s", code, body)
-	}
-	var done struct {
-		IDs   []string
-		Count int
-	}
-	if err := json.Unmarshal(body, &done); err != nil {
-		t.Fatal(err)
-	}
-	if done.Count != 3 || len(done.IDs) != 3 {
-		t.Fatalf("retried %+v, want the 3 timeouts", done)
-	}
-	st := r.state()
-	if st.backlog != 3 || st.dead != 2 {
-		t.Fatalf("after the group retry: backlog %d, dead letters %d; want 3 and 2", st.backlog, st.dead)
-	}
-	rows := r.auditSince(mark)
-	if len(rows) != 3 {
-		t.Fatalf("%d audit rows for a group of 3: %+v", len(rows), rows)
-	}
-	for _, a := range rows {
-		if a.Action != "retry" || a.Actor != "otto" || a.Reason != "receiver back" {
-			t.Errorf("audit %+v", a)
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		row := func(typ, err string) testenv.DeadLetterRow {
+			return testenv.DeadLetterRow{AggregateType: "order", AggregateID: testenv.Hex(t), Type: typ, Payload: `{}`, LastError: err, Attempts: 20}
 		}
-	}
+		timeouts := r.fx.addDeadLetters(t, r.tb,
+			row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000001: timeout after 30000ms"),
+			row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000002: timeout after 31000ms"),
+			row("OrderPlaced", "publish 0190a0a0-0000-7000-8000-000000000003: timeout after 30500ms"))
+		r.fx.addDeadLetters(t, r.tb,
+			row("OrderShipped", "publish 0190a0a0-0000-7000-8000-000000000004: timeout after 30000ms"), // another type
+			row("OrderPlaced", "broker refused: 400 Bad Request"))                                      // another class
+		op := r.users[ops.Operator].token
+		code, body := r.api("GET", "/api/v1/failure-groups", r.users[ops.Viewer].token, nil)
+		if code != http.StatusOK {
+			t.Fatalf("list groups: %d %s", code, body)
+		}
+		var list struct{ Groups []outboxdriver.FailureGroup }
+		if err := json.Unmarshal(body, &list); err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Groups) != 3 || list.Groups[0].Count != 3 || list.Groups[0].Type != "OrderPlaced" || list.Groups[0].Example != timeouts[0] {
+			t.Fatalf("groups %+v; want 3, the largest OrderPlaced timeouts (3) with the oldest as example", list.Groups)
+		}
+		if c := list.Groups[0].ErrorClass; c != "publish <id>: timeout after <n>ms" || c != outboxdriver.ErrorClass("publish 0190a0a0-0000-7000-8000-000000000001: timeout after 30000ms") {
+			t.Fatalf("error class %q", c)
+		}
+		// Every database names a group as outboxdriver.FailureGroupKey does.
+		for _, g := range list.Groups {
+			if g.Key != outboxdriver.FailureGroupKey(g.Type, g.ErrorClass) {
+				t.Fatalf("group %+v: key %s, want %s", g, g.Key, outboxdriver.FailureGroupKey(g.Type, g.ErrorClass))
+			}
+		}
+		mark := r.lastAuditID()
+		code, body = r.api("POST", "/api/v1/failure-groups/"+list.Groups[0].Key+"/retry", op, map[string]string{"reason": "receiver back"})
+		if code != http.StatusOK {
+			t.Fatalf("retry group: %d %s", code, body)
+		}
+		var done struct {
+			IDs   []string
+			Count int
+		}
+		if err := json.Unmarshal(body, &done); err != nil {
+			t.Fatal(err)
+		}
+		if done.Count != 3 || len(done.IDs) != 3 {
+			t.Fatalf("retried %+v, want the 3 timeouts", done)
+		}
+		st := r.state()
+		if st.backlog != 3 || st.dead != 2 {
+			t.Fatalf("after the group retry: backlog %d, dead letters %d; want 3 and 2", st.backlog, st.dead)
+		}
+		rows := r.auditSince(mark)
+		if len(rows) != 3 {
+			t.Fatalf("%d audit rows for a group of 3: %+v", len(rows), rows)
+		}
+		for _, a := range rows {
+			if a.Action != "retry" || a.Actor != "otto" || a.Reason != "receiver back" {
+				t.Errorf("audit %+v", a)
+			}
+		}
+	})
 }
 
 // A held aggregate shows in the list; releasing it removes the hold (the
@@ -81,32 +88,33 @@ func TestFailureGroups(t *testing.T) {
 // audited.
 func TestHeldRelease(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, nil)
-	id := r.deadLetter() // holds order/<hex>
-	code, body := r.api("GET", "/api/v1/held", r.users[ops.Viewer].token, nil)
-	var list struct{ Held []outboxdriver.HeldAggregate }
-	if code != http.StatusOK || json.Unmarshal(body, &list) != nil || len(list.Held) != 1 || list.Held[0].EventID != id || list.Held[0].Reason != "dead-lettered" {
-		t.Fatalf("held list: %d %s", code, body)
-	}
-	code, body = r.api("POST", "/api/v1/held/"+id+"/release", r.users[ops.Operator].token, map[string]string{"reason": "ship the rest"})
-	if code != http.StatusOK {
-		t.Fatalf("release: %d %s", code, body)
-	}
-	st := r.state()
-	if st.held != 0 || st.dead != 1 {
-		t.Fatalf("after release: %+v; want nothing held, the dead letter kept", st)
-	}
-	d, err := r.st.DeadLetter(r.ctx, r.tb, id)
-	if err != nil || d.Held {
-		t.Fatalf("dead letter after release: held=%v, %v", d.Held, err)
-	}
-	if a := r.audit()[0]; a.Action != "release" || a.EventID != id || a.Reason != "ship the rest" || a.Role != "operator" {
-		t.Fatalf("audit %+v", a)
-	}
-	// Released once: a second release finds nothing held.
-	if code, _ := r.api("POST", "/api/v1/held/"+id+"/release", r.users[ops.Operator].token, map[string]string{"reason": "again"}); code != http.StatusNotFound {
-		t.Fatalf("second release: %d, want 404", code)
-	}
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		id := r.deadLetter() // holds order/<hex>
+		code, body := r.api("GET", "/api/v1/held", r.users[ops.Viewer].token, nil)
+		var list struct{ Held []outboxdriver.HeldAggregate }
+		if code != http.StatusOK || json.Unmarshal(body, &list) != nil || len(list.Held) != 1 || list.Held[0].EventID != id || list.Held[0].Reason != "dead-lettered" {
+			t.Fatalf("held list: %d %s", code, body)
+		}
+		code, body = r.api("POST", "/api/v1/held/"+id+"/release", r.users[ops.Operator].token, map[string]string{"reason": "ship the rest"})
+		if code != http.StatusOK {
+			t.Fatalf("release: %d %s", code, body)
+		}
+		st := r.state()
+		if st.held != 0 || st.dead != 1 {
+			t.Fatalf("after release: %+v; want nothing held, the dead letter kept", st)
+		}
+		d, err := r.st.DeadLetter(r.ctx, r.tb, id)
+		if err != nil || d.Held {
+			t.Fatalf("dead letter after release: held=%v, %v", d.Held, err)
+		}
+		if a := r.audit()[0]; a.Action != "release" || a.EventID != id || a.Reason != "ship the rest" || a.Role != "operator" {
+			t.Fatalf("audit %+v", a)
+		}
+		// Released once: a second release finds nothing held.
+		if code, _ := r.api("POST", "/api/v1/held/"+id+"/release", r.users[ops.Operator].token, map[string]string{"reason": "again"}); code != http.StatusNotFound {
+			t.Fatalf("second release: %d, want 404", code)
+		}
+	})
 }
 
 // Only an operator may reveal a masked payload field, only with a reason,
@@ -114,35 +122,36 @@ func TestHeldRelease(t *testing.T) {
 // dead letter is masked again for everyone afterwards.
 func TestReveal(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, nil)
-	id := r.deadLetter() // customer.email is sensitive in the rig
-	const secret = "ada@example.com"
-	path := "/api/v1/dead-letters/" + id + "/reveal"
-	for _, role := range []ops.Role{ops.Viewer, ops.Approver} {
-		code, body := r.api("POST", path, r.users[role].token, map[string]string{"path": "customer.email", "reason": "curious"})
-		if code != http.StatusForbidden || strings.Contains(string(body), secret) {
-			t.Fatalf("reveal by the %s: %d %s", role, code, body)
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		id := r.deadLetter() // customer.email is sensitive in the rig
+		const secret = "ada@example.com"
+		path := "/api/v1/dead-letters/" + id + "/reveal"
+		for _, role := range []ops.Role{ops.Viewer, ops.Approver} {
+			code, body := r.api("POST", path, r.users[role].token, map[string]string{"path": "customer.email", "reason": "curious"})
+			if code != http.StatusForbidden || strings.Contains(string(body), secret) {
+				t.Fatalf("reveal by the %s: %d %s", role, code, body)
+			}
 		}
-	}
-	op := r.users[ops.Operator].token
-	if code, body := r.api("POST", path, op, map[string]string{"path": "customer.email"}); code != http.StatusBadRequest || strings.Contains(string(body), secret) {
-		t.Fatalf("reveal without a reason: %d %s", code, body)
-	}
-	if code, _ := r.api("POST", path, op, map[string]string{"path": "customer.name", "reason": "x"}); code != http.StatusBadRequest {
-		t.Fatalf("reveal of a path that is not sensitive: %d", code)
-	}
-	code, body := r.api("POST", path, op, map[string]string{"path": "customer.email", "reason": "customer asked support"})
-	if code != http.StatusOK || !strings.Contains(string(body), secret) || !strings.Contains(string(body), `"revealed": "customer.email"`) {
-		t.Fatalf("reveal by the operator: %d %s", code, body)
-	}
-	if a := r.audit()[0]; a.Action != "reveal" || a.EventID != id || a.Actor != "otto" || a.Reason != "customer asked support" || !strings.Contains(a.Detail, "customer.email") {
-		t.Fatalf("audit of the reveal: %+v", a)
-	}
-	for _, role := range ops.Roles() {
-		if code, body := r.api("GET", "/api/v1/dead-letters/"+id, r.users[role].token, nil); code != http.StatusOK || strings.Contains(string(body), secret) {
-			t.Fatalf("the dead letter for the %s after the reveal: %d %s", role, code, body)
+		op := r.users[ops.Operator].token
+		if code, body := r.api("POST", path, op, map[string]string{"path": "customer.email"}); code != http.StatusBadRequest || strings.Contains(string(body), secret) {
+			t.Fatalf("reveal without a reason: %d %s", code, body)
 		}
-	}
+		if code, _ := r.api("POST", path, op, map[string]string{"path": "customer.name", "reason": "x"}); code != http.StatusBadRequest {
+			t.Fatalf("reveal of a path that is not sensitive: %d", code)
+		}
+		code, body := r.api("POST", path, op, map[string]string{"path": "customer.email", "reason": "customer asked support"})
+		if code != http.StatusOK || !strings.Contains(string(body), secret) || !strings.Contains(string(body), `"revealed": "customer.email"`) {
+			t.Fatalf("reveal by the operator: %d %s", code, body)
+		}
+		if a := r.audit()[0]; a.Action != "reveal" || a.EventID != id || a.Actor != "otto" || a.Reason != "customer asked support" || !strings.Contains(a.Detail, "customer.email") {
+			t.Fatalf("audit of the reveal: %+v", a)
+		}
+		for _, role := range ops.Roles() {
+			if code, body := r.api("GET", "/api/v1/dead-letters/"+id, r.users[role].token, nil); code != http.StatusOK || strings.Contains(string(body), secret) {
+				t.Fatalf("the dead letter for the %s after the reveal: %d %s", role, code, body)
+			}
+		}
+	})
 }
 
 // The overview shows the backlog by aggregate type and event type, the
@@ -194,39 +203,40 @@ func TestOverviewInsight(t *testing.T) {
 // are masked, listed, and each may be revealed (the others stay masked).
 func TestRevealContractPath(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, nil)
-	reg, err := contract.Load("../contract/testdata/orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := ops.New(r.st, r.tb, &ops.Config{SensitivePaths: []string{"customer.email"}, Contracts: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := testenv.AddDeadLetters(t, r.pool, r.tb, testenv.DeadLetterRow{
-		AggregateType: "order", AggregateID: testenv.Hex(t), Type: "OrderPlaced",
-		Payload:   `{"orderId":42,"customer":{"email":"ada@example.com"},"shipping":{"address":"1 Analytical Way"}}`,
-		LastError: "refused", Attempts: 1,
-	})[0]
-	otto := ops.Actor{Name: "otto", Role: ops.Operator}
-	v, err := o.DeadLetter(r.ctx, otto, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(v.Payload, "Analytical") || strings.Contains(v.Payload, "ada@") || !slices.Contains(v.Sensitive, "shipping.address") || !slices.Contains(v.Sensitive, "customer.email") {
-		t.Fatalf("masked view: sensitive %v, payload %s", v.Sensitive, v.Payload)
-	}
-	v, err = o.Reveal(r.ctx, otto, id, "shipping.address", "courier lost the parcel")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(v.Payload, "1 Analytical Way") || strings.Contains(v.Payload, "ada@") || v.Revealed != "shipping.address" {
-		t.Fatalf("revealed shipping.address: revealed %q, payload %s", v.Revealed, v.Payload)
-	}
-	if a := r.audit()[0]; a.Action != ops.ActionReveal || a.EventID != id || !strings.Contains(a.Detail, "shipping.address") {
-		t.Fatalf("audit of the reveal: %+v", a)
-	}
-	if _, err := o.Reveal(r.ctx, otto, id, "orderId", "not sensitive"); !errors.As(err, new(*ops.InputError)) {
-		t.Fatalf("reveal of a path that is not sensitive: %v, want an input error", err)
-	}
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		reg, err := contract.Load("../contract/testdata/orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := ops.New(r.st, r.tb, &ops.Config{SensitivePaths: []string{"customer.email"}, Contracts: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := r.fx.addDeadLetters(t, r.tb, testenv.DeadLetterRow{
+			AggregateType: "order", AggregateID: testenv.Hex(t), Type: "OrderPlaced",
+			Payload:   `{"orderId":42,"customer":{"email":"ada@example.com"},"shipping":{"address":"1 Analytical Way"}}`,
+			LastError: "refused", Attempts: 1,
+		})[0]
+		otto := ops.Actor{Name: "otto", Role: ops.Operator}
+		v, err := o.DeadLetter(r.ctx, otto, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(v.Payload, "Analytical") || strings.Contains(v.Payload, "ada@") || !slices.Contains(v.Sensitive, "shipping.address") || !slices.Contains(v.Sensitive, "customer.email") {
+			t.Fatalf("masked view: sensitive %v, payload %s", v.Sensitive, v.Payload)
+		}
+		v, err = o.Reveal(r.ctx, otto, id, "shipping.address", "courier lost the parcel")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(v.Payload, "1 Analytical Way") || strings.Contains(v.Payload, "ada@") || v.Revealed != "shipping.address" {
+			t.Fatalf("revealed shipping.address: revealed %q, payload %s", v.Revealed, v.Payload)
+		}
+		if a := r.audit()[0]; a.Action != ops.ActionReveal || a.EventID != id || !strings.Contains(a.Detail, "shipping.address") {
+			t.Fatalf("audit of the reveal: %+v", a)
+		}
+		if _, err := o.Reveal(r.ctx, otto, id, "orderId", "not sensitive"); !errors.As(err, new(*ops.InputError)) {
+			t.Fatalf("reveal of a path that is not sensitive: %v, want an input error", err)
+		}
+	})
 }

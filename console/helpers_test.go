@@ -21,7 +21,6 @@ import (
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // A user of the test console: name, role, password and API token.
@@ -30,14 +29,18 @@ type testUser struct {
 	role                  ops.Role
 }
 
-// rig is a console over a fresh table on the test PostgreSQL, served on
-// the loopback, with one user per role.
+// rig is a console over a fresh table on one of the test databases
+// (PostgreSQL, MariaDB, SQLite), served on the loopback, with one user per
+// role.
 type rig struct {
-	t     *testing.T
-	ctx   context.Context
+	t   *testing.T
+	ctx context.Context
+	db  string // postgres, mysql or sqlite
+	// pool is PostgreSQL's (nil on the others).
 	pool  *pgxpool.Pool
+	fx    fixtures
 	tb    outboxdriver.Table
-	st    *outboxpgx.Driver
+	st    consoleStore
 	srv   *console.Server
 	op    *ops.Ops
 	url   string
@@ -49,19 +52,21 @@ type rigOptions struct {
 	users bool // false: no users (dev mode tests)
 }
 
-func newRig(t *testing.T, o *rigOptions) *rig {
+// newRig is a rig on PostgreSQL.
+func newRig(t *testing.T, o *rigOptions) *rig { return newRigOn(t, "postgres", o) }
+
+// newRigOn is a rig on database db.
+func newRigOn(t *testing.T, db string, o *rigOptions) *rig {
 	t.Helper()
 	if o == nil {
 		o = &rigOptions{users: true}
 	}
-	pool := testenv.Pool(t)
-	tb := testenv.Table(t, pool)
-	st := outboxpgx.New(pool)
 	ctx := testenv.Context(t, 2*time.Minute)
+	st, tb, fx, pool := openDB(t, ctx, db)
 	if _, err := st.Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, ctx: ctx, pool: pool, tb: tb, st: st, users: map[ops.Role]testUser{}}
+	r := &rig{t: t, ctx: ctx, db: db, pool: pool, fx: fx, tb: tb, st: st, users: map[ops.Role]testUser{}}
 	cfg := o.cfg
 	if o.users {
 		u := &console.Users{Cost: bcrypt.MinCost}
@@ -94,7 +99,7 @@ func newRig(t *testing.T, o *rigOptions) *rig {
 // deadLetter adds one dead letter and returns its id.
 func (r *rig) deadLetter() string {
 	r.t.Helper()
-	return testenv.AddDeadLetters(r.t, r.pool, r.tb, testenv.DeadLetterRow{
+	return r.fx.addDeadLetters(r.t, r.tb, testenv.DeadLetterRow{
 		AggregateType: "order", AggregateID: testenv.Hex(r.t), Type: "OrderPlaced",
 		Payload: `{"orderId":42,"customer":{"email":"ada@example.com"}}`, Headers: `{"tenant":"t1"}`,
 		LastError: "broker refused: 400 Bad Request", Attempts: 3, Held: true,
@@ -114,11 +119,7 @@ func (r *rig) state() state {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	var reqs string
-	if err := r.pool.QueryRow(r.ctx, `SELECT coalesce(string_agg(id || ':' || state, ' ' ORDER BY id), '') FROM `+r.tb.Qualified("_requests")).Scan(&reqs); err != nil {
-		r.t.Fatal(err)
-	}
-	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit()), len(st.Pauses), reqs}
+	return state{st.Backlog, st.DeadLetters, st.Held, len(r.audit()), len(st.Pauses), r.fx.requestStates(r.t, r.tb)}
 }
 
 // request adds a pending replay request by a (default otto, operator)
@@ -142,7 +143,7 @@ func (r *rig) request(a ...ops.Actor) string {
 func (r *rig) keep() string {
 	r.t.Helper()
 	agg := testenv.Hex(r.t)
-	testenv.AddPublished(r.t, r.pool, r.tb, testenv.PublishedRow{AggregateType: "order", AggregateID: agg, Type: "OrderPlaced", Payload: `{"n":1}`, Ago: time.Minute})
+	r.fx.addPublished(r.t, r.tb, testenv.PublishedRow{AggregateType: "order", AggregateID: agg, Type: "OrderPlaced", Payload: `{"n":1}`, Ago: time.Minute})
 	return agg
 }
 
@@ -362,7 +363,7 @@ func (r *rig) target(method, pattern string) (id, path string, form url.Values, 
 	}
 	path = strings.ReplaceAll(fill(pattern, id), "{scope}", url.PathEscape(scope.String()))
 	if strings.Contains(pattern, "{group}") {
-		id = testenv.AddDeadLetters(r.t, r.pool, r.tb, testenv.DeadLetterRow{AggregateType: "order", AggregateID: typ, Type: "Type" + typ,
+		id = r.fx.addDeadLetters(r.t, r.tb, testenv.DeadLetterRow{AggregateType: "order", AggregateID: typ, Type: "Type" + typ,
 			Payload: `{}`, LastError: "refused", Attempts: 1})[0]
 		event = id
 		gs, err := r.st.FailureGroups(r.ctx, r.tb, 1000)

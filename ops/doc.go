@@ -23,15 +23,16 @@
 //     Executor carries out approved requests in batches, each with its
 //     cursor in one transaction, so a crash leaves a request resumable.
 //
-// The audit is append-only: on PostgreSQL the database refuses UPDATE,
-// DELETE and TRUNCATE on it, except through PruneAudit (`outbox audit
+// The audit is append-only: the database refuses UPDATE and DELETE on it
+// (and TRUNCATE on PostgreSQL), except through PruneAudit (`outbox audit
 // prune`), which records what it deleted.
 //
 // The full set of operations (filtered listing, the detail of one dead
 // letter, role and reason in every audit row) needs a Store that is also
 // an outboxdriver.Inspector, Auditor and DeadLetterActions; pauses and
 // held aggregates need an outboxdriver.Controller, failure groups a
-// FailureGrouper, the overview's details an Observer. The PostgreSQL
-// driver outboxpgx is all of them; on other Stores, ops offers what the
-// Store has and answers the rest with ErrUnsupported.
+// FailureGrouper, the overview's details an Observer. The drivers
+// outboxpgx, outboxmysql and outboxsqlite are all of them; on other
+// Stores, ops offers what the Store has and answers the rest with
+// ErrUnsupported.
 package ops

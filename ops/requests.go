@@ -29,6 +29,8 @@ const (
 	DefaultRequestTTL      = time.Hour
 	DefaultRepairMaxBytes  = 48 << 10
 	DefaultReplayBatchSize = 500
+	// DefaultExecutorStale is ExecutorConfig.Stale's default.
+	DefaultExecutorStale = 30 * time.Second
 	// maxRoutedValues bounds the distinct routed values a destination
 	// filter may stand for.
 	maxRoutedValues = 10000
@@ -550,7 +552,7 @@ func (o *Ops) NewExecutor(cfg *ExecutorConfig) (*Executor, error) {
 		c.Poll = 2 * time.Second
 	}
 	if c.Stale == 0 {
-		c.Stale = 30 * time.Second
+		c.Stale = DefaultExecutorStale
 	}
 	if c.BatchSize < 1 || c.Poll < 0 || c.Stale < 0 {
 		return nil, errors.New("ops: executor: BatchSize, Poll and Stale must be positive")

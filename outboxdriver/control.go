@@ -2,9 +2,14 @@ package outboxdriver
 
 import (
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // PauseKind is what a pause stops.
@@ -180,6 +185,31 @@ type FailureGroup struct {
 	Last       time.Time `json:"last"`
 	// Example is the id of the group's oldest dead letter.
 	Example string `json:"example"`
+}
+
+var (
+	uuidText   = regexp.MustCompile(`(?i)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	longNumber = regexp.MustCompile(`[0-9]{4,}`)
+)
+
+// ErrorClass is the class of a last error that failure groups share: the
+// error with UUIDs blanked as <id> and numbers of four or more digits as
+// <n>, cut to 200 characters. (The PostgreSQL driver computes the same in
+// SQL.)
+func ErrorClass(lastError string) string {
+	c := longNumber.ReplaceAllString(uuidText.ReplaceAllString(lastError, "<id>"), "<n>")
+	if utf8.RuneCountInString(c) > 200 {
+		c = string([]rune(c)[:200])
+	}
+	return c
+}
+
+// FailureGroupKey names the failure group of an event type and an error
+// class: 32 hex digits (the MD5 of the type's length in characters, ":",
+// the type and the class).
+func FailureGroupKey(eventType, class string) string {
+	h := md5.Sum([]byte(strconv.Itoa(utf8.RuneCountInString(eventType)) + ":" + eventType + class))
+	return hex.EncodeToString(h[:])
 }
 
 // FailureGrouper is a Store that groups dead letters by event type and

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -15,6 +16,7 @@ import (
 // database/sql.
 type Driver struct {
 	outboxdriver.SQLPool
+	console
 }
 
 // New returns the Driver of the database db connects to (opened with
@@ -22,7 +24,10 @@ type Driver struct {
 // closes db: that is the caller's. db may be nil for a program that only
 // writes events inside its own transactions (WriteTx); every method that
 // needs a connection of its own then fails.
-func New(db *sql.DB) *Driver { return &Driver{outboxdriver.NewSQLPool("outboxmysql", db)} }
+func New(db *sql.DB) *Driver {
+	p := outboxdriver.NewSQLPool("outboxmysql", db)
+	return &Driver{SQLPool: p, console: sqlstore.New(dialect, p.Need)}
+}
 
 var (
 	_ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)

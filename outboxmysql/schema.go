@@ -6,10 +6,13 @@ import (
 	"database/sql"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -46,18 +49,23 @@ func validate(t outboxdriver.Table) error {
 
 // namesOf returns the quoted names of t's tables, qualified by the schema
 // (the MySQL database) unless it is empty.
-func namesOf(t outboxdriver.Table) outboxdriver.Names {
-	return outboxdriver.NamesOf(func(suffix string) string {
+func namesOf(t outboxdriver.Table) outboxdriver.Names { return outboxdriver.NamesOf(qualifier(t)) }
+
+// qualifier returns the function that quotes the name of t's companion
+// table name+suffix, qualified by the schema unless it is empty.
+func qualifier(t outboxdriver.Table) func(suffix string) string {
+	return func(suffix string) string {
 		if t.Schema == "" {
 			return quoteIdent(t.Name + suffix)
 		}
 		return quoteIdent(t.Schema) + "." + quoteIdent(t.Name+suffix)
-	})
+	}
 }
 
 // render replaces the {{...}} placeholders of a migration.
 func render(sqlText string, t outboxdriver.Table, partitions int) string {
 	n := namesOf(t)
+	q := qualifier(t)
 	var rows strings.Builder
 	for p := range partitions {
 		if p > 0 {
@@ -73,6 +81,12 @@ func render(sqlText string, t outboxdriver.Table, partitions int) string {
 		"{{relays}}", n.Relays,
 		"{{held}}", n.Held,
 		"{{audit}}", n.Audit,
+		"{{pause}}", q("_pause"),
+		"{{samples}}", q("_samples"),
+		"{{requests}}", q("_requests"),
+		"{{audit_prune}}", q("_audit_prune"),
+		"{{audit_upd}}", q("_audit_upd"),
+		"{{audit_del}}", q("_audit_del"),
 		"{{partitions}}", strconv.Itoa(partitions),
 		"{{partition_rows}}", rows.String(),
 	).Replace(sqlText)
@@ -166,10 +180,18 @@ func (m *migrator) applied(ctx context.Context) (map[int]bool, error) {
 	return done, rows.Err()
 }
 
-// exec runs every statement of a rendered migration.
+// exec runs every statement of a rendered migration. An ALTER TABLE is
+// atomic (all of its clauses or none), so one refused because its first
+// column or key exists already (or, going down, is gone already) was
+// applied by a run cut short before it recorded the version: it is done.
 func (m *migrator) exec(ctx context.Context, sqlText string) error {
 	for _, st := range migrations.Statements(sqlText) {
 		if _, err := m.conn.ExecContext(ctx, st); err != nil {
+			var my *mysql.MySQLError
+			alter := strings.HasPrefix(strings.ToUpper(strings.TrimSpace(st)), "ALTER TABLE")
+			if alter && errors.As(err, &my) && (my.Number == 1060 || my.Number == 1061 || my.Number == 1091) { // duplicate column, duplicate key, cannot drop
+				continue
+			}
 			return err
 		}
 	}

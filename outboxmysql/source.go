@@ -21,7 +21,8 @@ type Source struct {
 	db *sql.DB
 	n  outboxdriver.Names
 
-	idleVar atomic.Value // string: the server variable that bounds a claim's idle time ("" until known)
+	idleVar atomic.Value             // string: the server variable that bounds a claim's idle time ("" until known)
+	exclude atomic.Pointer[[]string] // aggregate types the claims leave out (paused)
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
@@ -229,6 +230,10 @@ WHERE `+"`partition`"+` IN (`+placeholders(len(parts))+`) FOR UPDATE SKIP LOCKED
 	if len(locked) == 0 {
 		return nil, nil
 	}
+	excludeSQL, excludeArgs := "", []any(nil)
+	if p := s.exclude.Load(); p != nil && len(*p) > 0 {
+		excludeSQL, excludeArgs = "\n  AND o.aggregatetype NOT IN ("+placeholders(len(*p))+")", strs(*p)
+	}
 	rows, err = tx.QueryContext(ctx, `SELECT o.id, o.seq, o.`+"`partition`"+`, o.aggregatetype, o.aggregateid, o.type, o.payload, o.payload_raw,
        o.headers, COALESCE(o.tracingspancontext, ''), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at), o.attempts
 FROM `+s.n.Table+` AS o
@@ -236,9 +241,9 @@ WHERE o.`+"`partition`"+` IN (`+placeholders(len(locked))+`)
   AND o.published_at IS NULL
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))
   AND NOT EXISTS (SELECT 1 FROM `+s.n.Held+` AS h
-                  WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
+                  WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)`+excludeSQL+`
 ORDER BY o.seq
-LIMIT ?`, append(ints(locked), limit)...)
+LIMIT ?`, append(append(ints(locked), excludeArgs...), limit)...)
 	if err != nil {
 		return nil, err
 	}

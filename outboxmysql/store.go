@@ -2,7 +2,6 @@ package outboxmysql
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -95,6 +94,11 @@ ORDER BY l.`+"`partition`"+``)
 	if err := rows.Err(); err != nil {
 		return fail(err)
 	}
+	if st.SchemaVersion >= consoleVersion {
+		if st.Pauses, err = d.ListPauses(ctx, t); err != nil {
+			return st, err
+		}
+	}
 	return st, nil
 }
 
@@ -128,113 +132,6 @@ FROM `+namesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT ?`, limit)
 		return nil, fmt.Errorf("outboxmysql: list dead letters of %s: %w", t, err)
 	}
 	return out, nil
-}
-
-// idFilter returns the condition that selects ids (nil: every row) and
-// its arguments, and false when ids is empty but not nil (no row).
-func idFilter(ids []string) (string, []any, bool) {
-	if ids == nil {
-		return "TRUE", nil, true
-	}
-	if len(ids) == 0 {
-		return "", nil, false
-	}
-	return "id IN (" + placeholders(len(ids)) + ")", strs(ids), true
-}
-
-// lockedDeadLetters locks the selected dead letters in tx and returns
-// their ids in seq order with their audit detail.
-func lockedDeadLetters(ctx context.Context, tx *sql.Tx, n outboxdriver.Names, where string, args []any) (ids, details []string, err error) {
-	rows, err := tx.QueryContext(ctx, `SELECT id, CONCAT(aggregatetype, '/', aggregateid, ' ', type, ' after: ', last_error)
-FROM `+n.DeadLetter+` WHERE `+where+` ORDER BY seq FOR UPDATE`, args...)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id, detail string
-		if err := rows.Scan(&id, &detail); err != nil {
-			return nil, nil, err
-		}
-		ids, details = append(ids, id), append(details, detail)
-	}
-	return ids, details, rows.Err()
-}
-
-// moveDeadLetters runs fn on the selected dead letters in one transaction,
-// audits each under actor and action, and returns their ids.
-func (d *Driver) moveDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor, action string,
-	fn func(tx *sql.Tx, n outboxdriver.Names, in string, args []any) error) ([]string, error) {
-	if err := validate(t); err != nil {
-		return nil, err
-	}
-	db, err := d.Need()
-	if err != nil {
-		return nil, err
-	}
-	where, args, ok := idFilter(ids)
-	if !ok {
-		return nil, nil
-	}
-	n := namesOf(t)
-	out, err := func() ([]string, error) {
-		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-		if err != nil {
-			return nil, err
-		}
-		defer tx.Rollback()
-		moved, details, err := lockedDeadLetters(ctx, tx, n, where, args)
-		if err != nil || len(moved) == 0 {
-			return nil, err
-		}
-		for part := range chunks(moved) {
-			if err := fn(tx, n, placeholders(len(part)), strs(part)); err != nil {
-				return nil, err
-			}
-		}
-		for i, id := range moved {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+n.Audit+` (actor, action, event_id, detail) VALUES (?, ?, ?, ?)`,
-				actor, action, id, details[i]); err != nil {
-				return nil, err
-			}
-		}
-		return moved, tx.Commit()
-	}()
-	if err != nil {
-		return nil, fmt.Errorf("outboxmysql: %s dead letters of %s: %w", action, t, err)
-	}
-	return out, nil
-}
-
-// RetryDeadLetters moves dead letters back into the outbox with their ids
-// and original positions (seq), so they are relayed again first within
-// their aggregates (an aggregate held behind one of them stays held until
-// it is published). ids nil means every dead letter. Each move is recorded
-// in the audit table under actor. It returns the ids moved, in seq order.
-func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return d.moveDeadLetters(ctx, t, ids, actor, "retry", func(tx *sql.Tx, n outboxdriver.Names, in string, args []any) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+n.Table+` (id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw)
-SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at, headers, tracingspancontext, payload_raw
-FROM `+n.DeadLetter+` WHERE id IN (`+in+`) ORDER BY seq`, args...); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM `+n.DeadLetter+` WHERE id IN (`+in+`)`, args...)
-		return err
-	})
-}
-
-// DiscardDeadLetters deletes dead letters for good and releases the
-// aggregates held behind them. ids nil means every dead letter. Each
-// deletion is recorded in the audit table under actor. It returns the ids
-// deleted, in seq order.
-func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return d.moveDeadLetters(ctx, t, ids, actor, "discard", func(tx *sql.Tx, n outboxdriver.Names, in string, args []any) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM `+n.Held+` WHERE event_id IN (`+in+`)`, args...); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM `+n.DeadLetter+` WHERE id IN (`+in+`)`, args...)
-		return err
-	})
 }
 
 // Audit lists the newest limit operator actions on t, newest first.

@@ -45,5 +45,6 @@ func TestDriverConformance(t *testing.T) {
 		},
 		DuplicateIDs: true,
 		Parallel:     true,
+		Pauses:       true,
 	})
 }

@@ -37,6 +37,7 @@ func TestDriverConformance(t *testing.T) {
 			return err
 		},
 		SingleRelay: true,
+		Pauses:      true,
 	})
 }
 

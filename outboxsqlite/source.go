@@ -37,6 +37,8 @@ type Source struct {
 
 	// seen is the data_version that Wait compares against: read before
 	// every claim, so a commit after it ends the next Wait at once.
+	exclude atomic.Pointer[[]string] // aggregate types the claims leave out (paused)
+
 	seen   atomic.Int64
 	seenOK atomic.Bool
 
@@ -75,6 +77,7 @@ WHERE o.partition IN (
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ` + nowSQL + `)
   AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` AS h
                   WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
+  AND o.aggregatetype NOT IN (SELECT value FROM json_each(?4))
 ORDER BY o.seq
 LIMIT ?3`,
 		mark: `UPDATE ` + n.Leases + ` SET claimed_by = ?1, claim_expires_at = ` + nowPlusSQL(2) + `
@@ -173,7 +176,11 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.Table, oneLine(err))
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, s.q.claim, leasesJSON(leases), s.Cfg.RelayName, limit)
+	var excluded []string
+	if p := s.exclude.Load(); p != nil {
+		excluded = *p
+	}
+	rows, err := tx.QueryContext(ctx, s.q.claim, leasesJSON(leases), s.Cfg.RelayName, limit, stringsJSON(excluded))
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.Table, oneLine(err))
 	}

@@ -92,5 +92,10 @@ ORDER BY l.partition`)
 	if err := rows.Err(); err != nil {
 		return fail(err)
 	}
+	if st.SchemaVersion >= consoleVersion {
+		if st.Pauses, err = d.ListPauses(ctx, t); err != nil {
+			return st, err
+		}
+	}
 	return st, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 
+	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -11,6 +12,7 @@ import (
 // on modernc.org/sqlite.
 type Driver struct {
 	outboxdriver.SQLPool
+	console
 }
 
 // New returns the Driver of db, a pool from Open. It does no I/O, and it
@@ -20,7 +22,10 @@ type Driver struct {
 // configured, the table is in SQLite's "main" database:
 //
 //	ob, err := outbox.New(outboxsqlite.New(db), nil) // main.outbox
-func New(db *sql.DB) *Driver { return &Driver{outboxdriver.NewSQLPool("outboxsqlite", db)} }
+func New(db *sql.DB) *Driver {
+	p := outboxdriver.NewSQLPool("outboxsqlite", db)
+	return &Driver{SQLPool: p, console: sqlstore.New(dialect, p.Need)}
+}
 
 var (
 	_ outboxdriver.Writer[*sql.Tx]     = (*Driver)(nil)

@@ -43,6 +43,7 @@ func newConsole() *cobra.Command {
 	var requestTTL time.Duration
 	var rf routeFlags
 	var replayBatch int
+	var takeover time.Duration
 	cmd := &cobra.Command{
 		Use:   "console",
 		Short: "Serve the operations console: web pages and a JSON API over the outbox, for users with roles (docs/console.md)",
@@ -83,6 +84,9 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 			if err := intIn("replay-batch", replayBatch, 1, 100_000); err != nil {
 				return err
 			}
+			if takeover < time.Second {
+				return fmt.Errorf("--takeover-after %s: use at least 1s (a live executor renews its heartbeat after every batch)", takeover)
+			}
 			rc, err := rf.config(cmd)
 			if err != nil {
 				return err
@@ -109,7 +113,7 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 				go srv.Sample(sctx) // the overview's chart
 				// Carries out approved replays and repairs, and resumes those
 				// a console that stopped left executing.
-				exec, err := o.NewExecutor(&ops.ExecutorConfig{BatchSize: replayBatch, Logger: log})
+				exec, err := o.NewExecutor(&ops.ExecutorConfig{BatchSize: replayBatch, Stale: takeover, Logger: log})
 				if err != nil {
 					return err
 				}
@@ -137,6 +141,7 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&requestTTL, "request-ttl", ops.DefaultRequestTTL, "how long a replay or repair request may wait to be approved and carried out before it expires")
 	fl.IntVar(&replayBatch, "replay-batch", ops.DefaultReplayBatchSize, "events a replay re-enqueues per transaction")
+	fl.DurationVar(&takeover, "takeover-after", ops.DefaultExecutorStale, "take over a request being carried out whose executor (a console that stopped or crashed) has not renewed its heartbeat for this long, and resume it from its cursor")
 	rf.register(cmd) // as the relay routes: a replay's destination filter follows it
 	cmd.AddCommand(newConsoleUser())
 	return cmd

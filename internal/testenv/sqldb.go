@@ -3,11 +3,13 @@ package testenv
 import (
 	"context"
 	"database/sql"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
@@ -73,4 +75,41 @@ func WriteSQL(ctx context.Context, db *sql.DB, w outboxdriver.Writer[*sql.Tx], t
 		return tx.Rollback()
 	}
 	return tx.Commit()
+}
+
+// envMySQL points the tests at another MySQL or MariaDB (a go-sql-driver
+// DSN naming a database the tests may create databases next to).
+const envMySQL = "OUTBOX_TEST_MYSQL_DSN"
+
+// MySQL opens the test MySQL/MariaDB (interpolateParams and parseTime
+// on) on database name ("" keeps the DSN's), closed when the test ends.
+// It fails, saying how to start MariaDB, when the server does not answer.
+func MySQL(t testing.TB, name string) *sql.DB {
+	t.Helper()
+	dsn := os.Getenv(envMySQL)
+	if dsn == "" {
+		dsn = "root@tcp(127.0.0.1:3306)/test"
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("%s: %v", envMySQL, err)
+	}
+	cfg.InterpolateParams, cfg.ParseTime = true, true
+	if name != "" {
+		cfg.DBName = name
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(20)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		t.Fatalf("cannot reach MySQL/MariaDB at %s (set %s to use another): %v; start it with: start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd", cfg.Addr, envMySQL, err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }

@@ -82,7 +82,7 @@ func (p *pipeline) start(name string) *running {
 	}
 	r, err := relay.New(src, snk, &relay.Config{
 		BatchSize:    10,
-		PollInterval: 50 * time.Millisecond,
+		PollInterval: relayPoll,
 		LeaseTTL:     1500 * time.Millisecond,
 		RetryBase:    10 * time.Millisecond,
 		RetryMax:     50 * time.Millisecond,

@@ -1,0 +1,77 @@
+package outboxmysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/outboxkit/outbox/internal/sqlstore"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// The Driver serves the operations console (package ops) from schema
+// version 3 on: filtered dead letters, the full audit, pauses, held
+// aggregates, failure groups, the overview's samples, and requests.
+var (
+	_ outboxdriver.Inspector         = (*Driver)(nil)
+	_ outboxdriver.Auditor           = (*Driver)(nil)
+	_ outboxdriver.DeadLetterActions = (*Driver)(nil)
+	_ outboxdriver.Controller        = (*Driver)(nil)
+	_ outboxdriver.FailureGrouper    = (*Driver)(nil)
+	_ outboxdriver.Observer          = (*Driver)(nil)
+	_ outboxdriver.Requests          = (*Driver)(nil)
+	_ outboxdriver.AuditPruner       = (*Driver)(nil)
+	_ outboxdriver.PauseReader       = (*Source)(nil)
+	_ outboxdriver.ClaimExcluder     = (*Source)(nil)
+)
+
+// console is the operators' side of the tables, shared with outboxsqlite.
+type console = sqlstore.Store
+
+// consoleVersion is the schema version that adds the console's tables.
+const consoleVersion = 3
+
+// dialect is how package sqlstore speaks MySQL and MariaDB.
+var dialect = sqlstore.Dialect{
+	Driver: "outboxmysql",
+	Resolve: func(t outboxdriver.Table) (outboxdriver.Table, func(string) string, error) {
+		if err := validate(t); err != nil {
+			return t, nil, err
+		}
+		return t, qualifier(t), nil
+	},
+	Now:        "UTC_TIMESTAMP(6)",
+	TimeText:   func(col string) string { return "DATE_FORMAT(" + col + ", '%Y-%m-%d %H:%i:%s.%f')" },
+	TimeArg:    func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") },
+	NowMinusMS: "(UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND)",
+	AgeSeconds: func(col string) string {
+		return "(TIMESTAMPDIFF(MICROSECOND, " + col + ", UTC_TIMESTAMP(6)) / 1000000.0)"
+	},
+	ForUpdate:    " FOR UPDATE",
+	InsertIgnore: "INSERT IGNORE",
+	// The table's next AUTO_INCREMENT less one (MySQL 8 caches it for
+	// information_schema_stats_expiry seconds; MariaDB reads it live).
+	LastSeq: func(t outboxdriver.Table) (string, []any) {
+		return `SELECT AUTO_INCREMENT - 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?`,
+			[]any{schemaArg(t), t.Name}
+	},
+	NoTable: func(err error) bool {
+		var my *mysql.MySQLError
+		return errors.As(err, &my) && (my.Number == 1146 || my.Number == 1054) // no such table, unknown column
+	},
+	TxOptions:      &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+	ConsoleVersion: consoleVersion,
+}
+
+// Pauses reads the pauses in force: one small query.
+func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return sqlstore.Pauses(ctx, dialect, s.db, s.Table)
+}
+
+// ExcludeAggregateTypes leaves the events of types out of the next claims
+// (the relay sets the paused ones), so that a paused backlog does not fill
+// every batch while other events wait behind it.
+func (s *Source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }

@@ -1,0 +1,14 @@
+DROP TRIGGER IF EXISTS {{audit_del}};
+DROP TRIGGER IF EXISTS {{audit_upd}};
+DROP INDEX IF EXISTS {{dead_time_idx}};
+DROP INDEX IF EXISTS {{audit_request_idx}};
+DROP INDEX IF EXISTS {{audit_at_idx}};
+ALTER TABLE {{audit}} DROP COLUMN "after";
+ALTER TABLE {{audit}} DROP COLUMN "before";
+ALTER TABLE {{audit}} DROP COLUMN request_id;
+ALTER TABLE {{audit}} DROP COLUMN reason;
+ALTER TABLE {{audit}} DROP COLUMN role;
+DROP TABLE IF EXISTS {{audit_prune}};
+DROP TABLE IF EXISTS {{requests}};
+DROP TABLE IF EXISTS {{samples}};
+DROP TABLE IF EXISTS {{pause}};
