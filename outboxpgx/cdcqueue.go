@@ -38,7 +38,7 @@ type event struct {
 	// not follow the format): it orders and holds nothing but itself.
 	orphan bool
 
-	part      int // the partition of its aggregate (cdcPartition)
+	part int // the partition of its aggregate (cdcPartition)
 	// pxid is the transaction that inserted a row released from the
 	// parked table (txn.front), for the mark.
 	pxid uint32
