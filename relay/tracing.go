@@ -57,13 +57,14 @@ func (r *Relay) system() attribute.KeyValue {
 }
 
 // publishSpans starts the publish spans of one batch. It holds what they
-// share, so that a span the sampler drops costs the relay no allocation of
-// its own per event, only the SDK's (the span and its context):
-// the writers' stored contexts are read without building a context each
-// (tracing.Stored.SpanContext) into parents, one allocation per batch;
-// the traceparent values the messages carry are written into headers, one
-// buffer per batch; the stored tracestate is passed on as written when the
-// span kept it.
+// share, so that a span the sampler drops costs as few allocations per
+// event as the SDK allows: its span and the context Start returns, and for
+// an event with a stored context the context that holds the parent (plus
+// the parsed list of a stored tracestate). The stored contexts are read
+// without the propagator's context (tracing.Stored.SpanContext) into
+// parents, one allocation per batch; the traceparent values the messages
+// carry are written into headers, one buffer per batch; the stored
+// tracestate is passed on as written when the span kept it.
 type publishSpans struct {
 	r       *Relay
 	tr      trace.Tracer
