@@ -391,30 +391,39 @@ func (b *kinesisBroker) RawDescription() string {
 // that had nothing new.
 const kinesisIdle = 100 * time.Millisecond
 
-// Consume reads every shard of the stream from its start.
+// Consume reads every shard of the stream from its start. Stopping waits
+// for the request in flight rather than cancel it: kinesalite exits on a
+// request its client aborts.
 func (b *kinesisBroker) Consume(ctx context.Context, fn func(id string)) (func(), error) {
 	shards, err := b.client.ListShards(ctx, &kinesis.ListShardsInput{StreamName: aws.String(b.stream)})
 	if err != nil {
 		return nil, fmt.Errorf("bench: consumer: %w", err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
+	stopc := make(chan struct{})
 	var wg sync.WaitGroup
+	stop := func() { close(stopc); wg.Wait() }
 	for _, sh := range shards.Shards {
 		it, err := b.client.GetShardIterator(ctx, &kinesis.GetShardIteratorInput{StreamName: aws.String(b.stream),
 			ShardId: sh.ShardId, ShardIteratorType: types.ShardIteratorTypeTrimHorizon})
 		if err != nil {
-			cancel()
-			wg.Wait()
+			stop()
 			return nil, fmt.Errorf("bench: consumer: %w", err)
 		}
 		wg.Go(func() {
 			iter := it.ShardIterator
-			for iter != nil && cctx.Err() == nil {
-				out, err := b.client.GetRecords(cctx, &kinesis.GetRecordsInput{ShardIterator: iter, Limit: aws.Int32(10000)})
+			for iter != nil {
+				select {
+				case <-stopc:
+					return
+				case <-ctx.Done():
+					return
+				default:
+				}
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+				out, err := b.client.GetRecords(rctx, &kinesis.GetRecordsInput{ShardIterator: iter, Limit: aws.Int32(10000)})
+				cancel()
 				if err != nil {
-					if cctx.Err() == nil {
-						fmt.Fprintf(os.Stderr, "bench: Kinesis consumer, shard %s: %v\n", aws.ToString(sh.ShardId), err)
-					}
+					fmt.Fprintf(os.Stderr, "bench: Kinesis consumer, shard %s: %v\n", aws.ToString(sh.ShardId), err)
 					return
 				}
 				for _, r := range out.Records {
@@ -429,13 +438,14 @@ func (b *kinesisBroker) Consume(ctx context.Context, fn func(id string)) (func()
 				if len(out.Records) == 0 {
 					select {
 					case <-time.After(kinesisIdle):
-					case <-cctx.Done():
+					case <-stopc:
+					case <-ctx.Done():
 					}
 				}
 			}
 		})
 	}
-	return func() { cancel(); wg.Wait() }, nil
+	return stop, nil
 }
 
 func (b *kinesisBroker) Close() error {
