@@ -57,8 +57,8 @@ type broker interface {
 }
 
 // openBroker opens the broker a sink URL names: nats://, kafka://
-// (in-process kfake when no address is given) or stdout: (a null writer:
-// no acknowledgement, no consumer).
+// (in-process kfake when no address is given), pubsub:// and kinesis://
+// (cloud.go) or stdout: (a null writer: no acknowledgement, no consumer).
 func openBroker(ctx context.Context, rawURL, tag string) (broker, error) {
 	scheme, rest, _ := strings.Cut(rawURL, "://")
 	switch strings.ToLower(scheme) {
@@ -66,10 +66,14 @@ func openBroker(ctx context.Context, rawURL, tag string) (broker, error) {
 		return openNATS(ctx, rawURL, tag)
 	case "kafka":
 		return openKafka(ctx, rest, tag)
+	case "pubsub":
+		return openPubSub(ctx, rest, tag)
+	case "kinesis":
+		return openKinesis(ctx, rawURL, tag)
 	case "stdout:", "stdout":
 		return nullBroker{}, nil
 	default:
-		return nil, fmt.Errorf("bench: sink %q: use stdout:, nats://host:port, kafka:// (in-process) or kafka://host:port", rawURL)
+		return nil, fmt.Errorf("bench: sink %q: use stdout:, nats://host:port, kafka:// (in-process), kafka://host:port, pubsub:// (in-process), pubsub://PROJECT or kinesis://?region=REGION[&endpoint=URL]", rawURL)
 	}
 }
 

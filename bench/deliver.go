@@ -295,7 +295,11 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	}
 	bf := fig()
 	bf.CPUMicrosPerEvent = cpuPerEvent(m0, n)
-	results = append(results, result(CaseDrainBroker, "the same messages through the broker's client, asynchronous acks, no database", time.Since(t0), bf))
+	rawDesc := "the same messages through the broker's client, asynchronous acks, no database"
+	if d, ok := s.broker.(rawDescriber); ok {
+		rawDesc = d.RawDescription()
+	}
+	results = append(results, result(CaseDrainBroker, rawDesc, time.Since(t0), bf))
 	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s\n", CaseDrainBroker, results[1].PerSecond)
 	msgs = nil
 
@@ -1121,6 +1125,9 @@ func (s *deliverSetup) startRelayProcess(ctx context.Context, cfg Config, source
 	}
 	cmd := exec.Command(cfg.RelayBinary, args...)
 	cmd.Env = append(os.Environ(), env...)
+	if e, ok := s.broker.(relayEnver); ok {
+		cmd.Env = append(cmd.Env, e.RelayEnv()...)
+	}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

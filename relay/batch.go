@@ -205,6 +205,10 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	defer cancel()
 	plan := newWaves(recs)
 	tr := r.tracing.Tracer() // nil: tracing off, no span and no cost
+	var ps *publishSpans
+	if tr != nil {
+		ps = r.publishSpans(pctx, tr, len(recs))
+	}
 	var (
 		out       outboxdriver.Outcome
 		failed    []failedEvent // of out.Failed[i]
@@ -236,7 +240,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				f := r.failure(&recs[i], err, true)
 				fe := failedEvent{rec: i, at: time.Now(), class: DeadLetterInvalid}
 				if tr != nil {
-					fe.span = r.startPublish(pctx, tr, &recs[i], nil)
+					fe.span = ps.start(&recs[i], nil)
 				}
 				out.Failed, failed = append(out.Failed, f), append(failed, fe)
 				r.afterDeadLetter(a)
@@ -250,7 +254,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 				// A copy of its own, so that m stays on the stack while
 				// tracing is off: not an allocation per event.
 				tm := m
-				spans = append(spans, r.startPublish(pctx, tr, &recs[i], &tm))
+				spans = append(spans, ps.start(&recs[i], &tm))
 				m = tm
 			}
 			msgs, pos, dests = append(msgs, m), append(pos, i), append(dests, m.Destination)

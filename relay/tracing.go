@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,8 +48,6 @@ const (
 // publishOperation is messaging.operation.name of the relay's spans.
 const publishOperation = "publish"
 
-var publishKind = trace.WithSpanKind(trace.SpanKindProducer)
-
 // system returns the messaging.system attribute of the relay's sink.
 func (r *Relay) system() attribute.KeyValue {
 	if s, ok := r.snk.(sink.Systemer); ok && s.System() != "" {
@@ -57,22 +56,65 @@ func (r *Relay) system() attribute.KeyValue {
 	return semconv.MessagingSystemKey.String("unknown")
 }
 
-// startPublish starts the publish span of rec, a child of the trace
-// context the writer stored with it, and puts that span's traceparent and
-// tracestate into m's headers in place of the stored ones. m is nil when
-// the event could not be routed.
-func (r *Relay) startPublish(ctx context.Context, tr trace.Tracer, rec *outboxdriver.Record, m *sink.Message) trace.Span {
+// publishSpans starts the publish spans of one batch. It holds what they
+// share, so that a span the sampler drops costs as few allocations per
+// event as the SDK allows: its span and the context Start returns, and for
+// an event with a stored context the context that holds the parent (plus
+// the parsed list of a stored tracestate). The stored contexts are read
+// without the propagator's context (tracing.Stored.SpanContext) into
+// parents, one allocation per batch; the traceparent values the messages
+// carry are written into headers, one buffer per batch; the stored
+// tracestate is passed on as written when the span kept it.
+type publishSpans struct {
+	r       *Relay
+	tr      trace.Tracer
+	ctx     context.Context
+	n       int              // events in the batch: the most spans it starts
+	parents []tracing.Parent // referenced by the parent contexts: only appended to
+	headers strings.Builder  // its strings stay valid as it grows
+	dest    string           // the destination of the last span, and its name
+	name    string
+}
+
+func (r *Relay) publishSpans(ctx context.Context, tr trace.Tracer, n int) *publishSpans {
+	return &publishSpans{r: r, tr: tr, ctx: ctx, n: n}
+}
+
+// publishOptions are the start options of every publish span, in a slice
+// of their own so that passing them allocates nothing.
+var publishOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+
+// start starts the publish span of rec, a child of the trace context the
+// writer stored with it, and puts that span's traceparent and tracestate
+// into m's headers in place of the stored ones. m is nil when the event
+// could not be routed.
+//
+// The span's attributes are set after it started, and only when it
+// records: a sampler sees the span's name (publish <destination>), kind
+// and parent, not its attributes, so a span the sampler drops costs no
+// attribute (docs/tracing.md).
+func (p *publishSpans) start(rec *outboxdriver.Record, m *sink.Message) trace.Span {
+	ctx, tracestate := p.ctx, ""
 	if rec.TraceContext != "" {
-		ctx = tracing.Extract(ctx, tracing.Stored(rec.TraceContext))
+		var sc trace.SpanContext
+		if sc, tracestate = tracing.Stored(rec.TraceContext).SpanContext(); sc.IsValid() {
+			if p.parents == nil {
+				p.parents = make([]tracing.Parent, 0, p.n)
+			}
+			p.parents = append(p.parents, tracing.NewParent(sc))
+			ctx = trace.ContextWithSpan(ctx, &p.parents[len(p.parents)-1])
+		}
 	}
 	name := publishOperation
 	if m != nil {
-		name = r.spanNames.get(m.Destination)
+		if m.Destination != p.dest || p.name == "" {
+			p.dest, p.name = m.Destination, p.r.spanNames.get(m.Destination)
+		}
+		name = p.name
 	}
-	_, span := tr.Start(ctx, name, publishKind)
+	_, span := p.tr.Start(ctx, name, publishOptions...)
 	if span.IsRecording() {
-		// Attributes only for a span that records: a sampler that samples
-		// nothing must cost as little as possible (docs/tracing.md).
+		r := p.r
 		attrs := [...]attribute.KeyValue{
 			r.sys,
 			semconv.MessagingOperationTypeSend,
@@ -98,16 +140,27 @@ func (r *Relay) startPublish(ctx context.Context, tr trace.Tracer, rec *outboxdr
 				hs = append(hs, h)
 			}
 		}
-		sc := span.SpanContext()
-		if sc.IsValid() {
-			hs = append(hs, sink.Header{Key: tracing.Traceparent, Value: tracing.Traceparent00(sc)})
-			if sc.TraceState().Len() > 0 {
-				hs = append(hs, sink.Header{Key: tracing.Tracestate, Value: sc.TraceState().String()})
+		if sc := span.SpanContext(); sc.IsValid() {
+			hs = append(hs, sink.Header{Key: tracing.Traceparent, Value: p.traceparent(sc)})
+			if ts := sc.TraceState(); ts.Len() > 0 {
+				hs = append(hs, sink.Header{Key: tracing.Tracestate, Value: tracing.TracestateValue(ts, tracestate)})
 			}
 		}
 		m.Headers = hs
 	}
 	return span
+}
+
+// traceparent returns the traceparent value of sc, written into the
+// batch's buffer.
+func (p *publishSpans) traceparent(sc trace.SpanContext) string {
+	if p.headers.Cap() == 0 {
+		p.headers.Grow(p.n * tracing.TraceparentLen)
+	}
+	at := p.headers.Len()
+	var b [tracing.TraceparentLen]byte
+	p.headers.Write(tracing.AppendTraceparent00(b[:0], sc))
+	return p.headers.String()[at:]
 }
 
 // spanNames remembers the publish span's name of each destination, so

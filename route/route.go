@@ -205,13 +205,15 @@ func (r *Router) Message(rec *outboxdriver.Record) (sink.Message, error) {
 		Headers:     make([]sink.Header, 0, 1+len(rec.Headers)+len(r.headers)+2),
 	}
 	m.Headers = append(m.Headers, sink.Header{Key: "id", Value: rec.ID})
-	for _, k := range slices.Sorted(maps.Keys(rec.Headers)) {
-		if k == "id" {
-			continue // the event id wins
+	if len(rec.Headers) > 0 {
+		for _, k := range slices.Sorted(maps.Keys(rec.Headers)) {
+			if k == "id" {
+				continue // the event id wins
+			}
+			m.Headers = append(m.Headers, sink.Header{Key: k, Value: rec.Headers[k]})
 		}
-		m.Headers = append(m.Headers, sink.Header{Key: k, Value: rec.Headers[k]})
 	}
-	for _, line := range strings.Split(rec.TraceContext, "\n") {
+	for line := range strings.SplitSeq(rec.TraceContext, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
 		if ok && (k == "traceparent" || k == "tracestate") && v != "" {
 			m.Headers = append(m.Headers, sink.Header{Key: k, Value: v})

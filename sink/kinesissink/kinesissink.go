@@ -81,8 +81,6 @@ type Sink struct {
 	client *kinesis.Client
 	cfg    Config
 	closed atomic.Bool
-	// transport is the HTTP transport of Dial's client.
-	transport *http.Transport
 }
 
 var (
@@ -102,35 +100,35 @@ func New(client *kinesis.Client, cfg *Config) (*Sink, error) {
 	return &Sink{client: client, cfg: c}, nil
 }
 
-// Dial loads the SDK's default configuration for
-// kinesis://STREAM?region=REGION[&endpoint=URL] and returns a Sink on it.
-func Dial(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
+// ParseURL splits kinesis://[STREAM]?region=REGION[&endpoint=URL] into its
+// stream (empty when the URL names none), region and endpoint (each empty
+// when not given).
+func ParseURL(rawURL string) (stream, region, endpoint string, err error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, errors.New("kinesissink: invalid sink URL: want kinesis://STREAM?region=REGION")
+		return "", "", "", errors.New("kinesissink: invalid sink URL: want kinesis://STREAM?region=REGION")
 	}
 	q := u.Query()
 	if u.Scheme != "kinesis" || u.User != nil || (u.Path != "" && u.Path != "/") || u.Fragment != "" {
-		return nil, fmt.Errorf("kinesissink: invalid sink URL %q: want kinesis://STREAM?region=REGION[&endpoint=URL] (credentials come from the environment, not the URL)", u.Redacted())
+		return "", "", "", fmt.Errorf("kinesissink: invalid sink URL %q: want kinesis://STREAM?region=REGION[&endpoint=URL] (credentials come from the environment, not the URL)", u.Redacted())
 	}
 	for k := range q {
 		if k != "region" && k != "endpoint" {
-			return nil, fmt.Errorf("kinesissink: sink URL %q: unknown parameter %q; use region and endpoint", u.Redacted(), k)
+			return "", "", "", fmt.Errorf("kinesissink: sink URL %q: unknown parameter %q; use region and endpoint", u.Redacted(), k)
 		}
 	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	if u.Host != "" {
-		c.Stream = u.Host
-	}
-	if c.Stream == "" {
-		return nil, fmt.Errorf("kinesissink: sink URL %q names no stream: want kinesis://STREAM?region=REGION", u.Redacted())
-	}
+	return u.Host, q.Get("region"), q.Get("endpoint"), nil
+}
+
+// NewClient returns a Kinesis client on the SDK's usual configuration
+// (credentials from the environment, shared files or the instance role;
+// AWS_ENDPOINT_URL_KINESIS), in region and sending to endpoint when they
+// are not empty. Its HTTP client is one of its own, so that a Sink's Close
+// can end its idle connections.
+func NewClient(ctx context.Context, region, endpoint string) (*kinesis.Client, error) {
 	var opts []func(*config.LoadOptions) error
-	if r := q.Get("region"); r != "" {
-		opts = append(opts, config.WithRegion(r))
+	if region != "" {
+		opts = append(opts, config.WithRegion(region))
 	}
 	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
@@ -140,36 +138,52 @@ func Dial(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
 		return nil, errors.New("kinesissink: no AWS region: add ?region=... to the sink URL or set AWS_REGION")
 	}
 	// The transport the SDK configured (proxy, CA bundle, timeouts), in an
-	// HTTP client of the sink's own, so that Close can end its idle
-	// connections.
-	var transport *http.Transport
+	// HTTP client of the sink's own.
 	if bc, ok := awsCfg.HTTPClient.(*awshttp.BuildableClient); ok {
-		transport = bc.GetTransport()
-		awsCfg.HTTPClient = &http.Client{Transport: transport}
+		awsCfg.HTTPClient = &http.Client{Transport: bc.GetTransport()}
 	}
 	var kopts []func(*kinesis.Options)
-	if ep := q.Get("endpoint"); ep != "" {
-		kopts = append(kopts, func(o *kinesis.Options) { o.BaseEndpoint = aws.String(ep) })
+	if endpoint != "" {
+		kopts = append(kopts, func(o *kinesis.Options) { o.BaseEndpoint = aws.String(endpoint) })
 	}
-	s, err := New(kinesis.NewFromConfig(awsCfg, kopts...), &c)
+	return kinesis.NewFromConfig(awsCfg, kopts...), nil
+}
+
+// Dial loads the SDK's default configuration for
+// kinesis://STREAM?region=REGION[&endpoint=URL] (ParseURL, NewClient) and
+// returns a Sink on it.
+func Dial(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
+	stream, region, endpoint, err := ParseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	s.transport = transport
-	return s, nil
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if stream != "" {
+		c.Stream = stream
+	}
+	if c.Stream == "" {
+		u, _ := url.Parse(rawURL)
+		return nil, fmt.Errorf("kinesissink: sink URL %q names no stream: want kinesis://STREAM?region=REGION", u.Redacted())
+	}
+	client, err := NewClient(ctx, region, endpoint)
+	if err != nil {
+		return nil, err
+	}
+	return New(client, &c)
 }
 
 // System names the broker for tracing (messaging.system).
 func (s *Sink) System() string { return "aws_kinesis" }
 
-// Close marks the sink closed and closes the idle HTTP connections of
-// Dial's client, or of a caller's client whose HTTPClient has a
-// CloseIdleConnections method (the client stays usable). It is idempotent.
+// Close marks the sink closed and closes the idle HTTP connections of its
+// client when its HTTPClient has a CloseIdleConnections method (Dial's and
+// NewClient's do; the client stays usable). It is idempotent.
 func (s *Sink) Close() error {
 	s.closed.Store(true)
-	if s.transport != nil {
-		s.transport.CloseIdleConnections()
-	} else if c, ok := s.client.Options().HTTPClient.(interface{ CloseIdleConnections() }); ok {
+	if c, ok := s.client.Options().HTTPClient.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 	return nil
