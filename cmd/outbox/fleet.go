@@ -119,7 +119,15 @@ func readFleetFile(path string) (*fleetFile, error) {
 	dec.KnownFields(true)
 	var ff fleetFile
 	if err := dec.Decode(&ff); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		// One line: the decoder lists its complaints a line each.
+		msg := strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:\n")
+		var parts []string
+		for _, l := range strings.Split(msg, "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				parts = append(parts, l)
+			}
+		}
+		return nil, fmt.Errorf("%s: %s", path, strings.Join(parts, "; "))
 	}
 	if len(ff.Sources) == 0 {
 		return nil, fmt.Errorf("%s: no sources", path)

@@ -581,3 +581,84 @@ func TestFleetSIGHUPAddsAndRemovesSources(t *testing.T) {
 		}
 	}
 }
+
+// A configuration the relay cannot use is refused at start with one clear
+// line: unknown keys, a missing database, duplicate names or tables, bad
+// identifiers and weights, too many sources, --config with --db.
+func TestFleetConfigErrorsAreClear(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	db := dbURL()
+	many := "sources:\n"
+	for i := range 65 {
+		many += fmt.Sprintf("  - name: s%d\n    db: %s\n    schema: s%d\n", i, db, i)
+	}
+	cases := []struct {
+		name, file, want string
+		extra            []string
+	}{
+		{"unknown key", "sources:\n  - name: a\n    db: " + db + "\n    wieght: 2\n", "field wieght not found", nil},
+		{"no sources", "sink: 'stdout:'\n", "no sources", nil},
+		{"no db", "sources:\n  - name: a\n", "no db", nil},
+		{"duplicate name", "sources:\n  - name: a\n    db: " + db + "\n    schema: x\n  - name: a\n    db: " + db + "\n    schema: y\n", `source "a": named twice`, nil},
+		{"same table", "sources:\n  - name: a\n    db: " + db + "\n  - name: b\n    db: " + db + "\n", "relay the same table", nil},
+		{"bad name", "sources:\n  - name: 'a b'\n    db: " + db + "\n", `source name "a b"`, nil},
+		{"hostile schema", "sources:\n  - name: a\n    db: " + db + "\n    schema: 'x\"; DROP'\n", "not a valid identifier", nil},
+		{"bad weight", "sources:\n  - name: a\n    db: " + db + "\n    weight: 101\n", "weight 101", nil},
+		{"bad route", "sources:\n  - name: a\n    db: " + db + "\n    route-by: payload\n", "cannot route by", nil},
+		{"too many", many, "at most 64", nil},
+		{"config and db", "sources:\n  - name: a\n    db: " + db + "\n", "leave out --db", []string{"--db", db}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(dir, fmt.Sprintf("f%d.yaml", i))
+			if err := os.WriteFile(path, []byte(c.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			failsWithOneLine(t, []string{"OUTBOX_DB=", "OUTBOX_SINK="}, c.want, append([]string{"relay", "--config", path, "--sink", "stdout:"}, c.extra...)...)
+		})
+	}
+}
+
+// Two relay processes with the same sources share every source's
+// partitions, as two relays of one table do: each leases part of each
+// table, and together they relay everything, in order.
+func TestFleetProcessesShareEachSourcesPartitions(t *testing.T) {
+	ctx := testenv.Context(t, 3*time.Minute)
+	e := newFleetEnv(t, 2)
+	cfg := filepath.Join(t.TempDir(), "fleet.yaml")
+	e.config(t, cfg, 0, 1)
+	args := append([]string{"--config", cfg, "--lease-ttl", "1s", "--poll-interval", "100ms"}, e.sinkFlags...)
+	startRelay(t, args...)
+	startRelay(t, args...)
+	for _, tb := range e.tables {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			var owners, owned int
+			if err := e.pool.QueryRow(ctx, `SELECT count(DISTINCT owner), count(owner) FROM `+outboxdriver.QuoteIdent(tb.Schema)+`.`+
+				outboxdriver.QuoteIdent(tb.Name+"_leases")+` WHERE owner IS NOT NULL AND expires_at > now()`).Scan(&owners, &owned); err != nil {
+				t.Fatal(err)
+			}
+			if owners == 2 && owned == 64 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("table %s: %d partitions leased by %d relays, want 64 by 2", tb, owned, owners)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for k := 1; k <= 20; k++ {
+		for i := range 2 {
+			for a := range 10 {
+				if err := e.write(ctx, i, fmt.Sprintf("a%d", a), k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	e.waitCount(t, "src0", 200, 60*time.Second)
+	e.waitCount(t, "src1", 200, 60*time.Second)
+	e.checkOrderEventually(t, nil)
+}
