@@ -212,6 +212,7 @@ var scenarios = []Scenario{
 	{Name: "drain", Summary: "events/s of one relay draining a committed backlog to the broker, against the SQL path alone and the broker alone", Run: Drain},
 	{Name: "latency", Summary: "commit-to-consumer latency at steady offered loads, wake-up strategies, an open transaction, relay CPU idle and busy", Run: CommitToConsumer},
 	{Name: "retention", Summary: "relay drain events/s (SQL only, no broker) with delete vs keep retention, table size and dead tuples left, cost of cleaning kept rows", Run: RetentionModes},
+	{Name: "fleet", Summary: "one relay process for ten outbox tables (relayd.Fleet): a trickle's commit-to-arrival latency while one table drains a flood, with and without the publish budget, and the flood's drain rate", Run: FleetFairness},
 }
 
 // Scenarios lists the available scenarios.

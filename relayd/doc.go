@@ -14,6 +14,12 @@
 //	}
 //	defer rl.Stop(context.Background())
 //
+// A Fleet relays several outbox tables (sources) from one process, each
+// through a relay as Open makes it, with its publishes shared fairly
+// through a Budget; Fleet.Reload changes the set of sources while it runs
+// (`outbox relay --config`; docs/operations.md, One relay for many
+// databases).
+//
 // For a pool, a sink client or a Source of your own, use relay.New with a
 // driver (outboxpgx.New(pool).NewSource(...)) instead.
 package relayd

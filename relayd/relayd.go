@@ -71,6 +71,10 @@ type Options struct {
 	// mostly relays; it does nothing when GOMAXPROCS is set in the
 	// environment. `outbox relay` turns it on.
 	OneCPUWhileIdle bool
+
+	// sink, when set, is the sink to publish through instead of opening
+	// one from the URL (a Fleet's shared sink); Stop closes it as any.
+	sink sink.Sink
 }
 
 // The sources Options.Source names.
@@ -139,7 +143,9 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	if err := rl.checkTable(ctx); err != nil {
 		return nil, err
 	}
-	if rl.snk, err = open.Sink(ctx, sinkURL, &o.Sink, log); err != nil {
+	if o.sink != nil {
+		rl.snk = o.sink
+	} else if rl.snk, err = open.Sink(ctx, sinkURL, &o.Sink, log); err != nil {
 		return nil, err
 	}
 	srcCfg := outboxdriver.SourceConfig{Retention: o.Retention, RelayName: o.RelayName, Logger: log}

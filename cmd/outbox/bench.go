@@ -166,7 +166,7 @@ Scenarios:
 
 				TraceNeverSample: traceNeverSample,
 			}
-			if retention && !cmd.Flags().Changed("rounds") {
+			if (retention || sc.Name == "fleet") && !cmd.Flags().Changed("rounds") {
 				cfg.Rounds = 0 // the scenario's own default
 			}
 			if warmup == 0 {
@@ -208,10 +208,10 @@ Scenarios:
 	cmd.Flags().DurationVar(&duration, "duration", bench.DefaultDuration, "measured time per cell, split over the rounds")
 	cmd.Flags().DurationVar(&warmup, "warmup", bench.DefaultWarmup, "unmeasured load before each round of a cell")
 	cmd.Flags().IntSliceVar(&writers, "writers", bench.DefaultWriters(), "concurrent writers to measure at, as a list: 1,8")
-	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, fmt.Sprintf("interleaved rounds the measured time of each cell is split into (retention: drains of each mode, default %d)", bench.DefaultRetentionRounds))
-	cmd.Flags().IntVar(&events, "events", bench.DefaultEvents, "retention, drain: events in the backlog")
+	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, fmt.Sprintf("interleaved rounds the measured time of each cell is split into (retention: drains of each mode, default %d; fleet: rounds of each case, default %d)", bench.DefaultRetentionRounds, bench.DefaultFleetRounds))
+	cmd.Flags().IntVar(&events, "events", bench.DefaultEvents, "retention, drain: events in the backlog; fleet: events of the flood")
 	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention, drain, latency: the relay's claim limit (events per batch)")
-	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency: the broker: nats://host:port, kafka:// (an in-process Kafka cluster), kafka://host:port, pubsub:// (an in-process Pub/Sub server), pubsub://PROJECT (PUBSUB_EMULATOR_HOST honoured), kinesis://?region=REGION[&endpoint=URL], or stdout: (drain only; a null writer)")
+	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency, fleet: the broker: nats://host:port (fleet: only), kafka:// (an in-process Kafka cluster), kafka://host:port, pubsub:// (an in-process Pub/Sub server), pubsub://PROJECT (PUBSUB_EMULATOR_HOST honoured), kinesis://?region=REGION[&endpoint=URL], or stdout: (drain only; a null writer)")
 	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates(), "latency: offered loads in events/s, as a list")
 	cmd.Flags().StringSliceVar(&cases, "cases", nil, "latency: run only the cells of these names ("+strings.Join(bench.LatencyCases(), ", ")+")")
 	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency: the relay's lanes (batches in flight under a backlog)")

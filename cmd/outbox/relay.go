@@ -41,6 +41,7 @@ func newRelay() *cobra.Command {
 		contracts   contractFlags
 		ce          cloudEventsFlags
 		rec         relayReconcile
+		fl          fleetFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -62,6 +63,17 @@ REPLICATION; it creates its publication and replication slot when they are
 missing (--cdc-create=false: an error instead). One relay streams a slot at
 a time; others wait as standbys and take over within about two --lease-ttl.
 See docs/cdc.md.
+
+Several outbox tables from one process: repeat --db, or list the sources
+(database, schema, table, weight, sink and routing) in a YAML file with
+--config; SIGHUP reloads the file, stopping removed sources (their leases
+released) and starting added ones; a file that does not check is refused
+and the running sources kept. Each source is relayed as a single --db is,
+with its own leases, breaker and metrics (label source); their publishes
+share one budget (--publish-turns of --publish-quantum messages), handed
+out in weighted round robin so that a flooded source cannot hold up the
+others. /readyz lists every source (?source=NAME checks one). See
+docs/operations.md, One relay for many databases.
 
 With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
 it exports an OpenTelemetry span per published event over OTLP
@@ -91,6 +103,10 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
+			fleet, err := fl.mode(cmd, &f)
+			if err != nil {
+				return err
+			}
 			t, err := f.tableName()
 			if err != nil {
 				return err
@@ -107,8 +123,11 @@ Sinks (--sink):
 			if err != nil {
 				return err
 			}
-			if rc.CloudEvents, err = ce.config(&sf, t, registry); err != nil {
-				return err
+			if !fleet {
+				// A fleet's sources each get their own (fleet.go).
+				if rc.CloudEvents, err = ce.config(&sf, t, registry); err != nil {
+					return err
+				}
 			}
 			router, err := route.New(&rc)
 			if err != nil {
@@ -156,14 +175,6 @@ Sinks (--sink):
 			if rcfg.Lanes < 1 || rcfg.Lanes > 64 {
 				return fmt.Errorf("--lanes %d: use 1 to 64", rcfg.Lanes)
 			}
-			dbURL, err := f.dbURL()
-			if err != nil {
-				return err
-			}
-			sinkURL, err := sf.sinkURL()
-			if err != nil {
-				return err
-			}
 			sinkOpts, err := sf.options()
 			if err != nil {
 				return err
@@ -190,6 +201,20 @@ Sinks (--sink):
 			}
 			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
 			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdc, cdcCreate, cdcMode); err != nil {
+				return err
+			}
+			if fleet {
+				return fl.run(ctx, cmd, fleetRun{
+					table: t, route: rc, sinks: &sf, ce: &ce, contracts: registry, template: *opts,
+					ln: ln, grace: grace, log: log,
+				})
+			}
+			dbURL, err := f.dbURL()
+			if err != nil {
+				return err
+			}
+			sinkURL, err := sf.sinkURL()
+			if err != nil {
 				return err
 			}
 			var reg *prometheus.Registry
@@ -219,7 +244,7 @@ Sinks (--sink):
 			return rl.Run(ctx, grace)
 		},
 	}
-	f.register(cmd)
+	fl.register(cmd, &f)
 	cmd.Flags().StringVar(&sf.url, "sink", "", "broker URL: "+sinkSchemes+" (or OUTBOX_SINK)")
 	cmd.Flags().IntVar(&batch, "batch", 500, "most events claimed and published at once")
 	cmd.Flags().DurationVar(&rcfg.Linger, "linger", 0, "while traffic is light, wait this long between claims so events gather into fuller batches (less CPU, up to this much more latency)")
@@ -292,16 +317,23 @@ func parseRetention(s string) (outboxdriver.Retention, error) {
 }
 
 func serveMetrics(ln net.Listener, reg *prometheus.Registry, log *slog.Logger, ready func() bool) *http.Server {
+	return serveHTTP(ln, reg, log,
+		func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") },
+		func(w http.ResponseWriter, _ *http.Request) {
+			if !ready() {
+				http.Error(w, "not ready: the relay has not reached the database within a lease TTL", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ready")
+		})
+}
+
+// serveHTTP serves g's metrics at /metrics and the health checks on ln.
+func serveHTTP(ln net.Listener, g prometheus.Gatherer, log *slog.Logger, healthz, readyz http.HandlerFunc) *http.Server {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
-			http.Error(w, "not ready: the relay has not reached the database within a lease TTL", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", healthz)
+	mux.HandleFunc("/readyz", readyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

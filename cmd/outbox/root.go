@@ -36,8 +36,16 @@ type dbFlags struct {
 	db, schema, table string
 }
 
+// dbHelp is --db's help.
+const dbHelp = "database URL: postgres://user@host:5432/db, mysql://user:pass@host:3306/db, or sqlite://path/to/file.db (or OUTBOX_DB)"
+
 func (f *dbFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.db, "db", "", "database URL: postgres://user@host:5432/db, mysql://user:pass@host:3306/db, or sqlite://path/to/file.db (or OUTBOX_DB)")
+	cmd.Flags().StringVar(&f.db, "db", "", dbHelp)
+	f.registerTable(cmd)
+}
+
+// registerTable registers --schema and --table.
+func (f *dbFlags) registerTable(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.schema, "schema", "", "schema of the outbox table (default: public on PostgreSQL, the URL's database on MySQL/MariaDB, main on SQLite)")
 	cmd.Flags().StringVar(&f.table, "table", "outbox", "name of the outbox table")
 }

@@ -17,6 +17,9 @@ import (
 
 // statusJSON is the stable JSON shape of `outbox status --json`.
 type statusJSON struct {
+	// Source is the source's name in a relay's configuration file
+	// (status --config); absent otherwise.
+	Source string `json:"source,omitempty"`
 	Schema string `json:"schema"`
 	Table  string `json:"table"`
 	ops.StatusJSON
@@ -25,44 +28,57 @@ type statusJSON struct {
 func newStatus() *cobra.Command {
 	var f dbFlags
 	var asJSON bool
+	var config string
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the backlog, the age of the oldest unpublished event and the dead letters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if config != "" {
+				return fleetStatus(cmd, &f, config, asJSON)
+			}
 			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, db outboxdriver.Store) error {
-				st, err := db.Status(ctx, t)
-				if err != nil {
-					return err
-				}
-				out := cmd.OutOrStdout()
-				if asJSON {
-					js := statusJSON{Schema: t.Schema, Table: t.Name, StatusJSON: ops.NewStatusJSON(st)}
-					return json.NewEncoder(out).Encode(js)
-				}
-				fmt.Fprintf(out, "table                     %s\n", t)
-				fmt.Fprintf(out, "backlog                   %d\n", st.Backlog)
-				fmt.Fprintf(out, "oldest unpublished age    %s\n", st.OldestUnpublishedAge.Round(1e6))
-				fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
-				fmt.Fprintf(out, "published, kept           %d\n", st.Published)
-				fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
-				if st.Held > 0 {
-					fmt.Fprintf(out, "oldest hold               %s\n", st.OldestHeldAge.Round(1e6))
-				}
-				if st.Parked > 0 || len(st.Slots) > 0 {
-					fmt.Fprintf(out, "parked events             %d\n", st.Parked)
-				}
-				fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
-				printPauses(out, st.Pauses)
-				printPartitions(out, st.Partitions)
-				printSlots(out, st.Slots)
-				return nil
+				return printStatus(ctx, cmd.OutOrStdout(), "", t, db, asJSON)
 			})
 		},
 	}
 	f.register(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (with --config: one per source, a line each)")
+	cmd.Flags().StringVar(&config, "config", "", "report every source the relay's configuration file lists (outbox relay --config), one after another")
 	return cmd
+}
+
+// printStatus prints the status of table t, headed by the source's name
+// when there is one.
+func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriver.Table, db outboxdriver.Store, asJSON bool) error {
+	st, err := db.Status(ctx, t)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		js := statusJSON{Source: source, Schema: t.Schema, Table: t.Name, StatusJSON: ops.NewStatusJSON(st)}
+		return json.NewEncoder(out).Encode(js)
+	}
+	if source != "" {
+		fmt.Fprintf(out, "source                    %s\n", source)
+	}
+	fmt.Fprintf(out, "table                     %s\n", t)
+	fmt.Fprintf(out, "backlog                   %d\n", st.Backlog)
+	fmt.Fprintf(out, "oldest unpublished age    %s\n", st.OldestUnpublishedAge.Round(1e6))
+	fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
+	fmt.Fprintf(out, "published, kept           %d\n", st.Published)
+	fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
+	if st.Held > 0 {
+		fmt.Fprintf(out, "oldest hold               %s\n", st.OldestHeldAge.Round(1e6))
+	}
+	if st.Parked > 0 || len(st.Slots) > 0 {
+		fmt.Fprintf(out, "parked events             %d\n", st.Parked)
+	}
+	fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+	printPauses(out, st.Pauses)
+	printPartitions(out, st.Partitions)
+	printSlots(out, st.Slots)
+	return nil
 }
 
 // printPartitions summarises the leases by owner.
