@@ -310,7 +310,7 @@ func (o *Ops) Overview(ctx context.Context, a Actor) (outboxdriver.Status, error
 
 // OverviewExactUpTo is the count up to which the overview's numbers are
 // exact.
-const OverviewExactUpTo = 10_000
+const OverviewExactUpTo = 1_000
 
 // DeadLetters lists one page of the dead letters q selects, oldest first.
 // A destination filter (q.Destination) follows the relays' routing

@@ -336,14 +336,18 @@ var _ outboxdriver.Observer = (*Driver)(nil)
 // ExactUpTo is the count up to which the console's numbers are exact
 // (EstimateStatus, Backlog, RecordSample, HeldAggregates' waiting events):
 // counting that many rows reads no more than that many index entries.
-const ExactUpTo = 10_000
+const ExactUpTo = 1_000
+
+// oldestWindow is how many of the oldest unpublished events Backlog reads
+// for each kind's oldest when it estimates.
+const oldestWindow = 2_000
 
 // Backlog lists up to limit groups (aggregate type, event type) of t's
 // unpublished events, largest first, with the age of each one's oldest.
 // Up to ExactUpTo unpublished events it counts them; above, each group's
 // count is its share of a sample of the table (TABLESAMPLE SYSTEM, about
 // sampleBlocks blocks) times the backlog's estimate, and its oldest is
-// exact when the group is among the ExactUpTo oldest events (else the
+// exact when the group is among the oldestWindow oldest events (else the
 // sample's oldest): KindBacklog.Estimated.
 func (d *Driver) Backlog(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.KindBacklog, error) {
 	n, err := d.names(t)
@@ -385,7 +389,7 @@ GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
     FROM (SELECT aggregatetype, type, created_at FROM `+n.Table+` WHERE published_at IS NULL ORDER BY seq LIMIT $2) x GROUP BY 1, 2
 )
 SELECT aggregatetype, type, coalesce(s.n, 0), coalesce(w.n, 0), greatest(extract(epoch FROM now() - least(s.oldest, w.oldest)), 0)::float8
-FROM s FULL JOIN w USING (aggregatetype, type)`, frac, ExactUpTo)
+FROM s FULL JOIN w USING (aggregatetype, type)`, frac, oldestWindow)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
 	}

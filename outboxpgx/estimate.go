@@ -31,7 +31,7 @@ type counts struct {
 }
 
 // sampleBlocks is about how many blocks of the table a sample reads.
-const sampleBlocks = 400
+const sampleBlocks = 256
 
 // countTable counts the backlog, the published rows kept and the dead
 // letters of the tables n, each exact up to bound and estimated above.
