@@ -378,6 +378,8 @@ type Result struct {
 	Retention *RetentionFigures `json:"retention,omitempty"`
 	// Delivery holds the figures of the drain and latency scenarios.
 	Delivery *DeliveryFigures `json:"delivery,omitempty"`
+	// Console holds the console scenario's figures.
+	Console *ConsoleFigures `json:"console,omitempty"`
 	// Env describes the conditions of the run.
 	Env *Env `json:"env,omitempty"`
 }

@@ -37,6 +37,9 @@ func WriteTable(w io.Writer, results []Result) error {
 	if first.Delivery != nil {
 		return writeDeliveryTable(w, results)
 	}
+	if first.Console != nil {
+		return writeConsoleTable(w, results)
+	}
 	var b strings.Builder
 	if e := first.Env; e != nil {
 		rounds := "in one round"

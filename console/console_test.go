@@ -747,3 +747,58 @@ func readAll(t *testing.T, resp *http.Response) string {
 	}
 	return b.String()
 }
+
+// The dead letters' destination filter follows the relays' routing on
+// every database: it lists the dead letters routed there, page by page,
+// and nothing for a destination nothing is routed to.
+func TestDeadLettersFilteredByDestination(t *testing.T) {
+	t.Parallel()
+	onEveryDB(t, nil, func(t *testing.T, r *rig) {
+		var rows []testenv.DeadLetterRow
+		for i := range 6 {
+			agg := "order"
+			if i%2 == 1 {
+				agg = "payment"
+			}
+			rows = append(rows, testenv.DeadLetterRow{AggregateType: agg, AggregateID: testenv.Hex(t), Type: "Failed", LastError: "x"})
+		}
+		ids := r.fx.addDeadLetters(t, r.tb, rows...)
+		viewer := r.users[ops.Viewer].token
+		list := func(dest string) []string {
+			t.Helper()
+			var got []string
+			path := "/api/v1/dead-letters?limit=2&destination=" + url.QueryEscape(dest)
+			for pages := 0; ; pages++ {
+				if pages > len(ids) {
+					t.Fatal("more pages than dead letters")
+				}
+				code, body := r.api("GET", path, viewer, nil)
+				if code != 200 {
+					t.Fatalf("GET %s: %d %s", path, code, body)
+				}
+				var page struct {
+					DeadLetters []struct {
+						ID string `json:"id"`
+					} `json:"dead_letters"`
+					Next string `json:"next"`
+				}
+				if err := json.Unmarshal(body, &page); err != nil {
+					t.Fatalf("GET %s: %v in %s", path, err, body)
+				}
+				for _, d := range page.DeadLetters {
+					got = append(got, d.ID)
+				}
+				if page.Next == "" {
+					return got
+				}
+				path = "/api/v1/dead-letters?limit=2&destination=" + url.QueryEscape(dest) + "&after=" + url.QueryEscape(page.Next)
+			}
+		}
+		if got, want := strings.Join(list("outbox.event.payment"), ","), strings.Join([]string{ids[1], ids[3], ids[5]}, ","); got != want {
+			t.Errorf("destination outbox.event.payment: listed %s; want %s", got, want)
+		}
+		if got := list("outbox.event.nope"); len(got) != 0 {
+			t.Errorf("destination outbox.event.nope: listed %v; want none", got)
+		}
+	})
+}

@@ -305,10 +305,11 @@ func safeNext(next string) string {
 // parameter or a malformed value is an *ops.InputError.
 func (s *Server) deadLetterQuery(v url.Values) (outboxdriver.DeadLetterQuery, error) {
 	q := outboxdriver.DeadLetterQuery{Limit: s.cfg.PageSize}
-	if err := known(v, "aggregatetype", "aggregateid", "type", "error", "since", "until", "after", "limit", "done"); err != nil {
+	if err := known(v, "aggregatetype", "aggregateid", "type", "destination", "error", "since", "until", "after", "limit", "done"); err != nil {
 		return q, err
 	}
 	q.AggregateType, q.AggregateID, q.Type, q.ErrorContains = v.Get("aggregatetype"), v.Get("aggregateid"), v.Get("type"), v.Get("error")
+	q.Destination = v.Get("destination")
 	var err error
 	if q.Since, err = parseTime("since", v.Get("since")); err != nil {
 		return q, err

@@ -294,15 +294,28 @@ func (o *Ops) Refused(ctx context.Context, a Actor, what, why string) {
 }
 
 // Overview summarises the table: backlog, oldest age, dead letters, held
-// aggregates, partitions and their leases.
+// aggregates, partitions and their leases. On a Store that can estimate
+// (an outboxdriver.StatusEstimator), counts above OverviewExactUpTo are
+// estimates, marked in Status.Estimated, so that the overview never reads
+// a large backlog whole.
 func (o *Ops) Overview(ctx context.Context, a Actor) (outboxdriver.Status, error) {
 	if err := o.allow(ctx, a, "view the overview", Read); err != nil {
 		return outboxdriver.Status{}, err
 	}
+	if e, ok := o.st.(outboxdriver.StatusEstimator); ok {
+		return e.EstimateStatus(ctx, o.t, OverviewExactUpTo)
+	}
 	return o.st.Status(ctx, o.t)
 }
 
+// OverviewExactUpTo is the count up to which the overview's numbers are
+// exact.
+const OverviewExactUpTo = 1_000
+
 // DeadLetters lists one page of the dead letters q selects, oldest first.
+// A destination filter (q.Destination) follows the relays' routing
+// (Config.Route): it selects the dead letters whose routed column holds a
+// value routed there, among at most 10,000 distinct values.
 func (o *Ops) DeadLetters(ctx context.Context, a Actor, q outboxdriver.DeadLetterQuery) (outboxdriver.DeadLetterPage, error) {
 	if err := o.allow(ctx, a, "list dead letters", Read); err != nil {
 		return outboxdriver.DeadLetterPage{}, err
@@ -310,13 +323,27 @@ func (o *Ops) DeadLetters(ctx context.Context, a Actor, q outboxdriver.DeadLette
 	if err := o.checkLimit(q.Limit); err != nil {
 		return outboxdriver.DeadLetterPage{}, err
 	}
-	for _, f := range []struct{ name, v string }{{"aggregatetype", q.AggregateType}, {"aggregateid", q.AggregateID}, {"type", q.Type}, {"error", q.ErrorContains}} {
+	for _, f := range []struct{ name, v string }{{"aggregatetype", q.AggregateType}, {"aggregateid", q.AggregateID}, {"type", q.Type}, {"error", q.ErrorContains}, {"destination", q.Destination}} {
 		if len(f.v) > maxFilterLen || !utf8.ValidString(f.v) || strings.ContainsRune(f.v, 0) {
 			return outboxdriver.DeadLetterPage{}, &InputError{f.name, fmt.Sprintf("at most %d bytes of text", maxFilterLen)}
 		}
 	}
 	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Since.Before(q.Until) {
 		return outboxdriver.DeadLetterPage{}, &InputError{"since", "must be before until"}
+	}
+	if dr, ok := o.ins.(outboxdriver.DeadLetterRouter); ok && q.Destination != "" {
+		dest := q.Destination
+		q.Destination = ""
+		col, values, err := o.destinationValues(dest, "the dead letters the other filters select", func(col string, limit int) ([]string, error) {
+			return dr.DeadLetterValues(ctx, o.t, q, col, limit)
+		})
+		if err != nil {
+			return outboxdriver.DeadLetterPage{}, err
+		}
+		return dr.FindRoutedDeadLetters(ctx, o.t, q, col, values)
+	}
+	if q.Destination != "" {
+		return outboxdriver.DeadLetterPage{}, fmt.Errorf("ops: filter dead letters by destination: %w", ErrUnsupported)
 	}
 	if o.ins != nil {
 		return o.ins.FindDeadLetters(ctx, o.t, q)

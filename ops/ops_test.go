@@ -13,6 +13,7 @@ import (
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/route"
 )
 
 type rig struct {
@@ -300,5 +301,92 @@ func TestBasicStore(t *testing.T) {
 	recs, err := o.Audit(r.ctx, operator, outboxdriver.AuditQuery{Limit: 5})
 	if err != nil || len(recs) != 1 || recs[0].Actor != "otto" || recs[0].Action != "retry" {
 		t.Fatalf("audit = %+v, %v", recs, err)
+	}
+}
+
+// A destination filter follows the relays' routing, which the dead-letter
+// table does not store: under the default routing by aggregate type, under
+// routing by event type with a regex, and with a fixed destination; it
+// pages like any filter, combines with the others, matches nothing for a
+// destination nothing is routed to, and is refused for a routing column it
+// cannot select by.
+func TestDeadLettersByDestination(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	var rows []testenv.DeadLetterRow
+	for i := range 9 {
+		agg, typ := "order", "OrderPlaced"
+		switch i % 3 {
+		case 1:
+			agg, typ = "payment", "PaymentFailed"
+		case 2:
+			agg, typ = "order", "OrderPaid"
+		}
+		rows = append(rows, testenv.DeadLetterRow{AggregateType: agg, AggregateID: string(rune('a' + i)), Type: typ, LastError: "x"})
+	}
+	ids := testenv.AddDeadLetters(t, r.pool, r.tb, rows...)
+	pick := func(idx ...int) string {
+		var out []string
+		for _, i := range idx {
+			out = append(out, ids[i])
+		}
+		return strings.Join(out, ",")
+	}
+	all := func(o *ops.Ops, q outboxdriver.DeadLetterQuery) string {
+		t.Helper()
+		var got []string
+		for pages := 0; ; pages++ {
+			if pages > 9 {
+				t.Fatal("more pages than dead letters")
+			}
+			p, err := o.DeadLetters(r.ctx, viewer, q)
+			if err != nil {
+				t.Fatalf("%+v: %v", q, err)
+			}
+			for _, d := range p.DeadLetters {
+				got = append(got, d.ID)
+			}
+			if p.Next == nil {
+				return strings.Join(got, ",")
+			}
+			q.After = p.Next
+		}
+	}
+	byType := &route.Config{RouteBy: "type", Regex: `(?P<entity>[A-Z][a-z]+)[A-Z].*`, Replacement: "events.${entity}"}
+	for _, c := range []struct {
+		name  string
+		route *route.Config
+		q     outboxdriver.DeadLetterQuery
+		want  string
+	}{
+		{"default routing", nil, outboxdriver.DeadLetterQuery{Destination: "outbox.event.order", Limit: 2}, pick(0, 2, 3, 5, 6, 8)},
+		{"default routing and a type", nil, outboxdriver.DeadLetterQuery{Destination: "outbox.event.order", Type: "OrderPaid", Limit: 2}, pick(2, 5, 8)},
+		{"default routing, another", nil, outboxdriver.DeadLetterQuery{Destination: "outbox.event.payment", Limit: 50}, pick(1, 4, 7)},
+		{"nothing routed there", nil, outboxdriver.DeadLetterQuery{Destination: "outbox.event.nope", Limit: 50}, ""},
+		{"by type, a regex", byType, outboxdriver.DeadLetterQuery{Destination: "events.Order", Limit: 4}, pick(0, 2, 3, 5, 6, 8)},
+		{"by type, the aggregate type is no destination", byType, outboxdriver.DeadLetterQuery{Destination: "outbox.event.order", Limit: 4}, ""},
+		{"by aggregate id", &route.Config{RouteBy: "aggregateid"}, outboxdriver.DeadLetterQuery{Destination: "outbox.event.e", Limit: 4}, pick(4)},
+		{"fixed destination", &route.Config{Destination: "all-events"}, outboxdriver.DeadLetterQuery{Destination: "all-events", Limit: 4}, pick(0, 1, 2, 3, 4, 5, 6, 7, 8)},
+	} {
+		o := r.ops(t, &ops.Config{Route: c.route})
+		if got := all(o, c.q); got != c.want {
+			t.Errorf("%s: listed %v; want %v", c.name, got, c.want)
+		}
+	}
+	o := r.ops(t, &ops.Config{Route: &route.Config{RouteBy: "created_at"}})
+	_, err := o.DeadLetters(r.ctx, viewer, outboxdriver.DeadLetterQuery{Destination: "outbox.event.x", Limit: 5})
+	var input *ops.InputError
+	if !errors.As(err, &input) || input.Field != "destination" {
+		t.Fatalf("routing by created_at: %v; want an input error on destination", err)
+	}
+	if _, err := o.DeadLetters(r.ctx, viewer, outboxdriver.DeadLetterQuery{Destination: strings.Repeat("d", 300), Limit: 5}); !errors.As(err, &input) {
+		t.Fatalf("a long destination: %v; want an input error", err)
+	}
+	basic, err := ops.New(basicStore{r.st}, r.tb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := basic.DeadLetters(r.ctx, viewer, outboxdriver.DeadLetterQuery{Destination: "outbox.event.order", Limit: 5}); !errors.Is(err, ops.ErrUnsupported) {
+		t.Fatalf("a Store that cannot select by destination: %v; want ErrUnsupported", err)
 	}
 }

@@ -152,35 +152,39 @@ func (o *Ops) replayFilter(ctx context.Context, p *ReplayParams) (outboxdriver.R
 	if p.Destination == "" {
 		return f, nil
 	}
-	col := o.router.RouteBy()
-	if col != "aggregatetype" && col != "type" && col != "aggregateid" && col != "id" {
-		return f, &InputError{"destination", "the routing (by " + col + ") cannot be filtered by destination: filter by aggregate type or event type instead"}
-	}
-	values, err := rs.RoutedValues(ctx, o.t, f, col, maxRoutedValues+1)
+	col, values, err := o.destinationValues(p.Destination, "the time range", func(col string, limit int) ([]string, error) {
+		return rs.RoutedValues(ctx, o.t, f, col, limit)
+	})
 	if err != nil {
 		return f, err
 	}
-	if len(values) > maxRoutedValues {
-		return f, &InputError{"destination", fmt.Sprintf("the time range holds more than %d distinct values of %s: narrow it, or filter by aggregate type", maxRoutedValues, col)}
-	}
-	f.RoutedColumn, f.RoutedValues = col, []string{}
-	for _, v := range values {
-		rec := outboxdriver.Record{}
-		switch col {
-		case "aggregatetype":
-			rec.AggregateType = v
-		case "aggregateid":
-			rec.AggregateID = v
-		case "type":
-			rec.Type = v
-		case "id":
-			rec.ID = v
-		}
-		if d, err := o.router.Destination(&rec); err == nil && d == p.Destination {
-			f.RoutedValues = append(f.RoutedValues, v)
-		}
-	}
+	f.RoutedColumn, f.RoutedValues = col, values
 	return f, nil
+}
+
+// destinationValues resolves a destination filter through the relays'
+// routing: the values of the routed column whose events go to dest, out of
+// the candidates list returns (at most limit of them; where says among
+// what, for the error when there are more than maxRoutedValues).
+func (o *Ops) destinationValues(dest, where string, list func(col string, limit int) ([]string, error)) (string, []string, error) {
+	col := o.router.RouteBy()
+	if col != "aggregatetype" && col != "type" && col != "aggregateid" && col != "id" {
+		return "", nil, &InputError{"destination", "the routing (by " + col + ") cannot be filtered by destination: filter by aggregate type or event type instead"}
+	}
+	values, err := list(col, maxRoutedValues+1)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(values) > maxRoutedValues {
+		return "", nil, &InputError{"destination", fmt.Sprintf("%s holds more than %d distinct values of %s: narrow it, or filter by aggregate type", where, maxRoutedValues, col)}
+	}
+	out := []string{}
+	for _, v := range values {
+		if d, err := o.router.DestinationOf(v); err == nil && d == dest {
+			out = append(out, v)
+		}
+	}
+	return col, out, nil
 }
 
 // PreviewReplay says what a replay with p would re-enqueue: the count and

@@ -18,6 +18,10 @@ type StatusJSON struct {
 	Partitions                  []PartitionJSON `json:"partitions"`
 	// Pauses lists the pauses in force, oldest first.
 	Pauses []outboxdriver.Pause `json:"pauses"`
+	// Estimated names the counts above that are estimates (a large table,
+	// summarised for the console without reading every row); omitted
+	// when all are exact.
+	Estimated map[string]bool `json:"estimated,omitempty"`
 	// CDCSlots are the log-tailing replication slots of the table;
 	// omitted when it is polled.
 	CDCSlots []SlotJSON `json:"cdc_slots,omitempty"`
@@ -42,6 +46,8 @@ type PartitionJSON struct {
 	Epoch            int64   `json:"epoch"`
 	ExpiresInSeconds float64 `json:"expires_in_seconds"`
 	Backlog          int64   `json:"backlog"`
+	// BacklogEstimated says Backlog is the partition's share of a sample.
+	BacklogEstimated bool `json:"backlog_estimated,omitempty"`
 }
 
 // NewStatusJSON renders st; an expired lease shows 0 seconds left.
@@ -55,7 +61,16 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 		Pauses:     append([]outboxdriver.Pause{}, st.Pauses...),
 	}
 	for _, p := range st.Partitions {
-		js.Partitions = append(js.Partitions, PartitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog})
+		js.Partitions = append(js.Partitions, PartitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog, st.Estimated.PartitionBacklog})
+	}
+	for k, v := range map[string]bool{"backlog": st.Estimated.Backlog, "published_kept": st.Estimated.Published,
+		"dead_letters": st.Estimated.DeadLetters, "held_aggregates": st.Estimated.Held} {
+		if v {
+			if js.Estimated == nil {
+				js.Estimated = map[string]bool{}
+			}
+			js.Estimated[k] = true
+		}
 	}
 	for _, s := range st.Slots {
 		js.CDCSlots = append(js.CDCSlots, SlotJSON(s))

@@ -146,7 +146,9 @@ type HeldAggregate struct {
 	EventID string    `json:"event_id"`
 	Reason  string    `json:"reason"`
 	Since   time.Time `json:"since"`
-	// Waiting counts the aggregate's events that wait behind it.
+	// Waiting counts the aggregate's events that wait behind it; -1 when
+	// not counted (a driver may leave it uncounted when that would read a
+	// large backlog whole).
 	Waiting int64 `json:"waiting"`
 	// LastError is the event's last error.
 	LastError string `json:"last_error"`
@@ -229,6 +231,10 @@ type KindBacklog struct {
 	Type          string        `json:"type"`
 	Backlog       int64         `json:"backlog"`
 	OldestAge     time.Duration `json:"-"`
+	// Estimated says that Backlog is an estimate from a sample of the
+	// table, and OldestAge may be (exact for a kind among the oldest
+	// events).
+	Estimated bool `json:"estimated"`
 }
 
 // RelayStatus is one relay in the registry.
@@ -255,7 +261,8 @@ type Sample struct {
 // the backlog by kind, the relays, and samples over time.
 type Observer interface {
 	// Backlog lists up to limit groups of unpublished events, largest
-	// first.
+	// first; above a bound of events the counts are estimates
+	// (KindBacklog.Estimated).
 	Backlog(ctx context.Context, t Table, limit int) ([]KindBacklog, error)
 	// Relays lists the registered relays.
 	Relays(ctx context.Context, t Table) ([]RelayStatus, error)

@@ -309,11 +309,28 @@ type Status struct {
 	// SchemaVersion is the applied migration; LatestSchemaVersion the
 	// newest this build knows.
 	SchemaVersion, LatestSchemaVersion int
+	// Estimated says which counts are estimates (none, from Status).
+	Estimated Estimated
 	// Pauses lists the pauses in force (a Controller's; none elsewhere).
 	Pauses []Pause
 	// Slots lists the replication slots that relay the table by log
 	// tailing (PostgreSQL only); none when it is polled.
 	Slots []SlotStatus
+}
+
+// Estimated says which counts of a Status are estimates (StatusEstimator).
+type Estimated struct {
+	Backlog, Published, DeadLetters, Held, PartitionBacklog bool
+}
+
+// StatusEstimator is a Store that summarises a table without reading every
+// row: each count is exact up to a bound and estimated above it (from the
+// planner's statistics or a sample of the table), and Status.Estimated
+// says which are. The console's overview and samples use it, so that they
+// stay cheap on a backlog of millions.
+type StatusEstimator interface {
+	// EstimateStatus is Status with counts above exactUpTo estimated.
+	EstimateStatus(ctx context.Context, t Table, exactUpTo int64) (Status, error)
 }
 
 // SlotStatus is a log-tailing replication slot as the database sees it.

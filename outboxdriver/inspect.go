@@ -60,6 +60,11 @@ type DeadLetterQuery struct {
 	AggregateType, AggregateID, Type string
 	// ErrorContains matches last errors that contain it, ignoring case.
 	ErrorContains string
+	// Destination matches the dead letters the relays' routing sends to
+	// this destination. The dead-letter table stores no destination:
+	// package ops resolves it through the routing into values of the
+	// routed column (DeadLetterRouter) and clears it; a Store ignores it.
+	Destination string
 	// Since and Until bound the time of dead-lettering: Since <= t < Until.
 	Since, Until time.Time
 	// After, when set, lists only dead letters after it: the Next of a
@@ -122,6 +127,18 @@ type Inspector interface {
 	// DeadLetter returns one dead letter of t; it wraps ErrNotFound when
 	// there is none with that id.
 	DeadLetter(ctx context.Context, t Table, id string) (DeadLetterDetail, error)
+}
+
+// DeadLetterRouter is an Inspector that can select dead letters by the
+// values of the column the routing reads (aggregatetype, aggregateid, type
+// or id), which is how a destination filter is answered.
+type DeadLetterRouter interface {
+	// DeadLetterValues lists up to limit distinct values of column among
+	// the dead letters of t that q selects (q's After and Limit aside).
+	DeadLetterValues(ctx context.Context, t Table, q DeadLetterQuery, column string, limit int) ([]string, error)
+	// FindRoutedDeadLetters is FindDeadLetters keeping only dead letters
+	// whose column holds one of values (none: no dead letter).
+	FindRoutedDeadLetters(ctx context.Context, t Table, q DeadLetterQuery, column string, values []string) (DeadLetterPage, error)
 }
 
 // Auditor is a Store that keeps the full audit trail: rows with the

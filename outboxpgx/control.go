@@ -1,9 +1,12 @@
 package outboxpgx
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -168,17 +171,27 @@ func (d *Driver) HeldAggregates(ctx context.Context, t outboxdriver.Table, limit
 	// The reason is what holds the aggregate now: a dead letter, or an
 	// event in the outbox (retrying, or a dead letter retried by an
 	// operator and not yet published).
-	rows, err := d.pool.Query(ctx, `SELECT h.aggregatetype, h.aggregateid, h.event_id::text,
-       CASE WHEN EXISTS (SELECT 1 FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id) THEN 'dead-lettered' ELSE 'retrying' END,
-       h.held_at,
-       (SELECT count(*) FROM `+n.Table+` o
+	// The events waiting behind each are counted while the backlog is
+	// small enough to read (no index finds an aggregate's events: one
+	// would cost every write); above ExactUpTo they are not (-1).
+	var small bool
+	if err := d.pool.QueryRow(ctx, `SELECT count(*) <= $1 FROM (SELECT 1 FROM `+n.Table+` WHERE published_at IS NULL LIMIT $1 + 1) b`, ExactUpTo).Scan(&small); err != nil {
+		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
+	}
+	waiting := `-1::bigint`
+	if small {
+		waiting = `(SELECT count(*) FROM ` + n.Table + ` o
         WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
-          AND o.published_at IS NULL AND o.id <> h.event_id),
-       coalesce((SELECT dl.last_error FROM `+n.DeadLetter+` dl WHERE dl.id = h.event_id),
-                (SELECT o.last_error FROM `+n.Table+` o WHERE o.seq = h.seq AND o.published_at IS NULL AND o.id = h.event_id), '')
-FROM `+n.Held+` h
-ORDER BY h.held_at, h.aggregatetype, h.aggregateid
-LIMIT $1`, limit)
+          AND o.published_at IS NULL AND o.id <> h.event_id)`
+	}
+	rows, err := d.pool.Query(ctx, `SELECT h.aggregatetype, h.aggregateid, h.event_id::text,
+       CASE WHEN dl.id IS NOT NULL THEN 'dead-lettered' ELSE 'retrying' END,
+       h.held_at,
+       `+waiting+`,
+       coalesce(dl.last_error, (SELECT o.last_error FROM `+n.Table+` o WHERE o.seq = h.seq AND o.published_at IS NULL AND o.id = h.event_id), '')
+FROM (SELECT * FROM `+n.Held+` ORDER BY held_at, aggregatetype, aggregateid LIMIT $1) h
+LEFT JOIN `+n.DeadLetter+` dl ON dl.id = h.event_id
+ORDER BY h.held_at, h.aggregatetype, h.aggregateid`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
 	}
@@ -256,27 +269,38 @@ var _ outboxdriver.FailureGrouper = (*Driver)(nil)
 
 // errorClass is the SQL of a dead letter's error class: its last error
 // with UUIDs and numbers of four or more digits blanked, cut to 200
-// characters. groupKey names a group of an event type and class.
-const (
-	errorClass = `left(regexp_replace(regexp_replace(last_error, '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'), '[0-9]{4,}', '<n>', 'g'), 200)`
-	groupKey   = `md5(length(type)::text || ':' || type || ` + errorClass + `)`
-)
+// characters. A group of an event type and class is named by the column
+// failure_group (schema version 11): md5(length(type) ':' type class),
+// computed by the database when the dead letter is written.
+const errorClass = `left(regexp_replace(regexp_replace(last_error, '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', '<id>', 'gi'), '[0-9]{4,}', '<n>', 'g'), 200)`
 
 // FailureGroups lists up to limit groups of t's dead letters (same event
-// type, same error class), largest first. It reads every dead letter.
+// type, same error class), largest first. It reads the index of the
+// failure_group column (schema version 11), not the dead letters.
 func (d *Driver) FailureGroups(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.FailureGroup, error) {
 	n, err := d.names(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := d.pool.Query(ctx, `SELECT `+groupKey+` AS key, type, `+errorClass+` AS class, count(*), min(dead_lettered_at), max(dead_lettered_at),
-       (array_agg(id::text ORDER BY dead_lettered_at, seq))[1]
-FROM `+n.DeadLetter+`
-GROUP BY 1, 2, 3
-ORDER BY 4 DESC, 5
-LIMIT $1`, limit)
+	// Each group from the index alone: the groups one after the other (a
+	// skip scan), then each one's count, first and last.
+	rows, err := d.pool.Query(ctx, `WITH RECURSIVE k AS (
+    (SELECT failure_group AS key FROM `+n.DeadLetter+` ORDER BY failure_group LIMIT 1)
+    UNION ALL
+    SELECT (SELECT failure_group FROM `+n.DeadLetter+` WHERE failure_group > k.key ORDER BY failure_group LIMIT 1) FROM k WHERE k.key IS NOT NULL
+), g AS (
+    SELECT k.key AS failure_group, c.n, c.first, c.last FROM k CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(dead_lettered_at) AS first, max(dead_lettered_at) AS last FROM `+n.DeadLetter+` WHERE failure_group = k.key
+    ) c
+    WHERE k.key IS NOT NULL ORDER BY 2 DESC, 3 LIMIT $1
+)
+SELECT g.failure_group, e.type, `+errorClass+`, g.n, g.first, g.last, e.id::text
+FROM g CROSS JOIN LATERAL (
+    SELECT type, last_error, id FROM `+n.DeadLetter+` WHERE failure_group = g.failure_group ORDER BY dead_lettered_at, seq LIMIT 1
+) e
+ORDER BY g.n DESC, g.first`, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: failure groups of %s: %w", t, err)
+		return nil, auditErr(t, "failure groups of", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.FailureGroup, error) {
 		var g outboxdriver.FailureGroup
@@ -284,7 +308,7 @@ LIMIT $1`, limit)
 		return g, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: failure groups of %s: %w", t, err)
+		return nil, auditErr(t, "failure groups of", err)
 	}
 	return out, nil
 }
@@ -296,44 +320,109 @@ func (d *Driver) FailureGroupIDs(ctx context.Context, t outboxdriver.Table, key 
 	if err != nil {
 		return nil, err
 	}
-	rows, err := d.pool.Query(ctx, `SELECT id::text FROM `+n.DeadLetter+` WHERE `+groupKey+` = $1 ORDER BY dead_lettered_at, seq LIMIT $2`, key, limit)
+	rows, err := d.pool.Query(ctx, `SELECT id::text FROM `+n.DeadLetter+` WHERE failure_group = $1 ORDER BY dead_lettered_at, seq LIMIT $2`, key, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: failure group %s of %s: %w", key, t, err)
+		return nil, auditErr(t, "failure group "+key+" of", err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: failure group %s of %s: %w", key, t, err)
+		return nil, auditErr(t, "failure group "+key+" of", err)
 	}
 	return ids, nil
 }
 
 var _ outboxdriver.Observer = (*Driver)(nil)
 
+// ExactUpTo is the count up to which the console's numbers are exact
+// (EstimateStatus, Backlog, RecordSample, HeldAggregates' waiting events):
+// counting that many rows reads no more than that many index entries.
+const ExactUpTo = 1_000
+
+// oldestWindow is how many of the oldest unpublished events Backlog reads
+// for each kind's oldest when it estimates.
+const oldestWindow = 2_000
+
 // Backlog lists up to limit groups (aggregate type, event type) of t's
 // unpublished events, largest first, with the age of each one's oldest.
-// It reads every unpublished row.
+// Up to ExactUpTo unpublished events it counts them; above, each group's
+// count is its share of a sample of the table (TABLESAMPLE SYSTEM, about
+// sampleBlocks blocks) times the backlog's estimate, and its oldest is
+// exact when the group is among the oldestWindow oldest events (else the
+// sample's oldest): KindBacklog.Estimated.
 func (d *Driver) Backlog(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.KindBacklog, error) {
 	n, err := d.names(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := d.pool.Query(ctx, `SELECT aggregatetype, type, count(*), extract(epoch FROM now() - min(created_at))::float8
-FROM `+n.Table+` WHERE published_at IS NULL
-GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
+	c, err := countTable(ctx, d.pool, n, ExactUpTo)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.KindBacklog, error) {
-		var g outboxdriver.KindBacklog
+	if !c.backlog.estimated {
+		rows, err := d.pool.Query(ctx, `SELECT aggregatetype, type, count(*), extract(epoch FROM now() - min(created_at))::float8
+FROM `+n.Table+` WHERE published_at IS NULL
+GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
+		if err != nil {
+			return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+		}
+		out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.KindBacklog, error) {
+			var g outboxdriver.KindBacklog
+			var age float64
+			err := r.Scan(&g.AggregateType, &g.Type, &g.Backlog, &age)
+			g.OldestAge = time.Duration(max(age, 0) * float64(time.Second))
+			return g, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+		}
+		return out, nil
+	}
+	frac, err := sampleFraction(ctx, d.pool, n.Table)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+	}
+	rows, err := d.pool.Query(ctx, `WITH s AS (
+    SELECT aggregatetype, type, count(*) AS n, min(created_at) AS oldest
+    FROM `+n.Table+` TABLESAMPLE SYSTEM ($1) WHERE published_at IS NULL GROUP BY 1, 2
+), w AS (
+    SELECT aggregatetype, type, count(*) AS n, min(created_at) AS oldest
+    FROM (SELECT aggregatetype, type, created_at FROM `+n.Table+` WHERE published_at IS NULL ORDER BY seq LIMIT $2) x GROUP BY 1, 2
+)
+SELECT aggregatetype, type, coalesce(s.n, 0), coalesce(w.n, 0), greatest(extract(epoch FROM now() - least(s.oldest, w.oldest)), 0)::float8
+FROM s FULL JOIN w USING (aggregatetype, type)`, frac, oldestWindow)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+	}
+	type group struct {
+		outboxdriver.KindBacklog
+		sampled, first int64
+	}
+	gs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (group, error) {
+		var g group
 		var age float64
-		err := r.Scan(&g.AggregateType, &g.Type, &g.Backlog, &age)
-		g.OldestAge = time.Duration(max(age, 0) * float64(time.Second))
+		err := r.Scan(&g.AggregateType, &g.Type, &g.sampled, &g.first, &age)
+		g.OldestAge = time.Duration(age * float64(time.Second))
 		return g, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
 	}
-	return out, nil
+	var sampled int64
+	for _, g := range gs {
+		sampled += g.sampled
+	}
+	out := make([]outboxdriver.KindBacklog, len(gs))
+	for i, g := range gs {
+		g.Backlog, g.Estimated = g.first, true
+		if sampled > 0 {
+			g.Backlog = max(g.first, int64(math.Round(float64(c.backlog.n)*float64(g.sampled)/float64(sampled))))
+		}
+		out[i] = g.KindBacklog
+	}
+	slices.SortFunc(out, func(a, b outboxdriver.KindBacklog) int {
+		return cmp.Or(cmp.Compare(b.Backlog, a.Backlog), cmp.Compare(a.AggregateType, b.AggregateType), cmp.Compare(a.Type, b.Type))
+	})
+	return out[:min(len(out), limit)], nil
 }
 
 // Relays lists the relays registered on t (alive or not yet cleaned up).
@@ -360,20 +449,22 @@ func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriv
 }
 
 // RecordSample stores one sample of t (backlog, oldest age, dead letters,
-// the sequence's last value) and deletes samples older than keep.
+// the sequence's last value) and deletes samples older than keep. The
+// counts are exact up to ExactUpTo and estimated above, as
+// EstimateStatus's.
 func (d *Driver) RecordSample(ctx context.Context, t outboxdriver.Table, keep time.Duration) error {
 	n, err := d.names(t)
 	if err != nil {
 		return err
 	}
+	c, err := countTable(ctx, d.pool, n, ExactUpTo)
+	if err != nil {
+		return controlErr(t, "sample of", err)
+	}
 	samples := t.WithDefaults().Qualified("_samples")
 	_, err = d.pool.Exec(ctx, `WITH gone AS (DELETE FROM `+samples+` WHERE at < clock_timestamp() - $1 * interval '1 millisecond')
-INSERT INTO `+samples+` (backlog, oldest_age, dead_letters, last_seq)
-SELECT (SELECT count(*) FROM `+n.Table+` WHERE published_at IS NULL),
-       (SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM `+n.Table+` WHERE published_at IS NULL),
-       (SELECT count(*) FROM `+n.DeadLetter+`),
-       coalesce(pg_sequence_last_value(pg_get_serial_sequence($2, 'seq')::regclass), 0)
-ON CONFLICT (at) DO NOTHING`, keep.Milliseconds(), n.Table)
+INSERT INTO `+samples+` (backlog, oldest_age, dead_letters, last_seq) VALUES ($2, $3, $4, $5)
+ON CONFLICT (at) DO NOTHING`, keep.Milliseconds(), c.backlog.n, c.oldestAge, c.dead.n, c.lastSeq)
 	if err != nil {
 		return controlErr(t, "sample of", err)
 	}

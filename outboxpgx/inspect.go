@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,6 +25,65 @@ var (
 // FindDeadLetters lists the dead letters of t that q selects, oldest
 // first, one page at a time.
 func (d *Driver) FindDeadLetters(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery) (outboxdriver.DeadLetterPage, error) {
+	return d.findDeadLetters(ctx, t, q, "", nil)
+}
+
+var _ outboxdriver.DeadLetterRouter = (*Driver)(nil)
+
+// FindRoutedDeadLetters is FindDeadLetters keeping only the dead letters
+// whose column holds one of values.
+func (d *Driver) FindRoutedDeadLetters(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery, column string, values []string) (outboxdriver.DeadLetterPage, error) {
+	if deadLetterColumns[column] == "" {
+		return outboxdriver.DeadLetterPage{}, fmt.Errorf("outboxpgx: cannot select dead letters by %q", column)
+	}
+	if values == nil {
+		values = []string{}
+	}
+	return d.findDeadLetters(ctx, t, q, column, values)
+}
+
+// deadLetterColumns are the columns a destination filter can select dead
+// letters by, as SQL.
+var deadLetterColumns = map[string]string{"aggregatetype": "aggregatetype", "aggregateid": "aggregateid", "type": "type", "id": "id::text"}
+
+// deadLetterWhere is the condition of a list of dead letters: only the
+// filters q sets (so that the planner sees which index answers them), the
+// routed column's values when column is set, and q's cursor; args are
+// appended to.
+func deadLetterWhere(q outboxdriver.DeadLetterQuery, column string, values []string, args *[]any) string {
+	conds := []string{"TRUE"}
+	arg := func(v any) string {
+		*args = append(*args, v)
+		return fmt.Sprintf("$%d", len(*args))
+	}
+	if q.AggregateType != "" {
+		conds = append(conds, "aggregatetype = "+arg(q.AggregateType))
+	}
+	if q.AggregateID != "" {
+		conds = append(conds, "aggregateid = "+arg(q.AggregateID))
+	}
+	if q.Type != "" {
+		conds = append(conds, "type = "+arg(q.Type))
+	}
+	if q.ErrorContains != "" {
+		conds = append(conds, "strpos(lower(last_error), lower("+arg(q.ErrorContains)+")) > 0")
+	}
+	if !q.Since.IsZero() {
+		conds = append(conds, "dead_lettered_at >= "+arg(q.Since))
+	}
+	if !q.Until.IsZero() {
+		conds = append(conds, "dead_lettered_at < "+arg(q.Until))
+	}
+	if column != "" {
+		conds = append(conds, deadLetterColumns[column]+" = ANY("+arg(values)+"::text[])")
+	}
+	if q.After != nil {
+		conds = append(conds, "(dead_lettered_at, seq) > ("+arg(q.After.At)+"::timestamptz, "+arg(q.After.Seq)+"::bigint)")
+	}
+	return strings.Join(conds, " AND ")
+}
+
+func (d *Driver) findDeadLetters(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery, column string, values []string) (outboxdriver.DeadLetterPage, error) {
 	var page outboxdriver.DeadLetterPage
 	n, err := d.names(t)
 	if err != nil {
@@ -32,22 +92,13 @@ func (d *Driver) FindDeadLetters(ctx context.Context, t outboxdriver.Table, q ou
 	if q.Limit <= 0 {
 		return page, fmt.Errorf("outboxpgx: list dead letters of %s: limit %d, want a positive one", t, q.Limit)
 	}
-	var afterAt *time.Time
-	var afterSeq int64
-	if q.After != nil {
-		afterAt, afterSeq = &q.After.At, q.After.Seq
-	}
+	var args []any
+	where := deadLetterWhere(q, column, values, &args)
 	rows, err := d.pool.Query(ctx, `SELECT id::text, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held, seq
 FROM `+n.DeadLetter+`
-WHERE ($1 = '' OR aggregatetype = $1)
-  AND ($2 = '' OR aggregateid = $2)
-  AND ($3 = '' OR type = $3)
-  AND ($4 = '' OR strpos(lower(last_error), lower($4)) > 0)
-  AND ($5::timestamptz IS NULL OR dead_lettered_at >= $5)
-  AND ($6::timestamptz IS NULL OR dead_lettered_at < $6)
-  AND ($7::timestamptz IS NULL OR (dead_lettered_at, seq) > ($7, $8::bigint))
+WHERE `+where+`
 ORDER BY dead_lettered_at, seq
-LIMIT $9`, q.AggregateType, q.AggregateID, q.Type, q.ErrorContains, timeArg(q.Since), timeArg(q.Until), afterAt, afterSeq, q.Limit+1)
+LIMIT `+fmt.Sprint(q.Limit+1), args...)
 	if err != nil {
 		return page, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
 	}
@@ -74,6 +125,43 @@ LIMIT $9`, q.AggregateType, q.AggregateID, q.Type, q.ErrorContains, timeArg(q.Si
 		page.DeadLetters[i] = r.DeadLetter
 	}
 	return page, nil
+}
+
+// DeadLetterValues lists up to limit distinct values of column among the
+// dead letters of t that q selects.
+func (d *Driver) DeadLetterValues(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery, column string, limit int) ([]string, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	expr := deadLetterColumns[column]
+	if expr == "" {
+		return nil, fmt.Errorf("outboxpgx: cannot select dead letters by %q", column)
+	}
+	q.After = nil
+	var args []any
+	sql := `SELECT DISTINCT ` + expr + ` FROM ` + n.DeadLetter + ` WHERE ` + deadLetterWhere(q, "", nil, &args) + ` LIMIT ` + fmt.Sprint(limit)
+	if column == "aggregatetype" || column == "type" {
+		// Few distinct values, each read once from the column's index
+		// (a skip scan): a superset of those the filters select, which
+		// the list applies again.
+		sql = `WITH RECURSIVE v AS (
+    (SELECT ` + expr + ` AS x FROM ` + n.DeadLetter + ` ORDER BY 1 LIMIT 1)
+    UNION ALL
+    SELECT (SELECT ` + expr + ` FROM ` + n.DeadLetter + ` WHERE ` + expr + ` > v.x ORDER BY 1 LIMIT 1) FROM v WHERE v.x IS NOT NULL
+)
+SELECT x FROM v WHERE x IS NOT NULL LIMIT ` + fmt.Sprint(limit)
+		args = nil
+	}
+	rows, err := d.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: values of %s among the dead letters of %s: %w", column, t, err)
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("outboxpgx: values of %s among the dead letters of %s: %w", column, t, err)
+	}
+	return vs, nil
 }
 
 // DeadLetter returns one dead letter of t with its payload and headers; it
@@ -145,18 +233,42 @@ func (d *Driver) FindAudit(ctx context.Context, t outboxdriver.Table, q outboxdr
 		}
 		request = &u
 	}
+	// Only the filters q sets, so that the planner sees which index
+	// answers them (schema version 11 indexes event, request, action and
+	// actor, each with the id).
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	conds := []string{"TRUE"}
+	if q.Actor != "" {
+		conds = append(conds, "actor = "+arg(q.Actor))
+	}
+	if q.Action != "" {
+		conds = append(conds, "action = "+arg(q.Action))
+	}
+	if event != nil {
+		conds = append(conds, "event_id = "+arg(*event))
+	}
+	if q.Before > 0 {
+		conds = append(conds, "id < "+arg(q.Before))
+	}
+	if request != nil {
+		conds = append(conds, "request_id = "+arg(*request))
+	}
+	if !q.Since.IsZero() {
+		conds = append(conds, "at >= "+arg(q.Since))
+	}
+	if !q.Until.IsZero() {
+		conds = append(conds, "at < "+arg(q.Until))
+	}
 	rows, err := d.pool.Query(ctx, `SELECT id, at, actor, action, coalesce(event_id::text, ''), detail, role, reason,
        coalesce(request_id::text, ''), before::text, after::text
 FROM `+n.Audit+`
-WHERE ($1 = '' OR actor = $1)
-  AND ($2 = '' OR action = $2)
-  AND ($3::uuid IS NULL OR event_id = $3)
-  AND ($4::bigint <= 0 OR id < $4)
-  AND ($6::uuid IS NULL OR request_id = $6)
-  AND ($7::timestamptz IS NULL OR at >= $7)
-  AND ($8::timestamptz IS NULL OR at < $8)
+WHERE `+strings.Join(conds, " AND ")+`
 ORDER BY id DESC
-LIMIT $5`, q.Actor, q.Action, event, q.Before, q.Limit, request, timeArg(q.Since), timeArg(q.Until))
+LIMIT `+fmt.Sprint(q.Limit), args...)
 	if err != nil {
 		return nil, auditErr(t, "audit of", err)
 	}

@@ -13,8 +13,31 @@ import (
 
 // Status reports the backlog, the age of the oldest unpublished event, the
 // dead letters, the held aggregates and every partition's lease of table
-// t. It wraps outboxdriver.ErrNotMigrated when t does not exist.
+// t. It wraps outboxdriver.ErrNotMigrated when t does not exist. Every
+// count is exact: on a large table it reads every unpublished row
+// (EstimateStatus does not).
 func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.Status, error) {
+	return d.status(ctx, t, 0)
+}
+
+var _ outboxdriver.StatusEstimator = (*Driver)(nil)
+
+// EstimateStatus is Status with the counts above exactUpTo estimated: the
+// backlog, the published rows kept, the dead letters and the held
+// aggregates are counted up to exactUpTo+1 rows and, past that, taken from
+// the planner's estimate (and the backlog bounded by the span of its
+// positions); the partitions' backlogs are then shares of the backlog from
+// a sample of the table. The oldest unpublished event is the first by
+// position (the pending index's first entry). Nothing reads every row.
+func (d *Driver) EstimateStatus(ctx context.Context, t outboxdriver.Table, exactUpTo int64) (outboxdriver.Status, error) {
+	if exactUpTo < 1 {
+		return outboxdriver.Status{}, fmt.Errorf("outboxpgx: estimate the status of %s: exactUpTo %d, want a positive one", t, exactUpTo)
+	}
+	return d.status(ctx, t, exactUpTo)
+}
+
+// status is Status (exactUpTo 0) or EstimateStatus.
+func (d *Driver) status(ctx context.Context, t outboxdriver.Table, exactUpTo int64) (outboxdriver.Status, error) {
 	t = t.WithDefaults()
 	st := outboxdriver.Status{Table: t, LatestSchemaVersion: pgschema.Latest()}
 	if err := t.Validate(); err != nil {
@@ -33,13 +56,24 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 		return st, fmt.Errorf("outboxpgx: %s: %w", t, outboxdriver.ErrNotMigrated)
 	}
 	var ageSeconds float64
-	err := db.QueryRow(ctx, `SELECT
+	var err error
+	if exactUpTo > 0 {
+		var c counts
+		c, err = countTable(ctx, db, n, exactUpTo)
+		st.Backlog, st.Published, st.DeadLetters, ageSeconds = c.backlog.n, c.published.n, c.dead.n, c.oldestAge
+		st.Estimated = outboxdriver.Estimated{Backlog: c.backlog.estimated, Published: c.published.estimated, DeadLetters: c.dead.estimated}
+		if err == nil {
+			err = db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+n.Migrations).Scan(&st.SchemaVersion)
+		}
+	} else {
+		err = db.QueryRow(ctx, `SELECT
     (SELECT count(*) FROM `+n.Table+` WHERE published_at IS NULL),
     (SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM `+n.Table+` WHERE published_at IS NULL),
     (SELECT count(*) FROM `+n.Table+` WHERE published_at IS NOT NULL),
     (SELECT count(*) FROM `+n.DeadLetter+`),
     (SELECT coalesce(max(version), 0) FROM `+n.Migrations+`)`).
-		Scan(&st.Backlog, &ageSeconds, &st.Published, &st.DeadLetters, &st.SchemaVersion)
+			Scan(&st.Backlog, &ageSeconds, &st.Published, &st.DeadLetters, &st.SchemaVersion)
+	}
 	if err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
@@ -50,9 +84,26 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 		return st, nil
 	}
 	var heldSeconds float64
-	if err := db.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(held_at)), 0)::float8 FROM `+n.Held).
-		Scan(&st.Held, &heldSeconds); err != nil {
+	held := `SELECT count(*), coalesce(extract(epoch FROM now() - min(held_at)), 0)::float8 FROM ` + n.Held
+	if exactUpTo > 0 {
+		// The oldest held through the primary key would need an index on
+		// held_at; a table with more held aggregates than the bound shows
+		// the estimate and the oldest of the first rows counted.
+		held = `SELECT count(*), coalesce(extract(epoch FROM now() - min(held_at)), 0)::float8 FROM (SELECT held_at FROM ` + n.Held + ` LIMIT $1) h`
+	}
+	args := []any{}
+	if exactUpTo > 0 {
+		args = append(args, exactUpTo+1)
+	}
+	if err := db.QueryRow(ctx, held, args...).Scan(&st.Held, &heldSeconds); err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+	}
+	if exactUpTo > 0 && st.Held > exactUpTo {
+		est, err := plannerRows(ctx, db, `SELECT 1 FROM `+n.Held)
+		if err != nil {
+			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+		}
+		st.Held, st.Estimated.Held = max(est, exactUpTo+1), true
 	}
 	if heldSeconds > 0 {
 		st.OldestHeldAge = time.Duration(heldSeconds * float64(time.Second))
@@ -65,14 +116,28 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
 		return st, err
 	}
+	// Each partition's backlog: counted, or (with an estimated backlog)
+	// its share of a sample.
+	backlog := `SELECT partition, count(*)::float8 AS n FROM ` + n.Table + ` WHERE published_at IS NULL GROUP BY partition`
+	args = nil
+	if st.Estimated.Backlog {
+		st.Estimated.PartitionBacklog = true
+		frac, err := sampleFraction(ctx, db, n.Table)
+		if err != nil {
+			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+		}
+		backlog = `SELECT partition, $1::float8 * count(*) / sum(count(*)) OVER () AS n
+FROM ` + n.Table + ` TABLESAMPLE SYSTEM ($2) WHERE published_at IS NULL GROUP BY partition`
+		args = []any{st.Backlog, frac}
+	}
 	rows, err := db.Query(ctx, `SELECT l.partition, coalesce(l.owner, ''), l.epoch,
        CASE WHEN l.expires_at = '-infinity' THEN -1e9
             ELSE extract(epoch FROM l.expires_at - clock_timestamp()) END::float8,
-       coalesce(b.n, 0)
+       round(coalesce(b.n, 0))::bigint
 FROM `+n.Leases+` l
-LEFT JOIN (SELECT partition, count(*) AS n FROM `+n.Table+` WHERE published_at IS NULL GROUP BY partition) b
+LEFT JOIN (`+backlog+`) b
   ON b.partition = l.partition
-ORDER BY l.partition`)
+ORDER BY l.partition`, args...)
 	if err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}

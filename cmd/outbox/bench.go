@@ -83,6 +83,12 @@ also measures the relay idle (CPU), polling against LISTEN/NOTIFY, and
 broker of both: nats://host:port (default: the local server),
 kafka:// (an in-process Kafka cluster) or kafka://host:port.
 
+The console scenario seeds 1,000,000 pending events and 100,000 dead letters
+(with held aggregates, kept published events, audit rows and requests), serves
+the console in this process and times every page and GET API route; then it
+drains --events events with one relay in --rounds pairs (default 4), without
+and with a console refreshing the overview every 2s, and reports the ratio.
+
 Scenarios:
 ` + strings.Join(list, "\n"),
 		Example: `  outbox bench --db postgres://postgres@127.0.0.1:5432/test --scenario write
@@ -92,7 +98,8 @@ Scenarios:
   outbox bench --db $DB --scenario latency --sink kafka:// --rates 100,2000,5000
   outbox bench --db $DB --scenario write --writers 8 --write-modes message,insert-delete,sql
   outbox bench --db $DB --scenario drain --events 200000 --source cdc
-  outbox bench --db $DB --scenario latency --source cdc --plain-writes --rates 1000,2000`,
+  outbox bench --db $DB --scenario latency --source cdc --plain-writes --rates 1000,2000
+  outbox bench --db $DB --scenario console --events 200000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := bench.Lookup(scenario)
@@ -166,7 +173,7 @@ Scenarios:
 
 				TraceNeverSample: traceNeverSample,
 			}
-			if (retention || sc.Name == "fleet") && !cmd.Flags().Changed("rounds") {
+			if (retention || sc.Name == "fleet" || sc.Name == "console") && !cmd.Flags().Changed("rounds") {
 				cfg.Rounds = 0 // the scenario's own default
 			}
 			if warmup == 0 {

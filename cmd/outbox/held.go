@@ -48,8 +48,12 @@ func newHeldList() *cobra.Command {
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "AGGREGATE\tHELD BEHIND\tREASON\tSINCE\tWAITING\tLAST ERROR")
 				for _, h := range hs {
-					fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%d\t%s\n", h.AggregateType, h.AggregateID, h.EventID, h.Reason,
-						h.Since.UTC().Format("2006-01-02 15:04:05Z"), h.Waiting, oneLineText(h.LastError, 100))
+					waiting := fmt.Sprint(h.Waiting)
+					if h.Waiting < 0 {
+						waiting = "-" // not counted: the backlog is too large
+					}
+					fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\n", h.AggregateType, h.AggregateID, h.EventID, h.Reason,
+						h.Since.UTC().Format("2006-01-02 15:04:05Z"), waiting, oneLineText(h.LastError, 100))
 				}
 				return tw.Flush()
 			})

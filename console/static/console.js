@@ -1,5 +1,5 @@
 // The console works without this script. It only refreshes the numbers
-// of the overview and asks before a retry or a discard.
+// of the overview every 2 seconds and asks before a retry or a discard.
 (function () {
   "use strict";
   document.querySelectorAll("form[data-confirm]").forEach(function (f) {
@@ -24,10 +24,12 @@
         if (!o) { return; }
         box.querySelectorAll("[data-k]").forEach(function (el) {
           var k = el.getAttribute("data-k");
-          if (k in o) { el.textContent = show(o[k], el.getAttribute("data-unit")); }
+          if (k in o) {
+            el.textContent = (o.estimated && o.estimated[k] ? "\u2248 " : "") + show(o[k], el.getAttribute("data-unit"));
+          }
         });
       })
       .catch(function () {});
   }
-  window.setInterval(refresh, 5000);
+  window.setInterval(refresh, 2000);
 })();

@@ -14,15 +14,63 @@ import (
 // FindDeadLetters lists the dead letters of t that q selects, oldest
 // first, one page at a time.
 func (s Store) FindDeadLetters(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery) (outboxdriver.DeadLetterPage, error) {
-	var page outboxdriver.DeadLetterPage
+	return s.findDeadLetters(ctx, t, q, "", nil)
+}
+
+// FindRoutedDeadLetters is FindDeadLetters keeping only the dead letters
+// whose column holds one of values: how a destination filter is answered.
+func (s Store) FindRoutedDeadLetters(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery, column string, values []string) (outboxdriver.DeadLetterPage, error) {
+	if !routedColumns[column] {
+		return outboxdriver.DeadLetterPage{}, fmt.Errorf("%s: cannot select dead letters by %q", s.d.Driver, column)
+	}
+	if values == nil {
+		values = []string{}
+	}
+	return s.findDeadLetters(ctx, t, q, column, values)
+}
+
+// DeadLetterValues lists up to limit distinct values of column among the
+// dead letters of t that q selects (q's After and Limit aside).
+func (s Store) DeadLetterValues(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery, column string, limit int) ([]string, error) {
 	db, n, err := s.open(t)
 	if err != nil {
-		return page, err
+		return nil, err
 	}
-	if q.Limit <= 0 {
-		return page, fmt.Errorf("%s: list dead letters of %s: limit %d, want a positive one", s.d.Driver, t, q.Limit)
+	if !routedColumns[column] {
+		return nil, fmt.Errorf("%s: cannot select dead letters by %q", s.d.Driver, column)
 	}
+	q.After = nil
+	w := s.deadLetterWhere(q, "", nil)
+	rows, err := db.QueryContext(ctx, `SELECT DISTINCT `+column+` FROM `+n.dead+` WHERE `+w.sql()+` LIMIT ?`, append(w.args, limit)...)
+	if err != nil {
+		return nil, s.fail(t, "list routed values of the dead letters of", err)
+	}
+	defer rows.Close()
+	var vs []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, s.fail(t, "list routed values of the dead letters of", err)
+		}
+		vs = append(vs, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.fail(t, "list routed values of the dead letters of", err)
+	}
+	return vs, nil
+}
+
+// deadLetterWhere is the condition of a list of dead letters: q's
+// filters, the routed column's values when column is set, q's cursor.
+func (s Store) deadLetterWhere(q outboxdriver.DeadLetterQuery, column string, values []string) where {
 	var w where
+	if column != "" {
+		if len(values) == 0 {
+			w.add("1 = 0")
+		} else {
+			w.add(column+" IN ("+placeholders(len(values))+")", anys(values)...)
+		}
+	}
 	for _, f := range []struct{ col, v string }{{"aggregatetype", q.AggregateType}, {"aggregateid", q.AggregateID}, {"type", q.Type}} {
 		if f.v != "" {
 			w.add(f.col+" = ?", f.v)
@@ -41,6 +89,21 @@ func (s Store) FindDeadLetters(ctx context.Context, t outboxdriver.Table, q outb
 		at := s.d.TimeArg(q.After.At)
 		w.add("(dead_lettered_at > ? OR (dead_lettered_at = ? AND seq > ?))", at, at, q.After.Seq)
 	}
+	return w
+}
+
+// findDeadLetters lists the dead letters of t that q selects, and when
+// column is set whose column holds one of values.
+func (s Store) findDeadLetters(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery, column string, values []string) (outboxdriver.DeadLetterPage, error) {
+	var page outboxdriver.DeadLetterPage
+	db, n, err := s.open(t)
+	if err != nil {
+		return page, err
+	}
+	if q.Limit <= 0 {
+		return page, fmt.Errorf("%s: list dead letters of %s: limit %d, want a positive one", s.d.Driver, t, q.Limit)
+	}
+	w := s.deadLetterWhere(q, column, values)
 	rows, err := db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error, `+s.d.TimeText("dead_lettered_at")+`, held, seq
 FROM `+n.dead+` WHERE `+w.sql()+` ORDER BY dead_lettered_at, seq LIMIT ?`, append(w.args, q.Limit+1)...)
 	if err != nil {

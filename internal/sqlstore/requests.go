@@ -325,7 +325,8 @@ func (s Store) SetRequestTotal(ctx context.Context, t outboxdriver.Table, id str
 	return nil
 }
 
-// routedColumns are the columns a replay's destination filter may name.
+// routedColumns are the columns a destination filter (of a replay, or of
+// dead letters) may name.
 var routedColumns = map[string]bool{"aggregatetype": true, "aggregateid": true, "type": true, "id": true}
 
 // replayWhere selects the kept published events of f among the rows of
