@@ -63,6 +63,25 @@ type Request struct {
 	Error  string `json:"error,omitempty"`
 }
 
+// CreatedAudit is the audit row of request r created by by, as every
+// Requests implementation writes it with the request: a repair names the
+// dead letter it is about.
+func CreatedAudit(r Request, by Acting) AuditRecord {
+	var event string
+	if r.Kind == RequestRepair {
+		var p struct {
+			EventID string `json:"event_id"`
+		}
+		_ = json.Unmarshal(r.Params, &p) // Params were checked when the request was made
+		event = p.EventID
+	}
+	return AuditRecord{
+		AuditEntry: AuditEntry{Actor: by.Name, Action: "request", EventID: event,
+			Detail: r.Kind + " requested, expires " + r.ExpiresAt.UTC().Format(time.RFC3339) + " (the request holds what)"},
+		Role: by.Role, Reason: by.Reason, RequestID: r.ID,
+	}
+}
+
 // ReplayFilter selects published events kept in the table (retention
 // keep): published at or after Since and before Until, and of the given
 // aggregate type, aggregate id and event type when set. RoutedColumn and

@@ -326,12 +326,14 @@ func (f *cdcFixture) streaming() {
 	f.eventually("the slot is streamed", func() bool { return f.streamed() })
 }
 
-// streamed reports whether a walsender streams the slot (a slot being
-// created is active too, in the creating session).
+// streamed reports whether a walsender streams the slot: one that has
+// started replication (catchup or streaming). A slot being created is
+// active too, in the walsender of the creating session, which is in
+// pg_stat_replication as well (in state startup).
 func (f *cdcFixture) streamed() bool {
 	var ok bool
 	err := f.pool.QueryRow(f.ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots s
-		JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1)`, f.slot()).Scan(&ok)
+		JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming'))`, f.slot()).Scan(&ok)
 	return err == nil && ok
 }
 

@@ -80,19 +80,7 @@ func (d *Driver) CreateRequest(ctx context.Context, t outboxdriver.Table, r outb
 VALUES ($1, $2, $3, $4, $5, $6::json, $7)`, r.ID, r.Kind, r.Requester, r.RequesterRole, r.Reason, string(r.Params), r.ExpiresAt); err != nil {
 			return err
 		}
-		var event string
-		if r.Kind == outboxdriver.RequestRepair {
-			var p struct {
-				EventID string `json:"event_id"`
-			}
-			_ = json.Unmarshal(r.Params, &p)
-			event = p.EventID
-		}
-		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: by.Name, Action: "request", EventID: event,
-				Detail: r.Kind + " requested, expires " + r.ExpiresAt.UTC().Format(time.RFC3339) + " (the request holds what)"},
-			Role: by.Role, Reason: by.Reason, RequestID: r.ID,
-		})
+		return d.requestAudit(ctx, tx, t, outboxdriver.CreatedAudit(r, by))
 	})
 }
 

@@ -51,7 +51,7 @@ func TestOpenWithLogTailing(t *testing.T) {
 		for {
 			var streaming bool
 			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-				WHERE s.slot_name = $1)`, outboxpgx.DefaultSlot(tb)).Scan(&streaming)
+				WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming'))`, outboxpgx.DefaultSlot(tb)).Scan(&streaming)
 			if err == nil && streaming {
 				break
 			}

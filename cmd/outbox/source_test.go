@@ -62,7 +62,7 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 	for {
 		var streamed bool
 		err := pool.QueryRow(context.Background(), `SELECT drained AND EXISTS (SELECT 1 FROM pg_replication_slots s
-			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1) FROM `+tb.Qualified("_cdc"), outboxpgx.DefaultSlot(tb)).Scan(&streamed)
+			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming')) FROM `+tb.Qualified("_cdc"), outboxpgx.DefaultSlot(tb)).Scan(&streamed)
 		if err == nil && streamed {
 			break
 		}

@@ -93,19 +93,7 @@ func (s Store) CreateRequest(ctx context.Context, t outboxdriver.Table, r outbox
 VALUES (?, ?, ?, ?, ?, ?, `+s.d.Now+`, ?)`, r.ID, r.Kind, r.Requester, r.RequesterRole, r.Reason, string(r.Params), s.d.TimeArg(r.ExpiresAt)); err != nil {
 			return err
 		}
-		var event string
-		if r.Kind == outboxdriver.RequestRepair {
-			var p struct {
-				EventID string `json:"event_id"`
-			}
-			_ = json.Unmarshal(r.Params, &p)
-			event = p.EventID
-		}
-		return s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: by.Name, Action: "request", EventID: event,
-				Detail: r.Kind + " requested, expires " + r.ExpiresAt.UTC().Format(time.RFC3339) + " (the request holds what)"},
-			Role: by.Role, Reason: by.Reason, RequestID: r.ID,
-		})
+		return s.audit(ctx, tx, n, outboxdriver.CreatedAudit(r, by))
 	})
 }
 
