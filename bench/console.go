@@ -653,8 +653,8 @@ func consoleDrain(ctx context.Context, cfg Config) (results []Result, err error)
 	}
 	base := mk("drain", fmt.Sprintf("one relay draining %d events to %s, no console", n, s.broker.Describe()), plain)
 	wc := mk("drain_with_console", fmt.Sprintf("the same with a console whose overview is refreshed every %s (and which samples every %s)", ConsoleRefresh, console.SampleEvery), with)
-	wc.Console.DrainRatio, wc.Console.PairRatios, wc.Console.Refreshes = medianOf(ratios), ratios, refreshes
-	wc.VsBaseline = &Comparison{Case: "drain", Ratio: 1 / medianOf(ratios), RoundRatios: invert(ratios)}
+	wc.Console.DrainRatio, wc.Console.PairRatios, wc.Console.Refreshes = median(ratios), ratios, refreshes
+	wc.VsBaseline = &Comparison{Case: "drain", Ratio: 1 / median(ratios), RoundRatios: invert(ratios)}
 	return []Result{base, wc}, nil
 }
 

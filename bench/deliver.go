@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
@@ -407,20 +408,27 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		ft.RelayCPURatios = cpuRatios
 		rt := result(CaseDrainRelayTraced, fmt.Sprintf("the relay with tracing on and a sampler that samples nothing (OpenTelemetry SDK, NeverSample), in %d pairs of drains with relay, alternating which goes first", pairs), mt.elapsed, ft)
 		rt.RoundsPerSecond = perSecond(traced, n)
-		rt.VsBaseline = &Comparison{Case: CaseDrainRelay, Ratio: medianOf(pairRatios), RoundRatios: pairRatios}
+		rt.VsBaseline = &Comparison{Case: CaseDrainRelay, Ratio: median(pairRatios), RoundRatios: pairRatios}
 		results = append(results, rt)
 		fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s (median pair ratio %.3f of relay; relay CPU per event %.3f of relay's)\n",
-			CaseDrainRelayTraced, rt.PerSecond, rt.VsBaseline.Ratio, medianOf(cpuRatios))
+			CaseDrainRelayTraced, rt.PerSecond, rt.VsBaseline.Ratio, median(cpuRatios))
 	}
 	return results, nil
 }
 
-// medianOf returns the median of vs (of an even count, the mean of the
-// middle two).
-func medianOf(vs []float64) float64 {
-	s := slices.Clone(vs)
-	slices.Sort(s)
-	return (s[(len(s)-1)/2] + s[len(s)/2]) / 2
+// geoMean returns the geometric mean of the ratios rs (all positive), or
+// 0 when there are none. Over pairs of drains that alternate which goes
+// first, it cancels an advantage of going first or second, which the
+// median of an even count of pairs does not.
+func geoMean(rs []float64) float64 {
+	if len(rs) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, r := range rs {
+		sum += math.Log(r)
+	}
+	return math.Exp(sum / float64(len(rs)))
 }
 
 // drainRun is one relay's drain of the backlog.
@@ -1274,14 +1282,14 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 			for i, v := range c.RoundRatios {
 				rs[i] = fmt.Sprintf("%.3f", v)
 			}
-			fmt.Fprintf(&b, "  %s over %s, pair by pair: %s (the row shows the median)\n", r.Case, c.Case, strings.Join(rs, " "))
+			fmt.Fprintf(&b, "  %s over %s, pair by pair: %s (the row shows the median); geometric mean %.3f\n", r.Case, c.Case, strings.Join(rs, " "), geoMean(c.RoundRatios))
 			if d := r.Delivery; d != nil && len(d.RelayCPURatios) > 0 {
 				cs := make([]string, len(d.RelayCPURatios))
 				for i, v := range d.RelayCPURatios {
 					cs[i] = fmt.Sprintf("%.3f", v)
 				}
 				fmt.Fprintf(&b, "  relay CPU per event: %s %.1f µs, %s %.1f µs (the median drains); %s over %s pair by pair: %s, median %.3f\n",
-					c.Case, baseCPU(results, c.Case), r.Case, d.RelayCPUMicrosPerEvent, r.Case, c.Case, strings.Join(cs, " "), medianOf(d.RelayCPURatios))
+					c.Case, baseCPU(results, c.Case), r.Case, d.RelayCPUMicrosPerEvent, r.Case, c.Case, strings.Join(cs, " "), median(d.RelayCPURatios))
 			}
 		}
 	}
