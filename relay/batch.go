@@ -203,6 +203,11 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	// before. Messages without an answer by then count as an outage.
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
 	defer cancel()
+	// The pauses are read again when due before anything is published: a
+	// claim that waited (for a lock, or for a CPU) past a poll interval can
+	// hold events committed after a pause that the read before the claim
+	// could not see.
+	r.pauses.refresh(ctx)
 	plan := newWaves(recs)
 	tr := r.tracing.Tracer() // nil: tracing off, no span and no cost
 	var ps *publishSpans
