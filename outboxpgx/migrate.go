@@ -2,9 +2,11 @@ package outboxpgx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -73,8 +75,30 @@ func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target i
 	})
 }
 
-// inTx runs fn in a transaction of db and commits it.
+// migrateAttempts is how often a migration is run when PostgreSQL ends
+// it as the victim of a deadlock: a migration that changes the outbox
+// table while relays claim and delete rows can meet one of their
+// transactions the other way round. The whole transaction was rolled
+// back, so running it again is safe.
+const migrateAttempts = 3
+
+// inTx runs fn in a transaction of db and commits it; a transaction
+// ended by a deadlock (SQLSTATE 40P01) is run again, up to
+// migrateAttempts times in all.
 func inTx(ctx context.Context, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}, t outboxdriver.Table, fn func(pgx.Tx, outboxdriver.Table) ([]int, error)) ([]int, error) {
+	for attempt := 1; ; attempt++ {
+		vs, err := inTxOnce(ctx, db, t, fn)
+		var pgErr *pgconn.PgError
+		if err == nil || attempt == migrateAttempts || !errors.As(err, &pgErr) || pgErr.Code != "40P01" || ctx.Err() != nil {
+			return vs, err
+		}
+	}
+}
+
+// inTxOnce runs fn in a transaction of db and commits it.
+func inTxOnce(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, t outboxdriver.Table, fn func(pgx.Tx, outboxdriver.Table) ([]int, error)) ([]int, error) {
 	t = t.WithDefaults()
