@@ -122,7 +122,10 @@ func (s Pauses) Stops(aggregateType, destination string) bool {
 }
 
 // PauseReader is a Source whose relay honours pauses: it reads the pauses
-// in force (one small query).
+// in force (one small query). A Batch that holds a connection while its
+// records are published should be one too, reading on that connection:
+// the relay reads the pauses again before it publishes, and must not wait
+// for a second connection of a pool its other batches may hold whole.
 type PauseReader interface {
 	Pauses(ctx context.Context) ([]Pause, error)
 }

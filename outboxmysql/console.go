@@ -71,6 +71,16 @@ func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	return sqlstore.Pauses(ctx, dialect, s.db, s.Table)
 }
 
+// Pauses reads the pauses in force in the claim's transaction
+// (outboxdriver.PauseReader): the relay reads them before it publishes the
+// batch, and needs no second connection of the pool for it.
+func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	if b.tx == nil {
+		return b.src.Pauses(ctx)
+	}
+	return sqlstore.PausesIn(ctx, dialect, b.tx, b.src.Table)
+}
+
 // ExcludeAggregateTypes leaves the events of types out of the next claims
 // (the relay sets the paused ones), so that a paused backlog does not fill
 // every batch while other events wait behind it.

@@ -35,10 +35,12 @@ const (
 
 func pauseTable(t outboxdriver.Table) string { return t.WithDefaults().Qualified("_pause") }
 
-// listPauses reads the pauses in force on t. A table that predates schema
-// version 6 has none.
-func listPauses(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
-	rows, err := pool.Query(ctx, `SELECT scope, value, actor, role, reason, since FROM `+pauseTable(t)+` ORDER BY since, scope, value`)
+// listPauses reads the pauses in force on t: nil (not empty) when the
+// table predates schema version 6 (no pause table).
+func listPauses(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
+	rows, err := q.Query(ctx, `SELECT scope, value, actor, role, reason, since FROM `+pauseTable(t)+` ORDER BY since, scope, value`)
 	if err != nil {
 		if isUndefinedTable(err) {
 			return nil, nil
@@ -52,6 +54,9 @@ func listPauses(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: pauses of %s: %w", t, err)
+	}
+	if ps == nil {
+		ps = []outboxdriver.Pause{}
 	}
 	return ps, nil
 }
@@ -71,7 +76,26 @@ func controlErr(t outboxdriver.Table, what string, err error) error {
 
 // Pauses reads the pauses in force: one small query.
 func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
-	return listPauses(ctx, s.pool, s.Table)
+	ps, err := listPauses(ctx, s.pool, s.Table)
+	if err == nil {
+		s.pausable.Store(ps != nil)
+	}
+	return ps, err
+}
+
+// Pauses reads the pauses in force in the claim's transaction, on the
+// batch's connection (outboxdriver.PauseReader): the relay reads them
+// before it publishes the batch, and needs no second connection for it.
+// A table without the pause table (the source's last read said so) has
+// none: the query would end the claim's transaction.
+func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	if !b.src.pausable.Load() {
+		return nil, nil
+	}
+	if b.conn == nil {
+		return b.src.Pauses(ctx)
+	}
+	return listPauses(ctx, b.conn, b.src.Table)
 }
 
 // Pauses reads the pauses in force: one small query.

@@ -34,7 +34,8 @@ type Source struct {
 
 	floors floors
 
-	exclude atomic.Pointer[[]string] // aggregate types the claim leaves out (paused)
+	exclude  atomic.Pointer[[]string] // aggregate types the claim leaves out (paused)
+	pausable atomic.Bool              // the last read of the pauses found the pause table
 }
 
 var _ outboxdriver.Source = (*Source)(nil)

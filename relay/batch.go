@@ -206,8 +206,8 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	// The pauses are read again when due before anything is published: a
 	// claim that waited (for a lock, or for a CPU) past a poll interval can
 	// hold events committed after a pause that the read before the claim
-	// could not see.
-	r.pauses.refresh(ctx)
+	// could not see. Through the batch when it can: it holds a connection.
+	r.pauses.refreshBefore(ctx, b)
 	plan := newWaves(recs)
 	tr := r.tracing.Tracer() // nil: tracing off, no span and no cost
 	var ps *publishSpans

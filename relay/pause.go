@@ -52,22 +52,50 @@ func newPauses(src outboxdriver.Source, every time.Duration, byType bool, log *s
 // and reports whether everything is paused. A failed read keeps the last
 // set (the claim that follows meets the same database).
 func (p *pauses) refresh(ctx context.Context) (all bool) {
-	if p.reader == nil {
+	return p.refreshFrom(ctx, p.reader)
+}
+
+// refreshBefore is refresh before the records of batch b are published:
+// through b when b is a PauseReader (it reads on the claim's own
+// connection), so that a relay whose lanes hold every connection of a
+// small pool never waits for one more while it holds one.
+func (p *pauses) refreshBefore(ctx context.Context, b outboxdriver.Batch) {
+	if r, ok := b.(outboxdriver.PauseReader); ok && p.reader != nil {
+		p.refreshFrom(ctx, r)
+		return
+	}
+	p.refresh(ctx)
+}
+
+// refreshFrom reads the pauses through r when due. The read runs without
+// p.mu held: lanes that find the set stale at the same time each read
+// (one small query), and the newest read wins; none waits on another's
+// connection.
+func (p *pauses) refreshFrom(ctx context.Context, r outboxdriver.PauseReader) (all bool) {
+	if r == nil {
 		return false
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if time.Since(p.readAt) < p.every {
-		return p.set.All
+		all = p.set.All
+		p.mu.Unlock()
+		return all
 	}
-	p.readAt = time.Now()
-	ps, err := p.reader.Pauses(ctx)
+	p.mu.Unlock()
+	start := time.Now()
+	ps, err := r.Pauses(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if err != nil {
 		if ctx.Err() == nil {
 			p.log.Warn("relay: reading the pauses failed; keeping the last known", "err", err)
 		}
 		return p.set.All
 	}
+	if start.Before(p.readAt) {
+		return p.set.All // a read that started later was applied
+	}
+	p.readAt = start
 	set := outboxdriver.NewPauses(ps)
 	if !set.All && !p.set.All && maps.Equal(set.Destinations, p.set.Destinations) && maps.Equal(set.AggregateTypes, p.set.AggregateTypes) {
 		return false

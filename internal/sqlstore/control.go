@@ -26,6 +26,15 @@ func (s Store) ListPauses(ctx context.Context, t outboxdriver.Table) ([]outboxdr
 	if err != nil {
 		return nil, err
 	}
+	return s.listPauses(ctx, db, t, n)
+}
+
+// queryer is a pool, a connection or a transaction.
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func (s Store) listPauses(ctx context.Context, db queryer, t outboxdriver.Table, n tables) ([]outboxdriver.Pause, error) {
 	rows, err := db.QueryContext(ctx, "SELECT scope, `value`, actor, role, reason, "+s.d.TimeText("since")+` FROM `+n.pause+" ORDER BY since, scope, `value`")
 	if err != nil {
 		if s.d.NoTable(err) {

@@ -282,3 +282,14 @@ func Pauses(ctx context.Context, d Dialect, db *sql.DB, t outboxdriver.Table) ([
 	s := New(d, func() (*sql.DB, error) { return db, nil })
 	return s.ListPauses(ctx, t)
 }
+
+// PausesIn reads the pauses in force on t through q (a claim's
+// transaction): a batch reads them on the connection it holds.
+func PausesIn(ctx context.Context, d Dialect, q queryer, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
+	s := New(d, func() (*sql.DB, error) { return nil, nil })
+	_, n, err := s.open(t)
+	if err != nil {
+		return nil, err
+	}
+	return s.listPauses(ctx, q, t, n)
+}
