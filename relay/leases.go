@@ -14,24 +14,48 @@ import (
 type leaseState struct {
 	mu     sync.Mutex
 	owned  []outboxdriver.Lease
-	lastOK time.Time          // last successful upkeep
-	wake   context.CancelFunc // interrupts the loop's wait
+	lastOK time.Time // last successful upkeep
+	// validUntil is when the leases run out by this process's clock: the
+	// start of the round that last renewed them plus the TTL. Past it the
+	// batch loop claims nothing, so a relay that was paused (SIGSTOP, a
+	// long GC, a frozen VM) past its TTL does not publish from a claim
+	// (or, with log tailing, a buffered stream) another relay now owns.
+	validUntil time.Time
+	wake       context.CancelFunc // interrupts the loop's wait
 	// inFlight is read-held by every batch from its claim to its outcome;
 	// the keeper takes it before releasing a lease, so a batch never
 	// loses its lease to a rebalance.
 	inFlight sync.RWMutex
 }
 
+// snapshot returns the leases the relay may claim under now: none once
+// they ran out by the local clock without a renewal.
 func (s *leaseState) snapshot() []outboxdriver.Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !time.Now().Before(s.validUntil) {
+		return nil
+	}
+	return slices.Clone(s.owned)
+}
+
+// owns returns the leases held, whether or not they ran out: what the
+// relay releases when it stops.
+func (s *leaseState) owns() []outboxdriver.Lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.owned)
 }
 
-func (s *leaseState) set(owned []outboxdriver.Lease, ok bool) {
+// set records the leases the relay holds; renewed is when the round that
+// renewed or acquired them started (zero: a round that failed before).
+func (s *leaseState) set(owned []outboxdriver.Lease, renewed time.Time, ttl time.Duration, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.owned = owned
+	if !renewed.IsZero() {
+		s.validUntil = renewed.Add(ttl)
+	}
 	if ok {
 		s.lastOK = time.Now()
 	}
@@ -95,6 +119,7 @@ func (r *Relay) manageLeases(ctx context.Context) {
 // database at every step.
 func (r *Relay) upkeep(ctx context.Context) bool {
 	ttl := r.cfg.LeaseTTL
+	start := time.Now() // the database dates the renewed leases later than this
 	relays, partitions, err := r.src.Heartbeat(ctx, ttl)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -102,7 +127,7 @@ func (r *Relay) upkeep(ctx context.Context) bool {
 		}
 		return false
 	}
-	owned := r.leases.snapshot()
+	owned := r.leases.owns()
 	kept, err := r.src.Renew(ctx, owned, ttl)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -118,7 +143,7 @@ func (r *Relay) upkeep(ctx context.Context) bool {
 	case len(kept) > share:
 		extra := kept[share:]
 		kept = kept[:share]
-		r.leases.set(kept, false) // stop claiming them first
+		r.leases.set(kept, start, ttl, false) // stop claiming them first
 		r.leases.inFlight.Lock()
 		err := r.src.Release(ctx, extra, false)
 		r.leases.inFlight.Unlock()
@@ -132,21 +157,21 @@ func (r *Relay) upkeep(ctx context.Context) bool {
 			if ctx.Err() == nil {
 				r.log.Warn("relay: acquiring leases failed", "err", err)
 			}
-			r.leases.set(kept, false)
+			r.leases.set(kept, start, ttl, false)
 			return false
 		}
 		if len(got) > 0 {
 			kept = append(kept, got...)
 			slices.SortFunc(kept, func(a, b outboxdriver.Lease) int { return a.Partition - b.Partition })
 			r.log.Info("relay: acquired partitions", "acquired", len(got), "owned", len(kept), "relays", relays)
-			r.leases.set(kept, true)
+			r.leases.set(kept, start, ttl, true)
 			r.stage(StageAcquired, len(got))
 			r.leases.wakeLoop()
 			r.metrics.PartitionsOwned(len(kept))
 			return true
 		}
 	}
-	r.leases.set(kept, true)
+	r.leases.set(kept, start, ttl, true)
 	r.metrics.PartitionsOwned(len(kept))
 	r.cleanup(ctx, kept)
 	return true

@@ -319,7 +319,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		// Hand the partitions over at once rather than after a TTL.
 		ctx, cancel := context.WithTimeout(base, r.cfg.FinishTimeout)
 		defer cancel()
-		if err := r.src.Release(ctx, r.leases.snapshot(), true); err != nil {
+		if err := r.src.Release(ctx, r.leases.owns(), true); err != nil {
 			r.log.Warn("relay: releasing leases at stop failed; they expire by themselves", "err", err)
 		}
 		r.metrics.PartitionsOwned(0)

@@ -228,7 +228,7 @@ func runLoop(t *testing.T, src *fakeSource, claims int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.leases.set([]outboxdriver.Lease{{Partition: 0, Epoch: 1}}, true)
+	r.leases.set([]outboxdriver.Lease{{Partition: 0, Epoch: 1}}, time.Now(), time.Hour, true)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	src.stop, src.maxClaims = cancel, claims
@@ -280,5 +280,40 @@ func TestLoopLeavesTheRegistryDuringASteadyFlow(t *testing.T) {
 			"claim 0", "set-idle 1.5s",
 			"claim 0", "wait 500ms",
 		)
+	})
+}
+
+// A relay whose leases ran out by its own clock without a renewal (it was
+// paused past the TTL, say) claims nothing more: another relay may own
+// those partitions now.
+func TestLoopClaimsNothingOnceItsLeasesRanOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &fakeSource{}
+		r, err := New(src, &fakeSink{}, &Config{PollInterval: 100 * time.Millisecond, LeaseTTL: time.Second, Logger: discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.leases.set([]outboxdriver.Lease{{Partition: 0, Epoch: 1}}, time.Now(), time.Second, true)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.loop(ctx, ctx); close(done) }()
+		claims := func() int {
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			return src.claims
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		valid := claims()
+		if valid == 0 {
+			t.Fatal("no claim while the lease was valid")
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if n := claims(); n != valid {
+			t.Fatalf("%d claims after the lease ran out (%d before)", n-valid, valid)
+		}
+		cancel()
+		<-done
 	})
 }
