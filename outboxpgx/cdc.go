@@ -204,6 +204,7 @@ type CDCSource struct {
 	mu         sync.Mutex
 	queue      queue
 	gen        int // counts streams started: a batch of an older one records nothing in memory
+	republish  int // events done past the confirmed LSN when a stream ended: delivered again
 	lease      outboxdriver.Lease
 	leased     bool
 	leaseUntil time.Time // by the local clock, a bound the database's judgement is no later than

@@ -406,9 +406,15 @@ func (q *queue) nextRetry() time.Time {
 // reset forgets every event: the stream they came from ended, and the
 // next one replays them from the slot's confirmed LSN (and releases the
 // parked ones again). What is held and parked stays: it is the database's.
-func (q *queue) reset() {
+// It returns how many of them were done (published or dead-lettered) past
+// the confirmed LSN: the replay delivers those again.
+func (q *queue) reset() (doneAhead int) {
+	for _, t := range q.txns {
+		doneAhead += len(t.events) - t.left
+	}
 	clear(q.txns)
 	clear(q.front)
 	q.txns, q.pending, q.drainLeft, q.mark = nil, 0, 0, 0
 	q.front, q.frontLeft, q.unparking = nil, 0, map[aggKey]int{}
+	return doneAhead
 }

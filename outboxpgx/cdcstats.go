@@ -58,6 +58,12 @@ type CDCStats struct {
 	// pending committed: commit to publish, as it stands now; 0 when
 	// nothing is pending.
 	Lag time.Duration
+	// Republished counts the events this source published past the
+	// slot's confirmed LSN before its stream ended (a lost connection or
+	// lease): the next stream read them again, and they were published
+	// again. Relays confirm the LSN in commit order, so events of other
+	// partitions done ahead of a slower one are delivered twice then.
+	Republished int
 }
 
 // Stats reads the slot from the database and the source's progress from
@@ -67,6 +73,7 @@ func (s *CDCSource) Stats(ctx context.Context) (CDCStats, error) {
 	s.mu.Lock()
 	st.Streaming = s.st != nil && !s.st.ended()
 	st.Pending = s.queue.pending
+	st.Republished = s.republish
 	if len(s.queue.txns) > 0 {
 		// The queue drops the transactions done at its front: the first
 		// one is the oldest with an event pending.

@@ -102,7 +102,11 @@ func (st *stream) received() {
 // resetLocked forgets the queued events: the stream they came from is
 // gone. Batches claimed before record nothing in memory. s.mu is held.
 func (s *CDCSource) resetLocked() {
-	s.queue.reset()
+	if n := s.queue.reset(); n > 0 {
+		s.republish += n
+		s.Log.Info("outboxpgx: the stream starts again from the slot's confirmed LSN; events published past it will be published again",
+			"slot", s.cfg.Slot, "republish", n)
+	}
 	s.gen++
 	s.target = 0
 }

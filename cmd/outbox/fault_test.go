@@ -109,11 +109,22 @@ func (s *scenario) check(t *testing.T, res *workload.Result, maxDups int) {
 	if _, err := workload.Check(res, natsDeliveries(t, s.stream)); err != nil {
 		t.Fatal(err)
 	}
-	if d := s.raw.duplicates(); d > maxDups {
-		t.Fatalf("the broker received %d duplicate copies, more than the %d these faults explain", d, maxDups)
-	} else {
-		t.Logf("%d events checked; the broker received %d duplicate copies (bound %d)", res.Committed(), d, maxDups)
+	d, bound := s.raw.duplicates(), maxDups
+	if s.source == "cdc" {
+		// With log tailing a stream that ends (a lost connection or
+		// lease) is read again from the confirmed LSN, which stops at the
+		// oldest event not done: what other partitions published past it
+		// is delivered again, and the relays log how much. A relay that
+		// was paused logs it once it runs again.
+		deadline := time.Now().Add(10 * time.Second)
+		for bound = maxDups + started.republished(t); d > bound && time.Now().Before(deadline); bound = maxDups + started.republished(t) {
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
+	if d > bound {
+		t.Fatalf("the broker received %d duplicate copies, more than the %d these faults explain", d, bound)
+	}
+	t.Logf("%d events checked; the broker received %d duplicate copies (bound %d)", res.Committed(), d, bound)
 }
 
 func (p *relayProc) killedBySignal(t *testing.T, timeout time.Duration) {

@@ -11,7 +11,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -140,6 +144,48 @@ func startRelayEnv(t *testing.T, env []string, args ...string) *relayProc {
 	return startRelayBinary(t, bin, env, args...)
 }
 
+// started remembers the relays each test started.
+var started = relaysByTest{m: map[*testing.T][]*relayProc{}}
+
+type relaysByTest struct {
+	mu sync.Mutex
+	m  map[*testing.T][]*relayProc
+}
+
+func (r *relaysByTest) add(t *testing.T, p *relayProc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.m[t]; !ok {
+		t.Cleanup(func() {
+			r.mu.Lock()
+			delete(r.m, t)
+			r.mu.Unlock()
+		})
+	}
+	r.m[t] = append(r.m[t], p)
+}
+
+// republishLog matches what a log-tailing relay logs when its stream ends
+// with events published past the slot's confirmed LSN.
+var republishLog = regexp.MustCompile(`published again" slot=\S+ republish=(\d+)`)
+
+// republished sums the events t's relays said they published past the
+// slot's confirmed LSN when a stream of theirs ended: a new stream
+// delivers those again.
+func (r *relaysByTest) republished(t *testing.T) int {
+	r.mu.Lock()
+	procs := slices.Clone(r.m[t])
+	r.mu.Unlock()
+	n := 0
+	for _, p := range procs {
+		for _, m := range republishLog.FindAllStringSubmatch(p.stderr.String(), -1) {
+			v, _ := strconv.Atoi(m[1])
+			n += v
+		}
+	}
+	return n
+}
+
 // startRelayBinary starts `exe relay args...`, killed when the test ends.
 func startRelayBinary(t *testing.T, exe string, env []string, args ...string) *relayProc {
 	t.Helper()
@@ -152,6 +198,7 @@ func startRelayBinary(t *testing.T, exe string, env []string, args ...string) *r
 		t.Fatal(err)
 	}
 	go func() { p.done <- cmd.Wait() }()
+	started.add(t, p)
 	t.Cleanup(func() {
 		if t.Failed() {
 			// A relay still running when the test failed prints every
