@@ -19,10 +19,14 @@ import (
 // with a cause that says so, on every sink; the others flow.
 func TestRowsThatCannotBePublishedAsWrittenAreDeadLettered(t *testing.T) {
 	t.Parallel()
+	testenv.ForSources(t, testRowsThatCannotBePublishedAsWrittenAreDeadLettered)
+}
+
+func testRowsThatCannotBePublishedAsWrittenAreDeadLettered(t *testing.T, source string) {
 	for _, name := range []string{"nats", "stdout"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t)
+			e := newEnvFor(t, source)
 			var out testenv.Buffer
 			var wrap func(sink.Sink) sink.Sink
 			if name == "stdout" {

@@ -92,6 +92,10 @@ func (w *pauseWriter) snapshot() []written {
 // the other scopes flow; paused events spend no attempt and are not
 // dead-lettered; resume delivers every event, each aggregate in order.
 func TestPauseStopsScopeResumeDeliversAll(t *testing.T) {
+	testenv.ForSources(t, testPauseStopsScopeResumeDeliversAll)
+}
+
+func testPauseStopsScopeResumeDeliversAll(t *testing.T, source string) {
 	const poll = 200 * time.Millisecond
 	for _, tc := range []struct {
 		name   string
@@ -109,7 +113,7 @@ func TestPauseStopsScopeResumeDeliversAll(t *testing.T) {
 		}, func(string) bool { return true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
+			e := newEnvFor(t, source)
 			// Small batches and two lanes: a paused backlog must not fill
 			// the claims of the scope that flows.
 			e.start(t, nil, relay.Config{PollInterval: poll, BatchSize: 8, Lanes: 2})
