@@ -114,6 +114,19 @@ func ConsoleBench(ctx context.Context, cfg Config) (results []Result, err error)
 	return append(results, drain...), nil
 }
 
+// ConsoleDrainBench runs the drain part of ConsoleBench alone: enough
+// pairs to resolve a cost of a few percent take longer than the pages.
+func ConsoleDrainBench(ctx context.Context, cfg Config) ([]Result, error) {
+	if cfg.Rounds == 0 {
+		cfg.Rounds = DefaultConsoleRounds
+	}
+	cfg, err := cfg.deliverDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return consoleDrain(ctx, cfg)
+}
+
 // consoleSite is a console served on the loopback over a table, with a
 // signed-in browser and an API token.
 type consoleSite struct {
@@ -751,8 +764,8 @@ func writeConsoleTable(w io.Writer, results []Result) error {
 				for i, v := range f.PairRatios {
 					pairs[i] = fmt.Sprintf("%.3f", v)
 				}
-				fmt.Fprintf(&b, "drain time with the console over without: %.3f (median of %d pairs: %s); %d overview refreshes answered\n",
-					f.DrainRatio, len(pairs), strings.Join(pairs, " "), f.Refreshes)
+				fmt.Fprintf(&b, "drain time with the console over without: %.3f (median of %d pairs: %s; geometric mean %.3f); %d overview refreshes answered\n",
+					f.DrainRatio, len(pairs), strings.Join(pairs, " "), geoMean(f.PairRatios), f.Refreshes)
 			}
 		}
 		if _, err := io.WriteString(w, b.String()); err != nil {

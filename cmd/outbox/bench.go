@@ -173,7 +173,7 @@ Scenarios:
 
 				TraceNeverSample: traceNeverSample,
 			}
-			if (retention || sc.Name == "fleet" || sc.Name == "console") && !cmd.Flags().Changed("rounds") {
+			if (retention || sc.Name == "fleet" || strings.HasPrefix(sc.Name, "console")) && !cmd.Flags().Changed("rounds") {
 				cfg.Rounds = 0 // the scenario's own default
 			}
 			if warmup == 0 {
