@@ -44,7 +44,7 @@ func TestWriteModes(t *testing.T) {
 	for _, r := range results {
 		got[r.Case] = r
 	}
-	for c, perCommit := range map[string]int64{bench.CaseOutboxMessage: 0, bench.CaseOutboxInsertDelete: 0, bench.CaseBaselineSQL: 0, bench.CaseOutboxSQL: 1} {
+	for c, perCommit := range map[string]int64{bench.CaseOutboxMessage: 0, bench.CaseOutboxMessageQueue: 0, bench.CaseOutboxMessageCommit: 0, bench.CaseOutboxInsertDelete: 0, bench.CaseBaselineSQL: 0, bench.CaseOutboxSQL: 1} {
 		r, ok := got[c]
 		if !ok {
 			t.Fatalf("no %s case in %d results", c, len(results))

@@ -63,6 +63,12 @@ const (
 	// decoding message (outboxpgx.WithMessages; WriteModeMessage): one WAL
 	// record, no row.
 	CaseOutboxMessage = "outbox_message"
+	// CaseOutboxMessageQueue is CaseOutboxMessage through Driver.Queue in
+	// the order's pgx.Batch, and CaseOutboxMessageCommit through an
+	// outboxpgx.Tx (the message goes with the COMMIT): the message without
+	// a round trip of its own.
+	CaseOutboxMessageQueue  = "outbox_message_queue"
+	CaseOutboxMessageCommit = "outbox_message_commit"
 	// CaseOutboxInsertDelete adds one event through WriteTx inserted and
 	// deleted again in the same statement (outboxpgx.WithInsertDelete;
 	// WriteModeInsertDelete).
@@ -138,6 +144,8 @@ var writeCases = []writeCase{
 	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled", 1, viaWriteTx, false, false, ""},
 	{CaseOutbox10, "+ 10 events in one WriteTx; trigger on, no relay idle", 10, viaWriteTx, true, false, ""},
 	{CaseOutboxMessage, "+ 1 event via WriteTx as a logical decoding message (WithMessages): one WAL record, no row", 1, viaWriteTx, true, false, WriteModeMessage},
+	{CaseOutboxMessageQueue, "+ 1 event as a logical decoding message via Driver.Queue in the order's pgx.Batch: no round trip of its own", 1, viaQueue, true, false, WriteModeMessage},
+	{CaseOutboxMessageCommit, "+ 1 event as a logical decoding message added to an outboxpgx.Tx: sent with the COMMIT, no round trip of its own", 1, viaCommit, true, false, WriteModeMessage},
 	{CaseOutboxInsertDelete, "+ 1 event via WriteTx, inserted and deleted in one statement (WithInsertDelete)", 1, viaWriteTx, true, false, WriteModeInsertDelete},
 	{CaseBaselineSQL, "BEGIN; INSERT an order; COMMIT through database/sql (*sql.Tx), no outbox", 0, viaWriteTx, true, false, WriteModeSQL},
 	{CaseOutboxSQL, "+ 1 event via WriteTx on a *sql.Tx (outboxsql); trigger on, no relay idle", 1, viaWriteTx, true, false, WriteModeSQL},
@@ -236,6 +244,7 @@ type writeBench struct {
 	// obMessage and obInsertDelete write with the other write modes;
 	// sqlDB and obSQL through database/sql.
 	obMessage, obInsertDelete *outbox.Outbox[pgx.Tx]
+	drvMessage                *outboxpgx.Driver // obMessage's
 	sqlDB                     *sql.DB
 	obSQL                     *outbox.Outbox[*sql.Tx]
 	// nextOrder numbers the orders whose id the client makes
@@ -283,7 +292,8 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 	}
 	wb.ob = ob
 	cfgOB := &outbox.Config{Schema: t.Schema, Table: t.Name}
-	if wb.obMessage, err = outbox.New(outboxpgx.New(pool, outboxpgx.WithMessages()), cfgOB); err != nil {
+	wb.drvMessage = outboxpgx.New(pool, outboxpgx.WithMessages())
+	if wb.obMessage, err = outbox.New(wb.drvMessage, cfgOB); err != nil {
 		return nil, err
 	}
 	if wb.obInsertDelete, err = outbox.New(outboxpgx.New(pool, outboxpgx.WithInsertDelete()), cfgOB); err != nil {
@@ -365,10 +375,10 @@ func (wb *writeBench) op(c writeCase) Op {
 	if c.path == WriteModeSQL {
 		return wb.opSQL(c, insert)
 	}
-	ob := wb.ob
+	ob, drv := wb.ob, wb.drv
 	switch c.path {
 	case WriteModeMessage:
-		ob = wb.obMessage
+		ob, drv = wb.obMessage, wb.drvMessage
 	case WriteModeInsertDelete:
 		ob = wb.obInsertDelete
 	case WriteModeOldRow:
@@ -382,7 +392,7 @@ func (wb *writeBench) op(c writeCase) Op {
 			err    error
 		)
 		if c.mode == viaCommit {
-			withTx, err = wb.drv.Begin(ctx, pgx.TxOptions{})
+			withTx, err = drv.Begin(ctx, pgx.TxOptions{})
 			tx = withTx
 		} else {
 			tx, err = wb.pool.Begin(ctx)
@@ -396,7 +406,7 @@ func (wb *writeBench) op(c writeCase) Op {
 			id := wb.nextOrder.Add(1)
 			b := &pgx.Batch{}
 			b.Queue(insertWithID, id, customer, 42.5)
-			if err := wb.ob.Queue(ctx, b, orderEvents(id, customer, c.events)...); err != nil {
+			if err := ob.Queue(ctx, b, orderEvents(id, customer, c.events)...); err != nil {
 				return err
 			}
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -410,7 +420,7 @@ func (wb *writeBench) op(c writeCase) Op {
 		}
 		switch {
 		case c.mode == viaCommit:
-			if err := wb.ob.WriteTx(ctx, withTx, orderEvents(id, customer, c.events)...); err != nil {
+			if err := ob.WriteTx(ctx, withTx, orderEvents(id, customer, c.events)...); err != nil {
 				return err
 			}
 		case c.mode == viaPlain:
