@@ -298,9 +298,21 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigi
             $8::text[], $9::text[], $10::bytea[], $11::integer[], $12::text[], $13::boolean[])
   AS u(id, at, aid, ty, p, seq, ca, h, tc, raw, att, err, hold)
 ON CONFLICT (id) DO NOTHING`,
-		mark:         `SELECT ` + t.Qualified("_cdc_mark") + `($1::uuid[], $2::bigint[], $3, $4::bigint[])`,
-		isDeadLetter: `SELECT id::text FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])`,
-		held:         `SELECT aggregatetype, aggregateid, event_id::text FROM ` + n.Held + ` WHERE reason = 'dead-lettered'`,
+		mark: `SELECT ` + t.Qualified("_cdc_mark") + `($1::uuid[], $2::bigint[], $3, $4::bigint[])`,
+		// Whether each event ($1, inserted by transaction $2, 32 bits) is
+		// in the dead-letter table, and whether its transaction is visible
+		// yet: PostgreSQL sends a transaction a moment before other
+		// sessions see it, and until then the dead letter an operator's
+		// retry moved back is still there to see (the full xid as in
+		// cdc_mark_fn).
+		isDeadLetter: `WITH s AS (SELECT pg_current_snapshot() AS snap), t AS (SELECT snap, pg_snapshot_xmax(snap)::text::bigint AS top FROM s)
+SELECT c.id::text,
+       EXISTS (SELECT 1 FROM ` + n.DeadLetter + ` d WHERE d.id = c.id),
+       c.x = 0 OR pg_visible_in_snapshot((CASE
+           WHEN (((t.top >> 32) << 32) | c.x) < t.top THEN ((t.top >> 32) << 32) | c.x
+           ELSE (((t.top >> 32) - 1) << 32) | c.x END)::text::xid8, t.snap)
+FROM unnest($1::uuid[], $2::bigint[]) AS c(id, x), t`,
+		held: `SELECT aggregatetype, aggregateid, event_id::text FROM ` + n.Held + ` WHERE reason = 'dead-lettered'`,
 		cleanup: `DELETE FROM ` + n.Table + ` WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM ` + n.Table + `
     WHERE published_at < clock_timestamp() - $1 * interval '1 millisecond'
@@ -672,38 +684,46 @@ func partitionsOf(leases []outboxdriver.Lease) *[cdcPartitions]bool {
 	return &in
 }
 
-// needsCheck returns the ids of evs that may be in the dead-letter table
-// already: replayed after a restart from before the last dead letter, or
-// the dead letter an aggregate is held behind. s.mu is held.
-func (s *CDCSource) needsCheck(evs []*event) []string {
-	var ids []string
+// needsCheck returns the events of evs that may be in the dead-letter
+// table already: replayed after a restart from before the last dead
+// letter, or the dead letter an aggregate is held behind. s.mu is held.
+func (s *CDCSource) needsCheck(evs []*event) []*event {
+	var out []*event
 	for _, e := range evs {
 		if (e.tx.lsn != 0 && e.tx.lsn <= s.deadLSN) || s.queue.held[e.key()] == e.ID {
-			ids = append(ids, e.ID)
+			out = append(out, e)
 		}
 	}
-	return ids
+	return out
 }
 
-// skipDeadLetters drops from evs, as done, the events whose ids among
-// check are in the dead-letter table: they were dead-lettered before (the
-// stream replays them), or an aggregate is held behind them and an
-// operator has not retried them yet.
-func (s *CDCSource) skipDeadLetters(ctx context.Context, gen int, evs []*event, check []string) ([]*event, error) {
-	rows, err := s.pool.Query(ctx, s.cq.isDeadLetter, uuidArray(check))
+// skipDeadLetters drops from evs, as done, the events of check that are in
+// the dead-letter table: they were dead-lettered before (the stream
+// replays them), or an aggregate is held behind them and an operator has
+// not retried them yet. An event of check whose transaction is not visible
+// yet cannot be told (an operator's retry moves the dead letter back in
+// that transaction): it goes back to the queue with the later events of
+// its aggregate in evs, to be claimed again.
+func (s *CDCSource) skipDeadLetters(ctx context.Context, gen int, evs, check []*event) ([]*event, error) {
+	ids, xids := make([]string, len(check)), make([]int64, len(check))
+	for i, e := range check {
+		ids[i], xids[i] = e.ID, e.xid()
+	}
+	rows, err := s.pool.Query(ctx, s.cq.isDeadLetter, uuidArray(ids), xids)
 	if err != nil {
 		return evs, fmt.Errorf("outboxpgx: claim: look up dead letters: %w", err)
 	}
-	dead, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	isDead, unseen := map[string]bool{}, map[string]bool{}
+	var (
+		id            string
+		dead, visible bool
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &dead, &visible}, func() error {
+		isDead[id], unseen[id] = dead, !visible
+		return nil
+	})
 	if err != nil {
 		return evs, fmt.Errorf("outboxpgx: claim: look up dead letters: %w", err)
-	}
-	if len(dead) == 0 {
-		return evs, nil
-	}
-	isDead := map[string]bool{}
-	for _, id := range dead {
-		isDead[id] = true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -711,12 +731,17 @@ func (s *CDCSource) skipDeadLetters(ctx context.Context, gen int, evs []*event, 
 		return nil, nil // the stream restarted: it replays them
 	}
 	kept := evs[:0]
+	later := map[aggKey]bool{}
 	for _, e := range evs {
-		if isDead[e.ID] {
+		switch k := e.key(); {
+		case unseen[e.ID] || later[k]:
+			s.queue.release(e)
+			later[k] = true
+		case isDead[e.ID]:
 			s.queue.done(e)
-			continue
+		default:
+			kept = append(kept, e)
 		}
-		kept = append(kept, e)
 	}
 	if s.queue.advance() {
 		s.target = max(s.target, s.queue.mark)
