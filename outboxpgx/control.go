@@ -77,25 +77,40 @@ func controlErr(t outboxdriver.Table, what string, err error) error {
 // Pauses reads the pauses in force: one small query.
 func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	ps, err := listPauses(ctx, s.pool, s.Table)
-	if err == nil {
-		s.pausable.Store(ps != nil)
+	switch {
+	case err != nil:
+	case ps == nil:
+		s.pauseTable.Store(pauseTableAbsent)
+	default:
+		s.pauseTable.Store(pauseTablePresent)
 	}
 	return ps, err
 }
 
+// What the source's reads of the pauses found of the pause table.
+const (
+	pauseTableUnknown = iota // no read succeeded yet
+	pauseTableAbsent         // the table predates schema version 6
+	pauseTablePresent
+)
+
 // Pauses reads the pauses in force in the claim's transaction, on the
 // batch's connection (outboxdriver.PauseReader): the relay reads them
 // before it publishes the batch, and needs no second connection for it.
-// A table without the pause table (the source's last read said so) has
-// none: the query would end the claim's transaction.
+// Only once a read of the source found the pause table (a query of a
+// missing table would end the claim's transaction); before, it says so,
+// and the relay keeps the pauses it knows.
 func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
-	if !b.src.pausable.Load() {
+	switch b.src.pauseTable.Load() {
+	case pauseTableAbsent:
 		return nil, nil
-	}
-	if b.conn == nil {
+	case pauseTablePresent:
+		if b.conn != nil {
+			return listPauses(ctx, b.conn, b.src.Table)
+		}
 		return b.src.Pauses(ctx)
 	}
-	return listPauses(ctx, b.conn, b.src.Table)
+	return nil, errors.New("outboxpgx: no read of the pauses has succeeded yet")
 }
 
 // Pauses reads the pauses in force: one small query.

@@ -34,8 +34,8 @@ type Source struct {
 
 	floors floors
 
-	exclude  atomic.Pointer[[]string] // aggregate types the claim leaves out (paused)
-	pausable atomic.Bool              // the last read of the pauses found the pause table
+	exclude    atomic.Pointer[[]string] // aggregate types the claim leaves out (paused)
+	pauseTable atomic.Int32             // what the last read of the pauses found (pauseTable*)
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
