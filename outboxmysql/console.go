@@ -78,7 +78,7 @@ func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	if b.tx == nil {
 		return b.src.Pauses(ctx)
 	}
-	return sqlstore.PausesIn(ctx, dialect, b.tx, b.src.Table)
+	return sqlstore.Pauses(ctx, dialect, b.tx, b.src.Table)
 }
 
 // ExcludeAggregateTypes leaves the events of types out of the next claims

@@ -85,7 +85,7 @@ type tables struct {
 }
 
 func (s Store) open(t outboxdriver.Table) (*sql.DB, tables, error) {
-	t, q, err := s.d.Resolve(t)
+	n, err := s.d.names(t)
 	if err != nil {
 		return nil, tables{}, err
 	}
@@ -93,7 +93,16 @@ func (s Store) open(t outboxdriver.Table) (*sql.DB, tables, error) {
 	if err != nil {
 		return nil, tables{}, err
 	}
-	return db, tables{t: t, table: q(""), dead: q("_dead_letter"), held: q("_held"), audit: q("_audit"), pause: q("_pause"),
+	return db, n, nil
+}
+
+// names resolves t and names its tables.
+func (d Dialect) names(t outboxdriver.Table) (tables, error) {
+	t, q, err := d.Resolve(t)
+	if err != nil {
+		return tables{}, err
+	}
+	return tables{t: t, table: q(""), dead: q("_dead_letter"), held: q("_held"), audit: q("_audit"), pause: q("_pause"),
 		requests: q("_requests"), samples: q("_samples"), relays: q("_relays"), prune: q("_audit_prune")}, nil
 }
 
@@ -276,20 +285,15 @@ func nullJSON(b []byte) any {
 	return string(b)
 }
 
-// Pauses reads the pauses in force on t from db: a relay's Source and the
-// Store share it. A table that predates the pause table has none.
-func Pauses(ctx context.Context, d Dialect, db *sql.DB, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
-	s := New(d, func() (*sql.DB, error) { return db, nil })
-	return s.ListPauses(ctx, t)
-}
-
-// PausesIn reads the pauses in force on t through q (a claim's
-// transaction): a batch reads them on the connection it holds.
-func PausesIn(ctx context.Context, d Dialect, q queryer, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
-	s := New(d, func() (*sql.DB, error) { return nil, nil })
-	_, n, err := s.open(t)
+// Pauses reads the pauses in force on t through q: a relay's Source reads
+// them on its pool, a batch in the claim's transaction (on the connection
+// it holds), and the Store shares the query. A table that predates the
+// pause table has none.
+func Pauses(ctx context.Context, d Dialect, q queryer, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
+	n, err := d.names(t)
 	if err != nil {
 		return nil, err
 	}
+	s := New(d, nil)
 	return s.listPauses(ctx, q, t, n)
 }
