@@ -88,22 +88,9 @@ func newEnvFor(t *testing.T, source string) *env {
 			t.Fatal(err)
 		}
 		// Runs after the relays stopped (cleanups run last-in first-out).
-		t.Cleanup(func() {
-			testenv.CDCTurn(t, pool, func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				for {
-					_, err := drv.MigrateDown(ctx, tb, 0) // drops the slot
-					if err == nil {
-						return
-					}
-					if ctx.Err() != nil {
-						t.Errorf("migrate down (drops the slot): %v", err)
-						return
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-			})
+		testenv.DropSlotAtEnd(t, pool, func(ctx context.Context) error {
+			_, err := drv.MigrateDown(ctx, tb, 0)
+			return err
 		})
 	} else {
 		migrate()

@@ -78,22 +78,9 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 		t.Fatalf("the first relay exited with %d; stderr:\n%s", code, first.stderr.String())
 	}
 	// Runs after the relays were killed (cleanups run last-in first-out).
-	t.Cleanup(func() {
-		testenv.CDCTurn(t, pool, func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			for {
-				_, err := drv.MigrateDown(ctx, tb, 0) // drops the slot
-				if err == nil {
-					return
-				}
-				if ctx.Err() != nil {
-					t.Errorf("migrate down (drops the slot): %v", err)
-					return
-				}
-				time.Sleep(50 * time.Millisecond) // a killed relay's walsender is still going
-			}
-		})
+	testenv.DropSlotAtEnd(t, pool, func(ctx context.Context) error {
+		_, err := drv.MigrateDown(ctx, tb, 0)
+		return err
 	})
 	return tb, testDB{pool: pool, flags: flags, relayFlags: []string{"--source", "cdc"}}
 }

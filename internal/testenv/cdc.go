@@ -85,3 +85,28 @@ func CDCTurn(t testing.TB, pool *pgxpool.Pool, fn func()) {
 	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(key))
 	fn()
 }
+
+// DropSlotAtEnd runs down (a migration down that drops t's replication
+// slot) when the test ends, in CDCTurn, again and again for up to 30
+// seconds: a stopped or killed relay's walsender may hold the slot a
+// moment longer. Register it before the relays, so that it runs after
+// them (cleanups run last-in first-out).
+func DropSlotAtEnd(t testing.TB, pool *pgxpool.Pool, down func(ctx context.Context) error) {
+	t.Cleanup(func() {
+		CDCTurn(t, pool, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for {
+				err := down(ctx)
+				if err == nil {
+					return
+				}
+				if ctx.Err() != nil {
+					t.Errorf("migrate down (drops the slot): %v", err)
+					return
+				}
+				time.Sleep(50 * time.Millisecond) // polling with a deadline
+			}
+		})
+	})
+}
