@@ -17,8 +17,13 @@ import (
 const Schema = "main"
 
 // BusyTimeoutMS is how long, in milliseconds, a connection opened by Open
-// waits for the write lock before it fails with SQLITE_BUSY.
-const BusyTimeoutMS = 5000
+// waits for the write lock before it fails with SQLITE_BUSY. SQLite's
+// busy handler is not a queue: a waiter sleeps up to 100 ms between tries
+// and can lose every race to writers that come back sooner, so a few busy
+// writers and a relay on a loaded machine were seen to starve one of them
+// past 5 s. Thirty seconds keeps a burst from failing a business
+// transaction; a lock held that long is an outage, not contention.
+const BusyTimeoutMS = 30000
 
 // DSN returns the data source name Open uses for the database file at
 // path, for callers that call sql.Open("sqlite", ...) themselves:

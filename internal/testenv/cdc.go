@@ -68,7 +68,10 @@ func CDCDatabaseURL(t testing.TB) string {
 
 // CDCTurn runs fn while no other test, in any process, runs DDL or
 // creates a replication slot in CDCDatabase through CDCTurn: a session
-// advisory lock of pool's database.
+// advisory lock of pool's database. Begin no transaction that stays open
+// while waiting for a turn: making a slot waits for every transaction
+// open on the server, so the test in its turn would wait for that one,
+// and that one for the turn (begin it in fn instead).
 func CDCTurn(t testing.TB, pool *pgxpool.Pool, fn func()) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
