@@ -159,23 +159,38 @@ func (f *cdcFixture) source(name string, cfg *outboxpgx.CDCConfig) *outboxpgx.CD
 // func stops it (also run when the test ends).
 func (f *cdcFixture) relay(src outboxdriver.Source, cfg relay.Config) func() {
 	f.t.Helper()
+	return f.relayInto(src, f.natsSink(), cfg)
+}
+
+// natsSink returns a sink into the fixture's stream.
+func (f *cdcFixture) natsSink() *natssink.Sink {
+	f.t.Helper()
 	snk, err := natssink.New(f.js, &natssink.Config{Stream: f.prefix, NoCreateStream: true, Logger: f.log})
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	return snk
+}
+
+// router routes every aggregate type into the fixture's stream.
+func (f *cdcFixture) router() *route.Router {
+	f.t.Helper()
 	router, err := route.New(&route.Config{Replacement: f.prefix + ".${routedByValue}"})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	cfg.Router = router
-	return f.relayInto(src, snk, cfg)
+	return router
 }
 
-// relayInto starts a relay over src into snk (routed by cfg.Router); the
-// returned func stops it and closes snk (also run when the test ends).
+// relayInto starts a relay over src into snk (routed by cfg.Router, by
+// default into the fixture's stream); the returned func stops it and
+// closes snk (also run when the test ends).
 func (f *cdcFixture) relayInto(src outboxdriver.Source, snk sink.Sink, cfg relay.Config) func() {
 	f.t.Helper()
 	cfg.Logger = f.log
+	if cfg.Router == nil {
+		cfg.Router = f.router()
+	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = time.Second
 	}
@@ -697,8 +712,7 @@ func TestCDCHelperRelay(t *testing.T) {
 // relayProcess is a relay in a process of its own (TestCDCHelperRelay).
 type relayProcess struct {
 	cmd *exec.Cmd
-	out *strings.Builder
-	mu  *sync.Mutex
+	out *testenv.Buffer
 }
 
 // startProcess starts a relay process named name; with "poison" in
@@ -707,29 +721,18 @@ func (f *cdcFixture) startProcess(name string, opts ...string) *relayProcess {
 	f.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCDCHelperRelay$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"="+strings.Join(append([]string{f.tb.Schema, f.tb.Name, f.prefix, name}, opts...), " "))
-	p := &relayProcess{cmd: cmd, out: &strings.Builder{}, mu: &sync.Mutex{}}
-	w := lockedWriter{p}
-	cmd.Stdout, cmd.Stderr = w, w
+	p := &relayProcess{cmd: cmd, out: &testenv.Buffer{}}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(func() {
 		p.kill()
-		p.mu.Lock()
-		defer p.mu.Unlock()
 		if f.t.Failed() {
 			f.t.Logf("relay %s:\n%s", name, p.out.String())
 		}
 	})
 	return p
-}
-
-type lockedWriter struct{ p *relayProcess }
-
-func (w lockedWriter) Write(b []byte) (int, error) {
-	w.p.mu.Lock()
-	defer w.p.mu.Unlock()
-	return w.p.out.Write(b)
 }
 
 // kill sends SIGKILL and reaps the process.
@@ -911,16 +914,8 @@ func TestCDCRetriesAndDeadLettersKeepAggregateOrder(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
 	f.setup()
-	nats, err := natssink.New(f.js, &natssink.Config{Stream: f.prefix, NoCreateStream: true, Logger: f.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	snk := &faultySink{Sink: nats, tried: map[string]bool{}}
-	router, err := route.New(&route.Config{Replacement: f.prefix + ".${routedByValue}"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl, err := relay.New(f.source("r1", nil), snk, &relay.Config{Router: router, Logger: f.log, LeaseTTL: time.Second,
+	snk := &faultySink{Sink: f.natsSink(), tried: map[string]bool{}}
+	rl, err := relay.New(f.source("r1", nil), snk, &relay.Config{Router: f.router(), Logger: f.log, LeaseTTL: time.Second,
 		PollInterval: 100 * time.Millisecond, RetryBase: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

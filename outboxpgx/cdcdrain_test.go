@@ -11,9 +11,7 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
-	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
-	"github.com/outboxkit/outbox/sink/natssink"
 )
 
 // caughtUp waits until the slot confirmed every commit so far, and so the
@@ -61,16 +59,7 @@ func (s *countingSink) published() []string {
 // a countingSink.
 func (f *cdcFixture) countingRelay(src outboxdriver.Source, cfg relay.Config) *countingSink {
 	f.t.Helper()
-	nats, err := natssink.New(f.js, &natssink.Config{Stream: f.prefix, NoCreateStream: true, Logger: f.log})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	router, err := route.New(&route.Config{Replacement: f.prefix + ".${routedByValue}"})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cfg.Router = router
-	snk := &countingSink{Sink: nats}
+	snk := &countingSink{Sink: f.natsSink()}
 	f.relayInto(src, snk, cfg)
 	return snk
 }

@@ -8,8 +8,6 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/relay"
-	"github.com/outboxkit/outbox/route"
-	"github.com/outboxkit/outbox/sink/natssink"
 )
 
 // sayEvent is an event of aggregate agg whose payload says body: the
@@ -130,16 +128,8 @@ func TestCDCParkedEventsFlowInOrderAfterADiscard(t *testing.T) {
 func parkFixture(t *testing.T) (*cdcFixture, *faultySink) {
 	f := newCDC(t)
 	f.setup()
-	nats, err := natssink.New(f.js, &natssink.Config{Stream: f.prefix, NoCreateStream: true, Logger: f.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	snk := &faultySink{Sink: nats, tried: map[string]bool{}}
-	router, err := route.New(&route.Config{Replacement: f.prefix + ".${routedByValue}"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.relayInto(f.source("r1", nil), snk, relay.Config{Router: router, Poison: relay.Hold})
+	snk := &faultySink{Sink: f.natsSink(), tried: map[string]bool{}}
+	f.relayInto(f.source("r1", nil), snk, relay.Config{Poison: relay.Hold})
 	f.streaming()
 	return f, snk
 }

@@ -11,9 +11,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
-	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
-	"github.com/outboxkit/outbox/sink/natssink"
 )
 
 // gatedSink holds the publishes of one aggregate (key) until open is
@@ -50,18 +48,10 @@ func TestCDCSlotLostWithAnEventInFlightAndATransactionOpen(t *testing.T) {
 	logged := &lockedLog{t: t}
 	f.log = slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	f.setup()
-	nats, err := natssink.New(f.js, &natssink.Config{Stream: f.prefix, NoCreateStream: true, Logger: f.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	snk := &gatedSink{Sink: nats, key: "d", open: make(chan struct{}), waiting: make(chan struct{})}
-	router, err := route.New(&route.Config{Replacement: f.prefix + ".${routedByValue}"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	snk := &gatedSink{Sink: f.natsSink(), key: "d", open: make(chan struct{}), waiting: make(chan struct{})}
 	// A long lease: the held publish must not time out (half a TTL).
 	f.ddl(func() {
-		f.relayInto(f.source("r1", nil), snk, relay.Config{Router: router, LeaseTTL: 20 * time.Second})
+		f.relayInto(f.source("r1", nil), snk, relay.Config{LeaseTTL: 20 * time.Second})
 		f.streaming()
 	})
 	ob := f.writer(modeTable)
@@ -141,17 +131,9 @@ func TestCDCRowsReadFromTheTableKeepCommitOrderWithLateCommits(t *testing.T) {
 	z1 := cdcEvent("z", 1)
 	f.write(ob, z1) // in the table before the slot
 	f.setup()
-	nats, err := natssink.New(f.js, &natssink.Config{Stream: f.prefix, NoCreateStream: true, Logger: f.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gateB := &gatedSink{Sink: nats, key: "b", open: make(chan struct{}), waiting: make(chan struct{})}
+	gateB := &gatedSink{Sink: f.natsSink(), key: "b", open: make(chan struct{}), waiting: make(chan struct{})}
 	gateZ := &gatedSink{Sink: gateB, key: "z", open: make(chan struct{}), waiting: make(chan struct{})}
-	router, err := route.New(&route.Config{Replacement: f.prefix + ".${routedByValue}"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.relayInto(f.source("r1", &outboxpgx.CDCConfig{MaxPending: 1}), gateZ, relay.Config{Router: router, LeaseTTL: 20 * time.Second})
+	f.relayInto(f.source("r1", &outboxpgx.CDCConfig{MaxPending: 1}), gateZ, relay.Config{LeaseTTL: 20 * time.Second})
 	wait := func(g *gatedSink) {
 		t.Helper()
 		select {
