@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/propagation"
@@ -39,6 +40,16 @@ type Event struct {
 	RawPayload []byte
 	// Headers are published as message headers.
 	Headers map[string]string
+	// DeliverAt, when not zero, delays the event: the relay publishes it
+	// no earlier than this time (the database's clock, at microsecond
+	// precision), and the aggregate's later events wait behind it: per
+	// aggregate order holds (docs/delayed.md). Other aggregates' events
+	// pass. It is stored in the table's deliver_at column (PostgreSQL
+	// schema version 12, MySQL 4, SQLite 3), which plain-SQL writers may
+	// set too. Only the table write mode
+	// and the polling relay delay events: the drivers' message and
+	// insert+delete modes refuse a delayed event.
+	DeliverAt time.Time
 }
 
 // ErrInvalidEvent is wrapped by every error about an event that WriteTx
@@ -270,6 +281,7 @@ func toRow(e *Event, check Contracts) (outboxdriver.Row, error) {
 		Type:          e.Type,
 		Payload:       e.Payload,
 		RawPayload:    e.RawPayload,
+		DeliverAt:     e.DeliverAt,
 	}
 	if r.Payload != nil && strings.Contains(string(r.Payload), `\u0000`) {
 		return invalid("Payload contains \\u0000, which PostgreSQL jsonb cannot store (use RawPayload)")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,7 +28,37 @@ type Row struct {
 	// TraceContext is the W3C trace context in the Debezium
 	// tracingspancontext format ("traceparent=...\ntracestate=..."), or "".
 	TraceContext string
+	// DeliverAt is the earliest time the event may be published (the
+	// deliver_at column), or zero for at once.
+	DeliverAt time.Time
 }
+
+// Delayed reports whether any of rows has a DeliverAt. Drivers insert such
+// rows with a statement that writes the deliver_at column, and a write
+// mode without a row (messages, insert+delete) refuses them with
+// ErrDelayedMode.
+func Delayed(rows []Row) bool {
+	for i := range rows {
+		if !rows[i].DeliverAt.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
+// DeliverAtCeil is t rounded up to a multiple of unit (the precision a
+// database stores), so that an event is never due before its time.
+func DeliverAtCeil(t time.Time, unit time.Duration) time.Time {
+	if u := t.Truncate(unit); !u.Equal(t) {
+		return u.Add(unit)
+	}
+	return t
+}
+
+// ErrDelayedMode is returned for a delayed event (Row.DeliverAt) written
+// in a mode that keeps no row to wait in the table; it wraps
+// ErrInvalidEvent.
+var ErrDelayedMode = fmt.Errorf("%w: DeliverAt needs the table write mode (a row that waits in the table for the polling relay)", ErrInvalidEvent)
 
 // ErrInvalidEvent is wrapped by every error about an event that is refused
 // before any SQL runs (package outbox re-exports it as
@@ -304,6 +335,10 @@ type Status struct {
 	// in the database (PostgreSQL only); they are not in the backlog
 	// unless they are rows of the table.
 	Parked int64
+	// Delayed counts unpublished events whose DeliverAt (deliver_at) is
+	// still ahead; they are in the backlog, and the events of their
+	// aggregates written after them wait too.
+	Delayed int64
 	// Partitions lists every partition's lease.
 	Partitions []PartitionStatus
 	// SchemaVersion is the applied migration; LatestSchemaVersion the
@@ -368,3 +403,41 @@ type PartitionStatus struct {
 // (the articles' eventVersion): the writer sets it from the event's
 // contract, the relay for rows written without it (package contract).
 const VersionHeader = "eventVersion"
+
+// ColumnProbe tells a Source whether its table has a column that a newer
+// schema version added (deliver_at), so that a relay of this build on a
+// table not migrated yet works as before: it looks when first asked, again
+// every Recheck while the column is missing, and never again once found.
+// The zero value looks at once; Recheck defaults to 5s.
+type ColumnProbe struct {
+	Recheck time.Duration
+	next    atomic.Int64 // when to look again (Unix ns)
+	present atomic.Bool
+}
+
+// Has reports whether the column is there; look asks the database. When
+// look fails the answer is true: the caller's statement that needs the
+// column then fails loudly rather than act as if the column were absent.
+// missing is called once, the first time the column is found missing.
+func (p *ColumnProbe) Has(look func() (bool, error), missing func()) bool {
+	if p.present.Load() {
+		return true
+	}
+	now := time.Now()
+	if now.UnixNano() < p.next.Load() {
+		return false
+	}
+	has, err := look()
+	if err != nil || has {
+		p.present.Store(err == nil)
+		return true
+	}
+	every := p.Recheck
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	if p.next.Swap(now.Add(every).UnixNano()) == 0 && missing != nil {
+		missing()
+	}
+	return false
+}

@@ -10,4 +10,11 @@
 // the latency floor when the outbox is quiet. Use interpolateParams=true
 // in the DSN: without it every statement with arguments costs a prepare
 // and a close round trip more.
+//
+// Delayed events (outbox.Event.DeliverAt) wait in the table's deliver_at
+// column (DATETIME(6), UTC; schema version 4) until UTC_TIMESTAMP(6)
+// reaches it, and so do the later events of their aggregates; the same
+// holds for a row whose deliver_at or next_attempt_at a plain-SQL writer
+// or an operator set. No index serves this: the claim reads an
+// aggregate's earlier rows anyway (see Source.Claim).
 package outboxmysql

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/outboxkit/outbox/internal/sqlstore"
@@ -85,25 +86,48 @@ func insert(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outbox
 	return nil
 }
 
-// insertStatement returns one multi-row INSERT of rows into table.
+// insertStatement returns one multi-row INSERT of rows into table. The
+// deliver_at column is written only when some row has a DeliverAt, so the
+// statement of undelayed rows stays as it was.
 func insertStatement(table string, rows []outboxdriver.Row) (string, []any) {
+	delayed := outboxdriver.Delayed(rows)
+	cols, tuple := 8, "(?, ?, ?, ?, ?, ?, ?, ?)"
 	var b strings.Builder
 	b.WriteString(`INSERT INTO `)
 	b.WriteString(table)
-	b.WriteString(` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext) VALUES `)
-	args := make([]any, 0, 8*len(rows))
+	b.WriteString(` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext`)
+	if delayed {
+		cols, tuple = 9, "(?, ?, ?, ?, ?, ?, ?, ?, ?)"
+		b.WriteString(`, deliver_at`)
+	}
+	b.WriteString(`) VALUES `)
+	args := make([]any, 0, cols*len(rows))
 	for i, r := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
+		b.WriteString(tuple)
 		headers := "{}"
 		if len(r.Headers) > 0 {
 			headers = string(r.Headers)
 		}
 		args = append(args, r.ID, r.AggregateType, r.AggregateID, r.Type, nullText(r.Payload), nullBytes(r.RawPayload), headers, nullText([]byte(r.TraceContext)))
+		if delayed {
+			args = append(args, deliverAt(r.DeliverAt))
+		}
 	}
 	return b.String(), args
+}
+
+// deliverAt is a DeliverAt as the text of a DATETIME(6) in UTC (text, so
+// that the DSN's loc setting cannot shift it), rounded up to the
+// microsecond so that the event is never due before its time; NULL for
+// the zero time.
+func deliverAt(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return outboxdriver.DeliverAtCeil(t, time.Microsecond).UTC().Format("2006-01-02 15:04:05.000000")
 }
 
 // nullText passes JSON and text as a string (MySQL refuses JSON from a

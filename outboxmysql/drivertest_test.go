@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -28,6 +29,12 @@ func TestConformance(t *testing.T) {
 		},
 		ExecInsert: func(ctx context.Context, tb outboxdriver.Table, id, aggregateType, aggregateID, typ, payloadJSON string) error {
 			return execInsert(ctx, db, tb, id, aggregateType, aggregateID, typ, payloadJSON)
+		},
+		DeliverAtVersion: 4,
+		ExecDelay: func(ctx context.Context, tb outboxdriver.Table, id, column string, d time.Duration) error {
+			_, err := db.ExecContext(ctx, "UPDATE `"+tb.Schema+"`.`"+tb.Name+"` SET `"+column+"` = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE id = ?",
+				d.Microseconds(), id)
+			return err
 		},
 		// MariaDB keeps a JSON column's text as written; MySQL stores
 		// binary JSON and gives back its own encoding.

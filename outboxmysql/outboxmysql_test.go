@@ -471,3 +471,74 @@ func TestClaimLeavesThePoolClean(t *testing.T) {
 		t.Fatalf("idle_transaction_timeout of the pooled connection is %s after a batch, was %s", after, before)
 	}
 }
+
+// TestDeliverAtIsStoredInUTCRoundedUp writes a delayed event with a time
+// in another zone and a fraction below the microsecond, next to an
+// undelayed one in the same INSERT: deliver_at holds the time in UTC,
+// rounded up (the event is never due before its time), and NULL for the
+// undelayed one.
+func TestDeliverAtIsStoredInUTCRoundedUp(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	delayed, now := event("a", 0), event("b", 0)
+	delayed.DeliverAt = time.Date(2030, 1, 2, 3, 4, 5, 123456001, time.FixedZone("UTC+2", 2*3600))
+	if err := write(f.ctx, f.db, f.tb, true, delayed, now); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.NullStrings(t, f.ctx, f.db, "SELECT aggregateid, DATE_FORMAT(deliver_at, '%Y-%m-%d %H:%i:%s.%f') FROM outbox")
+	if a := got["a"]; !a.Valid || a.String != "2030-01-02 01:04:05.123457" {
+		t.Errorf("deliver_at of the delayed event = %v; want 2030-01-02 01:04:05.123457", a)
+	}
+	if b := got["b"]; b.Valid {
+		t.Errorf("deliver_at of the undelayed event = %q; want NULL", b.String)
+	}
+}
+
+// TestDelayedClaimReadsPastPages claims one record at a time, so the
+// claim reads past the rows that are not due in pages of 1, 2, 4, ...
+// rows: wherever the pages split an aggregate, its later rows stay behind
+// its waiting first one, and the claimable rows after them all are found.
+func TestDelayedClaimReadsPastPages(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	var evs []outbox.Event
+	for _, agg := range []string{"a", "b", "c"} {
+		e := event(agg, 0)
+		e.DeliverAt = time.Now().Add(time.Hour)
+		evs = append(evs, e)
+	}
+	for n := 1; n <= 3; n++ {
+		for _, agg := range []string{"a", "b", "c"} {
+			evs = append(evs, event(agg, n))
+		}
+	}
+	evs = append(evs, event("free", 0), event("free", 1))
+	if err := write(f.ctx, f.db, f.tb, true, evs...); err != nil {
+		t.Fatal(err)
+	}
+	src, leases := f.source(t, "pages", time.Minute)
+	var claimed []string
+	for range 4 {
+		b, err := src.Claim(f.ctx, leases, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, r := range b.Records() {
+			var p body
+			_ = json.Unmarshal(r.Payload, &p)
+			claimed = append(claimed, fmt.Sprintf("%s%d", p.Agg, p.N))
+			ids = append(ids, r.ID)
+		}
+		if err := b.Finish(f.ctx, outboxdriver.Outcome{Published: ids}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := strings.Join(claimed, " "); got != "free0 free1" {
+		t.Fatalf("claimed %q; want free0 free1 (a, b and c wait behind their delayed first events)", got)
+	}
+	st, err := outboxmysql.New(f.db).Status(f.ctx, f.tb)
+	if err != nil || st.Delayed != 3 || st.Backlog != 12 {
+		t.Fatalf("status: %d delayed, backlog %d (%v); want 3 delayed in a backlog of 12", st.Delayed, st.Backlog, err)
+	}
+}

@@ -23,6 +23,7 @@ type Source struct {
 
 	idleVar atomic.Value             // string: the server variable that bounds a claim's idle time ("" until known)
 	exclude atomic.Pointer[[]string] // aggregate types the claims leave out (paused)
+	delays  outboxdriver.ColumnProbe // the deliver_at column (schema version 4)
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
@@ -143,7 +144,10 @@ type batch struct {
 // leased partition no other transaction is relaying (FOR UPDATE SKIP
 // LOCKED on <table>_claims: a stale owner's batch keeps its partitions
 // until it ends), and reads up to limit due, unpublished rows of those
-// partitions in seq order, skipping held aggregates. The claim rows make
+// partitions in seq order, skipping held aggregates and every row behind
+// an earlier one of its aggregate that is not due (claimScan). A row is
+// due when neither its deliver_at nor its next_attempt_at is ahead of
+// UTC_TIMESTAMP(6). The claim rows make
 // the batch the only one of its partitions in the whole cluster, so the
 // outbox rows themselves are read without locks, as of the statement's
 // start: uncommitted rows are invisible, and no row is ever skipped
@@ -234,25 +238,86 @@ WHERE `+"`partition`"+` IN (`+placeholders(len(parts))+`) FOR UPDATE SKIP LOCKED
 	if p := s.exclude.Load(); p != nil && len(*p) > 0 {
 		excludeSQL, excludeArgs = "\n  AND o.aggregatetype NOT IN ("+placeholders(len(*p))+")", strs(*p)
 	}
-	rows, err = tx.QueryContext(ctx, `SELECT o.id, o.seq, o.`+"`partition`"+`, o.aggregatetype, o.aggregateid, o.type, o.payload, o.payload_raw,
-       o.headers, COALESCE(o.tracingspancontext, ''), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at), o.attempts
-FROM `+s.n.Table+` AS o
-WHERE o.`+"`partition`"+` IN (`+placeholders(len(locked))+`)
-  AND o.published_at IS NULL
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))
-  AND NOT EXISTS (SELECT 1 FROM `+s.n.Held+` AS h
-                  WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)`+excludeSQL+`
-ORDER BY o.seq
-LIMIT ?`, append(append(ints(locked), excludeArgs...), limit)...)
-	if err != nil {
-		return nil, err
+	due := dueNoDelaysSQL
+	if s.delays.Has(func() (bool, error) {
+		var n int
+		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.columns
+WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? AND column_name = 'deliver_at'`, s.Table.Schema, s.Table.Name).Scan(&n)
+		return n > 0, err
+	}, func() {
+		s.Log.Warn("outboxmysql: the table has no deliver_at column (schema before version 4): claiming as before until `outbox migrate` adds it", "table", s.Table.String())
+	}) {
+		due = dueSQL
 	}
-	return scanRecords(rows, limit)
+	q := `SELECT o.id, o.seq, o.` + "`partition`" + `, o.aggregatetype, o.aggregateid, o.type,
+       IF(` + due + `, o.payload, NULL), IF(` + due + `, o.payload_raw, NULL), IF(` + due + `, o.headers, NULL),
+       COALESCE(o.tracingspancontext, ''), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at), o.attempts,
+       ` + due + `
+FROM ` + s.n.Table + ` AS o
+WHERE o.` + "`partition`" + ` IN (` + placeholders(len(locked)) + `)
+  AND o.published_at IS NULL
+  AND o.seq > ?
+  AND NOT EXISTS (SELECT 1 FROM ` + s.n.Held + ` AS h
+                  WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)` + excludeSQL + `
+ORDER BY o.seq
+LIMIT ?`
+	c := claimScan{limit: limit, out: outboxdriver.NewRecords(limit)}
+	for page := limit; ; page = max(limit, min(2*page, maxClaimPage)) {
+		rows, err := tx.QueryContext(ctx, q, append(append(append(ints(locked), c.after), excludeArgs...), page)...)
+		if err != nil {
+			return nil, err
+		}
+		n, err := c.scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		if len(c.out) == limit || n < page {
+			return c.out, nil
+		}
+	}
 }
 
-func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
+// dueSQL is true for a row that may be published now: neither its
+// deliver_at (a delayed event) nor its next_attempt_at (a retry) is
+// ahead. UTC_TIMESTAMP(6) is the same throughout a statement.
+const dueSQL = `((o.deliver_at IS NULL OR o.deliver_at <= UTC_TIMESTAMP(6)) AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6)))`
+
+// dueNoDelaysSQL is dueSQL for a table before schema version 4 (no
+// deliver_at column): a relay of this build on a table not migrated yet
+// relays on.
+const dueNoDelaysSQL = `(o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6))`
+
+// maxClaimPage bounds the rows of one page of a claim that reads past
+// rows that are not due.
+const maxClaimPage = 5000
+
+// aggregate identifies an aggregate.
+type aggregate struct{ typ, id string }
+
+// claimScan keeps the order of every aggregate while a claim reads the
+// unpublished rows of its partitions in seq order, page after page: a row
+// that is not due (deliver_at or next_attempt_at ahead, set by the relay,
+// a writer or by hand) is not claimed, and neither is any later row of its
+// aggregate. Those rows are all read, before the aggregate's later ones:
+// an aggregate's rows share its partition, and the pages read every
+// unpublished row of the claimed partitions, in seq order, that is not
+// left out with the whole aggregate (held after an earlier seq, or of a
+// paused type). This costs no index: MySQL has no partial indexes, and an
+// index of the rows that wait would have an entry for every row, paid by
+// every INSERT. The rows that are not due are read as before, when the
+// claim's WHERE skipped them; their payloads are not sent.
+type claimScan struct {
+	limit   int
+	out     []outboxdriver.Record
+	after   int64              // the last seq read
+	blocked map[aggregate]bool // aggregates with a row read that is not due
+}
+
+// scan reads one page, adds its claimable rows to out (up to limit) and
+// returns how many rows the page had.
+func (c *claimScan) scan(rows *sql.Rows) (int, error) {
 	defer rows.Close()
-	out := outboxdriver.NewRecords(limit)
+	n := 0
 	for rows.Next() {
 		var (
 			r       outboxdriver.Record
@@ -260,16 +325,33 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 			raw     []byte
 			headers []byte
 			micros  int64
+			due     bool
 		)
-		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &micros, &r.Attempts); err != nil {
-			return nil, err
+		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &micros, &r.Attempts, &due); err != nil {
+			return n, err
+		}
+		n++
+		c.after = r.Seq
+		if len(c.out) == c.limit {
+			continue
+		}
+		agg := aggregate{r.AggregateType, r.AggregateID}
+		if !due {
+			if c.blocked == nil {
+				c.blocked = map[aggregate]bool{}
+			}
+			c.blocked[agg] = true
+			continue
+		}
+		if c.blocked[agg] {
+			continue
 		}
 		r.SetPayload(payload, payload != nil, raw)
 		r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders(headers)
 		r.CreatedAt = time.UnixMicro(micros).UTC()
-		out = append(out, r)
+		c.out = append(c.out, r)
 	}
-	return out, rows.Err()
+	return n, rows.Err()
 }
 
 // Finish checks the batch's leases (the fence), records the outcome and

@@ -11,6 +11,9 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
+// delayedVersion is the schema version that adds the deliver_at column.
+const delayedVersion = 4
+
 // schemaArg is the schema as a query argument: NULL (the current
 // database) when empty.
 func schemaArg(t outboxdriver.Table) any {
@@ -21,7 +24,8 @@ func schemaArg(t outboxdriver.Table) any {
 }
 
 // Status reports the backlog, the age of the oldest unpublished event, the
-// dead letters, the held aggregates and every partition's lease of t.
+// dead letters, the held aggregates, the delayed events that are not due
+// yet and every partition's lease of t.
 func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.Status, error) {
 	st := outboxdriver.Status{Table: t, LatestSchemaVersion: d.LatestVersion()}
 	if err := validate(t); err != nil {
@@ -93,6 +97,12 @@ ORDER BY l.`+"`partition`"+``)
 	}
 	if err := rows.Err(); err != nil {
 		return fail(err)
+	}
+	if st.SchemaVersion >= delayedVersion {
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+n.Table+`
+WHERE published_at IS NULL AND deliver_at > UTC_TIMESTAMP(6)`).Scan(&st.Delayed); err != nil {
+			return fail(err)
+		}
 	}
 	if st.SchemaVersion >= consoleVersion {
 		if st.Pauses, err = d.ListPauses(ctx, t); err != nil {

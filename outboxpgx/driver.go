@@ -15,7 +15,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,6 +40,7 @@ type Driver struct {
 	mu    sync.Mutex
 	multi map[outboxdriver.Table]string
 	one   map[outboxdriver.Table]string
+	late  map[outboxdriver.Table]string // rows with a DeliverAt
 }
 
 // New returns the Driver of the database pool connects to. It does no
@@ -45,7 +48,8 @@ type Driver struct {
 // a program that only writes events inside its own transactions
 // (WriteTx); every method that needs a connection of its own then fails.
 func New(pool *pgxpool.Pool, opts ...Option) *Driver {
-	d := &Driver{pool: pool, multi: map[outboxdriver.Table]string{}, one: map[outboxdriver.Table]string{}}
+	d := &Driver{pool: pool, multi: map[outboxdriver.Table]string{}, one: map[outboxdriver.Table]string{},
+		late: map[outboxdriver.Table]string{}}
 	for _, o := range opts {
 		o(d)
 	}
@@ -110,7 +114,8 @@ func (d *Driver) Close() error { return nil }
 
 const insertCols = `(id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext)`
 
-// sql returns the INSERT of n rows into t. Both forms are cached per
+// sql returns the INSERT of n rows into t (n < 0: of rows of which some
+// have a DeliverAt). The forms are cached per
 // table: pgx prepares each once per connection, so an insert costs no
 // parse or plan.
 func (d *Driver) sql(t outboxdriver.Table, n int) string {
@@ -130,6 +135,19 @@ VALUES ($1::uuid, $2, $3, $4, $5::json, $6, coalesce($7::jsonb, '{}'::jsonb), $8
 SELECT $1::uuid, $2, $3, $4, $5::json, $6::bytea, coalesce($7::jsonb, '{}'::jsonb), $8 FROM quiet`
 			}
 			d.one[t] = s
+		}
+		return s
+	}
+	if n < 0 {
+		// Delayed rows: the form with deliver_at, kept apart so that the
+		// others' statements stay as they were.
+		s, ok := d.late[t]
+		if !ok {
+			s = with + `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + strings.TrimSuffix(insertCols, ")") + `, deliver_at)
+SELECT u.id, u.at, u.aid, u.ty, u.p::json, u.raw, coalesce(u.h::jsonb, '{}'::jsonb), u.tc, u.da
+FROM ` + from + `unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::timestamptz[])
+  AS u(id, at, aid, ty, p, raw, h, tc, da)`
+			d.late[t] = s
 		}
 		return s
 	}
@@ -154,6 +172,9 @@ func (d *Driver) InsertTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table, 
 	if len(rows) == 0 {
 		return nil
 	}
+	if err := d.check(rows); err != nil {
+		return err
+	}
 	if ot, ok := tx.(*Tx); ok {
 		return ot.keep(t, rows)
 	}
@@ -171,6 +192,9 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 	if len(rows) == 0 {
 		return nil
 	}
+	if err := d.check(rows); err != nil {
+		return err
+	}
 	sql, args := d.statement(t, rows)
 	_, err := d.pool.Exec(ctx, sql, args...)
 	return err
@@ -187,12 +211,25 @@ func (d *Driver) QueueInsert(batch any, t outboxdriver.Table, rows []outboxdrive
 	if len(rows) == 0 {
 		return nil
 	}
+	if err := d.check(rows); err != nil {
+		return err
+	}
 	sql, args := d.statement(t, rows)
 	b.Queue(sql, args...)
 	return nil
 }
 
-// statement returns the INSERT statement and its arguments for rows.
+// check refuses rows this Driver's write mode cannot write: a delayed
+// event needs a row that waits in the table.
+func (d *Driver) check(rows []outboxdriver.Row) error {
+	if (d.messages || d.insertDelete) && outboxdriver.Delayed(rows) {
+		return outboxdriver.ErrDelayedMode
+	}
+	return nil
+}
+
+// statement returns the INSERT statement and its arguments for rows,
+// which check accepted.
 func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
 	switch {
 	case d.messages:
@@ -204,7 +241,8 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		}
 		return sql, args
 	}
-	if len(rows) == 1 {
+	delayed := outboxdriver.Delayed(rows)
+	if len(rows) == 1 && !delayed {
 		r := rows[0]
 		return d.sql(t, 1), []any{r.ID, r.AggregateType, r.AggregateID, r.Type, text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))}
 	}
@@ -216,7 +254,17 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		ids[i], ats[i], aids[i], tys[i] = r.ID, r.AggregateType, r.AggregateID, r.Type
 		ps[i], raws[i], hs[i], tcs[i] = text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))
 	}
-	return d.sql(t, n), []any{ids, ats, aids, tys, ps, raws, hs, tcs}
+	if !delayed {
+		return d.sql(t, n), []any{ids, ats, aids, tys, ps, raws, hs, tcs}
+	}
+	das := make([]*time.Time, n)
+	for i := range rows {
+		if !rows[i].DeliverAt.IsZero() {
+			at := outboxdriver.DeliverAtCeil(rows[i].DeliverAt, time.Microsecond)
+			das[i] = &at
+		}
+	}
+	return d.sql(t, -1), []any{ids, ats, aids, tys, ps, raws, hs, tcs, das}
 }
 
 // text maps nil or empty to SQL NULL.

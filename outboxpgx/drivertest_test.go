@@ -3,6 +3,7 @@ package outboxpgx_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
@@ -41,6 +42,12 @@ func TestDriverConformance(t *testing.T) {
 		ExecInsert: func(ctx context.Context, tb outboxdriver.Table, id, aggregateType, aggregateID, typ, payload string) error {
 			_, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)
 				VALUES ($1, $2, $3, $4, $5)`, id, aggregateType, aggregateID, typ, payload)
+			return err
+		},
+		DeliverAtVersion: 12,
+		ExecDelay: func(ctx context.Context, tb outboxdriver.Table, id, column string, d time.Duration) error {
+			_, err := pool.Exec(ctx, `UPDATE `+tb.Qualified("")+` SET `+column+` = clock_timestamp() + $2 * interval '1 microsecond' WHERE id = $1`,
+				id, d.Microseconds())
 			return err
 		},
 		DuplicateIDs: true,

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,18 +37,56 @@ type Source struct {
 
 	exclude    atomic.Pointer[[]string] // aggregate types the claim leaves out (paused)
 	pauseTable atomic.Int32             // what the last read of the pauses found (pauseTable*)
+	delays     outboxdriver.ColumnProbe // the deliver_at column (schema version 12)
+}
+
+// claimSQL returns the claim for the table's schema: with the deliver_at
+// conditions once the column exists (schema version 12). A table not
+// migrated yet holds no delayed events and is claimed as before.
+func (s *Source) claimSQL(ctx context.Context, conn *pgxpool.Conn) string {
+	has := s.delays.Has(func() (bool, error) {
+		var has bool
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = 'deliver_at' AND NOT attisdropped)`, s.names.Table).Scan(&has)
+		return has, err
+	}, func() {
+		s.Log.Warn("outboxpgx: the table has no deliver_at column (schema before version 12): claiming as before until `outbox migrate` adds it", "table", s.Table.String())
+	})
+	if has {
+		return s.q.claim
+	}
+	return s.q.claimNoDelays
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
 
 type queries struct {
+	// claimNoDelays is claim for a table before schema version 12 (no
+	// deliver_at column): a relay of this build on a table not migrated
+	// yet relays on.
+	claimNoDelays                                                                              string
 	settings, claim, markPublished, unhold, retry, holdRetry, deadLetter, holdDead, idle, busy string
 	heartbeat, relays, acquire, renew, release, unregister, fence, cleanup                     string
 	floors, lastSeq, writers, lastAudit                                                        string
 }
 
+// waitingSQL is the claim's condition on deliver_at (schema version 12):
+// the row's own time has come, and no earlier pending row of its
+// aggregate is waiting (delayed, or a retry's next_attempt_at ahead),
+// found through the partial index of the rows that wait.
+func waitingSQL(n outboxdriver.Names) string {
+	return `
+  AND (o.deliver_at IS NULL OR o.deliver_at <= now())
+  AND NOT EXISTS (SELECT 1 FROM ` + n.Table + ` w
+                  WHERE w.published_at IS NULL AND (w.deliver_at IS NOT NULL OR w.next_attempt_at IS NOT NULL)
+                    AND w.aggregatetype = o.aggregatetype AND w.aggregateid = o.aggregateid
+                    AND w.seq < o.seq AND (w.deliver_at > now() OR w.next_attempt_at > now()))`
+}
+
+// newQueries returns the Source's statements for t.
 func newQueries(t outboxdriver.Table, r outboxdriver.Retention) queries {
 	n := pgschema.NamesOf(t)
+	waitingSQL := waitingSQL(n)
 	lastAudit := `SELECT coalesce(max(id), 0) FROM ` + n.Audit
 	q := queries{
 		// The claim's transaction runs with these. Plans must not depend
@@ -83,7 +122,7 @@ FROM ` + n.Table + ` AS o
 WHERE o.partition = ANY (ARRAY(SELECT partition FROM locked))
   AND o.published_at IS NULL
   AND o.seq >= CASE WHEN (` + lastAudit + `) = $7 THEN $6 ELSE 0 END
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())` + waitingSQL + `
   AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` h
                   WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
   AND o.aggregatetype <> ALL ($8::text[])
@@ -179,6 +218,7 @@ WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
 	} else {
 		q.markPublished = `DELETE FROM ` + n.Table + ` WHERE seq = ANY($1::bigint[]) AND published_at IS NULL`
 	}
+	q.claimNoDelays = strings.Replace(q.claim, waitingSQL, "", 1)
 	return q
 }
 
@@ -291,7 +331,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	// statement for all settings: every statement of the batch costs.
 	//
 	pb.Queue(s.q.settings, strconv.FormatInt(s.TTL().Milliseconds(), 10))
-	pb.Queue(s.q.claim, limit, parts, epochs, s.Cfg.RelayName, s.lockKey, floor, audit, s.excluded())
+	pb.Queue(s.claimSQL(ctx, conn), limit, parts, epochs, s.Cfg.RelayName, s.lockKey, floor, audit, s.excluded())
 	br := conn.SendBatch(ctx, &pb)
 	records, err := func() ([]outboxdriver.Record, error) {
 		defer br.Close()

@@ -113,6 +113,13 @@ func (d *Driver) status(ctx context.Context, t outboxdriver.Table, exactUpTo int
 			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 		}
 	}
+	if st.SchemaVersion >= 12 {
+		// Through the partial index of the rows that wait.
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+n.Table+`
+WHERE published_at IS NULL AND (deliver_at IS NOT NULL OR next_attempt_at IS NOT NULL) AND deliver_at > now()`).Scan(&st.Delayed); err != nil {
+			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+		}
+	}
 	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
 		return st, err
 	}

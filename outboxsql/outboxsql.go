@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/internal/pgschema"
@@ -59,21 +60,39 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 	return err
 }
 
-// statement returns the multi-row INSERT of rows into t.
+// statement returns the multi-row INSERT of rows into t; with the
+// deliver_at column only when some row has a DeliverAt, so that the
+// statement of undelayed rows stays as it was.
 func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
+	delayed := outboxdriver.Delayed(rows)
+	cols := 8
 	var b strings.Builder
 	b.WriteString(`INSERT INTO `)
 	b.WriteString(pgschema.NamesOf(t).Table)
-	b.WriteString(` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext) VALUES `)
-	args := make([]any, 0, 8*len(rows))
+	b.WriteString(` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext`)
+	if delayed {
+		cols = 9
+		b.WriteString(`, deliver_at`)
+	}
+	b.WriteString(`) VALUES `)
+	args := make([]any, 0, cols*len(rows))
 	for i, r := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		n := i * 8
+		n := i * cols
 		p := func(k int) string { return "$" + strconv.Itoa(n+k) }
-		b.WriteString("(" + p(1) + "::uuid, " + p(2) + ", " + p(3) + ", " + p(4) + ", " + p(5) + "::json, " + p(6) + "::bytea, coalesce(" + p(7) + "::jsonb, '{}'::jsonb), " + p(8) + ")")
+		b.WriteString("(" + p(1) + "::uuid, " + p(2) + ", " + p(3) + ", " + p(4) + ", " + p(5) + "::json, " + p(6) + "::bytea, coalesce(" + p(7) + "::jsonb, '{}'::jsonb), " + p(8))
 		args = append(args, r.ID, r.AggregateType, r.AggregateID, r.Type, nullText(r.Payload), nullBytes(r.RawPayload), nullText(r.Headers), nullText([]byte(r.TraceContext)))
+		if delayed {
+			b.WriteString(", " + p(9) + "::timestamptz")
+			var at any
+			if !r.DeliverAt.IsZero() {
+				at = outboxdriver.DeliverAtCeil(r.DeliverAt, time.Microsecond)
+			}
+			args = append(args, at)
+		}
+		b.WriteString(")")
 	}
 	return b.String(), args
 }

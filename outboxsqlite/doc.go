@@ -23,4 +23,13 @@
 //   - There is no LISTEN/NOTIFY: a waiting relay reads PRAGMA data_version
 //     on a dedicated connection every WatchInterval (10ms), which notices a
 //     commit by any connection or process without reading a table.
+//
+// Delayed events (outbox.Event.DeliverAt) wait in the table's deliver_at
+// column (schema version 3; UTC text 'YYYY-MM-DD HH:MM:SS.SSS' like every
+// time column, a DeliverAt rounded up to the millisecond) until the
+// database clock reaches it, and so do the later events of their
+// aggregates; the same holds for a row whose deliver_at or next_attempt_at
+// a plain-SQL writer or an operator set. The partial index
+// <table>_waiting holds only the unpublished rows with either column set,
+// so an undelayed INSERT does not pay for it.
 package outboxsqlite

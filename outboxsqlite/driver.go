@@ -6,14 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 const insertCols = `(id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext)`
 
-// maxRowsPerInsert keeps one INSERT's bound parameters (8 per row) well
-// under SQLite's limit of 32766.
+// insertColsDelayed are the columns of an INSERT with a delayed event.
+const insertColsDelayed = `(id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext, deliver_at)`
+
+// maxRowsPerInsert keeps one INSERT's bound parameters (8 per row, 9 with
+// deliver_at) well under SQLite's limit of 32766.
 const maxRowsPerInsert = 1000
 
 // InsertTx inserts rows within tx with one multi-row INSERT (a call with
@@ -45,21 +49,41 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 	return nil
 }
 
-// statement returns the INSERT of rows into t and its arguments.
+// statement returns the INSERT of rows into t and its arguments. The
+// deliver_at column is written only when some row has a DeliverAt, so the
+// statement of undelayed rows stays as it was.
 func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
+	delayed := outboxdriver.Delayed(rows)
+	cols, cl, tuple := 8, insertCols, `(?, ?, ?, ?, ?, ?, coalesce(?, '{}'), ?)`
+	if delayed {
+		cols, cl, tuple = 9, insertColsDelayed, `(?, ?, ?, ?, ?, ?, coalesce(?, '{}'), ?, ?)`
+	}
 	var b strings.Builder
 	b.WriteString(`INSERT INTO `)
 	b.WriteString(namesOf(t).Table)
-	b.WriteString(` ` + insertCols + ` VALUES `)
-	args := make([]any, 0, 8*len(rows))
+	b.WriteString(` ` + cl + ` VALUES `)
+	args := make([]any, 0, cols*len(rows))
 	for i, r := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(`(?, ?, ?, ?, ?, ?, coalesce(?, '{}'), ?)`)
+		b.WriteString(tuple)
 		args = append(args, r.ID, r.AggregateType, r.AggregateID, r.Type, text(r.Payload), blob(r.RawPayload), text(r.Headers), text([]byte(r.TraceContext)))
+		if delayed {
+			args = append(args, deliverAt(r.DeliverAt))
+		}
 	}
 	return b.String(), args
+}
+
+// deliverAt is a DeliverAt in the format of the time columns (UTC, to the
+// millisecond), rounded up to the millisecond so that the event is never
+// due before its time; NULL for the zero time.
+func deliverAt(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return outboxdriver.DeliverAtCeil(t, time.Millisecond).UTC().Format(timeFormat)
 }
 
 // text maps nil or empty to SQL NULL, anything else to TEXT.

@@ -36,6 +36,12 @@ func TestDriverConformance(t *testing.T) {
 				VALUES (?, ?, ?, ?, ?)`, id, aggregateType, aggregateID, typ, payload)
 			return err
 		},
+		DeliverAtVersion: 3,
+		ExecDelay: func(ctx context.Context, tb outboxdriver.Table, id, column string, d time.Duration) error {
+			_, err := db.ExecContext(ctx, `UPDATE `+tb.Qualified("")+` SET `+column+` = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ? / 1000000.0))
+				WHERE id = ?`, d.Microseconds(), id)
+			return err
+		},
 		SingleRelay: true,
 		Pauses:      true,
 	})

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
@@ -575,4 +576,26 @@ func TestConcurrentWritersAndRelayLoseNothing(t *testing.T) {
 		t.Fatalf("%d business rows committed but %d events: a transaction committed one without the other", business, committed)
 	}
 	t.Logf("%d events committed by %d writers, all published in order by 2 sources; %d publish failures retried", committed, writers, failures)
+}
+
+// TestDeliverAtFormat writes a delayed event with a time in another zone
+// and a fraction below the millisecond, next to an undelayed one in the
+// same INSERT: deliver_at holds the time as UTC text in the format of the
+// other time columns, rounded up (the event is never due before its
+// time), and NULL for the undelayed one.
+func TestDeliverAtFormat(t *testing.T) {
+	db, _, tb := migrated(t, 1)
+	ctx := testContext(t)
+	delayed, now := ev("a", 0), ev("b", 0)
+	delayed.DeliverAt = time.Date(2030, 1, 2, 3, 4, 5, 123000001, time.FixedZone("UTC+2", 2*3600))
+	if err := write(ctx, db, tb, true, delayed, now); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.NullStrings(t, ctx, db, `SELECT aggregateid, deliver_at FROM outbox`)
+	if a := got["a"]; !a.Valid || a.String != "2030-01-02 01:04:05.124" {
+		t.Errorf("deliver_at of the delayed event = %v; want 2030-01-02 01:04:05.124", a)
+	}
+	if b := got["b"]; b.Valid {
+		t.Errorf("deliver_at of the undelayed event = %q; want NULL", b.String)
+	}
 }

@@ -21,6 +21,9 @@ func all() []migrations.Migration { return migrations.MustLoad(files, "migration
 // LatestVersion is the newest schema version this driver knows.
 func (d *Driver) LatestVersion() int { return migrations.Latest(all()) }
 
+// delayedVersion is the schema version that adds the deliver_at column.
+const delayedVersion = 3
+
 // nowSQL is the database clock in the format of every time column.
 const nowSQL = `strftime('%Y-%m-%d %H:%M:%f', 'now')`
 
@@ -31,6 +34,10 @@ func nowPlusSQL(n int) string {
 
 // timeLayout parses the time columns (always UTC).
 const timeLayout = "2006-01-02 15:04:05.999"
+
+// timeFormat writes a time column as nowSQL does, to the millisecond, so
+// that the columns compare as text.
+const timeFormat = "2006-01-02 15:04:05.000"
 
 // table checks t and fills in the defaults: schema "main", table "outbox".
 // The "temp" schema is refused: a table there is private to one
@@ -119,6 +126,7 @@ func render(sql string, t outboxdriver.Table, partitions int) string {
 		"{{pending_idx}}", t.Qualified("_pending"),
 		"{{by_part_idx}}", t.Qualified("_by_part"),
 		"{{published_idx}}", t.Qualified("_published"),
+		"{{waiting_idx}}", t.Qualified("_waiting"),
 		"{{held_event_idx}}", t.Qualified("_held_event"),
 		"{{hash}}", t.Qualified("_hash"),
 		"{{hash_name}}", q(t.Name+"_hash"),

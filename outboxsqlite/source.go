@@ -38,6 +38,7 @@ type Source struct {
 	// seen is the data_version that Wait compares against: read before
 	// every claim, so a commit after it ends the next Wait at once.
 	exclude atomic.Pointer[[]string] // aggregate types the claims leave out (paused)
+	delays  outboxdriver.ColumnProbe // the deliver_at column (schema version 3)
 
 	seen   atomic.Int64
 	seenOK atomic.Bool
@@ -52,6 +53,7 @@ var _ outboxdriver.Source = (*Source)(nil)
 
 type queries struct {
 	claim, mark, unclaim, fence, claimedByMe                                 string
+	claimNoDelays                                                            string // claim before schema version 3 (no deliver_at)
 	markPublished, unhold, retry, holdRetry, deadLetter, deleteOne, holdDead string
 	heartbeat, relays, acquire, renew, release, unregister, cleanup          string
 }
@@ -65,6 +67,17 @@ func leasePairs(n int) string {
 
 func newQueries(t outboxdriver.Table, r outboxdriver.Retention) queries {
 	n := namesOf(t)
+	// The deliver_at conditions (schema version 3): the row's own time
+	// has come, and no earlier pending row of its aggregate waits
+	// (delayed, or a retry's next_attempt_at ahead), found through the
+	// partial index of the rows that wait, whose condition the probe
+	// repeats word for word so that SQLite uses it.
+	waiting := `
+  AND (o.deliver_at IS NULL OR o.deliver_at <= ` + nowSQL + `)
+  AND NOT EXISTS (SELECT 1 FROM ` + n.Table + ` AS w
+                  WHERE w.published_at IS NULL AND (w.next_attempt_at IS NOT NULL OR w.deliver_at IS NOT NULL)
+                    AND w.aggregatetype = o.aggregatetype AND w.aggregateid = o.aggregateid AND w.seq < o.seq
+                    AND (w.deliver_at > ` + nowSQL + ` OR w.next_attempt_at > ` + nowSQL + `))`
 	q := queries{
 		claim: `SELECT o.id, o.seq, o.partition, o.aggregatetype, o.aggregateid, o.type, o.payload, o.payload_raw,
        o.headers, coalesce(o.tracingspancontext, ''), o.created_at, o.attempts
@@ -75,6 +88,7 @@ WHERE o.partition IN (
           AND (l.claimed_by IS NULL OR l.claim_expires_at <= ` + nowSQL + `))
   AND o.published_at IS NULL
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= ` + nowSQL + `)
+` + waiting + `
   AND NOT EXISTS (SELECT 1 FROM ` + n.Held + ` AS h
                   WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)
   AND o.aggregatetype NOT IN (SELECT value FROM json_each(?4))
@@ -132,6 +146,7 @@ WHERE id IN (SELECT value FROM json_each(?1))`
 	} else {
 		q.markPublished = `DELETE FROM ` + n.Table + ` WHERE id IN (SELECT value FROM json_each(?1))`
 	}
+	q.claimNoDelays = strings.Replace(q.claim, waiting, "", 1)
 	return q
 }
 
@@ -159,9 +174,14 @@ type batch struct {
 
 // Claim selects up to limit due, unpublished records of the leased
 // partitions that no other batch holds, in seq order, skipping held
-// aggregates, and marks their partitions as this batch's, all in one
-// short write transaction. Marks last one lease TTL: a relay that died
-// with a batch in flight blocks its partitions no longer than that.
+// aggregates and every record behind an unpublished one of its aggregate
+// that is not due, and marks their partitions as this batch's, all in one
+// short write transaction. A record is due when neither its deliver_at
+// nor its next_attempt_at is ahead of the database clock; the earlier rows
+// that are not due are found through the partial index <table>_waiting,
+// which holds only unpublished rows with either column set. Marks last one
+// lease TTL: a relay that died with a batch in flight blocks its
+// partitions no longer than that.
 func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxsqlite: claim limit %d must be positive", limit)
@@ -180,7 +200,17 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if p := s.exclude.Load(); p != nil {
 		excluded = *p
 	}
-	rows, err := tx.QueryContext(ctx, s.q.claim, leasesJSON(leases), s.Cfg.RelayName, limit, stringsJSON(excluded))
+	claim := s.q.claimNoDelays
+	if s.delays.Has(func() (bool, error) {
+		var n int
+		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?1, ?2) WHERE name = 'deliver_at'`, s.Table.Name, s.Table.Schema).Scan(&n)
+		return n > 0, err
+	}, func() {
+		s.Log.Warn("outboxsqlite: the table has no deliver_at column (schema before version 3): claiming as before until `outbox migrate` adds it", "table", s.Table.String())
+	}) {
+		claim = s.q.claim
+	}
+	rows, err := tx.QueryContext(ctx, claim, leasesJSON(leases), s.Cfg.RelayName, limit, stringsJSON(excluded))
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: claim from %s: %s", s.Table, oneLine(err))
 	}

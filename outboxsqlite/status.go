@@ -10,7 +10,8 @@ import (
 )
 
 // Status reports the backlog, the age of the oldest unpublished event, the
-// dead letters, the held aggregates and every partition's lease of table
+// dead letters, the held aggregates, the delayed events that are not due
+// yet and every partition's lease of table
 // t, all read in one read-only transaction (one consistent snapshot). It
 // wraps outboxdriver.ErrNotMigrated when t does not exist.
 func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver.Status, error) {
@@ -91,6 +92,13 @@ ORDER BY l.partition`)
 	}
 	if err := rows.Err(); err != nil {
 		return fail(err)
+	}
+	if st.SchemaVersion >= delayedVersion {
+		// Through the partial index of the rows that wait.
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+n.Table+`
+WHERE published_at IS NULL AND (next_attempt_at IS NOT NULL OR deliver_at IS NOT NULL) AND deliver_at > `+nowSQL).Scan(&st.Delayed); err != nil {
+			return fail(err)
+		}
 	}
 	if st.SchemaVersion >= consoleVersion {
 		if st.Pauses, err = d.ListPauses(ctx, t); err != nil {

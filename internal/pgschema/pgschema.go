@@ -56,6 +56,8 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{pending_idx}}", q(t.Name+"_pending"),
 		"{{by_part_idx}}", q(t.Name+"_by_part"),
 		"{{by_part_idx_q}}", t.Qualified("_by_part"),
+		"{{waiting_idx}}", q(t.Name+"_waiting"),
+		"{{waiting_idx_q}}", t.Qualified("_waiting"),
 		"{{published_idx}}", q(t.Name+"_published"),
 		"{{published_idx_q}}", t.Qualified("_published"),
 		"{{held_event_idx}}", q(t.Name+"_held_event"),

@@ -113,3 +113,27 @@ func MySQL(t testing.TB, name string) *sql.DB {
 	t.Cleanup(func() { db.Close() })
 	return db
 }
+
+// NullStrings runs query, which selects a key and a nullable text, and
+// returns its rows by key.
+func NullStrings(t testing.TB, ctx context.Context, db *sql.DB, query string) map[string]sql.NullString {
+	t.Helper()
+	rows, err := db.QueryContext(ctx, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[string]sql.NullString{}
+	for rows.Next() {
+		var k string
+		var v sql.NullString
+		if err := rows.Scan(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		got[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}

@@ -49,6 +49,14 @@ type Harness struct {
 	// only the columns of the table contract (id, aggregatetype,
 	// aggregateid, type, payload), so the database fills in the rest.
 	ExecInsert func(ctx context.Context, t outboxdriver.Table, id, aggregateType, aggregateID, typ, payloadJSON string) error
+	// ExecDelay sets column (next_attempt_at or deliver_at) of the row of
+	// event id in t to the database's clock plus d, with plain SQL in its
+	// own transaction, as a hand-made repair or a plain-SQL writer would.
+	ExecDelay func(ctx context.Context, t outboxdriver.Table, id, column string, d time.Duration) error
+	// DeliverAtVersion is the schema version that added the deliver_at
+	// column: the suite checks that a Source claims a table migrated only
+	// to the version before it, and honours the column once it is added.
+	DeliverAtVersion int
 	// SingleRelay is set by a driver that serves one relay process per
 	// table at a time (SQLite): the suite then leaves out the cases with
 	// several relays competing for partitions, and says so in the log.
@@ -109,6 +117,9 @@ var cases = []testCase{
 	{name: "LeaseFence", run: (*suite).testLeaseFence},
 	{name: "LeasesBetweenRelays", run: (*suite).testLeasesBetweenRelays, multiRelay: true,
 		why: "two Sources competing for partitions: exclusive Acquire, expiry and take-over with a higher epoch, Finish under a lease taken over"},
+	{name: "DelayedClaimKeepsOrder", run: (*suite).testDelayedClaimKeepsOrder},
+	{name: "DelayedRelay", run: (*suite).testDelayedRelay},
+	{name: "ClaimBeforeDeliverAt", run: (*suite).testClaimBeforeDeliverAt},
 	{name: "Cleanup", run: (*suite).testCleanup},
 	{name: "Status", run: (*suite).testStatus},
 	{name: "Wait", run: (*suite).testWait},
@@ -127,8 +138,8 @@ type suite struct {
 // Run runs the whole suite against h, each case as a subtest.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
-	if h.Store == nil || h.NewTable == nil || h.Write == nil || h.ExecInsert == nil {
-		t.Fatalf("drivertest: harness %q needs Store, NewTable, Write and ExecInsert", h.Name)
+	if h.Store == nil || h.NewTable == nil || h.Write == nil || h.ExecInsert == nil || h.ExecDelay == nil || h.DeliverAtVersion < 2 {
+		t.Fatalf("drivertest: harness %q needs Store, NewTable, Write, ExecInsert, ExecDelay and DeliverAtVersion", h.Name)
 	}
 	s := &suite{h: h}
 	for _, c := range cases {

@@ -32,6 +32,8 @@ type delivery struct {
 	Destination  string
 	Key          string
 	Value        []byte
+	// At is when the recorder acknowledged it.
+	At time.Time
 }
 
 func newRecorder() *recorder {
@@ -42,10 +44,11 @@ func newRecorder() *recorder {
 func (r *recorder) record(msgs []sink.Message) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := time.Now()
 	for i := range msgs {
 		m := &msgs[i]
 		hid, _ := m.Header("id")
-		r.got = append(r.got, delivery{ID: m.ID, HeaderID: hid, Destination: m.Destination, Key: string(m.Key), Value: bytes.Clone(m.Value)})
+		r.got = append(r.got, delivery{ID: m.ID, HeaderID: hid, Destination: m.Destination, Key: string(m.Key), Value: bytes.Clone(m.Value), At: now})
 		r.distinct[m.ID] = true
 	}
 	close(r.changed)

@@ -1,0 +1,1 @@
+ALTER TABLE {{table}} DROP COLUMN deliver_at;

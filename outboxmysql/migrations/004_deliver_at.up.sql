@@ -1,0 +1,14 @@
+-- Delayed events (docs/delayed.md): deliver_at is the earliest time, UTC
+-- like next_attempt_at, that the relay may publish the row (NULL: at
+-- once). A writer sets it through Event.DeliverAt or with plain SQL. One
+-- ALTER, atomic, so a run cut short is redone or found done (duplicate
+-- column); adding a nullable last column is instant on MySQL 8 and MariaDB
+-- 10.3+.
+--
+-- No index: the claim already reads, in seq order, every unpublished row
+-- of the partitions it claims (the pending key), and an aggregate's earlier
+-- rows are in its partition with a lower seq, so the claim sees each one
+-- that is not due before the aggregate's later rows and skips those. A
+-- MySQL index has an entry for every row (there are no partial indexes),
+-- so one would cost every undelayed INSERT.
+ALTER TABLE {{table}} ADD COLUMN deliver_at DATETIME(6) NULL;

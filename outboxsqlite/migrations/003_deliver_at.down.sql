@@ -1,0 +1,2 @@
+DROP INDEX IF EXISTS {{waiting_idx}};
+ALTER TABLE {{table}} DROP COLUMN deliver_at;
