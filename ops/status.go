@@ -13,6 +13,7 @@ type StatusJSON struct {
 	HeldAggregates              int64           `json:"held_aggregates"`
 	OldestHeldAgeSeconds        float64         `json:"oldest_held_age_seconds"`
 	ParkedEvents                int64           `json:"parked_events"`
+	DelayedEvents               int64           `json:"delayed_events"`
 	SchemaVersion               int             `json:"schema_version"`
 	LatestSchemaVersion         int             `json:"latest_schema_version"`
 	Partitions                  []PartitionJSON `json:"partitions"`
@@ -55,7 +56,7 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 	js := StatusJSON{
 		Backlog: st.Backlog, OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
 		DeadLetters: st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
-		OldestHeldAgeSeconds: st.OldestHeldAge.Seconds(), ParkedEvents: st.Parked,
+		OldestHeldAgeSeconds: st.OldestHeldAge.Seconds(), ParkedEvents: st.Parked, DelayedEvents: st.Delayed,
 		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
 		Partitions: make([]PartitionJSON, 0, len(st.Partitions)),
 		Pauses:     append([]outboxdriver.Pause{}, st.Pauses...),

@@ -242,6 +242,7 @@ var (
 	deadDesc    = prometheus.NewDesc("outbox_dead_letter_events", "Events in the dead-letter table.", nil, nil)
 	upDesc      = prometheus.NewDesc("outbox_status_up", "1 when the last status read from the database succeeded.", nil, nil)
 	heldDesc    = prometheus.NewDesc("outbox_held_aggregates", "Aggregates whose later events wait for an earlier one (retrying or dead-lettered under the hold policy).", nil, nil)
+	delayedDesc = prometheus.NewDesc("outbox_delayed_events", "Unpublished events whose deliver_at is still ahead (they count in the backlog).", nil, nil)
 	parkedDesc  = prometheus.NewDesc("outbox_parked_events", "Events of held aggregates that log tailing parked in the database until the aggregate is released.", nil, nil)
 	heldAgeDesc = prometheus.NewDesc("outbox_oldest_held_age_seconds", "How long the aggregate held longest has been held (0 when none).", nil, nil)
 	unownedDesc = prometheus.NewDesc("outbox_partitions_unowned", "Partitions no live relay leases.", nil, nil)
@@ -262,7 +263,7 @@ type statusCollector struct {
 func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- upDesc
 	if c.cfg.Status != nil {
-		for _, d := range []*prometheus.Desc{backlogDesc, ageDesc, deadDesc, heldDesc, heldAgeDesc, parkedDesc, unownedDesc} {
+		for _, d := range []*prometheus.Desc{backlogDesc, ageDesc, deadDesc, heldDesc, heldAgeDesc, parkedDesc, delayedDesc, unownedDesc} {
 			ch <- d
 		}
 		if c.cfg.RelayName != "" {
@@ -304,6 +305,7 @@ func (c *statusCollector) status(ch chan<- prometheus.Metric, st outboxdriver.St
 	gauge(heldDesc, float64(st.Held))
 	gauge(heldAgeDesc, st.OldestHeldAge.Seconds())
 	gauge(parkedDesc, float64(st.Parked))
+	gauge(delayedDesc, float64(st.Delayed))
 	var unowned, mine int64
 	for _, p := range st.Partitions {
 		if p.Owner == "" {

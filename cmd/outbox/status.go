@@ -71,6 +71,9 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 	if st.Held > 0 {
 		fmt.Fprintf(out, "oldest hold               %s\n", st.OldestHeldAge.Round(1e6))
 	}
+	if st.Delayed > 0 {
+		fmt.Fprintf(out, "delayed events            %d\n", st.Delayed)
+	}
 	if st.Parked > 0 || len(st.Slots) > 0 {
 		fmt.Fprintf(out, "parked events             %d\n", st.Parked)
 	}
