@@ -1012,3 +1012,43 @@ func TestCDCLostSlot(t *testing.T) {
 		t.Fatalf("published %v: the drained row after the streamed one", got)
 	}
 }
+
+// The log-tailing relay publishes in commit order and does not delay
+// events: a row whose deliver_at is still ahead is dead-lettered with a
+// cause that says so (nothing is published early, nothing lost), and the
+// modes without a row refuse a delayed event at write time.
+func TestCDCDelayedEventIsDeadLetteredNotPublishedEarly(t *testing.T) {
+	t.Parallel()
+	f := newCDC(t)
+	f.setup()
+	f.relay(f.source("r1", nil), relay.Config{})
+	f.streaming()
+	late := cdcEvent("late", 1)
+	late.DeliverAt = time.Now().Add(time.Hour)
+	f.write(f.writer(modeTable), late)
+	marker := cdcEvent("m", 1)
+	f.write(f.writer(modeTable), marker)
+	f.waitFor(marker.ID)
+	f.eventually("the delayed row is dead-lettered", func() bool { return f.count("_dead_letter") == 1 })
+	var id, lastErr string
+	if err := f.pool.QueryRow(f.ctx, `SELECT id::text, last_error FROM `+f.tb.Qualified("_dead_letter")).Scan(&id, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if id != late.ID || !strings.Contains(lastErr, "does not delay events") {
+		t.Fatalf("dead letter %s: %q; want %s with a cause naming the missing delay", id, lastErr, late.ID)
+	}
+	if slices.Contains(f.delivered(), late.ID) {
+		t.Fatalf("the delayed event %s was published", late.ID)
+	}
+	for _, mode := range []string{modeMessage, modeInsertDelete} {
+		tx, err := f.pool.Begin(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = f.writer(mode).WriteTx(f.ctx, tx, late)
+		tx.Rollback(f.ctx)
+		if !errors.Is(err, outbox.ErrInvalidEvent) || !strings.Contains(err.Error(), "DeliverAt") {
+			t.Fatalf("%s mode: WriteTx of a delayed event = %v; want ErrInvalidEvent naming DeliverAt", mode, err)
+		}
+	}
+}

@@ -523,7 +523,8 @@ func (st *stream) drain(ctx context.Context, listed string) error {
 	s := st.src
 	s.Log.Info("outboxpgx: relaying the rows already in the table before streaming", "slot", s.cfg.Slot, "listed", listed != "")
 	sql := `SELECT id::text, aggregatetype, aggregateid, type, payload::text, payload_raw, headers::text,
-       coalesce(tracingspancontext, ''), created_at, seq
+       coalesce(tracingspancontext, ''), created_at, seq,
+       coalesce((to_jsonb(o) ->> 'deliver_at')::timestamptz > clock_timestamp(), false)
 FROM ` + s.names.Table + ` o WHERE published_at IS NULL AND seq > $1
   AND ($3::pg_lsn IS NULL OR EXISTS (SELECT 1 FROM ` + s.Table.Qualified("_cdc_drain") + ` d
                                      WHERE d.slot = $4 AND d.lsn = $3::pg_lsn AND d.id = o.id))
@@ -551,9 +552,13 @@ ORDER BY seq LIMIT $2`
 		for rows.Next() {
 			e := &event{row: true}
 			var payload, headers *string
-			if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &e.RawPayload, &headers, &e.TraceContext, &e.CreatedAt, &e.Seq); err != nil {
+			var delayed bool
+			if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &e.RawPayload, &headers, &e.TraceContext, &e.CreatedAt, &e.Seq, &delayed); err != nil {
 				rows.Close()
 				return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+			}
+			if delayed {
+				e.bad = errDelayedCDC
 			}
 			if payload != nil {
 				e.Payload, e.RawPayload = []byte(*payload), nil
@@ -1134,6 +1139,13 @@ func (d *decoder) streamCommit(m *pglogrepl.StreamCommitMessageV2) error {
 	return d.emit(t, false)
 }
 
+// errDelayedCDC dead-letters a row whose deliver_at is still ahead when
+// the log-tailing relay reads it: it publishes in commit order and does
+// not delay events (docs/delayed.md). The dead letter keeps the event;
+// under the poison policy hold its aggregate's later events wait behind
+// it, so its order holds until an operator retries it.
+var errDelayedCDC = errors.New("deliver_at is still ahead: the log-tailing relay does not delay events; use the polling relay (--source poll) for delayed events, or retry this one when it is due")
+
 // row decodes an INSERT into the outbox table.
 func (d *decoder) row(r *relation, tup *pglogrepl.TupleData) *event {
 	e := &event{row: true, CreatedAt: d.commitAt()}
@@ -1158,6 +1170,12 @@ func (d *decoder) row(r *relation, tup *pglogrepl.TupleData) *event {
 		var at time.Time
 		if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &at); err == nil {
 			e.CreatedAt = at
+		}
+	}
+	if b, ok := get("deliver_at"); ok {
+		var at time.Time
+		if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &at); err == nil && at.After(time.Now()) {
+			e.bad = errDelayedCDC
 		}
 	}
 	if b, ok := get("payload"); ok {
