@@ -242,7 +242,7 @@ WHERE `+"`partition`"+` IN (`+placeholders(len(parts))+`) FOR UPDATE SKIP LOCKED
 	if s.delays.Has(func() (bool, error) {
 		var n int
 		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.columns
-WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? AND column_name = 'deliver_at'`, s.Table.Schema, s.Table.Name).Scan(&n)
+WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = 'deliver_at'`, schemaArg(s.Table), s.Table.Name).Scan(&n)
 		return n > 0, err
 	}, func() {
 		s.Log.Warn("outboxmysql: the table has no deliver_at column (schema before version 4): claiming as before until `outbox migrate` adds it", "table", s.Table.String())
@@ -280,7 +280,7 @@ LIMIT ?`
 // dueSQL is true for a row that may be published now: neither its
 // deliver_at (a delayed event) nor its next_attempt_at (a retry) is
 // ahead. UTC_TIMESTAMP(6) is the same throughout a statement.
-const dueSQL = `((o.deliver_at IS NULL OR o.deliver_at <= UTC_TIMESTAMP(6)) AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6)))`
+const dueSQL = `((o.deliver_at IS NULL OR o.deliver_at <= UTC_TIMESTAMP(6)) AND ` + dueNoDelaysSQL + `)`
 
 // dueNoDelaysSQL is dueSQL for a table before schema version 4 (no
 // deliver_at column): a relay of this build on a table not migrated yet
