@@ -26,6 +26,9 @@ type StatusJSON struct {
 	// CDCSlots are the log-tailing replication slots of the table;
 	// omitted when it is polled.
 	CDCSlots []SlotJSON `json:"cdc_slots,omitempty"`
+	// TimePartitions describes the table's time partitions; omitted when
+	// it has none.
+	TimePartitions *outboxdriver.TimePartitionStatus `json:"time_partitions,omitempty"`
 }
 
 // SlotJSON is one replication slot in StatusJSON.
@@ -58,8 +61,9 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 		DeadLetters: st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
 		OldestHeldAgeSeconds: st.OldestHeldAge.Seconds(), ParkedEvents: st.Parked, DelayedEvents: st.Delayed,
 		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
-		Partitions: make([]PartitionJSON, 0, len(st.Partitions)),
-		Pauses:     append([]outboxdriver.Pause{}, st.Pauses...),
+		Partitions:     make([]PartitionJSON, 0, len(st.Partitions)),
+		Pauses:         append([]outboxdriver.Pause{}, st.Pauses...),
+		TimePartitions: st.TimePartitions,
 	}
 	for _, p := range st.Partitions {
 		js.Partitions = append(js.Partitions, PartitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog, st.Estimated.PartitionBacklog})

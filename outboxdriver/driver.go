@@ -351,6 +351,9 @@ type Status struct {
 	// Slots lists the replication slots that relay the table by log
 	// tailing (PostgreSQL only); none when it is polled.
 	Slots []SlotStatus
+	// TimePartitions describes the table's time partitions; nil when it
+	// has none (docs/retention.md).
+	TimePartitions *TimePartitionStatus
 }
 
 // Estimated says which counts of a Status are estimates (StatusEstimator).

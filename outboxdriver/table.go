@@ -1,6 +1,7 @@
 package outboxdriver
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"regexp"
@@ -134,7 +135,26 @@ type MigrateOptions struct {
 	// DefaultPartitions, at most MaxPartitions. Set when the table is
 	// first migrated.
 	Partitions int
+	// TimePartitions, "day" or "hour", creates the outbox table
+	// partitioned by created_at in UTC days or hours, so that published
+	// events are removed by dropping whole partitions (docs/retention.md).
+	// PostgreSQL only; set when the table is first migrated: an existing
+	// table is not converted.
+	TimePartitions string
+	// TimePartitionsAhead is how many days or hours ahead of now
+	// partitions are made. Defaults to 7 days or 48 hours.
+	TimePartitionsAhead int
 }
+
+// ErrNoTimePartitions is returned by a driver asked for time partitions
+// (MigrateOptions.TimePartitions) on a database that has none here.
+var ErrNoTimePartitions = errors.New("time partitions are made on PostgreSQL only (docs/retention.md)")
+
+// Time partition units (MigrateOptions.TimePartitions).
+const (
+	TimePartitionsDay  = "day"
+	TimePartitionsHour = "hour"
+)
 
 // Resolve returns opts (nil: none) with the defaults filled in, or an
 // error for a value out of bounds.
@@ -148,6 +168,24 @@ func (opts *MigrateOptions) Resolve() (MigrateOptions, error) {
 	}
 	if o.Partitions < 1 || o.Partitions > MaxPartitions {
 		return o, fmt.Errorf("partitions %d: use 1 to %d", o.Partitions, MaxPartitions)
+	}
+	switch o.TimePartitions {
+	case "":
+		if o.TimePartitionsAhead != 0 {
+			return o, fmt.Errorf("time partitions ahead %d: set only with time partitions", o.TimePartitionsAhead)
+		}
+	case TimePartitionsDay, TimePartitionsHour:
+		if o.TimePartitionsAhead == 0 {
+			o.TimePartitionsAhead = 7
+			if o.TimePartitions == TimePartitionsHour {
+				o.TimePartitionsAhead = 48
+			}
+		}
+		if o.TimePartitionsAhead < 1 || o.TimePartitionsAhead > 1000 {
+			return o, fmt.Errorf("time partitions ahead %d: use 1 to 1000", o.TimePartitionsAhead)
+		}
+	default:
+		return o, fmt.Errorf("time partitions %q: use %q or %q", o.TimePartitions, TimePartitionsDay, TimePartitionsHour)
 	}
 	return o, nil
 }

@@ -542,3 +542,22 @@ func TestDelayedClaimReadsPastPages(t *testing.T) {
 		t.Fatalf("status: %d delayed, backlog %d (%v); want 3 delayed in a backlog of 12", st.Delayed, st.Backlog, err)
 	}
 }
+
+// Time partitions are PostgreSQL's: asked for here, migrate says so and
+// creates nothing.
+func TestTimePartitionsAreRefused(t *testing.T) {
+	t.Parallel()
+	admin := openDB(t, "")
+	name := newDatabase(t, admin)
+	db := openDB(t, name)
+	tb := outboxdriver.Table{Schema: name, Name: "outbox"}
+	ctx := testenv.Context(t, time.Minute)
+	_, err := outboxmysql.New(db).Migrate(ctx, tb, &outboxdriver.MigrateOptions{TimePartitions: outboxdriver.TimePartitionsDay})
+	if !errors.Is(err, outboxdriver.ErrNoTimePartitions) {
+		t.Fatalf("migrate with time partitions: %v", err)
+	}
+	var tables int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = ?`, name).Scan(&tables); err != nil || tables != 0 {
+		t.Fatalf("%d tables made, %v", tables, err)
+	}
+}

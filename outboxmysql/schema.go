@@ -280,6 +280,9 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 	if err != nil {
 		return nil, fmt.Errorf("outboxmysql: %w", err)
 	}
+	if o.TimePartitions != "" {
+		return nil, fmt.Errorf("outboxmysql: %w", outboxdriver.ErrNoTimePartitions)
+	}
 	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.up(ctx, o.Partitions) })
 }
 

@@ -312,12 +312,8 @@ SELECT c.id::text,
            WHEN (((t.top >> 32) << 32) | c.x) < t.top THEN ((t.top >> 32) << 32) | c.x
            ELSE (((t.top >> 32) - 1) << 32) | c.x END)::text::xid8, t.snap)
 FROM unnest($1::uuid[], $2::bigint[]) AS c(id, x), t`,
-		held: `SELECT aggregatetype, aggregateid, event_id::text FROM ` + n.Held + ` WHERE reason = 'dead-lettered'`,
-		cleanup: `DELETE FROM ` + n.Table + ` WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM ` + n.Table + `
-    WHERE published_at < clock_timestamp() - $1 * interval '1 millisecond'
-    ORDER BY published_at
-    LIMIT $2))`,
+		held:    `SELECT aggregatetype, aggregateid, event_id::text FROM ` + n.Held + ` WHERE reason = 'dead-lettered'`,
+		cleanup: cleanupSQL(n.Table, `published_at < clock_timestamp() - $1 * interval '1 millisecond'`, "$2"),
 	}
 	for i, sql := range q.setState {
 		// A stale streamer changes nothing.
@@ -373,10 +369,12 @@ func (s *CDCSource) signal() {
 // server keeps WAL for slots without bound (max_slot_wal_keep_size).
 func (s *CDCSource) Check(ctx context.Context) error {
 	var walLevel, keep string
-	var replication, migrated bool
+	var replication, migrated, byTime bool
 	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
        coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
-       to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`, s.Table.Qualified("_cdc"), s.Table.Qualified("_cdc_parked")).Scan(&walLevel, &keep, &replication, &migrated)
+       to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL,
+       coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($3)), false)`,
+		s.Table.Qualified("_cdc"), s.Table.Qualified("_cdc_parked"), s.Table.Qualified("")).Scan(&walLevel, &keep, &replication, &migrated, &byTime)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: check log tailing: %w", err)
 	}
@@ -385,6 +383,10 @@ func (s *CDCSource) Check(ctx context.Context) error {
 		return fmt.Errorf("outboxpgx: log tailing needs wal_level = logical, and the server runs with %s: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL", walLevel)
 	case !replication:
 		return errors.New("outboxpgx: log tailing needs a role with the REPLICATION attribute: run ALTER ROLE <the relay's role> REPLICATION")
+	case byTime:
+		// Its rows reach the WAL as rows of its partitions, which the
+		// publication would have to name (publish_via_partition_root).
+		return fmt.Errorf("outboxpgx: %s is partitioned by time, and log tailing does not read partitioned tables: relay it with --source poll (docs/retention.md)", s.Table)
 	case !migrated:
 		return fmt.Errorf("outboxpgx: %s is not migrated for log tailing (no %s_cdc or %s_cdc_parked table): run `outbox migrate`", s.Table, s.Table.Name, s.Table.Name)
 	}

@@ -384,13 +384,15 @@ FOR UPDATE OF o`, append([]any{r.Cursor, b.Limit + 1}, replayArgs(b.Filter)...).
 					newIDs[i] = uuid.Must(uuid.NewV7()).String()
 				}
 			}
-			src, where := t.Qualified(""), `WHERE o.ctid = ANY($5::text[]::tid[])`
+			// A ctid names a row within one table only: seq, unique, keeps
+			// a partitioned table's other partitions out.
+			src, where := t.Qualified(""), `WHERE o.ctid = ANY($5::text[]::tid[]) AND o.seq = ANY($6::bigint[])`
 			if !b.NewIDs {
 				// The copy keeps the id: it replaces the kept original.
 				src, where = "gone", ""
 			}
 			tag, err := tx.Exec(ctx, `WITH gone AS (
-    DELETE FROM `+t.Qualified("")+` WHERE $3 AND ctid = ANY($5::text[]::tid[]) RETURNING *
+    DELETE FROM `+t.Qualified("")+` WHERE $3 AND ctid = ANY($5::text[]::tid[]) AND seq = ANY($6::bigint[]) RETURNING *
 )
 INSERT INTO `+t.Qualified("")+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, payload_raw)
 SELECT u.new_id, o.aggregatetype, o.aggregateid, o.type, o.payload,
@@ -400,7 +402,7 @@ SELECT u.new_id, o.aggregatetype, o.aggregateid, o.type, o.payload,
 FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS u(id, new_id, ord)
 JOIN `+src+` o ON o.id = u.id
 `+where+`
-ORDER BY u.ord`, ids, newIDs, !b.NewIDs, b.Request, ctids)
+ORDER BY u.ord`, ids, newIDs, !b.NewIDs, b.Request, ctids, seqs)
 			if err != nil {
 				return err
 			}

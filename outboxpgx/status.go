@@ -120,6 +120,11 @@ WHERE published_at IS NULL AND (deliver_at IS NOT NULL OR next_attempt_at IS NOT
 			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 		}
 	}
+	if st.SchemaVersion >= 13 {
+		if st.TimePartitions, err = timePartitionStatus(ctx, db, t); err != nil {
+			return st, err
+		}
+	}
 	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
 		return st, err
 	}

@@ -101,6 +101,20 @@ type Config struct {
 	// CleanupBatch is the most rows one cleanup statement deletes.
 	// Defaults to 1000.
 	CleanupBatch int
+	// DropPartitionsAfter: on a table partitioned by time
+	// (docs/retention.md), a partition whose range ended this long ago is
+	// dropped once none of its events is unpublished and none was
+	// published within it. Zero takes CleanupAfter; a negative value drops
+	// none. Partitions ahead are made whatever it is.
+	DropPartitionsAfter time.Duration
+	// PartitionsEvery is how often the relay maintains a time-partitioned
+	// table's partitions (a source that is an
+	// outboxdriver.TimePartitionSource). Defaults to 1m.
+	PartitionsEvery time.Duration
+	// PartitionLockTimeout bounds each wait of that maintenance for its
+	// exclusive lock on the table. Defaults to
+	// outboxdriver.DefaultPartitionLockTimeout.
+	PartitionLockTimeout time.Duration
 	// FinishTimeout bounds recording a batch's outcome once the broker has
 	// answered, also while stopping. Defaults to 10s.
 	FinishTimeout time.Duration
@@ -253,6 +267,8 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	def(&c.RetryBase, time.Second)
 	def(&c.RetryMax, 5*time.Minute)
 	def(&c.FinishTimeout, 10*time.Second)
+	def(&c.PartitionsEvery, time.Minute)
+	def(&c.DropPartitionsAfter, c.CleanupAfter)
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 20
 	}
@@ -274,6 +290,8 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: retry backoff base %s and max %s must satisfy 0 < base <= max", c.RetryBase, c.RetryMax)
 	case c.CleanupAfter < 0 || c.CleanupBatch < 1:
 		return nil, fmt.Errorf("relay: cleanup after %s in batches of %d: use a duration >= 0 and a batch >= 1", c.CleanupAfter, c.CleanupBatch)
+	case c.PartitionsEvery < 10*time.Millisecond:
+		return nil, fmt.Errorf("relay: partitions every %s must be at least 10ms", c.PartitionsEvery)
 	case c.MaxAttempts < 1:
 		return nil, fmt.Errorf("relay: max attempts %d must be at least 1", c.MaxAttempts)
 	case c.Poison != Hold && c.Poison != Continue:
@@ -314,6 +332,9 @@ func (r *Relay) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.manageLeases(claimCtx) })
 	wg.Go(func() { r.loop(claimCtx, pubCtx) })
+	if tp, ok := r.src.(outboxdriver.TimePartitionSource); ok {
+		wg.Go(func() { r.maintainPartitions(claimCtx, tp) })
+	}
 	go func() {
 		wg.Wait()
 		// Hand the partitions over at once rather than after a TTL.

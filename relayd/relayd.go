@@ -162,8 +162,11 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	if err != nil {
 		return nil, err
 	}
+	if cfg.DropPartitionsAfter == 0 {
+		cfg.DropPartitionsAfter = cfg.CleanupAfter // one window for rows and time partitions
+	}
 	if o.Retention == outboxdriver.RetentionDelete {
-		cfg.CleanupAfter = 0 // nothing is kept
+		cfg.CleanupAfter = 0 // no row is kept
 	}
 	if o.OneCPUWhileIdle {
 		batch := cfg.BatchSize

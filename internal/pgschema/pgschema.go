@@ -41,7 +41,20 @@ type Options = outboxdriver.MigrateOptions
 func Render(sql string, t outboxdriver.Table, o Options) string {
 	n := NamesOf(t)
 	q := outboxdriver.QuoteIdent
+	idKey, partitioning := "PRIMARY KEY", ""
+	if o.TimePartitions != "" {
+		idKey, partitioning = "NOT NULL", " PARTITION BY RANGE (created_at)"
+	}
 	return strings.NewReplacer(
+		"{{id_key}}", idKey,
+		"{{time_partitioning}}", partitioning,
+		"{{time_parts}}", t.Qualified(timePartsSuffix),
+		"{{time_parts_fn}}", t.Qualified(timePartsFnSuffix),
+		"{{time_parts_default}}", t.Qualified(DefaultPartitionSuffix),
+		"{{time_parts_default_name}}", QuoteLiteral(t.Name+DefaultPartitionSuffix),
+		"{{time_parts_lock}}", QuoteLiteral("outbox.time-partitions:"+t.String()),
+		"{{table_name_literal}}", QuoteLiteral(t.Name),
+		"{{schema_name_literal}}", QuoteLiteral(t.Schema),
 		"{{schema}}", q(t.Schema),
 		"{{table}}", n.Table,
 		"{{table_literal}}", QuoteLiteral(n.Table),
@@ -169,6 +182,11 @@ func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, err
 	if err != nil {
 		return nil, err
 	}
+	if o.TimePartitions != "" {
+		if err := setUpTimePartitions(ctx, tx, t, o); err != nil {
+			return nil, err
+		}
+	}
 	return ran, nil
 }
 
@@ -177,6 +195,9 @@ func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, err
 func Down(ctx context.Context, tx Tx, t outboxdriver.Table, target int) ([]int, error) {
 	done, err := prepare(ctx, tx, t)
 	if err != nil {
+		return nil, err
+	}
+	if err := refuseDownBelowTimeParts(ctx, tx, t, target); err != nil {
 		return nil, err
 	}
 	ran, err := migrations.Down(all(), done, target, func(m migrations.Migration) error {

@@ -1,8 +1,11 @@
 -- The outbox table. The first five columns are Debezium's outbox contract;
 -- every other column has a default, so a plain INSERT of those five is
 -- relayed like any other event.
+-- With time partitions (outbox migrate --time-partitions, docs/retention.md)
+-- the table is partitioned by created_at and id is not a key: a key of a
+-- partitioned table must hold created_at, and migration 10 drops it anyway.
 CREATE TABLE {{table}} (
-    id                 uuid        PRIMARY KEY,
+    id                 uuid        {{id_key}},
     aggregatetype      text        NOT NULL,
     aggregateid        text        NOT NULL,
     type               text        NOT NULL,
@@ -18,7 +21,7 @@ CREATE TABLE {{table}} (
     next_attempt_at    timestamptz,
     last_error         text,
     published_at       timestamptz
-);
+){{time_partitioning}};
 
 -- The claim reads this index only: unpublished rows in insertion order.
 CREATE INDEX {{pending_idx}} ON {{table}} (seq) WHERE published_at IS NULL;
