@@ -35,6 +35,14 @@ or dead letters, unless --force is given.
 different count is refused (drain it, --down 0 and migrate again to
 change it).
 
+--time-partitions day|hour creates the outbox table partitioned by
+created_at in UTC days or hours, so that published events go by dropping
+whole partitions instead of deleting rows (PostgreSQL; docs/retention.md).
+Like --partitions it is chosen when the table is created: an existing
+table is not converted. Relays (and outbox retention) make the partitions
+ahead and drop old ones; a default partition takes any row no partition
+covers, so a writer never fails for want of one.
+
 --inbox creates or upgrades a consumer's inbox tables (--inbox-table, its
 _versions, _dead_letter and _migrations companions) instead of the outbox:
 a service that consumes and publishes runs migrate once with and once
@@ -52,6 +60,9 @@ write logical decoding messages need the slot before their first event.
 			}
 			if force && (inboxOnly || !cmd.Flags().Changed("down") || down != 0) {
 				return fmt.Errorf("--force goes with --down 0 of the outbox tables only: it drops them with the events still in them")
+			}
+			if opts.TimePartitions != "" && (inboxOnly || cdc.on || cmd.Flags().Changed("down")) {
+				return fmt.Errorf("--time-partitions goes with the creation of an outbox table only, not with --inbox, --cdc or --down: log tailing does not read partitioned tables")
 			}
 			if inboxOnly {
 				return f.migrateInbox(cmd, inboxTable, down)
@@ -104,6 +115,8 @@ write logical decoding messages need the slot before their first event.
 	cmd.Flags().IntVar(&down, "down", 0, "revert to this schema version instead of upgrading")
 	cmd.Flags().BoolVar(&force, "force", false, "with --down 0: drop the tables even though they hold events or dead letters")
 	cmd.Flags().IntVar(&opts.Partitions, "partitions", outboxdriver.DefaultPartitions, "number of partitions aggregates hash into (fixed at creation; bounds how many relays share the table)")
+	cmd.Flags().StringVar(&opts.TimePartitions, "time-partitions", "", "day or hour: create the table partitioned by created_at, so that retention drops partitions (PostgreSQL; fixed at creation)")
+	cmd.Flags().IntVar(&opts.TimePartitionsAhead, "time-partitions-ahead", 0, "with --time-partitions: how many days or hours ahead partitions are made (default 7 days, 48 hours)")
 	cmd.Flags().BoolVar(&inboxOnly, "inbox", false, "migrate the consumer-side inbox tables instead of the outbox (PostgreSQL, MySQL/MariaDB and SQLite)")
 	cmd.Flags().StringVar(&inboxTable, "inbox-table", "inbox", "name of the inbox table, with --inbox")
 	cdc.register(cmd)

@@ -258,7 +258,7 @@ Sinks (--sink):
 	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")
 	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at; see --keep-for)")
-	cmd.Flags().DurationVar(&rcfg.CleanupAfter, "keep-for", 24*time.Hour, "with --retention keep: delete published rows older than this, in batches (0 keeps them forever)")
+	cmd.Flags().DurationVar(&rcfg.CleanupAfter, "keep-for", 24*time.Hour, "with --retention keep: delete published rows older than this, in batches; on a table partitioned by time, drop a partition whose range ended this long ago once it is fully published (0 keeps them forever)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().DurationVar(&rcfg.LeaseTTL, "lease-ttl", 10*time.Second, "partition lease lifetime; a dead relay's partitions move within about two TTLs")
 	cmd.Flags().IntVar(&rcfg.MaxAttempts, "max-attempts", 20, "attempts before an event is dead-lettered")

@@ -26,7 +26,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newVersion())
 	root.AddCommand(newDemo(), newMigrate(), newRelay(), newStatus(), newDLQ(), newBench(), newConsole())
 	root.AddCommand(newPauseCmd(true), newPauseCmd(false), newHeld())
-	root.AddCommand(newContract(), newReconcile())
+	root.AddCommand(newContract(), newReconcile(), newRetention())
 	root.AddCommand(newAudit())
 	return root
 }

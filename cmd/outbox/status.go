@@ -78,10 +78,40 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "parked events             %d\n", st.Parked)
 	}
 	fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+	printTimePartitions(out, st.TimePartitions)
 	printPauses(out, st.Pauses)
 	printPartitions(out, st.Partitions)
 	printSlots(out, st.Slots)
 	return nil
+}
+
+// printTimePartitions describes a table's time partitions, and says which
+// are kept past the window for their unpublished events.
+func printTimePartitions(out io.Writer, tp *outboxdriver.TimePartitionStatus) {
+	if tp == nil {
+		return
+	}
+	layout := "2006-01-02"
+	if tp.Unit == outboxdriver.TimePartitionsHour {
+		layout = "2006-01-02 15:00"
+	}
+	span := "none"
+	if tp.Partitions > 0 {
+		span = tp.Oldest.Format(layout) + " to " + tp.Newest.Format(layout) + " UTC"
+	}
+	fmt.Fprintf(out, "time partitions           %d by %s (%s), %d ahead\n", tp.Partitions, tp.Unit, span, tp.Ahead)
+	last := "never"
+	if !tp.MaintainedAt.IsZero() {
+		last = tp.MaintainedAt.Format("2006-01-02 15:04:05Z")
+	}
+	fmt.Fprintf(out, "  last maintained         %s\n", last)
+	fmt.Fprintf(out, "  rows in default         %d\n", tp.DefaultRows)
+	for _, k := range tp.Kept {
+		fmt.Fprintf(out, "  kept, not dropped       %s: %d unpublished event(s)\n", k.Partition, k.Unpublished)
+	}
+	for _, b := range tp.Blocked {
+		fmt.Fprintf(out, "  not made                %s: the default partition holds rows of its range\n", b)
+	}
 }
 
 // printPartitions summarises the leases by owner.
