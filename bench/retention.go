@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +26,18 @@ const (
 	// ModeKeep drains with outboxdriver.RetentionKeep: Finish sets
 	// published_at, and Source.Cleanup deletes the rows afterwards.
 	ModeKeep = "keep"
+	// ModePartitions drains a table partitioned by hour
+	// (MigrateOptions.TimePartitions) with RetentionKeep, the backlog
+	// spread over the last 24 hours (a day of partitions), and drops the
+	// partitions afterwards (MaintainTimePartitions) instead of deleting
+	// rows.
+	ModePartitions = "partitions"
+	// ModeKeepLongTx and ModePartitionsLongTx are keep and partitions with
+	// a transaction holding a snapshot open from before the fill until
+	// after the VACUUM that follows the cleanup: what a long transaction
+	// elsewhere in the database does to either.
+	ModeKeepLongTx       = "keep-longtx"
+	ModePartitionsLongTx = "partitions-longtx"
 )
 
 // Defaults of the retention scenario.
@@ -107,16 +120,33 @@ type RetentionRound struct {
 	// cleaned up (keep mode only).
 	BytesAfterCleanup      int64 `json:"bytes_after_cleanup,omitempty"`
 	DeadTuplesAfterCleanup int64 `json:"dead_tuples_after_cleanup,omitempty"`
+	// BytesAfterVacuum and DeadTuplesAfterVacuum describe it after a VACUUM
+	// that follows the cleanup (cleanup modes only).
+	BytesAfterVacuum      int64 `json:"bytes_after_vacuum,omitempty"`
+	DeadTuplesAfterVacuum int64 `json:"dead_tuples_after_vacuum,omitempty"`
+	// PartitionsDropped counts the partitions the cleanup dropped
+	// (partitions modes only).
+	PartitionsDropped int64 `json:"partitions_dropped,omitempty"`
 }
 
 type retentionMode struct {
 	name, desc string
 	retention  outboxdriver.Retention
+	byTime     bool // a table partitioned by hour, cleaned up by dropping partitions
+	longTx     bool // a snapshot held open from before the fill to after the VACUUM
 }
 
+// PartitionHours is how many hourly partitions the partitions modes'
+// backlog is spread over: a day.
+const PartitionHours = 24
+
 var retentionModes = []retentionMode{
-	{ModeDelete, "RetentionDelete: Finish deletes the published rows in the claim's transaction", outboxdriver.RetentionDelete},
-	{ModeKeep, fmt.Sprintf("RetentionKeep: Finish sets published_at; then Cleanup(leases, 0, %d) until a call deletes fewer", CleanupLimit), outboxdriver.RetentionKeep},
+	{name: ModeDelete, desc: "RetentionDelete: Finish deletes the published rows in the claim's transaction", retention: outboxdriver.RetentionDelete},
+	{name: ModeKeep, desc: fmt.Sprintf("RetentionKeep: Finish sets published_at; then Cleanup(leases, 0, %d) until a call deletes fewer", CleanupLimit), retention: outboxdriver.RetentionKeep},
+	{name: ModePartitions, desc: fmt.Sprintf("RetentionKeep on a table partitioned by hour, the backlog's created_at spread over the last %d hours; then one MaintainTimePartitions drops the %d partitions", PartitionHours, PartitionHours),
+		retention: outboxdriver.RetentionKeep, byTime: true},
+	{name: ModeKeepLongTx, desc: "keep, with a REPEATABLE READ transaction holding its snapshot from before the fill to after the VACUUM", retention: outboxdriver.RetentionKeep, longTx: true},
+	{name: ModePartitionsLongTx, desc: "partitions, with the same long transaction", retention: outboxdriver.RetentionKeep, byTime: true, longTx: true},
 }
 
 // retentionDefaults fills in the retention scenario's defaults and
@@ -224,8 +254,9 @@ func RetentionModes(ctx context.Context, cfg Config) (results []Result, err erro
 			fmt.Fprintf(cfg.Progress, "[%d/%d] round %d  %-6s drained %d events in %.2fs: %.0f events/s; %s, %d dead tuples",
 				step, total, r+1, m.name, rr.Events, rr.DrainSeconds, rr.PerSecond, mib(rr.BytesAfterDrain), rr.DeadTuplesAfterDrain)
 			if m.retention == outboxdriver.RetentionKeep {
-				fmt.Fprintf(cfg.Progress, "; cleanup %d rows in %.2fs: %.0f rows/s; %s, %d dead tuples",
-					rr.CleanupRows, rr.CleanupSeconds, rr.CleanupPerSecond, mib(rr.BytesAfterCleanup), rr.DeadTuplesAfterCleanup)
+				fmt.Fprintf(cfg.Progress, "; cleanup %d rows in %.2fs: %.0f rows/s; %s, %d dead tuples; after VACUUM %s, %d dead tuples",
+					rr.CleanupRows, rr.CleanupSeconds, rr.CleanupPerSecond, mib(rr.BytesAfterCleanup), rr.DeadTuplesAfterCleanup,
+					mib(rr.BytesAfterVacuum), rr.DeadTuplesAfterVacuum)
 			}
 			fmt.Fprintln(cfg.Progress)
 		}
@@ -282,9 +313,13 @@ const leaseTTL = time.Hour
 // it up; it drops the table at the end. It records the latency of every
 // batch in batches and adds the machine's CPU time while draining to cpu.
 func (rb *retentionBench) run(ctx context.Context, m retentionMode, round int, batches *Recorder, cpu *CPUTime) (rr RetentionRound, err error) {
-	t := outboxdriver.Table{Schema: rb.schema, Name: "outbox_" + m.name + "_" + strconv.Itoa(round)}
+	t := outboxdriver.Table{Schema: rb.schema, Name: "outbox_" + strings.ReplaceAll(m.name, "-", "_") + "_" + strconv.Itoa(round)}
 	names := pgschema.NamesOf(t)
-	versions, err := outboxpgx.New(rb.pool).Migrate(ctx, t, nil)
+	var opts *outboxdriver.MigrateOptions
+	if m.byTime {
+		opts = &outboxdriver.MigrateOptions{TimePartitions: outboxdriver.TimePartitionsHour, TimePartitionsAhead: 2}
+	}
+	versions, err := outboxpgx.New(rb.pool).Migrate(ctx, t, opts)
 	if err != nil {
 		return rr, err
 	}
@@ -301,16 +336,69 @@ func (rb *retentionBench) run(ctx context.Context, m retentionMode, round int, b
 	// Autovacuum would reclaim dead tuples at a moment of its choosing and
 	// blur what each mode leaves behind; ANALYZE below stands in for its
 	// analyze, so that the claim is planned on a table of known size.
-	if _, err := rb.pool.Exec(ctx, `ALTER TABLE `+names.Table+` SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)`); err != nil {
+	created := ""
+	if m.byTime {
+		// A day of past hours, each its own partition (relays make them
+		// ahead of time; these are made here for a backlog dated back).
+		created = `date_trunc('hour', now()) - interval '` + strconv.Itoa(PartitionHours) + ` hours' + (g - 1) * (interval '` + strconv.Itoa(PartitionHours) + ` hours' / $1::bigint)`
+		if _, err := rb.pool.Exec(ctx, `DO $do$
+DECLARE
+    lo timestamp := date_trunc('hour', now() AT TIME ZONE 'UTC');
+BEGIN
+    FOR h IN 1..`+strconv.Itoa(PartitionHours)+` LOOP
+        EXECUTE format('CREATE TABLE %I.%I PARTITION OF `+names.Table+` FOR VALUES FROM (%L) TO (%L)',
+            `+pgschema.QuoteLiteral(t.Schema)+`, `+pgschema.QuoteLiteral(t.Name)+` || '_p' || to_char(lo - h * interval '1 hour', 'YYYYMMDDHH24'),
+            (lo - h * interval '1 hour') AT TIME ZONE 'UTC', (lo - (h - 1) * interval '1 hour') AT TIME ZONE 'UTC');
+    END LOOP;
+END
+$do$`); err != nil {
+			return rr, fmt.Errorf("bench: make the past partitions: %w", err)
+		}
+	}
+	// Autovacuum off on the table and, for a partitioned one, on every
+	// partition (a partitioned table has no storage of its own).
+	if _, err := rb.pool.Exec(ctx, `DO $do$
+DECLARE
+    r regclass;
+BEGIN
+    FOR r IN SELECT t.relid FROM `+leavesOf(pgschema.QuoteLiteral(names.Table))+` t LOOP
+        EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)', r);
+    END LOOP;
+END
+$do$`); err != nil {
 		return rr, fmt.Errorf("bench: turn autovacuum off: %w", err)
+	}
+	if m.longTx {
+		conn, aerr := rb.pool.Acquire(ctx)
+		if aerr != nil {
+			return rr, aerr
+		}
+		_, berr := conn.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`)
+		if berr == nil {
+			_, berr = conn.Exec(ctx, `SELECT count(*) FROM pg_class`) // takes the snapshot
+		}
+		if berr != nil {
+			conn.Release()
+			return rr, fmt.Errorf("bench: open the long transaction: %w", berr)
+		}
+		defer func() {
+			if _, rerr := conn.Exec(context.WithoutCancel(ctx), `ROLLBACK`); rerr != nil && err == nil {
+				err = fmt.Errorf("bench: end the long transaction: %w", rerr)
+			}
+			conn.Release()
+		}()
 	}
 
 	// The backlog: plain SQL with the Debezium columns, every other column
 	// left to its default (seq, partition, created_at...).
 	t0 := time.Now()
-	tag, err := rb.pool.Exec(ctx, `INSERT INTO `+names.Table+` (id, aggregatetype, aggregateid, type, payload)
+	cols, vals := "", ""
+	if created != "" {
+		cols, vals = ", created_at", ", "+created
+	}
+	tag, err := rb.pool.Exec(ctx, `INSERT INTO `+names.Table+` (id, aggregatetype, aggregateid, type, payload`+cols+`)
 SELECT gen_random_uuid(), 'order', 'order-' || (g % $2), 'OrderPlaced',
-       jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % $2), 'total', 42.5, 'sku', 'sku-1234', 'quantity', 1)
+       jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % $2), 'total', 42.5, 'sku', 'sku-1234', 'quantity', 1)`+vals+`
 FROM generate_series(1, $1::bigint) AS g
 ORDER BY g`, rb.events, int64(RetentionAggregates))
 	if err != nil {
@@ -419,15 +507,32 @@ ORDER BY g`, rb.events, int64(RetentionAggregates))
 		}
 	}
 	t0 = time.Now()
-	for {
-		n, err := src.Cleanup(ctx, leases, 0, CleanupLimit)
+	if m.byTime {
+		changes, err := src.(outboxdriver.TimePartitionSource).MaintainTimePartitions(ctx, outboxdriver.TimePartitionMaintenance{KeepFor: time.Millisecond})
 		if err != nil {
 			return rr, err
 		}
-		rr.CleanupRows += int64(n)
-		rr.CleanupCalls++
-		if n < CleanupLimit {
-			break
+		rr.CleanupCalls = 1
+		for _, c := range changes {
+			if c.Action == outboxdriver.PartitionDropped {
+				rr.PartitionsDropped++
+			}
+		}
+		rr.CleanupRows = rows // every row was in a past hour's partition
+		if rr.PartitionsDropped != PartitionHours {
+			return rr, fmt.Errorf("check: the cleanup dropped %d partitions, want %d: %v", rr.PartitionsDropped, PartitionHours, changes)
+		}
+	} else {
+		for {
+			n, err := src.Cleanup(ctx, leases, 0, CleanupLimit)
+			if err != nil {
+				return rr, err
+			}
+			rr.CleanupRows += int64(n)
+			rr.CleanupCalls++
+			if n < CleanupLimit {
+				break
+			}
 		}
 	}
 	rr.CleanupSeconds = time.Since(t0).Seconds()
@@ -440,11 +545,22 @@ ORDER BY g`, rb.events, int64(RetentionAggregates))
 	}
 	rb.count(m.name, CounterCleaned, rr.CleanupRows)
 	rb.count(m.name, CounterRowsAfterCleanup, rows)
-	want.deleted = rr.CleanupRows
+	if m.byTime {
+		want = tupleCounts{} // the dropped partitions' counts went with them
+	} else {
+		want.deleted = rr.CleanupRows
+	}
 	if st, err = rb.stats(ctx, names.Table, want); err != nil {
 		return rr, err
 	}
 	rr.BytesAfterCleanup, rr.DeadTuplesAfterCleanup = st.bytes, st.dead
+	if _, err := rb.pool.Exec(ctx, `VACUUM `+names.Table); err != nil {
+		return rr, fmt.Errorf("bench: vacuum: %w", err)
+	}
+	if st, err = rb.stats(ctx, names.Table, tupleCounts{}); err != nil {
+		return rr, err
+	}
+	rr.BytesAfterVacuum, rr.DeadTuplesAfterVacuum = st.bytes, st.dead
 	return rr, nil
 }
 
@@ -522,8 +638,11 @@ func (rb *retentionBench) stats(ctx context.Context, table string, want tupleCou
 			st  tableStats
 			got tupleCounts
 		)
-		err := rb.pool.QueryRow(ctx, `SELECT pg_total_relation_size(relid), n_live_tup, n_dead_tup, n_tup_ins, n_tup_upd, n_tup_del
-FROM pg_stat_user_tables WHERE relid = $1::regclass`, table).Scan(&st.bytes, &st.live, &st.dead, &got.inserted, &got.updated, &got.deleted)
+		// Summed over the partitions of a partitioned table; a plain table
+		// is its own only leaf.
+		err := rb.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint,
+       coalesce(sum(s.n_dead_tup), 0)::bigint, coalesce(sum(s.n_tup_ins), 0)::bigint, coalesce(sum(s.n_tup_upd), 0)::bigint, coalesce(sum(s.n_tup_del), 0)::bigint
+FROM `+leavesOf("$1")+` t LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid`, table).Scan(&st.bytes, &st.live, &st.dead, &got.inserted, &got.updated, &got.deleted)
 		if err != nil {
 			return st, fmt.Errorf("bench: read table statistics: %w", err)
 		}
@@ -540,13 +659,22 @@ FROM pg_stat_user_tables WHERE relid = $1::regclass`, table).Scan(&st.bytes, &st
 	}
 }
 
-// size is pg_total_relation_size of table: heap, indexes and TOAST.
+// size is pg_total_relation_size of table (of each partition of a
+// partitioned one): heap, indexes and TOAST.
 func (rb *retentionBench) size(ctx context.Context, table string) (int64, error) {
 	var n int64
-	if err := rb.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, table).Scan(&n); err != nil {
+	if err := rb.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)::bigint FROM `+leavesOf("$1")+` t`, table).Scan(&n); err != nil {
 		return 0, fmt.Errorf("bench: table size: %w", err)
 	}
 	return n, nil
+}
+
+// leavesOf is the relations (column relid) that hold the rows of the
+// table named by the SQL text expr: the table itself, or every partition
+// of a partitioned one.
+func leavesOf(expr string) string {
+	return `(SELECT relid FROM pg_partition_tree(` + expr + `::regclass) WHERE isleaf
+UNION ALL SELECT c.oid::regclass FROM pg_class c WHERE c.oid = ` + expr + `::regclass AND c.relkind <> 'p')`
 }
 
 // median returns the median of xs (the mean of the middle two when their
@@ -591,6 +719,9 @@ func medianRound(rs []RetentionRound) RetentionRound {
 		CleanupPerSecond:       f(func(r RetentionRound) float64 { return r.CleanupPerSecond }),
 		BytesAfterCleanup:      i(func(r RetentionRound) int64 { return r.BytesAfterCleanup }),
 		DeadTuplesAfterCleanup: i(func(r RetentionRound) int64 { return r.DeadTuplesAfterCleanup }),
+		BytesAfterVacuum:       i(func(r RetentionRound) int64 { return r.BytesAfterVacuum }),
+		DeadTuplesAfterVacuum:  i(func(r RetentionRound) int64 { return r.DeadTuplesAfterVacuum }),
+		PartitionsDropped:      i(func(r RetentionRound) int64 { return r.PartitionsDropped }),
 	}
 }
 

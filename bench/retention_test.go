@@ -41,11 +41,16 @@ func TestRetentionModes(t *testing.T) {
 	if !gone {
 		t.Errorf("schema %s still exists after the run", schema)
 	}
-	if got := strings.Count(progress.String(), "\n"); got != 2*rounds {
-		t.Errorf("%d progress lines, want %d:\n%s", got, 2*rounds, progress.String())
+	modes := []string{bench.ModeDelete, bench.ModeKeep, bench.ModePartitions, bench.ModeKeepLongTx, bench.ModePartitionsLongTx}
+	if got := strings.Count(progress.String(), "\n"); got != len(modes)*rounds {
+		t.Errorf("%d progress lines, want %d:\n%s", got, len(modes)*rounds, progress.String())
 	}
-	if len(results) != 2 || results[0].Case != bench.ModeDelete || results[1].Case != bench.ModeKeep {
-		t.Fatalf("results %+v, want delete then keep", results)
+	var cases []string
+	for _, r := range results {
+		cases = append(cases, r.Case)
+	}
+	if !reflect.DeepEqual(cases, modes) {
+		t.Fatalf("cases %v, want %v", cases, modes)
 	}
 
 	for _, r := range results {
@@ -97,11 +102,23 @@ func TestRetentionModes(t *testing.T) {
 				if rr.LiveTuplesAfterDrain != 0 || rr.CleanupRows != 0 || rr.CleanupCalls != 0 || rr.BytesAfterCleanup != 0 {
 					t.Errorf("%s, %s: %+v", name, which, rr)
 				}
-			case bench.ModeKeep:
+			case bench.ModeKeep, bench.ModeKeepLongTx:
 				// Every row published and kept, then every row cleaned up
 				// in batches.
 				if rr.LiveTuplesAfterDrain != events || rr.CleanupRows != events || rr.CleanupCalls != cleanupCalls ||
 					rr.CleanupSeconds <= 0 || rr.CleanupPerSecond <= 0 || rr.BytesAfterCleanup <= 0 || rr.DeadTuplesAfterCleanup <= 0 {
+					t.Errorf("%s, %s: cleanup figures %+v", name, which, rr)
+				}
+				// VACUUM removes the dead rows, unless a snapshot older
+				// than them is held.
+				if longTx := r.Case == bench.ModeKeepLongTx; longTx != (rr.DeadTuplesAfterVacuum >= events) || longTx != (rr.BytesAfterVacuum >= rr.BytesAfterCleanup) {
+					t.Errorf("%s, %s: after VACUUM %d dead tuples, %d of %d bytes", name, which, rr.DeadTuplesAfterVacuum, rr.BytesAfterVacuum, rr.BytesAfterCleanup)
+				}
+			case bench.ModePartitions, bench.ModePartitionsLongTx:
+				// Every row published and kept in its hour's partition,
+				// then the day dropped in one call, long transaction or not.
+				if rr.LiveTuplesAfterDrain != events || rr.CleanupRows != events || rr.CleanupCalls != 1 || rr.PartitionsDropped != bench.PartitionHours ||
+					rr.DeadTuplesAfterCleanup != 0 || rr.BytesAfterCleanup >= rr.BytesAfterDrain/10 || rr.DeadTuplesAfterVacuum != 0 {
 					t.Errorf("%s, %s: cleanup figures %+v", name, which, rr)
 				}
 			}
@@ -123,7 +140,7 @@ func TestRetentionModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"scenario retention", "batches of 300", "2 rounds", "autovacuum=", "events/s", "vs delete", "cleanup rows/s",
-		"dead after drain", "delete  ", "keep    ", "RetentionKeep"} {
+		"dead after drain", "vacuumed MiB", "delete  ", "keep    ", "partitions-longtx", "RetentionKeep"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}
@@ -135,7 +152,7 @@ func TestRetentionModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(js.String()), "\n")
-	if len(lines) != 2 || !strings.Contains(lines[1], `"retention":{"mode":"keep"`) || !strings.Contains(lines[1], `"cleanup_per_second":`) {
+	if len(lines) != len(modes) || !strings.Contains(lines[1], `"retention":{"mode":"keep"`) || !strings.Contains(lines[1], `"cleanup_per_second":`) {
 		t.Fatalf("JSON:\n%s", js.String())
 	}
 	var back bench.Result
