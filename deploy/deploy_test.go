@@ -21,13 +21,15 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 )
 
 // exported opens a relay of each source (polling, and log tailing, whose
-// slot gauges only it exports) on a migrated table holding one unpublished
+// slot gauges only it exports), and a polling one on a table partitioned
+// by time (whose gauges only it exports), on a migrated table holding one unpublished
 // event (so that the gauges by destination have a series) with a
 // registry and a contract registry, as `outbox relay --metrics-addr
 // --contracts` does, and returns the names of the series they export (a
@@ -57,10 +59,19 @@ func exported(t *testing.T) map[string]bool {
 	if err := contracts.SetMissing(contract.MissingAllow); err != nil { // the event above has none
 		t.Fatal(err)
 	}
+	// A table partitioned by time, whose gauges only a relay on it exports.
+	byTime := outboxdriver.Table{Schema: tb.Schema, Name: "outbox_by_day"}
+	if _, err := drv.Migrate(ctx, byTime, &outboxdriver.MigrateOptions{TimePartitions: outboxdriver.TimePartitionsDay}); err != nil {
+		t.Fatal(err)
+	}
 	names := map[string]bool{}
-	for _, source := range []string{relayd.SourcePoll, relayd.SourceCDC} {
+	for _, c := range []struct {
+		source string
+		table  outboxdriver.Table
+	}{{relayd.SourcePoll, tb}, {relayd.SourceCDC, tb}, {relayd.SourcePoll, byTime}} {
+		source := c.source
 		reg := prometheus.NewRegistry()
-		rl, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: source, Registerer: reg,
+		rl, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: c.table.Schema, Table: c.table.Name, Source: source, Registerer: reg,
 			Relay: relay.Config{Contracts: contracts}})
 		if err != nil {
 			t.Fatalf("open a relay with source %s: %v", source, err)
@@ -79,7 +90,7 @@ func exported(t *testing.T) map[string]bool {
 			}
 		}
 	}
-	for _, want := range []string{"outbox_status_up", "outbox_drain_eta_seconds", "outbox_cdc_slot_lag_bytes"} {
+	for _, want := range []string{"outbox_status_up", "outbox_drain_eta_seconds", "outbox_cdc_slot_lag_bytes", "outbox_time_partitions_kept"} {
 		if !names[want] {
 			t.Fatalf("the relays' registries lack %s: %v", want, slices.Sorted(maps.Keys(names)))
 		}

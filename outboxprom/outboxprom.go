@@ -246,6 +246,9 @@ var (
 	parkedDesc  = prometheus.NewDesc("outbox_parked_events", "Events of held aggregates that log tailing parked in the database until the aggregate is released.", nil, nil)
 	heldAgeDesc = prometheus.NewDesc("outbox_oldest_held_age_seconds", "How long the aggregate held longest has been held (0 when none).", nil, nil)
 	unownedDesc = prometheus.NewDesc("outbox_partitions_unowned", "Partitions no live relay leases.", nil, nil)
+	tpAgeDesc   = prometheus.NewDesc("outbox_time_partitions_maintained_age_seconds", "Seconds since the time partitions of the table were last maintained (+Inf: never); only for a table partitioned by time.", nil, nil)
+	tpKeptDesc  = prometheus.NewDesc("outbox_time_partitions_kept", "Time partitions past the window that the last maintenance kept for their unpublished events; only for a table partitioned by time.", nil, nil)
+	tpDefDesc   = prometheus.NewDesc("outbox_time_partition_default_rows", "Rows in the default partition, whose created_at no partition covers; only for a table partitioned by time.", nil, nil)
 	etaDesc     = prometheus.NewDesc("outbox_drain_eta_seconds", "Estimated seconds until this relay has published the backlog of its partitions at its publish rate of the last RateWindow (0 with no backlog, +Inf when nothing was published).", nil, nil)
 	destBacklog = prometheus.NewDesc("outbox_destination_backlog_events", "Unpublished events by destination (at most MaxDestinations labels, the rest as \"other\").", []string{"destination"}, nil)
 	destAge     = prometheus.NewDesc("outbox_destination_oldest_unpublished_age_seconds", "Age of the oldest unpublished event by destination.", []string{"destination"}, nil)
@@ -263,7 +266,7 @@ type statusCollector struct {
 func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- upDesc
 	if c.cfg.Status != nil {
-		for _, d := range []*prometheus.Desc{backlogDesc, ageDesc, deadDesc, heldDesc, heldAgeDesc, parkedDesc, delayedDesc, unownedDesc} {
+		for _, d := range []*prometheus.Desc{backlogDesc, ageDesc, deadDesc, heldDesc, heldAgeDesc, parkedDesc, delayedDesc, unownedDesc, tpAgeDesc, tpKeptDesc, tpDefDesc} {
 			ch <- d
 		}
 		if c.cfg.RelayName != "" {
@@ -306,6 +309,15 @@ func (c *statusCollector) status(ch chan<- prometheus.Metric, st outboxdriver.St
 	gauge(heldAgeDesc, st.OldestHeldAge.Seconds())
 	gauge(parkedDesc, float64(st.Parked))
 	gauge(delayedDesc, float64(st.Delayed))
+	if tp := st.TimePartitions; tp != nil {
+		age := math.Inf(1)
+		if !tp.MaintainedAt.IsZero() {
+			age = max(time.Since(tp.MaintainedAt).Seconds(), 0)
+		}
+		gauge(tpAgeDesc, age)
+		gauge(tpKeptDesc, float64(len(tp.Kept)))
+		gauge(tpDefDesc, float64(tp.DefaultRows))
+	}
 	var unowned, mine int64
 	for _, p := range st.Partitions {
 		if p.Owner == "" {

@@ -193,3 +193,45 @@ outbox_cdc_slot_lag_bytes{slot="s1"} 4096
 		t.Fatal(err)
 	}
 }
+
+// The time partition gauges appear for a table partitioned by time only.
+func TestTimePartitionMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var tp *outboxdriver.TimePartitionStatus
+	if _, err := New(reg, func(context.Context) (outboxdriver.Status, error) {
+		return outboxdriver.Status{TimePartitions: tp}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"outbox_time_partitions_maintained_age_seconds", "outbox_time_partitions_kept", "outbox_time_partition_default_rows"}
+	if n, err := testutil.GatherAndCount(reg, names...); err != nil || n != 0 {
+		t.Fatalf("a table without time partitions: %d series, %v", n, err)
+	}
+	tp = &outboxdriver.TimePartitionStatus{Unit: "day", DefaultRows: 3,
+		Kept: []outboxdriver.KeptPartition{{Partition: "outbox_p20261130", Unpublished: 2}}}
+	want := `# HELP outbox_time_partition_default_rows Rows in the default partition, whose created_at no partition covers; only for a table partitioned by time.
+# TYPE outbox_time_partition_default_rows gauge
+outbox_time_partition_default_rows 3
+# HELP outbox_time_partitions_kept Time partitions past the window that the last maintenance kept for their unpublished events; only for a table partitioned by time.
+# TYPE outbox_time_partitions_kept gauge
+outbox_time_partitions_kept 1
+# HELP outbox_time_partitions_maintained_age_seconds Seconds since the time partitions of the table were last maintained (+Inf: never); only for a table partitioned by time.
+# TYPE outbox_time_partitions_maintained_age_seconds gauge
+outbox_time_partitions_maintained_age_seconds +Inf
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Fatal(err)
+	}
+	tp.MaintainedAt = time.Now().Add(-time.Minute)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == names[0] {
+			if v := f.GetMetric()[0].GetGauge().GetValue(); v < 59 || v > 120 {
+				t.Fatalf("maintained a minute ago: %v s", v)
+			}
+		}
+	}
+}
