@@ -214,6 +214,8 @@ type CDCSource struct {
 	closed     bool
 
 	wake chan struct{} // signalled when something may have become claimable
+
+	delays outboxdriver.ColumnProbe // deliver_at of the parked table (schema version 14)
 }
 
 var (
@@ -233,8 +235,50 @@ type cdcQueries struct {
 	drainList, dropLists string
 	// park writes events to the parked table; parkedCounts counts them
 	// per aggregate; unpark reads the first of some aggregates' in order;
-	// unparked deletes the ones published or dead-lettered.
+	// unparked deletes the ones published or dead-lettered. parkNoDelay
+	// and unparkNoDelay are park and unpark for a parked table without
+	// deliver_at (before schema version 14).
 	park, parkedCounts, unpark, unparked string
+	parkNoDelay, unparkNoDelay           string
+}
+
+// parkSQL writes events to the parked table, with their deliver_at
+// (schema version 14) when delays is set.
+func parkSQL(parked string, delays bool) string {
+	col, val, arg, name := ", deliver_at", ", u.da", ", $15::timestamptz[]", ", da"
+	if !delays {
+		col, val, arg, name = "", "", "", ""
+	}
+	return `INSERT INTO ` + parked + ` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers,
+    tracingspancontext, seq, created_at, bad, is_row, xid, lsn` + col + `)
+SELECT u.id, u.at, u.aid, u.ty, u.p, u.raw, u.h, u.tc, u.seq, u.ca, u.bad, u.isrow, u.xid, u.lsn::pg_lsn` + val + `
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[],
+            $9::bigint[], $10::timestamptz[], $11::text[], $12::boolean[], $13::bigint[], $14::text[]` + arg + `)
+  WITH ORDINALITY AS u(id, at, aid, ty, p, raw, h, tc, seq, ca, bad, isrow, xid, lsn` + name + `, i)
+ORDER BY u.i
+ON CONFLICT (id) DO NOTHING`
+}
+
+// unparkSQL reads, per aggregate asked for ($1 types, $2 ids): how many
+// events it has parked, when its first parked event not yet due is due
+// (NULL: none waits; always NULL without delays, before schema version
+// 14), and its events before that one, at most $3, in the order parked
+// (none: one row whose event columns are NULL).
+func unparkSQL(parked string, delays bool) string {
+	stop, due := `min(pos) FILTER (WHERE deliver_at > now())`, `w.deliver_at`
+	if !delays {
+		stop, due = `NULL::bigint`, `NULL::timestamptz`
+	}
+	return `SELECT a.t, a.id, c.total, ` + due + `,
+       p.id::text, p.aggregatetype, p.aggregateid, p.type, p.payload, p.payload_raw, p.headers,
+       p.tracingspancontext, p.seq, p.created_at, p.bad, p.is_row, p.xid
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS a(t, id, i)
+CROSS JOIN LATERAL (SELECT count(*) AS total, ` + stop + ` AS stop
+                    FROM ` + parked + ` WHERE aggregatetype = a.t AND aggregateid = a.id) c
+LEFT JOIN LATERAL (SELECT ` + strings.TrimPrefix(due, "w.") + ` FROM ` + parked + ` WHERE aggregatetype = a.t AND aggregateid = a.id AND pos = c.stop) w ON true
+LEFT JOIN LATERAL (SELECT * FROM ` + parked + ` WHERE aggregatetype = a.t AND aggregateid = a.id
+                   AND pos < coalesce(c.stop, 9223372036854775807) ORDER BY pos LIMIT $3) p ON true
+ORDER BY a.i, p.pos`
 }
 
 // slotState is a change of a slot's state in the _cdc companion.
@@ -253,21 +297,12 @@ func newCDCQueries(t outboxdriver.Table) cdcQueries {
 	cdc := t.Qualified("_cdc")
 	parked := t.Qualified("_cdc_parked")
 	q := cdcQueries{
-		park: `INSERT INTO ` + parked + ` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers,
-    tracingspancontext, seq, created_at, bad, is_row, xid, lsn)
-SELECT u.id, u.at, u.aid, u.ty, u.p, u.raw, u.h, u.tc, u.seq, u.ca, u.bad, u.isrow, u.xid, u.lsn::pg_lsn
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[],
-            $9::bigint[], $10::timestamptz[], $11::text[], $12::boolean[], $13::bigint[], $14::text[])
-  WITH ORDINALITY AS u(id, at, aid, ty, p, raw, h, tc, seq, ca, bad, isrow, xid, lsn, i)
-ORDER BY u.i
-ON CONFLICT (id) DO NOTHING`,
-		parkedCounts: `SELECT aggregatetype, aggregateid, count(*) FROM ` + parked + ` GROUP BY 1, 2`,
-		unpark: `SELECT p.id::text, p.aggregatetype, p.aggregateid, p.type, p.payload, p.payload_raw, p.headers,
-       p.tracingspancontext, p.seq, p.created_at, p.bad, p.is_row, p.xid
-FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS a(t, id, i)
-CROSS JOIN LATERAL (SELECT * FROM ` + parked + ` WHERE aggregatetype = a.t AND aggregateid = a.id ORDER BY pos LIMIT $3) p
-ORDER BY a.i, p.pos`,
-		unparked: `DELETE FROM ` + parked + ` WHERE id = ANY($1::uuid[])`,
+		park:          parkSQL(parked, true),
+		parkNoDelay:   parkSQL(parked, false),
+		parkedCounts:  `SELECT aggregatetype, aggregateid, count(*) FROM ` + parked + ` GROUP BY 1, 2`,
+		unpark:        unparkSQL(parked, true),
+		unparkNoDelay: unparkSQL(parked, false),
+		unparked:      `DELETE FROM ` + parked + ` WHERE id = ANY($1::uuid[])`,
 		ensure: `INSERT INTO ` + cdc + ` (slot, publication) VALUES ($1, $2)
 ON CONFLICT (slot) DO UPDATE SET publication = excluded.publication WHERE ` + cdc + `.publication <> excluded.publication`,
 		acquire: `UPDATE ` + cdc + `
@@ -558,8 +593,10 @@ func (s *CDCSource) Cleanup(ctx context.Context, leases []outboxdriver.Lease, ol
 // retry is due, an aggregate was released), d has passed, or ctx ends.
 func (s *CDCSource) Wait(ctx context.Context, d time.Duration) error {
 	s.mu.Lock()
-	if at := s.queue.nextRetry(); !at.IsZero() {
-		d = max(0, min(d, time.Until(at)))
+	for _, at := range []time.Time{s.queue.nextRetry(), s.queue.nextDue()} {
+		if !at.IsZero() {
+			d = max(0, min(d, time.Until(at)))
+		}
 	}
 	s.mu.Unlock()
 	t := time.NewTimer(d)
@@ -834,7 +871,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		// The aggregates held from now on park the stream's events behind
 		// their dead letters in the same transaction.
 		if len(hold) > 0 {
-			park = s.queue.parkable(hold)
+			park = s.queue.parkable(hold, time.Now())
 			deadLSN = max(deadLSN, parkedLSN(park))
 		}
 		if m := s.queue.markIf(slices.Concat(finished, park)); m > s.queue.mark {
@@ -867,7 +904,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		}
 	}
 	if len(park) > 0 {
-		pb.Queue(s.cq.park, parkArgs(park)...)
+		s.queuePark(ctx, &pb, park)
 	}
 	// One implicit transaction: the statements of a batch sent without
 	// BEGIN commit together or not at all. A transaction the stream sent

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -36,7 +37,7 @@ func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
 		s.mu.Unlock()
 		return nil
 	}
-	evs := s.queue.parkable(nil)
+	evs := s.queue.parkable(nil, time.Now())
 	if len(evs) == 0 {
 		s.mu.Unlock()
 		return nil
@@ -48,7 +49,7 @@ func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
 	s.mu.Unlock()
 	var pb pgx.Batch
 	pb.Queue(s.cq.fence, s.cfg.Slot, s.Cfg.RelayName, epoch, lsnArg(lsn), lsnArg(parkedLSN(evs)))
-	pb.Queue(s.cq.park, parkArgs(evs)...)
+	s.queuePark(ctx, &pb, evs)
 	err := s.pool.SendBatch(ctx, &pb).Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -69,7 +70,11 @@ func (s *CDCSource) parkedLocked(gen int, evs []*event) {
 	// The database holds them whatever stream this is: never count fewer.
 	s.queue.parks++
 	for _, e := range evs {
-		s.queue.parked[e.key()]++
+		k := e.key()
+		if s.queue.parked[k] == 0 && !e.deliverAt.IsZero() {
+			s.queue.parkedUntil[k] = e.deliverAt // first in line, and not due
+		}
+		s.queue.parked[k]++
 	}
 	if gen != s.gen {
 		return
@@ -101,9 +106,12 @@ func (s *CDCSource) unpark(ctx context.Context, gen int) error {
 		return nil
 	}
 	room := s.cfg.MaxPending - s.queue.frontLeft
+	now := time.Now()
 	var typs, ids []string
 	for k, n := range s.queue.parked {
-		if _, held := s.queue.held[k]; n > 0 && !held && s.queue.unparking[k] == 0 {
+		// An aggregate whose first parked event is delayed waits for it
+		// (parkedUntil) without being asked for.
+		if _, held := s.queue.held[k]; n > 0 && !held && s.queue.unparking[k] == 0 && !now.Before(s.queue.parkedUntil[k]) {
 			typs, ids = append(typs, k.typ), append(ids, k.id)
 		}
 	}
@@ -113,34 +121,50 @@ func (s *CDCSource) unpark(ctx context.Context, gen int) error {
 		return nil
 	}
 	per := max(1, min(drainPage, room/len(typs)))
-	rows, err := s.pool.Query(ctx, s.cq.unpark, typs, ids, per)
+	sql := s.cq.unparkNoDelay
+	if s.parksDelays(ctx) {
+		sql = s.cq.unpark
+	}
+	rows, err := s.pool.Query(ctx, sql, typs, ids, per)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: read parked events: %w", err)
 	}
 	t := &txn{}
-	found := map[aggKey]int{}
+	totals := map[aggKey]int{}
+	waits := map[aggKey]time.Time{}
 	for rows.Next() {
-		e := &event{}
-		var payload, headers *string
-		var bad string
-		var xid int64
-		if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &e.RawPayload, &headers,
-			&e.TraceContext, &e.Seq, &e.CreatedAt, &bad, &e.row, &xid); err != nil {
+		var k aggKey
+		var total int
+		var due *time.Time
+		var id, typ, aid, ty, payload, headers, tc, bad *string
+		var raw []byte
+		var seq, xid *int64
+		var createdAt *time.Time
+		var isRow *bool
+		if err := rows.Scan(&k.typ, &k.id, &total, &due, &id, &typ, &aid, &ty, &payload, &raw, &headers,
+			&tc, &seq, &createdAt, &bad, &isRow, &xid); err != nil {
 			rows.Close()
 			return fmt.Errorf("outboxpgx: read parked events: %w", err)
 		}
+		totals[k] = total
+		if due != nil {
+			waits[k] = *due
+		}
+		if id == nil {
+			continue // none of the aggregate's is due
+		}
+		e := &event{ID: *id, AggregateType: *typ, AggregateID: *aid, Type: *ty, RawPayload: raw, TraceContext: *tc,
+			Seq: *seq, CreatedAt: *createdAt, row: *isRow, pxid: uint32(*xid)}
 		if payload != nil {
 			e.Payload, e.RawPayload = []byte(*payload), nil
 		}
 		if headers != nil {
 			e.HeadersJSON = []byte(*headers)
 		}
-		if bad != "" {
-			e.bad = errors.New(bad)
+		if *bad != "" {
+			e.bad = errors.New(*bad)
 		}
-		e.pxid = uint32(xid)
 		t.events = append(t.events, e)
-		found[e.key()]++
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -153,15 +177,21 @@ func (s *CDCSource) unpark(ctx context.Context, gen int) error {
 	}
 	for i := range typs {
 		k := aggKey{typs[i], ids[i]}
-		// Fewer than asked for: that is all there is, unless more were
-		// parked while the query ran.
-		if n := found[k]; n < per && parks == s.queue.parks {
-			s.queue.parked[k] = n
+		// What the table holds, unless more were parked while the query
+		// ran: never count fewer than there are.
+		if parks == s.queue.parks {
+			s.queue.parked[k] = totals[k]
 		} else {
-			s.queue.parked[k] = max(s.queue.parked[k], n)
+			s.queue.parked[k] = max(s.queue.parked[k], totals[k])
+		}
+		if at, ok := waits[k]; ok {
+			s.queue.parkedUntil[k] = at
+		} else {
+			delete(s.queue.parkedUntil, k)
 		}
 		if s.queue.parked[k] == 0 {
 			delete(s.queue.parked, k)
+			delete(s.queue.parkedUntil, k)
 		}
 	}
 	if len(t.events) > 0 {
@@ -181,7 +211,18 @@ func parkedLSN(evs []*event) pglogrepl.LSN {
 	return l
 }
 
-// parkArgs are the arguments of the park insert.
+// queuePark queues the park insert of evs on pb: with their deliver_at
+// when the parked table has it (schema version 14).
+func (s *CDCSource) queuePark(ctx context.Context, pb *pgx.Batch, evs []*event) {
+	args := parkArgs(evs)
+	if !s.parksDelays(ctx) {
+		pb.Queue(s.cq.parkNoDelay, args[:len(args)-1]...)
+		return
+	}
+	pb.Queue(s.cq.park, args...)
+}
+
+// parkArgs are the arguments of the park insert, deliver_at last.
 func parkArgs(evs []*event) []any {
 	n := len(evs)
 	ids, ats, aids, tys := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -191,7 +232,9 @@ func parkArgs(evs []*event) []any {
 	cas := make([]time.Time, n)
 	rows := make([]bool, n)
 	lsns := make([]string, n)
+	dues := make([]pgtype.Timestamptz, n)
 	for i, e := range evs {
+		dues[i] = pgtype.Timestamptz{Time: e.deliverAt, Valid: !e.deliverAt.IsZero()}
 		ids[i], ats[i], aids[i], tys[i] = e.ID, pgText(e.AggregateType), pgText(e.AggregateID), pgText(e.Type)
 		switch {
 		case e.Payload != nil && storable(e.Payload):
@@ -211,7 +254,7 @@ func parkArgs(evs []*event) []any {
 		seqs[i], cas[i], rows[i], xids[i] = e.Seq, e.CreatedAt, e.row, e.xid()
 		lsns[i] = e.tx.lsn.String()
 	}
-	return []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs, seqs, cas, bads, rows, xids, lsns}
+	return []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs, seqs, cas, bads, rows, xids, lsns, dues}
 }
 
 // storable reports whether b can be stored as PostgreSQL text as it is.

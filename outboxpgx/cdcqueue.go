@@ -38,6 +38,11 @@ type event struct {
 	// not follow the format): it orders and holds nothing but itself.
 	orphan bool
 
+	// deliverAt is the row's deliver_at when it was still ahead as the
+	// event was decoded: the event is parked until then, its aggregate's
+	// later events behind it (queue.parkable, CDCSource.unpark).
+	deliverAt time.Time
+
 	part int // the partition of its aggregate (cdcPartition)
 	// pxid is the transaction that inserted a row released from the
 	// parked table (txn.front), for the mark.
@@ -164,13 +169,17 @@ type queue struct {
 	parked map[aggKey]int
 	// parks counts the parking writes that committed (CDCSource.unpark).
 	parks int
+	// parkedUntil maps an aggregate whose first parked event is delayed
+	// to when that one is due: unpark does not look for the aggregate's
+	// events before (an aggregate not in it is looked for at once).
+	parkedUntil map[aggKey]time.Time
 	// mark is the end of the newest transaction that is done together
 	// with every transaction before it: the LSN the slot may confirm.
 	mark pglogrepl.LSN
 }
 
 func newQueue() queue {
-	return queue{held: map[aggKey]string{}, parked: map[aggKey]int{}, unparking: map[aggKey]int{}}
+	return queue{held: map[aggKey]string{}, parked: map[aggKey]int{}, unparking: map[aggKey]int{}, parkedUntil: map[aggKey]time.Time{}}
 }
 
 // push appends a committed transaction.
@@ -208,12 +217,17 @@ func (q *queue) parking(k aggKey) bool { return q.parked[k] > 0 || q.unparking[k
 // parkable returns, marked claimed and in commit order, the stream's
 // events that go to the parked table: those of an aggregate held behind a
 // dead letter (but that dead letter itself, back from an operator's
-// retry) or parking. hold adds aggregates about to be held, with their
-// dead letters. It parks no event behind an earlier one of its aggregate
-// that is in flight or waiting for a retry.
-func (q *queue) parkable(hold map[aggKey]string) []*event {
+// retry) or parking, and a delayed event not yet due at now with the
+// events of its aggregate after it. hold adds aggregates about to be
+// held, with their dead letters. It parks no event behind an earlier one
+// of its aggregate that is in flight or waiting for a retry, and no
+// delayed event behind an earlier one of its aggregate that is not done:
+// that one goes first, and the delayed one waits in memory meanwhile.
+func (q *queue) parkable(hold map[aggKey]string, now time.Time) []*event {
 	var out []*event
 	blocked := map[aggKey]bool{}
+	earlier := map[aggKey]bool{}  // an earlier event of the aggregate is to be claimed, or in flight
+	delaying := map[aggKey]bool{} // parked from a delayed event on
 	for _, t := range q.txns {
 		if t.left == 0 {
 			continue
@@ -227,10 +241,14 @@ func (q *queue) parkable(hold map[aggKey]string) []*event {
 			if id, ok := hold[k]; ok {
 				h, held = id, true
 			}
+			if !held && !q.parking(k) && !earlier[k] && e.deliverAt.After(now) {
+				delaying[k] = true
+			}
 			switch {
 			case blocked[k]:
 			case held && e.ID == h:
-			case !held && !q.parking(k):
+			case !held && !q.parking(k) && !delaying[k]:
+				earlier[k] = true
 			case e.state == evReady:
 				e.state = evClaimed
 				out = append(out, e)
@@ -240,6 +258,18 @@ func (q *queue) parkable(hold map[aggKey]string) []*event {
 		}
 	}
 	return out
+}
+
+// nextDue returns when the earliest delayed parked event is due (zero:
+// none is waiting).
+func (q *queue) nextDue() time.Time {
+	var at time.Time
+	for _, t := range q.parkedUntil {
+		if at.IsZero() || t.Before(at) {
+			at = t
+		}
+	}
+	return at
 }
 
 // claim takes up to limit claimable events of the partitions in parts
@@ -299,6 +329,12 @@ func (q *queue) claim(limit int, now time.Time, parts *[cdcPartitions]bool) []*e
 			if blocked[k] || q.parking(k) {
 				continue // parking: parkable takes it
 			}
+			if e.deliverAt.After(now) {
+				// Delayed: parkable takes it, with its aggregate's later
+				// events, once the earlier ones are done.
+				blocked[k] = true
+				continue
+			}
 			if !ready || (q.skip[e.AggregateType] && !e.orphan) {
 				blocked[k] = true
 				continue
@@ -328,6 +364,7 @@ func (q *queue) done(e *event) {
 		}
 		if q.parked[k]--; q.parked[k] <= 0 {
 			delete(q.parked, k)
+			delete(q.parkedUntil, k)
 		}
 		return
 	}

@@ -134,3 +134,45 @@ func TestQueueClaimsByPartition(t *testing.T) {
 		t.Fatalf("claim of every partition while both lanes' batches are in flight = %v, want none", got)
 	}
 }
+
+// A delayed event is never claimed before its time; it is parked with the
+// events of its aggregate after it, but only once the earlier events of
+// its aggregate are done: one waiting for a retry keeps it in memory, so
+// that it cannot be released ahead of that one.
+func TestQueueParksDelayedEventsBehindEarlierOnes(t *testing.T) {
+	q := newQueue()
+	now := time.Now()
+	a1, a2, a3, b1 := qev("a", "a1"), qev("a", "a2"), qev("a", "a3"), qev("b", "b1")
+	a2.deliverAt = now.Add(time.Minute)
+	q.push(&txn{end: 100, events: []*event{a1}})
+	q.push(&txn{end: 200, events: []*event{a2, b1}})
+	q.push(&txn{end: 300, events: []*event{a3}})
+
+	if got := qids(q.claim(10, now, nil)); !slices.Equal(got, []string{"a1", "b1"}) {
+		t.Fatalf("claim = %v, want a1 and b1, not the delayed a2 nor a3 behind it", got)
+	}
+	// a1 is in flight, then waits for a retry: nothing of a is parked.
+	if got := qids(q.parkable(nil, now)); len(got) != 0 {
+		t.Fatalf("parkable while a1 is in flight = %v", got)
+	}
+	q.retry(a1, now.Add(time.Second))
+	if got := qids(q.parkable(nil, now)); len(got) != 0 {
+		t.Fatalf("parkable while a1 waits for a retry = %v", got)
+	}
+	if got := qids(q.claim(10, now.Add(2*time.Second), nil)); !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("claim after the retry's wait = %v, want a1 only", got)
+	}
+	q.done(a1)
+	if got := qids(q.parkable(nil, now)); !slices.Equal(got, []string{"a2", "a3"}) {
+		t.Fatalf("parkable once a1 is done = %v, want a2 then a3", got)
+	}
+	// Had it stayed in memory, it would be claimed once due.
+	q.release(a2)
+	q.release(a3)
+	if got := qids(q.claim(10, now, nil)); len(got) != 0 {
+		t.Fatalf("claim before a2 is due = %v", got)
+	}
+	if got := qids(q.claim(10, now.Add(2*time.Minute), nil)); !slices.Equal(got, []string{"a2", "a3"}) {
+		t.Fatalf("claim once a2 is due = %v, want a2 then a3", got)
+	}
+}

@@ -524,7 +524,7 @@ func (st *stream) drain(ctx context.Context, listed string) error {
 	s.Log.Info("outboxpgx: relaying the rows already in the table before streaming", "slot", s.cfg.Slot, "listed", listed != "")
 	sql := `SELECT id::text, aggregatetype, aggregateid, type, payload::text, payload_raw, headers::text,
        coalesce(tracingspancontext, ''), created_at, seq,
-       coalesce((to_jsonb(o) ->> 'deliver_at')::timestamptz > clock_timestamp(), false)
+       (to_jsonb(o) ->> 'deliver_at')::timestamptz
 FROM ` + s.names.Table + ` o WHERE published_at IS NULL AND seq > $1
   AND ($3::pg_lsn IS NULL OR EXISTS (SELECT 1 FROM ` + s.Table.Qualified("_cdc_drain") + ` d
                                      WHERE d.slot = $4 AND d.lsn = $3::pg_lsn AND d.id = o.id))
@@ -552,13 +552,13 @@ ORDER BY seq LIMIT $2`
 		for rows.Next() {
 			e := &event{row: true}
 			var payload, headers *string
-			var delayed bool
-			if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &e.RawPayload, &headers, &e.TraceContext, &e.CreatedAt, &e.Seq, &delayed); err != nil {
+			var deliverAt *time.Time
+			if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &e.RawPayload, &headers, &e.TraceContext, &e.CreatedAt, &e.Seq, &deliverAt); err != nil {
 				rows.Close()
 				return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
 			}
-			if delayed {
-				e.bad = errDelayedCDC
+			if deliverAt != nil {
+				s.delay(ctx, e, *deliverAt)
 			}
 			if payload != nil {
 				e.Payload, e.RawPayload = []byte(*payload), nil
@@ -776,7 +776,7 @@ func (st *stream) takeOver(ctx context.Context) error {
 // and nothing is queued: then read returns errRestream.
 func (st *stream) read(ctx context.Context, conn *pgconn.PgConn, until pglogrepl.LSN) error {
 	s := st.src
-	d := &decoder{src: s, rels: map[uint32]*relation{}, types: pgtype.NewMap(), spills: map[uint32]*spill{},
+	d := &decoder{ctx: ctx, src: s, rels: map[uint32]*relation{}, types: pgtype.NewMap(), spills: map[uint32]*spill{},
 		part: max(1, min(partSize, s.cfg.MaxPending))}
 	defer d.close()
 	d.emit = func(t *txn, part bool) error { return st.emit(ctx, conn, t, part) }
@@ -940,6 +940,7 @@ const partSize = 1000
 // decoder turns pgoutput messages (protocol version 2, streaming on) into
 // transactions of events, handed to emit in commit order.
 type decoder struct {
+	ctx   context.Context // the stream's
 	src   *CDCSource
 	rels  map[uint32]*relation
 	types *pgtype.Map
@@ -1140,11 +1141,34 @@ func (d *decoder) streamCommit(m *pglogrepl.StreamCommitMessageV2) error {
 }
 
 // errDelayedCDC dead-letters a row whose deliver_at is still ahead when
-// the log-tailing relay reads it: it publishes in commit order and does
-// not delay events (docs/delayed.md). The dead letter keeps the event;
-// under the poison policy hold its aggregate's later events wait behind
-// it, so its order holds until an operator retries it.
-var errDelayedCDC = errors.New("deliver_at is still ahead: the log-tailing relay does not delay events; use the polling relay (--source poll) for delayed events, or retry this one when it is due")
+// the log-tailing relay reads it and the table's parked events have no
+// deliver_at to wait on (a schema before version 14). The dead letter
+// keeps the event; under the poison policy hold its aggregate's later
+// events wait behind it, so its order holds until an operator retries it.
+var errDelayedCDC = errors.New("deliver_at is still ahead and the log-tailing relay cannot park it (the table's schema is before version 14: run outbox migrate); retry this one when it is due")
+
+// delay sets e to wait for at when that is ahead (docs/delayed.md): it is
+// parked until then with its aggregate's later events (queue.parkable).
+// Before schema version 14 it is dead-lettered instead (errDelayedCDC).
+func (s *CDCSource) delay(ctx context.Context, e *event, at time.Time) {
+	switch {
+	case !at.After(time.Now()):
+	case s.parksDelays(ctx):
+		e.deliverAt = at
+	default:
+		e.bad = errDelayedCDC
+	}
+}
+
+// parksDelays reports whether the parked table has deliver_at (schema
+// version 14), so that delayed events can be parked until due.
+func (s *CDCSource) parksDelays(ctx context.Context) bool {
+	return s.delays.Has(func() (bool, error) {
+		return hasColumn(ctx, s.pool, s.Table.Qualified("_cdc_parked"), "deliver_at")
+	}, func() {
+		s.Log.Warn("outboxpgx: the parked table has no deliver_at column (schema before version 14): delayed events are dead-lettered until `outbox migrate` adds it", "table", s.Table.String())
+	})
+}
 
 // row decodes an INSERT into the outbox table.
 func (d *decoder) row(r *relation, tup *pglogrepl.TupleData) *event {
@@ -1174,8 +1198,8 @@ func (d *decoder) row(r *relation, tup *pglogrepl.TupleData) *event {
 	}
 	if b, ok := get("deliver_at"); ok {
 		var at time.Time
-		if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &at); err == nil && at.After(time.Now()) {
-			e.bad = errDelayedCDC
+		if err := d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &at); err == nil {
+			d.src.delay(d.ctx, e, at)
 		}
 	}
 	if b, ok := get("payload"); ok {

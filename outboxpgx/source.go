@@ -46,10 +46,7 @@ type Source struct {
 // migrated yet holds no delayed events and is claimed as before.
 func (s *Source) claimSQL(ctx context.Context, conn *pgxpool.Conn) string {
 	has := s.delays.Has(func() (bool, error) {
-		var has bool
-		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-WHERE attrelid = to_regclass($1) AND attname = 'deliver_at' AND NOT attisdropped)`, s.names.Table).Scan(&has)
-		return has, err
+		return hasColumn(ctx, conn, s.names.Table, "deliver_at")
 	}, func() {
 		s.Log.Warn("outboxpgx: the table has no deliver_at column (schema before version 12): claiming as before until `outbox migrate` adds it", "table", s.Table.String())
 	})
@@ -60,6 +57,16 @@ WHERE attrelid = to_regclass($1) AND attname = 'deliver_at' AND NOT attisdropped
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
+
+// hasColumn reports whether table (qualified and quoted) has column.
+func hasColumn(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table, column string) (bool, error) {
+	var has bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)`, table, column).Scan(&has)
+	return has, err
+}
 
 type queries struct {
 	// claimNoDelays is claim for a table before schema version 12 (no

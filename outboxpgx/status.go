@@ -125,6 +125,16 @@ WHERE published_at IS NULL AND (deliver_at IS NOT NULL OR next_attempt_at IS NOT
 			return st, err
 		}
 	}
+	if st.SchemaVersion >= 14 {
+		// Delayed events log tailing parked that are not unpublished rows
+		// of the table, counted above: messages and deleted rows.
+		var parked int64
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+t.Qualified("_cdc_parked")+` p
+WHERE p.deliver_at > now() AND NOT EXISTS (SELECT 1 FROM `+n.Table+` o WHERE o.published_at IS NULL AND o.seq = p.seq AND o.id = p.id)`).Scan(&parked); err != nil {
+			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+		}
+		st.Delayed += parked
+	}
 	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
 		return st, err
 	}
