@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
@@ -52,6 +53,22 @@ func (p *published) Write(b []byte) (int, error) {
 		p.order[l.Key] = append(p.order[l.Key], l.Payload.N)
 	}
 	return len(b), nil
+}
+
+// startRelay starts rl and returns what stops it and closes src.
+func startRelay(ctx context.Context, t *testing.T, rl *relay.Relay, src outboxdriver.Source) func() {
+	t.Helper()
+	if err := rl.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := rl.Stop(sctx); err != nil {
+			t.Errorf("stop relay: %v", err)
+		}
+		src.Close()
+	}
 }
 
 // hasLeanShape reports whether tb has neither the primary key on id nor
@@ -117,17 +134,7 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, backlog, backlogAggs); err != 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rl.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := rl.Stop(sctx); err != nil {
-			t.Errorf("stop relay: %v", err)
-		}
-		src.Close()
-	}()
+	defer startRelay(ctx, t, rl, src)()
 
 	// Writers: aggregates w0..w3, each its own n = 1, 2, ... in order,
 	// one event per transaction, until told to stop.

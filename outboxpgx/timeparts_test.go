@@ -377,17 +377,7 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, perHour, aggs, at, map[bool]in
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rl.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := rl.Stop(sctx); err != nil {
-			t.Errorf("stop relay: %v", err)
-		}
-		src.Close()
-	}()
+	defer startRelay(ctx, t, rl, src)()
 
 	deadline := time.Now().Add(30 * time.Second)
 	for exists(t, pool, tb, older) || exists(t, pool, tb, newer) {
