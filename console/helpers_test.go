@@ -48,8 +48,9 @@ type rig struct {
 }
 
 type rigOptions struct {
-	cfg   console.Config
-	users bool // false: no users (dev mode tests)
+	cfg     console.Config
+	users   bool                         // false: no users (dev mode tests)
+	migrate *outboxdriver.MigrateOptions // how the table is made (nil: the defaults)
 }
 
 // newRig is a rig on PostgreSQL.
@@ -63,7 +64,7 @@ func newRigOn(t *testing.T, db string, o *rigOptions) *rig {
 	}
 	ctx := testenv.Context(t, 2*time.Minute)
 	st, tb, fx, pool := openDB(t, ctx, db)
-	if _, err := st.Migrate(ctx, tb, nil); err != nil {
+	if _, err := st.Migrate(ctx, tb, o.migrate); err != nil {
 		t.Fatal(err)
 	}
 	r := &rig{t: t, ctx: ctx, db: db, pool: pool, fx: fx, tb: tb, st: st, users: map[ops.Role]testUser{}}

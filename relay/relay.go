@@ -292,6 +292,8 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: cleanup after %s in batches of %d: use a duration >= 0 and a batch >= 1", c.CleanupAfter, c.CleanupBatch)
 	case c.PartitionsEvery < 10*time.Millisecond:
 		return nil, fmt.Errorf("relay: partitions every %s must be at least 10ms", c.PartitionsEvery)
+	case c.PartitionLockTimeout < 0 || c.PartitionLockTimeout > time.Minute:
+		return nil, fmt.Errorf("relay: partition lock timeout %s must be between 0 (the default) and 1m", c.PartitionLockTimeout)
 	case c.MaxAttempts < 1:
 		return nil, fmt.Errorf("relay: max attempts %d must be at least 1", c.MaxAttempts)
 	case c.Poison != Hold && c.Poison != Continue:

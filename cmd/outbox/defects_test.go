@@ -45,6 +45,7 @@ func TestZeroValuesAreRefusedNotDefaults(t *testing.T) {
 		{append(relay, "--retry-max", "0"), "--retry-max 0s: use at least --retry-base"},
 		{append(relay, "--webhook-timeout", "0"), "--webhook-timeout 0s: use at least 1ms"},
 		{append(relay, "--keep-for", "-1s"), "--keep-for -1s: must not be negative"},
+		{append(relay, "--partition-lock-timeout", "0"), "--partition-lock-timeout 0s: use at least 1ms"},
 		{append(relay, "--redis-maxlen", "-1"), "--redis-maxlen -1: must not be negative"},
 		{[]string{"demo", "--orders", "0"}, "--orders 0: use 1 to 1000000"},
 		{[]string{"demo", "--writers", "0"}, "--writers 0: use 1 to 64"},

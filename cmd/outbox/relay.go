@@ -143,6 +143,7 @@ Sinks (--sink):
 				durationIn("linger", rcfg.Linger, 0, time.Second),
 				durationIn("shutdown-grace", grace, 0, 0),
 				durationIn("keep-for", rcfg.CleanupAfter, 0, 0),
+				durationIn("partition-lock-timeout", rcfg.PartitionLockTimeout, time.Millisecond, time.Minute),
 				durationIn("lease-ttl", rcfg.LeaseTTL, 300*time.Millisecond, 0),
 				intAtLeast("max-attempts", rcfg.MaxAttempts, 1),
 				durationIn("retry-base", rcfg.RetryBase, time.Millisecond, 0),
@@ -259,6 +260,7 @@ Sinks (--sink):
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)")
 	cmd.Flags().StringVar(&retention, "retention", "delete", "what happens to published rows: delete, or keep (sets published_at; see --keep-for)")
 	cmd.Flags().DurationVar(&rcfg.CleanupAfter, "keep-for", 24*time.Hour, "with --retention keep: delete published rows older than this, in batches; on a table partitioned by time, drop a partition whose range ended this long ago once it is fully published (0 keeps them forever)")
+	cmd.Flags().DurationVar(&rcfg.PartitionLockTimeout, "partition-lock-timeout", outboxdriver.DefaultPartitionLockTimeout, "on a table partitioned by time: the longest wait for the table's lock to make or drop a partition (tried again next minute)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().DurationVar(&rcfg.LeaseTTL, "lease-ttl", 10*time.Second, "partition lease lifetime; a dead relay's partitions move within about two TTLs")
 	cmd.Flags().IntVar(&rcfg.MaxAttempts, "max-attempts", 20, "attempts before an event is dead-lettered")
