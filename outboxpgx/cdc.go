@@ -593,7 +593,7 @@ func (s *CDCSource) Cleanup(ctx context.Context, leases []outboxdriver.Lease, ol
 // retry is due, an aggregate was released), d has passed, or ctx ends.
 func (s *CDCSource) Wait(ctx context.Context, d time.Duration) error {
 	s.mu.Lock()
-	for _, at := range []time.Time{s.queue.nextRetry(), s.queue.nextDue()} {
+	for _, at := range []time.Time{s.queue.nextRetry(), s.queue.nextDue(time.Now())} {
 		if !at.IsZero() {
 			d = max(0, min(d, time.Until(at)))
 		}

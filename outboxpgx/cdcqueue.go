@@ -260,12 +260,14 @@ func (q *queue) parkable(hold map[aggKey]string, now time.Time) []*event {
 	return out
 }
 
-// nextDue returns when the earliest delayed parked event is due (zero:
-// none is waiting).
-func (q *queue) nextDue() time.Time {
+// nextDue returns when the earliest delayed parked event that is not due
+// at now will be (zero: none). One due already is not counted: its
+// aggregate may be held or its events being released, and a waiter woken
+// for it at once would spin.
+func (q *queue) nextDue(now time.Time) time.Time {
 	var at time.Time
 	for _, t := range q.parkedUntil {
-		if at.IsZero() || t.Before(at) {
+		if t.After(now) && (at.IsZero() || t.Before(at)) {
 			at = t
 		}
 	}

@@ -176,3 +176,20 @@ func TestQueueParksDelayedEventsBehindEarlierOnes(t *testing.T) {
 		t.Fatalf("claim once a2 is due = %v, want a2 then a3", got)
 	}
 }
+
+// nextDue names the earliest delayed parked event still to come, and
+// never one due already, which would wake a waiter at once, again and
+// again.
+func TestQueueNextDue(t *testing.T) {
+	q := newQueue()
+	now := time.Now()
+	if at := q.nextDue(now); !at.IsZero() {
+		t.Fatalf("nextDue with nothing parked = %v", at)
+	}
+	q.parkedUntil[aggKey{"order", "a"}] = now.Add(-time.Second)
+	q.parkedUntil[aggKey{"order", "b"}] = now.Add(2 * time.Second)
+	q.parkedUntil[aggKey{"order", "c"}] = now.Add(time.Second)
+	if at := q.nextDue(now); !at.Equal(now.Add(time.Second)) {
+		t.Fatalf("nextDue = %v, want c's %v", at, now.Add(time.Second))
+	}
+}
