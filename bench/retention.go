@@ -346,7 +346,7 @@ DECLARE
     lo timestamp := date_trunc('hour', now() AT TIME ZONE 'UTC');
 BEGIN
     FOR h IN 1..`+strconv.Itoa(PartitionHours)+` LOOP
-        EXECUTE format('CREATE TABLE %I.%I PARTITION OF `+names.Table+` FOR VALUES FROM (%L) TO (%L)',
+        EXECUTE format('CREATE TABLE IF NOT EXISTS %I.%I PARTITION OF `+names.Table+` FOR VALUES FROM (%L) TO (%L)',
             `+pgschema.QuoteLiteral(t.Schema)+`, `+pgschema.QuoteLiteral(t.Name)+` || '_p' || to_char(lo - h * interval '1 hour', 'YYYYMMDDHH24'),
             (lo - h * interval '1 hour') AT TIME ZONE 'UTC', (lo - (h - 1) * interval '1 hour') AT TIME ZONE 'UTC');
     END LOOP;
@@ -519,8 +519,9 @@ ORDER BY g`, rb.events, int64(RetentionAggregates))
 			}
 		}
 		rr.CleanupRows = rows // every row was in a past hour's partition
-		if rr.PartitionsDropped != PartitionHours {
-			return rr, fmt.Errorf("check: the cleanup dropped %d partitions, want %d: %v", rr.PartitionsDropped, PartitionHours, changes)
+		// One more when the hour turned since the migration.
+		if rr.PartitionsDropped < PartitionHours {
+			return rr, fmt.Errorf("check: the cleanup dropped %d partitions, want at least %d: %v", rr.PartitionsDropped, PartitionHours, changes)
 		}
 	} else {
 		for {

@@ -109,15 +109,21 @@ func TestRetentionModes(t *testing.T) {
 					rr.CleanupSeconds <= 0 || rr.CleanupPerSecond <= 0 || rr.BytesAfterCleanup <= 0 || rr.DeadTuplesAfterCleanup <= 0 {
 					t.Errorf("%s, %s: cleanup figures %+v", name, which, rr)
 				}
-				// VACUUM removes the dead rows, unless a snapshot older
-				// than them is held.
-				if longTx := r.Case == bench.ModeKeepLongTx; longTx != (rr.DeadTuplesAfterVacuum >= events) || longTx != (rr.BytesAfterVacuum >= rr.BytesAfterCleanup) {
-					t.Errorf("%s, %s: after VACUUM %d dead tuples, %d of %d bytes", name, which, rr.DeadTuplesAfterVacuum, rr.BytesAfterVacuum, rr.BytesAfterCleanup)
+				// Under the scenario's long transaction VACUUM removes
+				// none of the dead rows. Without it, how many it removes
+				// depends on every other session of the server (a test
+				// running beside this one may hold a snapshot too): it
+				// leaves no more than there were.
+				switch {
+				case r.Case == bench.ModeKeepLongTx && (rr.DeadTuplesAfterVacuum < events || rr.BytesAfterVacuum < rr.BytesAfterCleanup),
+					rr.DeadTuplesAfterVacuum > rr.DeadTuplesAfterCleanup:
+					t.Errorf("%s, %s: after VACUUM %d dead tuples of %d, %d of %d bytes", name, which,
+						rr.DeadTuplesAfterVacuum, rr.DeadTuplesAfterCleanup, rr.BytesAfterVacuum, rr.BytesAfterCleanup)
 				}
 			case bench.ModePartitions, bench.ModePartitionsLongTx:
 				// Every row published and kept in its hour's partition,
 				// then the day dropped in one call, long transaction or not.
-				if rr.LiveTuplesAfterDrain != events || rr.CleanupRows != events || rr.CleanupCalls != 1 || rr.PartitionsDropped != bench.PartitionHours ||
+				if rr.LiveTuplesAfterDrain != events || rr.CleanupRows != events || rr.CleanupCalls != 1 || rr.PartitionsDropped < bench.PartitionHours ||
 					rr.DeadTuplesAfterCleanup != 0 || rr.BytesAfterCleanup >= rr.BytesAfterDrain/10 || rr.DeadTuplesAfterVacuum != 0 {
 					t.Errorf("%s, %s: cleanup figures %+v", name, which, rr)
 				}
