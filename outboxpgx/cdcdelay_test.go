@@ -50,7 +50,7 @@ func TestCDCDelayedEventsAreParkedAndPublishedInOrder(t *testing.T) {
 	stop := f.relay(f.source("r1", nil), relay.Config{})
 	f.streaming()
 
-	due := time.Now().Add(3 * time.Second).Truncate(time.Millisecond)
+	due := time.Now().Add(5 * time.Second).Truncate(time.Millisecond)
 	a1, a2, b1 := cdcEvent("a", 1), cdcEvent("a", 2), cdcEvent("b", 1)
 	a1.DeliverAt = due
 	f.write(f.writer(modeTable), a1)
@@ -136,7 +136,7 @@ func TestCDCManyDelayedEventsDueAtOnce(t *testing.T) {
 	f.relay(f.source("r1", nil), relay.Config{PollInterval: poll})
 	f.streaming()
 
-	due := time.Now().Add(4 * time.Second).Truncate(time.Millisecond)
+	due := time.Now().Add(8 * time.Second).Truncate(time.Millisecond)
 	var first, second []string
 	var events []outbox.Event
 	for i := range pairs {

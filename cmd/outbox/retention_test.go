@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,7 +51,7 @@ VALUES (gen_random_uuid(), 'order', '1', 'Placed', '{}', $1, now() - interval '2
 	}
 	out, stderr, code = run(t, nil, append([]string{"retention", "--keep-for", "24h", "--actor", "ops-cron", "--json"}, db...)...)
 	var changes []outboxdriver.TimePartitionChange
-	if code != 0 || json.Unmarshal([]byte(out), &changes) != nil || len(changes) != 1 || changes[0].Action != "dropped" || changes[0].Partition != old {
+	if code != 0 || json.Unmarshal([]byte(out), &changes) != nil || !slices.Contains(changes, outboxdriver.TimePartitionChange{Action: "dropped", Partition: old}) {
 		t.Fatalf("retention --keep-for 24h: code %d\n%s%s", code, out, stderr)
 	}
 	if out, _, code := run(t, nil, append([]string{"audit"}, db...)...); code != 0 || !strings.Contains(out, "ops-cron") || !strings.Contains(out, "partition-drop") {
@@ -58,7 +59,7 @@ VALUES (gen_random_uuid(), 'order', '1', 'Placed', '{}', $1, now() - interval '2
 	}
 	out, stderr, code = run(t, nil, append([]string{"status", "--json"}, db...)...)
 	var st ops.StatusJSON
-	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.TimePartitions == nil || st.TimePartitions.Unit != "day" || st.TimePartitions.Partitions != 3 {
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.TimePartitions == nil || st.TimePartitions.Unit != "day" || !st.TimePartitions.Oldest.After(lo) {
 		t.Fatalf("status --json: code %d\n%s%s", code, out, stderr)
 	}
 
