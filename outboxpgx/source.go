@@ -282,6 +282,7 @@ type batch struct {
 	src      *Source
 	conn     *pgxpool.Conn
 	listener bool // conn is the source's listener, s.mu held until the batch ends
+	byTime   bool // the table is partitioned by time (Source.timePartitioned)
 }
 
 // claimConn returns the connection a claim runs on: the listener when it
@@ -353,6 +354,13 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	// After claimConn: a rewind it read on the listener has dropped them.
 	floor, audit := s.floors.below(leases)
 	b.conn, b.listener = conn, listener
+	// Asked on the claim's connection before its transaction: Finish must
+	// not wait for another of the pool's connections while the batch holds
+	// its rows (a migration waiting for those, and writers waiting for the
+	// migration, may hold all the others). Unknown counts as not
+	// partitioned: Finish then records without the created_at range,
+	// which is right on any table.
+	b.byTime, _ = s.timePartitioned(ctx, conn)
 	b.Open()
 	parts, epochs := leaseArrays(leases)
 	var pb pgx.Batch
@@ -433,7 +441,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		for _, id := range plan.Published {
 			rows = append(rows, seqs[id]...)
 		}
-		if byTime, err := b.src.timePartitioned(ctx); err == nil && byTime {
+		if b.byTime {
 			// The batch's range of created_at lets PostgreSQL skip the
 			// partitions none of its rows is in (run-time pruning).
 			lo, hi := b.createdRange()
@@ -484,8 +492,6 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	return nil
 }
 
-// seqsByID maps the batch's event ids to the seqs of their rows, in the
-// order claimed.
 // createdRange returns the earliest and the latest created_at of the
 // batch's records.
 func (b *batch) createdRange() (lo, hi time.Time) {
@@ -500,6 +506,8 @@ func (b *batch) createdRange() (lo, hi time.Time) {
 	return lo, hi
 }
 
+// seqsByID maps the batch's event ids to the seqs of their rows, in the
+// order claimed.
 func (b *batch) seqsByID() map[string][]int64 {
 	m := make(map[string][]int64, len(b.Recs))
 	for _, r := range b.Recs {
@@ -724,7 +732,7 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 		return 0, nil
 	}
 	q := s.q.cleanup
-	byTime, err := s.timePartitioned(ctx)
+	byTime, err := s.timePartitioned(ctx, s.pool)
 	if err != nil {
 		return 0, fmt.Errorf("outboxpgx: clean up published rows: %w", err)
 	}
@@ -746,11 +754,13 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 // timePartitioned reports whether the table is partitioned (by time,
 // docs/retention.md), asking the database the first time only: a table
 // does not become partitioned but by being made anew.
-func (s *Source) timePartitioned(ctx context.Context) (bool, error) {
+func (s *Source) timePartitioned(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (bool, error) {
 	if k := s.byTime.Load(); k != 0 {
 		return k == 2, nil
 	}
-	yes, err := partitioned(ctx, s.pool, s.Table)
+	yes, err := partitioned(ctx, db, s.Table)
 	if err != nil {
 		return false, err
 	}
