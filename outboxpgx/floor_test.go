@@ -329,31 +329,10 @@ func TestFloorsAreOffWithoutPrivilegeOnTheSequence(t *testing.T) {
 	t.Parallel()
 	r := newFloorRig(t)
 	ctx := context.Background()
-	role := testenv.Name("outbox_relay_role")
 	schema := outboxdriver.QuoteIdent(r.table.Schema)
-	for _, q := range []string{
-		`CREATE ROLE ` + role + ` LOGIN`,
-		`GRANT USAGE ON SCHEMA ` + schema + ` TO ` + role,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ` + schema + ` TO ` + role,
-	} {
-		if _, err := r.pool.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		r.pool.Exec(context.Background(), `DROP OWNED BY `+role)
-		r.pool.Exec(context.Background(), `DROP ROLE `+role)
-	})
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User = role
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	role, pool := testenv.PoolAs(t, r.pool, "outbox_relay_role",
+		`GRANT USAGE ON SCHEMA `+schema+` TO %s`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA `+schema+` TO %s`)
 	s0, err := New(pool).NewSource(r.table, &outboxdriver.SourceConfig{RelayName: role})
 	if err != nil {
 		t.Fatal(err)

@@ -114,3 +114,36 @@ func NeedProcsChoice(t *testing.T) {
 		t.Fatalf("%d CPU: one P is the default here, so the relay's narrowing cannot be seen; run on at least 2 CPUs", n)
 	}
 }
+
+// PoolAs creates a login role named after prefix, runs grants (each a
+// statement with %s where the role's name goes) through admin, and returns
+// the role's name and a pool that connects as it. The role and what it owns
+// go when the test ends.
+func PoolAs(t testing.TB, admin *pgxpool.Pool, prefix string, grants ...string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	role := Name(prefix)
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	for _, g := range grants {
+		if _, err := admin.Exec(ctx, strings.ReplaceAll(g, "%s", role)); err != nil {
+			t.Fatalf("%s: %v", g, err)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return role, pool
+}
