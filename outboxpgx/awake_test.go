@@ -12,17 +12,6 @@ import (
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
-// newNamedSource is newSource with a relay name of its own.
-func newNamedSource(t *testing.T, tb outboxdriver.Table, name string) *outboxpgx.Source {
-	t.Helper()
-	s, err := outboxpgx.New(testenv.Pool(t)).NewSource(tb, &outboxdriver.SourceConfig{RelayName: name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s.(*outboxpgx.Source)
-}
-
 // The writers' check reads one value for all the relays: a commit
 // notifies while any of them is registered idle, and stops when the last
 // one leaves, however their registrations and departures interleave.
@@ -32,7 +21,7 @@ func TestWakeupsLastWhileAnyRelayIsIdle(t *testing.T) {
 	ob := newOutbox(t, tb)
 	ctx := context.Background()
 	conn := listen(t, pool, tb)
-	a, b := newNamedSource(t, tb, "relay-a"), newNamedSource(t, tb, "relay-b")
+	a, b := newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{RelayName: "relay-a"}), newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{RelayName: "relay-b"})
 	for _, s := range []*outboxpgx.Source{a, b} {
 		if err := s.SetIdle(ctx, time.Minute); err != nil {
 			t.Fatal(err)
@@ -57,7 +46,7 @@ func TestWakeupsLastWhileAnyRelayIsIdle(t *testing.T) {
 	const relays, rounds = 8, 40
 	srcs := make([]*outboxpgx.Source, relays)
 	for i := range srcs {
-		srcs[i] = newNamedSource(t, tb, fmt.Sprintf("relay-%d", i))
+		srcs[i] = newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{RelayName: fmt.Sprintf("relay-%d", i)})
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, relays)
@@ -109,7 +98,7 @@ func TestWakeupDepartureWaitsForARegistrationInFlight(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
 	ctx := context.Background()
-	b := newNamedSource(t, tb, "relay-b")
+	b := newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{RelayName: "relay-b"})
 	if err := b.SetIdle(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}

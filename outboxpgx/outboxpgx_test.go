@@ -195,7 +195,13 @@ func TestInvalidEventsAreRefusedBeforeSQL(t *testing.T) {
 
 func newSource(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, r outboxdriver.Retention) *outboxpgx.Source {
 	t.Helper()
-	s, err := outboxpgx.New(pool).NewSource(tb, &outboxdriver.SourceConfig{Retention: r})
+	return newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{Retention: r})
+}
+
+// newSourceWith is newSource with a configuration of the test's own.
+func newSourceWith(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, cfg *outboxdriver.SourceConfig) *outboxpgx.Source {
+	t.Helper()
+	s, err := outboxpgx.New(pool).NewSource(tb, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
