@@ -441,3 +441,50 @@ func TestLogTailingRefusesATablePartitionedByTime(t *testing.T) {
 		t.Fatalf("a slot was made: %d, %v", slots, err)
 	}
 }
+
+// Insert + delete finds the rows it inserted by ctid, which is unique
+// only within one partition: on a table partitioned by time it deletes its
+// own rows and never a row at the same ctid of another partition, for one
+// event (a path of its own) and for several.
+func TestInsertDeleteRemovesOnlyItsOwnRowsOnAPartitionedTable(t *testing.T) {
+	t.Parallel()
+	pool, tb := setupByTime(t, 2)
+	ctx := context.Background()
+	_, past := pastHour(t, pool, tb, 3)
+	var others []string
+	for range 3 {
+		others = append(others, insertAt(t, pool, tb, past, nil))
+	}
+	ob, err := outbox.New(outboxpgx.New(nil, outboxpgx.WithInsertDelete()), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 3} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var evs []outbox.Event
+		for i := range n {
+			evs = append(evs, ev("a", i))
+		}
+		if err := ob.WriteTx(ctx, tx, evs...); err != nil {
+			tx.Rollback(ctx)
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var left []string
+		rows, err := pool.Query(ctx, `SELECT id::text FROM `+tb.Qualified("")+` ORDER BY seq`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(left, others) {
+			t.Fatalf("after insert + delete of %d event(s) the table holds %v, want the other partition's rows %v", n, left, others)
+		}
+	}
+}

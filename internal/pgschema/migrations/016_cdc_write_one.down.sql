@@ -1,0 +1,16 @@
+-- Every call goes through the arrays again (the body of version 13).
+CREATE OR REPLACE FUNCTION {{cdc_write_fn}}(p_id uuid[], p_at text[], p_aid text[], p_ty text[], p_p text[], p_raw bytea[], p_h text[], p_tc text[])
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+    rows tid[];
+BEGIN
+    WITH i AS (
+        INSERT INTO {{table}} (id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext)
+        SELECT u.id, u.at, u.aid, u.ty, u.p::json, u.raw, coalesce(u.h::jsonb, '{}'::jsonb), u.tc
+        FROM unnest(p_id, p_at, p_aid, p_ty, p_p, p_raw, p_h, p_tc) WITH ORDINALITY AS u(id, at, aid, ty, p, raw, h, tc, i)
+        ORDER BY u.i
+        RETURNING ctid)
+    SELECT array_agg(ctid) INTO rows FROM i;
+    DELETE FROM {{table}} WHERE ctid = ANY (rows) AND id = ANY (p_id);
+END
+$fn$;
