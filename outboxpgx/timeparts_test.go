@@ -475,12 +475,12 @@ func TestInsertDeleteRemovesOnlyItsOwnRowsOnAPartitionedTable(t *testing.T) {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		var left []string
 		rows, err := pool.Query(ctx, `SELECT id::text FROM `+tb.Qualified("")+` ORDER BY seq`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if left, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(left, others) {
