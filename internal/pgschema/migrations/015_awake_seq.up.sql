@@ -31,9 +31,11 @@ $fn$;
 CREATE TRIGGER {{awake_trg}} AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON {{wakeup}}
     FOR EACH STATEMENT EXECUTE FUNCTION {{awake_fn}}();
 
-SELECT setval({{awake_literal}}::regclass, coalesce(
-    (SELECT max(ceil(extract(epoch FROM expires_at) * 1000))::bigint
-     FROM {{wakeup}} WHERE expires_at > now()), 0));
+-- Set it from the registrations there are now: a statement on the table
+-- fires the trigger (a statement trigger fires for no rows too), which is
+-- the one place the value is computed. The expired rows it deletes count
+-- for nothing.
+DELETE FROM {{wakeup}} WHERE expires_at <= now();
 
 -- The check itself: some registration still live (as of the writer's
 -- transaction start, as before), and outbox.notify not turned off.
