@@ -474,6 +474,12 @@ DECLARE
 	slot text := `+pgschema.QuoteLiteral(f.slot())+`;
 BEGIN
 	FOR i IN 1..200 LOOP
+		-- Gone already: an earlier try dropped it, and the relay, seeing
+		-- the slot active under another process, ended that try's
+		-- session before it could answer.
+		IF NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = slot) THEN
+			RETURN;
+		END IF;
 		PERFORM pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = slot AND active;
 		BEGIN
 			PERFORM pg_drop_replication_slot(slot);
