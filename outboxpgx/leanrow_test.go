@@ -90,11 +90,54 @@ func hasLeanShape(t *testing.T, ctx context.Context, db interface {
 	return !pk
 }
 
+// hasPartitionTrigger reports whether tb's partition column is set by the
+// row trigger (migration 17) rather than generated, and checks that every
+// row's partition is the hash of its aggregate id either way.
+func hasPartitionTrigger(t *testing.T, ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, table string) bool {
+	t.Helper()
+	var generated, trigger bool
+	var wrong int
+	err := db.QueryRow(ctx, `SELECT (SELECT attgenerated <> '' FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'partition'),
+       EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname LIKE '%\_partition' AND NOT tgisinternal)`, table).Scan(&generated, &trigger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if generated == trigger {
+		t.Fatalf("table %s half migrated: generated partition %v, partition trigger %v", table, generated, trigger)
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+table+`
+WHERE partition IS DISTINCT FROM ((hashtextextended(aggregateid, 0) & 9223372036854775807) % 64)::integer`).Scan(&wrong); err != nil {
+		t.Fatal(err)
+	}
+	if wrong > 0 {
+		t.Fatalf("table %s: %d rows in the wrong partition", table, wrong)
+	}
+	return trigger
+}
+
 // Migration 10 (the lean row) and its revert run while writers commit
 // events and a relay drains a backlog: nothing is lost, nothing published
 // twice, and every aggregate's events are published in the order written.
 func TestLeanRowMigratesUnderLoad(t *testing.T) {
 	t.Parallel()
+	testMigratesUnderLoad(t, leanVersion, hasLeanShape)
+}
+
+// Migration 17 (the partition set by a trigger) and its revert, the same
+// way: every row keeps, and every new row gets, its aggregate's partition.
+func TestPartitionTriggerMigratesUnderLoad(t *testing.T) {
+	t.Parallel()
+	testMigratesUnderLoad(t, 17, hasPartitionTrigger)
+}
+
+// testMigratesUnderLoad runs migration version up, down and up again
+// while writers commit events and a relay drains a backlog written at the
+// version before; shaped reports whether the table has the version's shape.
+func testMigratesUnderLoad(t *testing.T, version int, shaped func(*testing.T, context.Context, interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, string) bool) {
 	ctx := testenv.Context(t, 6*time.Minute)
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
@@ -102,12 +145,12 @@ func TestLeanRowMigratesUnderLoad(t *testing.T) {
 	if _, err := drv.Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := drv.MigrateDown(ctx, tb, leanVersion-1); err != nil {
+	if _, err := drv.MigrateDown(ctx, tb, version-1); err != nil {
 		t.Fatal(err)
 	}
 	table := tb.Qualified("")
-	if hasLeanShape(t, ctx, pool, table) {
-		t.Fatal("the table has the lean shape before migration 10")
+	if shaped(t, ctx, pool, table) {
+		t.Fatalf("the table has the shape of migration %d before it ran", version)
 	}
 
 	// A backlog written with plain SQL: aggregates b0..b19, n = 1..100 each.
@@ -176,7 +219,7 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, backlog, backlogAggs); err != 
 	}
 	for i, step := range []func() error{
 		func() error { _, err := drv.Migrate(ctx, tb, nil); return err },
-		func() error { _, err := drv.MigrateDown(ctx, tb, leanVersion-1); return err },
+		func() error { _, err := drv.MigrateDown(ctx, tb, version-1); return err },
 		func() error { _, err := drv.Migrate(ctx, tb, nil); return err },
 	} {
 		if left := backlogLeft(); left == 0 {
@@ -185,8 +228,8 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, backlog, backlogAggs); err != 
 		if err := step(); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
-		if lean := hasLeanShape(t, ctx, pool, table); lean != (i != 1) {
-			t.Fatalf("step %d: lean shape %v", i, lean)
+		if got := shaped(t, ctx, pool, table); got != (i != 1) {
+			t.Fatalf("step %d: shape of migration %d %v", i, version, got)
 		}
 	}
 	close(stop)

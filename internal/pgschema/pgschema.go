@@ -84,6 +84,8 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{fence_fn}}", t.Qualified("_fence"),
 		"{{notify_fn}}", t.Qualified("_notify"),
 		"{{notify_trg}}", q(t.Name+"_notify"),
+		"{{partition_fn}}", t.Qualified("_partition"),
+		"{{partition_trg}}", q(t.Name+"_partition"),
 		"{{cdc}}", t.Qualified("_cdc"),
 		"{{cdc_fence_fn}}", t.Qualified("_cdc_fence"),
 		"{{cdc_write_fn}}", t.Qualified("_cdc_write"),
