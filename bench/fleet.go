@@ -35,14 +35,17 @@ const (
 type fleetCase struct {
 	name          string
 	turns, quanta int
+	duty          float64 // the budget's pace (relayd.Budget.Pace); 1: none
 	desc          string
 }
 
 func fleetCases() []fleetCase {
 	return []fleetCase{
-		{"budget", relayd.DefaultBudgetTurns, relayd.DefaultBudgetQuantum,
-			fmt.Sprintf("publish budget of %d turns of %d messages, weighted round robin (the default)", relayd.DefaultBudgetTurns, relayd.DefaultBudgetQuantum)},
-		{"no_budget", 1024, 100_000, "no effective budget: every source publishes whole waves whenever it likes"},
+		{"budget", relayd.DefaultBudgetTurns, relayd.DefaultBudgetQuantum, relayd.DefaultBudgetDuty,
+			fmt.Sprintf("publish budget of %d turns of %d messages, weighted round robin, a source publishing at most %.0f%% of the time while another has work (the default)",
+				relayd.DefaultBudgetTurns, relayd.DefaultBudgetQuantum, 100*relayd.DefaultBudgetDuty)},
+		{"unpaced", relayd.DefaultBudgetTurns, 100, 1, fmt.Sprintf("publish budget of %d turns of 100 messages, weighted round robin, not paced", relayd.DefaultBudgetTurns)},
+		{"no_budget", 1024, 100_000, 1, "no effective budget: every source publishes whole waves whenever it likes"},
 	}
 }
 
@@ -50,8 +53,8 @@ func fleetCases() []fleetCase {
 // relay process (relayd.Fleet): the commit-to-arrival latency of a
 // trickle to nine sources, without a flood and while the tenth source
 // drains a backlog of Config.Events events, with the default publish
-// budget and without one; and the flood's drain rate in each case, the
-// budget's cost. Each round runs every case, in alternating order.
+// budget, with the budget not paced, and without one; and the flood's
+// drain rate in each case, the budget's cost. Each round runs every case, in alternating order.
 func FleetFairness(ctx context.Context, cfg Config) (results []Result, err error) {
 	if cfg.Events == 0 {
 		cfg.Events = DefaultEvents
@@ -177,6 +180,9 @@ func (f *fleetRun) arrive(id string) {
 func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood Recorder, secs float64, err error) {
 	budget, err := relayd.NewBudget(c.turns, c.quanta)
 	if err != nil {
+		return quiet, flood, 0, err
+	}
+	if err := budget.Pace(c.duty, relayd.DefaultBudgetWindow); err != nil {
 		return quiet, flood, 0, err
 	}
 	fleet, err := relayd.NewFleet(&relayd.FleetOptions{Budget: budget})

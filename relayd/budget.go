@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/outboxkit/outbox/sink"
 )
@@ -19,6 +20,19 @@ import (
 // flooded source delays the others (docs/operations.md, One relay for many
 // databases).
 //
+// Turns bound the broker connection; they do not bound the CPU a flooded
+// source's claims, deletes and publishes take from a machine it shares
+// with the others (its relay, its database server, the broker). So while
+// another source has been granted a turn within the busy window, a source
+// holds one turn at a time, its publishes go out in slices of Quantum
+// messages, and it spends at most the duty share of the wall time
+// holding turns: after a turn held for d it waits d × (1 − duty) / duty
+// (at most 50 ms) before it asks for the next. A source alone publishes
+// whole waves, on as many turns as it likes, without waiting. A source
+// that publishes now and then never waits (its turns are far apart); a
+// flooded source drains at a fraction of its speed while others have
+// work (see Pace).
+//
 // A Budget is safe for concurrent use. The zero value is not usable; use
 // NewBudget.
 type Budget struct {
@@ -30,17 +44,32 @@ type Budget struct {
 	cursor  int            // ring[cursor] is served next
 	given   int            // turns ring[cursor] got in a row
 	granted uint64         // turns handed out, for tests and metrics
+
+	duty   float64       // share of the time a source may hold turns while another has work; 1: no limit
+	window time.Duration // how long after its last turn a source counts as having work
+	// recent are the last two distinct shares granted a turn, and when:
+	// the latest grant to a share other than s is recent[0], or recent[1]
+	// when recent[0] is s.
+	recent   [2]*budgetShare
+	recentAt [2]time.Time
 }
 
-// DefaultBudgetTurns and DefaultBudgetQuantum are NewBudget's defaults.
+// DefaultBudgetTurns, DefaultBudgetQuantum, DefaultBudgetDuty and
+// DefaultBudgetWindow are NewBudget's defaults. With them, on the 2-core
+// machine of docs/benchmarks.md (One relay for many databases), a flood
+// drained at about a third of its speed while nine other sources had a
+// trickle, whose p99 stayed within 2× of its figure without the flood.
 const (
 	DefaultBudgetTurns   = 4
-	DefaultBudgetQuantum = 100
+	DefaultBudgetQuantum = 25
+	DefaultBudgetDuty    = 0.2
+	DefaultBudgetWindow  = 10 * time.Second
 )
 
 // NewBudget returns a budget of turns publish calls in flight, each of at
-// most quantum messages. Zero takes DefaultBudgetTurns and
-// DefaultBudgetQuantum.
+// most quantum messages while sources compete, paced by
+// DefaultBudgetDuty and DefaultBudgetWindow (change them with Pace). Zero
+// takes DefaultBudgetTurns and DefaultBudgetQuantum.
 func NewBudget(turns, quantum int) (*Budget, error) {
 	if turns == 0 {
 		turns = DefaultBudgetTurns
@@ -54,7 +83,28 @@ func NewBudget(turns, quantum int) (*Budget, error) {
 	if quantum < 1 || quantum > 100_000 {
 		return nil, fmt.Errorf("relayd: publish quantum of %d messages: use 1 to 100000", quantum)
 	}
-	return &Budget{quantum: quantum, free: turns}, nil
+	return &Budget{quantum: quantum, free: turns, duty: DefaultBudgetDuty, window: DefaultBudgetWindow}, nil
+}
+
+// maxPaceGap caps the wait after one turn: with a slow broker (a turn of
+// 50 ms and more) pacing then costs a batch at most this per slice, so a
+// batch of the relay's default size still ends well within its lease.
+const maxPaceGap = 50 * time.Millisecond
+
+// Pace sets the share of the wall time (0 < duty ≤ 1; 1 turns pacing
+// off) a source may spend holding turns while another source was granted
+// one within window (> 0). Call it before the Budget is given to a Fleet.
+func (b *Budget) Pace(duty float64, window time.Duration) error {
+	if !(duty > 0 && duty <= 1) {
+		return fmt.Errorf("relayd: publish duty %v: use more than 0 and at most 1", duty)
+	}
+	if window <= 0 {
+		return fmt.Errorf("relayd: busy window %s: use more than 0", window)
+	}
+	b.mu.Lock()
+	b.duty, b.window = duty, window
+	b.mu.Unlock()
+	return nil
 }
 
 // budgetShare is one source's place in a Budget.
@@ -63,6 +113,10 @@ type budgetShare struct {
 	weight  int
 	waiters []chan struct{} // FIFO; closed when granted
 	inRing  bool
+	// notBefore: while another source has work, the share asks for no
+	// turn before then.
+	notBefore time.Time
+	holding   int // turns the share holds
 }
 
 // share returns a new share of weight w (at least 1).
@@ -77,15 +131,33 @@ func (s *budgetShare) setWeight(w int) {
 	s.b.mu.Unlock()
 }
 
-// acquire waits for a turn, or for ctx.
-func (s *budgetShare) acquire(ctx context.Context) error {
+// acquire waits for a turn, or for ctx. contended reports whether another
+// source had work when the turn was granted (then the turn carries at
+// most a quantum).
+func (s *budgetShare) acquire(ctx context.Context) (contended bool, err error) {
 	b := s.b
 	b.mu.Lock()
-	if b.free > 0 && len(b.ring) == 0 {
-		b.free--
-		b.granted++
+	for {
+		wait := s.paceLocked(time.Now())
+		if wait <= 0 {
+			break
+		}
 		b.mu.Unlock()
-		return nil
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		}
+		b.mu.Lock()
+	}
+	if b.free > 0 && len(b.ring) == 0 && !s.cappedLocked(time.Now()) {
+		b.free--
+		b.grantedLocked(s)
+		contended = s.othersBusyLocked(time.Now())
+		b.mu.Unlock()
+		return contended, nil
 	}
 	ch := make(chan struct{})
 	s.waiters = append(s.waiters, ch)
@@ -97,13 +169,17 @@ func (s *budgetShare) acquire(ctx context.Context) error {
 	b.mu.Unlock()
 	select {
 	case <-ch:
-		return nil
+		b.mu.Lock()
+		contended = s.othersBusyLocked(time.Now())
+		b.mu.Unlock()
+		return contended, nil
 	case <-ctx.Done():
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		select {
 		case <-ch: // granted meanwhile: give it back
 			b.free++
+			s.holding--
 			b.grantLocked()
 		default:
 			for i, w := range s.waiters {
@@ -113,21 +189,69 @@ func (s *budgetShare) acquire(ctx context.Context) error {
 				}
 			}
 		}
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 }
 
-// release gives a turn back.
-func (s *budgetShare) release() {
+// othersBusyLocked reports whether a share other than s was granted a
+// turn within the window before now.
+func (s *budgetShare) othersBusyLocked(now time.Time) bool {
+	b := s.b
+	i := 0
+	if b.recent[0] == s {
+		i = 1
+	}
+	return b.recent[i] != nil && now.Sub(b.recentAt[i]) <= b.window
+}
+
+// cappedLocked reports whether s may not take another turn now: while
+// the budget paces and another source has work, a source holds one turn
+// at a time, so its lanes' batches go out one after another.
+func (s *budgetShare) cappedLocked(now time.Time) bool {
+	return s.b.duty < 1 && s.holding >= 1 && s.othersBusyLocked(now)
+}
+
+// paceLocked returns how long s must wait before it asks for a turn.
+func (s *budgetShare) paceLocked(now time.Time) time.Duration {
+	if s.b.duty >= 1 || !now.Before(s.notBefore) || !s.othersBusyLocked(now) {
+		return 0
+	}
+	return s.notBefore.Sub(now)
+}
+
+// grantedLocked counts a turn granted to s.
+func (b *Budget) grantedLocked(s *budgetShare) {
+	b.granted++
+	s.holding++
+	if b.recent[0] != s {
+		b.recent[1], b.recentAt[1] = b.recent[0], b.recentAt[0]
+		b.recent[0] = s
+	}
+	b.recentAt[0] = time.Now()
+}
+
+// release gives back a turn that was held for held, and sets when s may
+// ask for its next one while others have work.
+func (s *budgetShare) release(held time.Duration) {
 	b := s.b
 	b.mu.Lock()
+	if b.duty < 1 {
+		gap := min(time.Duration(float64(held)*(1-b.duty)/b.duty), maxPaceGap)
+		next := time.Now().Add(gap)
+		if next.After(s.notBefore) {
+			s.notBefore = next
+		}
+	}
 	b.free++
+	s.holding--
 	b.grantLocked()
 	b.mu.Unlock()
 }
 
 // grantLocked hands free turns to waiting shares in weighted round robin.
 func (b *Budget) grantLocked() {
+	now := time.Now()
+	capped := 0 // shares passed over in a row for holding their one turn
 	for b.free > 0 && len(b.ring) > 0 {
 		if b.cursor >= len(b.ring) {
 			b.cursor, b.given = 0, 0
@@ -140,11 +264,21 @@ func (b *Budget) grantLocked() {
 			b.given = 0
 			continue
 		}
+		if s.cappedLocked(now) {
+			// Its next turn comes when it releases the one it holds.
+			if capped++; capped >= len(b.ring) {
+				return
+			}
+			b.cursor++
+			b.given = 0
+			continue
+		}
+		capped = 0
 		ch := s.waiters[0]
 		s.waiters = s.waiters[1:]
 		close(ch)
 		b.free--
-		b.granted++
+		b.grantedLocked(s)
 		b.given++
 		if b.given >= s.weight {
 			b.cursor++
@@ -160,33 +294,34 @@ type fairSink struct {
 	share *budgetShare
 }
 
-// Publish publishes msgs in slices of at most the budget's quantum, each
-// in a turn of its own. The slices go out one after another, so messages
-// of one key stay in slice order.
+// Publish publishes msgs in turns: the whole wave in one turn while no
+// other source has work, else in slices of at most the budget's quantum,
+// each in a turn of its own. The slices go out one after another, so
+// messages of one key stay in slice order.
 func (f *fairSink) Publish(ctx context.Context, msgs []sink.Message) []error {
-	q := f.share.b.quantum
-	if len(msgs) <= q {
-		return f.turn(ctx, msgs)
-	}
-	errs := make([]error, 0, len(msgs))
+	var errs []error
 	for len(msgs) > 0 {
-		n := min(q, len(msgs))
-		errs = append(errs, f.turn(ctx, msgs[:n])...)
+		contended, err := f.share.acquire(ctx)
+		if err != nil {
+			for range msgs {
+				errs = append(errs, err)
+			}
+			return errs
+		}
+		n := len(msgs)
+		if contended {
+			n = min(n, f.share.b.quantum)
+		}
+		start := time.Now()
+		out := f.Sink.Publish(ctx, msgs[:n])
+		f.share.release(time.Since(start))
+		if errs == nil && n == len(msgs) {
+			return out
+		}
+		errs = append(errs, out...)
 		msgs = msgs[n:]
 	}
 	return errs
-}
-
-func (f *fairSink) turn(ctx context.Context, msgs []sink.Message) []error {
-	if err := f.share.acquire(ctx); err != nil {
-		errs := make([]error, len(msgs))
-		for i := range errs {
-			errs[i] = err
-		}
-		return errs
-	}
-	defer f.share.release()
-	return f.Sink.Publish(ctx, msgs)
 }
 
 // Close leaves the shared sink open: the fleet closes it once no source

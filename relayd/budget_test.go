@@ -55,7 +55,7 @@ func (g *grants) snapshot() []string {
 // was granted (the turn is then held until release is called).
 func acquireAsync(t *testing.T, s *budgetShare, name string, g *grants, wg *sync.WaitGroup) {
 	wg.Go(func() {
-		if err := s.acquire(context.Background()); err != nil {
+		if _, err := s.acquire(context.Background()); err != nil {
 			t.Error(err)
 			return
 		}
@@ -73,7 +73,7 @@ func TestBudgetServesWaitingSourcesInWeightedRoundRobin(t *testing.T) {
 		t.Fatal(err)
 	}
 	flood, trickle := b.share(3), b.share(1)
-	if err := flood.acquire(context.Background()); err != nil { // holds the only turn
+	if _, err := flood.acquire(context.Background()); err != nil { // holds the only turn
 		t.Fatal(err)
 	}
 	var g grants
@@ -87,10 +87,14 @@ func TestBudgetServesWaitingSourcesInWeightedRoundRobin(t *testing.T) {
 	}
 	waitFor(t, "the trickle publishes to queue", func() bool { return b.waiting() == 14 })
 	// Hand the turn on 14 times, each time once the previous grant was
-	// recorded.
+	// recorded: the share that holds it gives it back.
+	holder := flood
 	for i := range 14 {
-		flood.release()
+		holder.release(0)
 		waitFor(t, "a grant", func() bool { return len(g.snapshot()) == i+1 })
+		if holder = flood; g.snapshot()[i] == "trickle" {
+			holder = trickle
+		}
 	}
 	wg.Wait()
 	got := g.snapshot()
@@ -114,21 +118,21 @@ func TestBudgetAcquireGivenUpLosesNoTurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := b.share(1)
-	if err := s.acquire(context.Background()); err != nil {
+	if _, err := s.acquire(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.acquire(ctx) }()
+	go func() { _, err := s.acquire(ctx); done <- err }()
 	waitFor(t, "the acquire to queue", func() bool { return b.waiting() == 1 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("acquire = %v, want context.Canceled", err)
 	}
-	s.release()
+	s.release(0)
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel2()
-	if err := s.acquire(ctx2); err != nil {
+	if _, err := s.acquire(ctx2); err != nil {
 		t.Fatalf("the freed turn was lost: %v", err)
 	}
 }
@@ -157,14 +161,26 @@ func (c *countingSink) Publish(_ context.Context, msgs []sink.Message) []error {
 
 func (c *countingSink) Close() error { return nil }
 
-// A fair sink splits a wave into quanta, in order, and never has more
-// publishes in flight than the budget's turns, however many sources
-// publish at once.
+// busy makes a share other than the ones a test uses take a turn, so
+// that they count as competing with another source.
+func busy(t *testing.T, b *Budget) {
+	t.Helper()
+	other := b.share(1)
+	if _, err := other.acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	other.release(0)
+}
+
+// While sources compete, a fair sink splits a wave into quanta, in order,
+// and never has more publishes in flight than the budget's turns, however
+// many sources publish at once.
 func TestFairSinkPublishesInQuantaWithinTheBudget(t *testing.T) {
 	b, err := NewBudget(2, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
+	busy(t, b)
 	inner := &countingSink{}
 	var wg sync.WaitGroup
 	for range 6 {
@@ -195,5 +211,168 @@ func TestFairSinkPublishesInQuantaWithinTheBudget(t *testing.T) {
 	}
 	if total != 6*250 || len(inner.calls) != 6*3 {
 		t.Fatalf("%d messages in %d calls, want 1500 in 18", total, len(inner.calls))
+	}
+}
+
+// A source alone publishes a wave in one turn, whatever the quantum.
+func TestFairSinkPublishesAWholeWaveWhenAlone(t *testing.T) {
+	b, err := NewBudget(2, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &countingSink{}
+	fs := &fairSink{Sink: inner, share: b.share(1)}
+	for range 2 {
+		if errs := fs.Publish(context.Background(), make([]sink.Message, 250)); len(errs) != 250 {
+			t.Fatalf("%d results for 250 messages", len(errs))
+		}
+	}
+	inner.mu.Lock()
+	defer inner.mu.Unlock()
+	if len(inner.calls) != 2 || inner.calls[0] != 250 || inner.calls[1] != 250 {
+		t.Fatalf("publish calls %v, want two of 250", inner.calls)
+	}
+}
+
+// While another source has work, a source that held a turn for d waits
+// d × (1 − duty) / duty before its next; alone, or once the other
+// source's last turn is older than the window, it does not wait.
+func TestBudgetPacesASourceWhileAnotherHasWork(t *testing.T) {
+	b, err := NewBudget(4, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const held = 45 * time.Millisecond // under the cap of 50 ms
+	if err := b.Pace(0.5, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	flood := b.share(1)
+
+	// Alone: no wait after a turn held for held.
+	if _, err := flood.acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	flood.release(held)
+	ctx, cancel := context.WithTimeout(context.Background(), held/3)
+	contended, err := flood.acquire(ctx)
+	cancel()
+	if err != nil || contended {
+		t.Fatalf("a source alone: acquire = %v, contended %v; want a turn at once, not contended", err, contended)
+	}
+	flood.release(held)
+
+	// Another source takes a turn: the flood now waits out its gap (held
+	// × 1 / 1 at duty 0.5).
+	busy(t, b)
+	released := time.Now()
+	short, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	_, err = flood.acquire(short)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("acquire during the gap = %v, want it to wait past its context's deadline", err)
+	}
+	contended, err = flood.acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(released); waited < held {
+		t.Fatalf("the next turn came %s after the release, before the gap of %s", waited, held)
+	}
+	if !contended {
+		t.Fatal("a turn granted while another source has work is not marked contended")
+	}
+	flood.release(time.Hour) // a gap of an hour, but for the cap
+
+	// The gap is capped: the turn held for an hour costs at most 50 ms.
+	capped, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = flood.acquire(capped)
+	cancel()
+	if err != nil {
+		t.Fatalf("after a turn held for an hour, the next: %v (the gap is not capped)", err)
+	}
+	flood.release(time.Hour) // a gap of an hour, were the other source busy and no cap
+
+	// The other source's last turn is older than the window: no wait.
+	if err := b.Pace(0.5, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the other source's turn to age past the window", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return !flood.othersBusyLocked(time.Now())
+	})
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := flood.acquire(ctx); err != nil {
+		t.Fatalf("after the window: %v", err)
+	}
+}
+
+// Pace refuses a duty or window it cannot use.
+func TestBudgetPaceRefusesBadValues(t *testing.T) {
+	b, err := NewBudget(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		duty   float64
+		window time.Duration
+	}{{0, time.Second}, {-0.1, time.Second}, {1.5, time.Second}, {0.5, 0}, {0.5, -time.Second}} {
+		if err := b.Pace(c.duty, c.window); err == nil {
+			t.Errorf("Pace(%v, %s) accepted", c.duty, c.window)
+		}
+	}
+	if err := b.Pace(1, time.Second); err != nil {
+		t.Errorf("Pace(1, 1s) (pacing off): %v", err)
+	}
+}
+
+// While the budget paces and another source has work, a source holds one
+// turn at a time: its second publish waits for its first, even with turns
+// free, and gets the turn once the first is released.
+func TestBudgetGivesAPacedSourceOneTurnAtATime(t *testing.T) {
+	b, err := NewBudget(4, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flood := b.share(1)
+	busy(t, b)
+	if _, err := flood.acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() { _, err := flood.acquire(context.Background()); second <- err }()
+	waitFor(t, "the second acquire to queue", func() bool { return b.waiting() == 1 })
+	// Three turns are free, and still the second waits.
+	trickle := b.share(1)
+	if _, err := trickle.acquire(context.Background()); err != nil {
+		t.Fatalf("another source with turns free: %v", err)
+	}
+	trickle.release(0)
+	if b.waiting() != 1 {
+		t.Fatalf("%d waiting, want the flood's second acquire still waiting", b.waiting())
+	}
+	flood.release(0)
+	select {
+	case err := <-second:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second acquire was not granted after the first turn was released")
+	}
+	flood.release(0)
+
+	// Not paced: both turns at once.
+	if err := b.Pace(1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := flood.acquire(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("unpaced, a second turn held at once: %v", err)
+		}
 	}
 }

@@ -34,6 +34,8 @@ type fleetFlags struct {
 	config  string
 	turns   int
 	quantum int
+	duty    float64
+	window  time.Duration
 }
 
 func (fl *fleetFlags) register(cmd *cobra.Command, f *dbFlags) {
@@ -41,7 +43,9 @@ func (fl *fleetFlags) register(cmd *cobra.Command, f *dbFlags) {
 	f.registerTable(cmd)
 	cmd.Flags().StringVar(&fl.config, "config", "", "relay the sources this YAML file lists (docs/operations.md, One relay for many databases); SIGHUP reloads it")
 	cmd.Flags().IntVar(&fl.turns, "publish-turns", relayd.DefaultBudgetTurns, "with several sources: publishes in flight at once across them")
-	cmd.Flags().IntVar(&fl.quantum, "publish-quantum", relayd.DefaultBudgetQuantum, "with several sources: most messages one source publishes per turn")
+	cmd.Flags().IntVar(&fl.quantum, "publish-quantum", relayd.DefaultBudgetQuantum, "with several sources: most messages one source publishes per turn while another has work")
+	cmd.Flags().Float64Var(&fl.duty, "publish-duty", relayd.DefaultBudgetDuty, "with several sources: the share of the time one source may spend publishing while another has work (1: no limit)")
+	cmd.Flags().DurationVar(&fl.window, "publish-window", relayd.DefaultBudgetWindow, "with several sources: a source has work for this long after its last publish")
 }
 
 // mode sets f.db from a single --db and reports whether the flags ask for
@@ -55,7 +59,7 @@ func (fl *fleetFlags) mode(cmd *cobra.Command, f *dbFlags) (bool, error) {
 		f.db = fl.dbs[0]
 	}
 	if !fleet {
-		for _, name := range []string{"publish-turns", "publish-quantum"} {
+		for _, name := range []string{"publish-turns", "publish-quantum", "publish-duty", "publish-window"} {
 			if cmd.Flags().Changed(name) {
 				return false, fmt.Errorf("--%s goes with several --db or --config", name)
 			}
@@ -67,8 +71,12 @@ func (fl *fleetFlags) mode(cmd *cobra.Command, f *dbFlags) (bool, error) {
 			return false, fmt.Errorf("--%s goes with a single --db", name)
 		}
 	}
-	if err := firstError(intIn("publish-turns", fl.turns, 1, 1024), intIn("publish-quantum", fl.quantum, 1, 100_000)); err != nil {
+	if err := firstError(intIn("publish-turns", fl.turns, 1, 1024), intIn("publish-quantum", fl.quantum, 1, 100_000),
+		durationIn("publish-window", fl.window, time.Millisecond, 24*time.Hour)); err != nil {
 		return false, err
+	}
+	if !(fl.duty > 0 && fl.duty <= 1) {
+		return false, fmt.Errorf("--publish-duty %v: use more than 0 and at most 1", fl.duty)
 	}
 	return true, nil
 }
@@ -285,6 +293,9 @@ func (fl *fleetFlags) run(ctx context.Context, cmd *cobra.Command, r fleetRun) e
 	}
 	budget, err := relayd.NewBudget(fl.turns, fl.quantum)
 	if err != nil {
+		return err
+	}
+	if err := budget.Pace(fl.duty, fl.window); err != nil {
 		return err
 	}
 	fleet, err := relayd.NewFleet(&relayd.FleetOptions{Budget: budget, Metrics: r.ln != nil, Grace: r.grace, Logger: r.log})

@@ -608,6 +608,9 @@ func TestFleetConfigErrorsAreClear(t *testing.T) {
 		{"bad route", "sources:\n  - name: a\n    db: " + db + "\n    route-by: payload\n", "cannot route by", nil},
 		{"too many", many, "at most 64", nil},
 		{"config and db", "sources:\n  - name: a\n    db: " + db + "\n", "leave out --db", []string{"--db", db}},
+		{"duty zero", "sources:\n  - name: a\n    db: " + db + "\n", "--publish-duty 0: use more than 0", []string{"--publish-duty", "0"}},
+		{"duty above one", "sources:\n  - name: a\n    db: " + db + "\n", "--publish-duty 1.5", []string{"--publish-duty", "1.5"}},
+		{"window zero", "sources:\n  - name: a\n    db: " + db + "\n", "--publish-window 0s", []string{"--publish-window", "0s"}},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
