@@ -100,7 +100,7 @@ func hasPartitionTrigger(t *testing.T, ctx context.Context, db interface {
 	var generated, trigger bool
 	var wrong int
 	err := db.QueryRow(ctx, `SELECT (SELECT attgenerated <> '' FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'partition'),
-       EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname LIKE '%\_partition' AND NOT tgisinternal)`, table).Scan(&generated, &trigger)
+       EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname LIKE '%\_partition' AND NOT tgisinternal AND tgenabled = 'A')`, table).Scan(&generated, &trigger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,6 +130,48 @@ func TestLeanRowMigratesUnderLoad(t *testing.T) {
 func TestPartitionTriggerMigratesUnderLoad(t *testing.T) {
 	t.Parallel()
 	testMigratesUnderLoad(t, 17, hasPartitionTrigger)
+}
+
+// The partition trigger sets every row's partition, whatever a plain-SQL
+// writer gives, on insert and on update, also under
+// session_replication_role = replica (a restore, a replication apply).
+func TestPartitionTriggerSetsEveryRowsPartition(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, time.Minute)
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	table := tb.Qualified("")
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, aggregatetype, aggregateid, type, payload, partition)
+VALUES (gen_random_uuid(), 'order', 'given', 'Placed', '{}', 9999)`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, aggregatetype, aggregateid, type, payload)
+VALUES (gen_random_uuid(), 'order', 'replica', 'Placed', '{}')`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE `+table+` SET aggregateid = 'moved' WHERE aggregateid = 'given'`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hasPartitionTrigger(t, ctx, pool, table) { // also checks every row's partition
+		t.Fatal("no partition trigger at the latest version")
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE aggregateid IN ('moved', 'replica') AND partition IS NOT NULL`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("%d of 2 rows with a partition", n)
+	}
 }
 
 // testMigratesUnderLoad runs migration version up, down and up again

@@ -31,3 +31,6 @@ $do$;
 ALTER TABLE {{table}} ALTER COLUMN partition DROP EXPRESSION;
 CREATE TRIGGER {{partition_trg}} BEFORE INSERT OR UPDATE OF aggregateid, partition ON {{table}}
     FOR EACH ROW EXECUTE FUNCTION {{partition_fn}}();
+-- Also under session_replication_role = replica (a restore, a replication
+-- apply worker, a writer that set it), as the generated column was.
+ALTER TABLE {{table}} ENABLE ALWAYS TRIGGER {{partition_trg}};
