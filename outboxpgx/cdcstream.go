@@ -781,6 +781,16 @@ func (st *stream) read(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 	defer d.close()
 	d.emit = func(t *txn, part bool) error { return st.emit(ctx, conn, t, part) }
 	st.next = time.Now()
+	// The receive's context, with the deadline of the next status update:
+	// made again only when that deadline moves or a kick or the deadline
+	// ended it, not for every message (a timer each, a tenth of the
+	// reader's CPU in a drain).
+	var (
+		rctx    context.Context
+		rcancel context.CancelFunc = func() {}
+		rnext   time.Time
+	)
+	defer func() { rcancel() }()
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -809,14 +819,16 @@ func (st *stream) read(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 			}
 			continue
 		}
-		rctx, cancel := context.WithDeadline(ctx, st.next)
-		if !st.receiving(cancel) {
-			cancel()
+		if rctx == nil || rctx.Err() != nil || !rnext.Equal(st.next) {
+			rcancel()
+			rctx, rcancel = context.WithDeadline(ctx, st.next)
+			rnext = st.next
+		}
+		if !st.receiving(rcancel) {
 			continue
 		}
 		msg, err := conn.ReceiveMessage(rctx)
 		st.received()
-		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
