@@ -24,10 +24,11 @@ import (
 // source's claims, deletes and publishes take from a machine it shares
 // with the others (its relay, its database server, the broker). So while
 // another source has been granted a turn within the busy window, a source
-// holds one turn at a time, its publishes go out in slices of Quantum
-// messages, and it spends at most the duty share of the wall time
-// holding turns: after a turn held for d it waits d × (1 − duty) / duty
-// (at most 50 ms) before it asks for the next. A source alone publishes
+// of weight w holds at most w turns at a time, its publishes go out in
+// slices of Quantum messages, and it spends at most w × duty of the wall
+// time holding turns: after a turn held for d it waits
+// d × (1 − w·duty) / (w·duty) (at most 50 ms) before it asks for the next
+// (a weight of 1/duty or more is never paced). A source alone publishes
 // whole waves, on as many turns as it likes, without waiting. A source
 // that publishes now and then never waits (its turns are far apart); a
 // flooded source drains at a fraction of its speed while others have
@@ -205,16 +206,23 @@ func (s *budgetShare) othersBusyLocked(now time.Time) bool {
 	return b.recent[i] != nil && now.Sub(b.recentAt[i]) <= b.window
 }
 
+// dutyLocked is the share of the time s may hold turns while another
+// source has work: the budget's duty times its weight, 1 at most.
+func (s *budgetShare) dutyLocked() float64 {
+	return min(1, s.b.duty*float64(s.weight))
+}
+
 // cappedLocked reports whether s may not take another turn now: while
-// the budget paces and another source has work, a source holds one turn
-// at a time, so its lanes' batches go out one after another.
+// the budget paces and another source has work, a source holds at most
+// its weight in turns at a time, so a flood's lanes take turns with each
+// other rather than all at once.
 func (s *budgetShare) cappedLocked(now time.Time) bool {
-	return s.b.duty < 1 && s.holding >= 1 && s.othersBusyLocked(now)
+	return s.dutyLocked() < 1 && s.holding >= s.weight && s.othersBusyLocked(now)
 }
 
 // paceLocked returns how long s must wait before it asks for a turn.
 func (s *budgetShare) paceLocked(now time.Time) time.Duration {
-	if s.b.duty >= 1 || !now.Before(s.notBefore) || !s.othersBusyLocked(now) {
+	if s.dutyLocked() >= 1 || !now.Before(s.notBefore) || !s.othersBusyLocked(now) {
 		return 0
 	}
 	return s.notBefore.Sub(now)
@@ -236,8 +244,8 @@ func (b *Budget) grantedLocked(s *budgetShare) {
 func (s *budgetShare) release(held time.Duration) {
 	b := s.b
 	b.mu.Lock()
-	if b.duty < 1 {
-		gap := min(time.Duration(float64(held)*(1-b.duty)/b.duty), maxPaceGap)
+	if duty := s.dutyLocked(); duty < 1 {
+		gap := min(time.Duration(float64(held)*(1-duty)/duty), maxPaceGap)
 		next := time.Now().Add(gap)
 		if next.After(s.notBefore) {
 			s.notBefore = next

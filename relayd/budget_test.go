@@ -376,3 +376,45 @@ func TestBudgetGivesAPacedSourceOneTurnAtATime(t *testing.T) {
 		}
 	}
 }
+
+// Under pacing a source's weight still counts: a source of weight 2 holds
+// two turns at once, and a weight of 1/duty or more is never paced.
+func TestBudgetPacingScalesWithWeight(t *testing.T) {
+	b, err := NewBudget(4, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Pace(0.25, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	heavy, full := b.share(2), b.share(4)
+	busy(t, b)
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := heavy.acquire(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("weight 2, turns held at once: %v", err)
+		}
+	}
+	third := make(chan error, 1)
+	go func() { _, err := heavy.acquire(context.Background()); third <- err }()
+	waitFor(t, "the third acquire of weight 2 to queue", func() bool { return b.waiting() == 1 })
+	heavy.release(0)
+	if err := <-third; err != nil {
+		t.Fatal(err)
+	}
+	heavy.release(0)
+	heavy.release(0)
+
+	// Weight 4 at duty 0.25: not paced, however long its last turn.
+	if _, err := full.acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	full.release(time.Hour) // paced, this would be a gap of 50 ms (the cap)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	if _, err := full.acquire(ctx); err != nil {
+		t.Fatalf("weight 4 at duty 0.25 was paced: %v", err)
+	}
+}
