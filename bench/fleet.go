@@ -54,7 +54,8 @@ func fleetCases() []fleetCase {
 // trickle to nine sources, without a flood and while the tenth source
 // drains a backlog of Config.Events events, with the default publish
 // budget, with the budget not paced, and without one; and the flood's
-// drain rate in each case, the budget's cost. Each round runs every case, in alternating order.
+// drain rate in each case, the budget's cost. Each round runs every case,
+// in alternating order.
 func FleetFairness(ctx context.Context, cfg Config) (results []Result, err error) {
 	if cfg.Events == 0 {
 		cfg.Events = DefaultEvents
