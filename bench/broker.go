@@ -160,6 +160,12 @@ func (b *natsBroker) Raw(ctx context.Context, msgs []sink.Message) error {
 }
 
 func (b *natsBroker) Consume(ctx context.Context, fn func(id string)) (func(), error) {
+	return b.consume(ctx, func(id string, _ time.Time) { fn(id) })
+}
+
+// consume is Consume that also gives the time JetStream stored each
+// message (its metadata): when the relay's publish of it was done.
+func (b *natsBroker) consume(ctx context.Context, fn func(id string, stored time.Time)) (func(), error) {
 	// The relay's subjects (<tag>.<aggregate type>), not the raw
 	// publishes (<tag>.raw.<aggregate type>).
 	cons, err := b.js.OrderedConsumer(ctx, b.stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{strings.ToLower(b.stream) + ".*"}})
@@ -167,7 +173,11 @@ func (b *natsBroker) Consume(ctx context.Context, fn func(id string)) (func(), e
 		return nil, fmt.Errorf("bench: consumer: %w", err)
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		fn(m.Headers().Get("id"))
+		var stored time.Time
+		if md, err := m.Metadata(); err == nil {
+			stored = md.Timestamp
+		}
+		fn(m.Headers().Get("id"), stored)
 	}, jetstream.PullMaxMessages(4096))
 	if err != nil {
 		return nil, fmt.Errorf("bench: consumer: %w", err)

@@ -95,8 +95,8 @@ func FleetFairness(ctx context.Context, cfg Config) (results []Result, err error
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, b.Close()) }()
-	f := &fleetRun{cfg: cfg, tables: tables, broker: b, committed: map[string]time.Time{}, arrived: map[string]time.Time{}}
-	stop, err := b.Consume(ctx, f.arrive)
+	f := &fleetRun{cfg: cfg, tables: tables, broker: b, committed: map[string]time.Time{}, arrived: map[string]time.Time{}, stored: map[string]time.Time{}}
+	stop, err := b.consume(ctx, f.arrive)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +104,7 @@ func FleetFairness(ctx context.Context, cfg Config) (results []Result, err error
 
 	cases := fleetCases()
 	type pooled struct {
-		quiet, flood Recorder
+		quiet, flood fleetLatencies
 		events       int64
 		seconds      float64
 		rounds       []float64
@@ -121,28 +121,33 @@ func FleetFairness(ctx context.Context, cfg Config) (results []Result, err error
 			if err != nil {
 				return nil, fmt.Errorf("bench: fleet %s: %w", c.name, err)
 			}
-			acc[i].quiet.Merge(&quiet)
-			acc[i].flood.Merge(&flood)
+			acc[i].quiet.merge(&quiet)
+			acc[i].flood.merge(&flood)
 			acc[i].events += int64(cfg.Events)
 			acc[i].seconds += secs
 			acc[i].rounds = append(acc[i].rounds, float64(cfg.Events)/secs)
-			fmt.Fprintf(cfg.Progress, "fleet %s round %d: trickle p99 %s quiet, %s during the flood; flood %.0f events/s\n",
-				c.name, round+1, quiet.Summary().P99, flood.Summary().P99, float64(cfg.Events)/secs)
+			fmt.Fprintf(cfg.Progress, "fleet %s round %d: trickle p99 %s quiet, %s during the flood (commit to publish %s, %s); flood %.0f events/s\n",
+				c.name, round+1, quiet.arrive.Summary().P99, flood.arrive.Summary().P99,
+				quiet.publish.Summary().P99, flood.publish.Summary().P99, float64(cfg.Events)/secs)
 		}
 	}
 	for i, c := range cases {
-		q, fl := acc[i].quiet.Summary(), acc[i].flood.Summary()
+		q, fl := acc[i].quiet.arrive.Summary(), acc[i].flood.arrive.Summary()
+		qp, flp := acc[i].quiet.publish.Summary(), acc[i].flood.publish.Summary()
 		for _, r := range []struct {
-			name string
-			lat  Latency
-			per  float64
-		}{{c.name + "_quiet", q, 0}, {c.name + "_flooded", fl, float64(acc[i].events) / acc[i].seconds}} {
+			name     string
+			lat, pub Latency
+			per      float64
+		}{{c.name + "_quiet", q, qp, 0}, {c.name + "_flooded", fl, flp, float64(acc[i].events) / acc[i].seconds}} {
 			res := Result{Scenario: "fleet", Case: r.name, Description: c.desc, Workers: FleetSources, Unit: "event",
-				Latency: r.lat, Env: env, Counters: map[string]int64{"trickle_events": r.lat.Count}}
+				Latency: r.lat, Env: env, Counters: map[string]int64{"trickle_events": r.lat.Count, "publish_p99_us": r.pub.P99.Microseconds()}}
 			if r.per > 0 {
 				res.Ops, res.Seconds, res.PerSecond, res.RoundsPerSecond = acc[i].events, acc[i].seconds, r.per, acc[i].rounds
 				if q.P99 > 0 {
 					res.Counters["trickle_p99_vs_quiet_permille"] = int64(1000 * fl.P99 / q.P99)
+				}
+				if qp.P99 > 0 {
+					res.Counters["publish_p99_vs_quiet_permille"] = int64(1000 * flp.P99 / qp.P99)
 				}
 			}
 			results = append(results, res)
@@ -160,14 +165,15 @@ type fleetRun struct {
 	mu        sync.Mutex
 	committed map[string]time.Time // trickle event id -> commit returned
 	arrived   map[string]time.Time // first arrival of any event
+	stored    map[string]time.Time // when JetStream stored that first copy
 	floodLeft int
 }
 
-func (f *fleetRun) arrive(id string) {
+func (f *fleetRun) arrive(id string, stored time.Time) {
 	now := time.Now()
 	f.mu.Lock()
 	if _, ok := f.arrived[id]; !ok {
-		f.arrived[id] = now
+		f.arrived[id], f.stored[id] = now, stored
 		if _, trickle := f.committed[id]; !trickle {
 			f.floodLeft--
 		}
@@ -178,7 +184,7 @@ func (f *fleetRun) arrive(id string) {
 // round runs one case: a fleet with the case's budget, a quiet trickle,
 // then the flood with the trickle. It returns the trickle latencies of
 // both phases and how long the flood took to arrive.
-func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood Recorder, secs float64, err error) {
+func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood fleetLatencies, secs float64, err error) {
 	budget, err := relayd.NewBudget(c.turns, c.quanta)
 	if err != nil {
 		return quiet, flood, 0, err
@@ -309,12 +315,24 @@ func (f *fleetRun) waitArrived(ctx context.Context, ids []string) error {
 	})
 }
 
-func (f *fleetRun) latencies(ids []string) Recorder {
+// fleetLatencies are the trickle's latencies: commit to arrival at the
+// consumer, and commit to publish (JetStream storing the message).
+type fleetLatencies struct{ arrive, publish Recorder }
+
+func (l *fleetLatencies) merge(o *fleetLatencies) {
+	l.arrive.Merge(&o.arrive)
+	l.publish.Merge(&o.publish)
+}
+
+func (f *fleetRun) latencies(ids []string) fleetLatencies {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var r Recorder
+	var l fleetLatencies
 	for _, id := range ids {
-		r.Record(f.arrived[id].Sub(f.committed[id]))
+		l.arrive.Record(f.arrived[id].Sub(f.committed[id]))
+		if st := f.stored[id]; !st.IsZero() {
+			l.publish.Record(st.Sub(f.committed[id]))
+		}
 	}
-	return r
+	return l
 }
