@@ -137,6 +137,9 @@ type txn struct {
 	commit time.Time
 	events []*event
 	left   int // events not done
+	// delayed says an event of it has a deliver_at still ahead as it was
+	// read (event.deliverAt).
+	delayed bool
 }
 
 // queue holds the decoded events until they are done, in commit order,
@@ -176,6 +179,9 @@ type queue struct {
 	// mark is the end of the newest transaction that is done together
 	// with every transaction before it: the LSN the slot may confirm.
 	mark pglogrepl.LSN
+	// delayedTxns counts the txns with delayed set, so that a claim
+	// without any looks at no event (delayedAfter).
+	delayedTxns int
 }
 
 func newQueue() queue {
@@ -188,6 +194,10 @@ func (q *queue) push(t *txn) {
 	for _, e := range t.events {
 		e.tx = t
 		e.seal()
+		t.delayed = t.delayed || !e.deliverAt.IsZero()
+	}
+	if t.delayed {
+		q.delayedTxns++
 	}
 	q.pending += t.left
 	if t.drain {
@@ -266,10 +276,14 @@ func (q *queue) parkable(hold map[aggKey]string, now time.Time) []*event {
 }
 
 // delayedAfter reports whether an event of the stream not done yet is
-// delayed past now.
+// delayed past now. It looks only at the transactions that hold a delayed
+// event: a claim of a backlog without any walks no event.
 func (q *queue) delayedAfter(now time.Time) bool {
+	if q.delayedTxns == 0 {
+		return false
+	}
 	for _, t := range q.txns {
-		if t.left == 0 {
+		if t.left == 0 || !t.delayed {
 			continue
 		}
 		for _, e := range t.events {
@@ -422,6 +436,9 @@ func (q *queue) advance() bool {
 		if end := q.txns[i].end; end > q.mark {
 			q.mark, moved = end, true
 		}
+		if q.txns[i].delayed {
+			q.delayedTxns--
+		}
 	}
 	if i > 0 {
 		clear(q.txns[:i])
@@ -474,7 +491,7 @@ func (q *queue) reset() (doneAhead int) {
 	}
 	clear(q.txns)
 	clear(q.front)
-	q.txns, q.pending, q.drainLeft, q.mark = nil, 0, 0, 0
+	q.txns, q.pending, q.drainLeft, q.mark, q.delayedTxns = nil, 0, 0, 0, 0
 	q.front, q.frontLeft, q.unparking = nil, 0, map[aggKey]int{}
 	return doneAhead
 }

@@ -177,6 +177,43 @@ func TestQueueParksDelayedEventsBehindEarlierOnes(t *testing.T) {
 	}
 }
 
+// delayedAfter sees a delayed event for as long as its transaction is in
+// the queue, and looks at no event once none is: the count of
+// transactions holding one follows push, advance and reset.
+func TestQueueDelayedAfterFollowsTheQueue(t *testing.T) {
+	q := newQueue()
+	now := time.Now()
+	a1, b1 := qev("a", "a1"), qev("b", "b1")
+	a1.deliverAt = now.Add(time.Minute)
+	q.push(&txn{end: 100, events: []*event{qev("c", "c1")}})
+	if q.delayedAfter(now) || q.delayedTxns != 0 {
+		t.Fatalf("delayedAfter with no delayed event = true (%d transactions counted)", q.delayedTxns)
+	}
+	q.push(&txn{end: 200, events: []*event{b1, a1}})
+	if !q.delayedAfter(now) || q.delayedTxns != 1 {
+		t.Fatalf("delayedAfter with a1 delayed = false (%d transactions counted)", q.delayedTxns)
+	}
+	if q.delayedAfter(now.Add(2 * time.Minute)) {
+		t.Fatal("delayedAfter past a1's time = true")
+	}
+	for _, e := range q.claim(10, now, nil) {
+		q.done(e)
+	}
+	q.done(a1) // published once due (or parked): its transaction is done
+	if q.delayedAfter(now) || q.delayedTxns != 1 {
+		t.Fatalf("once a1 is done, before its transaction leaves the queue: delayedAfter true or %d transactions counted, want false and 1", q.delayedTxns)
+	}
+	q.advance()
+	if q.delayedTxns != 0 || q.delayedAfter(now) {
+		t.Fatalf("after the delayed event's transaction is done: %d transactions counted", q.delayedTxns)
+	}
+	q.push(&txn{end: 300, events: []*event{func() *event { e := qev("a", "a2"); e.deliverAt = now.Add(time.Hour); return e }()}})
+	q.reset()
+	if q.delayedTxns != 0 || q.delayedAfter(now) {
+		t.Fatalf("after reset: %d transactions counted", q.delayedTxns)
+	}
+}
+
 // nextDue names the earliest delayed parked event still to come, and
 // never one due already, which would wake a waiter at once, again and
 // again.
