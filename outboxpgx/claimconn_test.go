@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -46,7 +47,7 @@ func (r *floorRig) claimOne(leases []outboxdriver.Lease, want int64) *batch {
 func (r *floorRig) split(seq int64) (its, others []outboxdriver.Lease) {
 	r.t.Helper()
 	var p int
-	if err := r.pool.QueryRow(context.Background(), `SELECT partition FROM `+r.table.Qualified("")+` WHERE seq = $1`, seq).Scan(&p); err != nil {
+	if err := r.pool.QueryRow(context.Background(), `SELECT `+pgschema.PartitionOf("", r.table)+` FROM `+r.table.Qualified("")+` WHERE seq = $1`, seq).Scan(&p); err != nil {
 		r.t.Fatal(err)
 	}
 	for _, l := range r.leases {
@@ -59,18 +60,11 @@ func (r *floorRig) split(seq int64) (its, others []outboxdriver.Lease) {
 	return its, others
 }
 
-// partitionOf returns the partition an event of aggregate agg falls into,
-// from an insert that is rolled back.
+// partitionOf returns the partition an event of aggregate agg falls into.
 func (r *floorRig) partitionOf(agg string) int {
 	r.t.Helper()
-	ctx := context.Background()
-	tx, err := r.pool.Begin(ctx)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
 	var p int
-	if err := tx.QueryRow(ctx, `SELECT partition FROM `+r.table.Qualified("")+` WHERE seq = $1`, r.insert(tx, agg)).Scan(&p); err != nil {
+	if err := r.pool.QueryRow(context.Background(), `SELECT `+pgschema.PartitionOf("v.", r.table)+` FROM (VALUES ($1::text)) AS v(aggregateid)`, agg).Scan(&p); err != nil {
 		r.t.Fatal(err)
 	}
 	return p

@@ -90,31 +90,42 @@ func hasLeanShape(t *testing.T, ctx context.Context, db interface {
 	return !pk
 }
 
-// hasPartitionTrigger reports whether tb's partition column is set by the
-// row trigger (migration 17) rather than generated, and checks that every
-// row's partition is the hash of its aggregate id either way.
-func hasPartitionTrigger(t *testing.T, ctx context.Context, db interface {
+// partitionShape reports how tb keeps its rows' partitions: "generated"
+// (a stored generated column, schema versions 2 to 16), "trigger" (the
+// column set by a row trigger, version 17) or "derived" (the column kept
+// but no longer set: relays compute the partition, version 18). It checks
+// that every partition the column holds is the hash of the row's
+// aggregate id, and, but for "derived", that every row has one.
+func partitionShape(t *testing.T, ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, table string) bool {
+}, table string) string {
 	t.Helper()
 	var generated, trigger bool
-	var wrong int
 	err := db.QueryRow(ctx, `SELECT (SELECT attgenerated <> '' FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'partition'),
        EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname LIKE '%\_partition' AND NOT tgisinternal AND tgenabled = 'A')`, table).Scan(&generated, &trigger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if generated == trigger {
-		t.Fatalf("table %s half migrated: generated partition %v, partition trigger %v", table, generated, trigger)
+	if generated && trigger {
+		t.Fatalf("table %s half migrated: a generated partition and a partition trigger", table)
 	}
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+table+`
-WHERE partition IS DISTINCT FROM ((hashtextextended(aggregateid, 0) & 9223372036854775807) % 64)::integer`).Scan(&wrong); err != nil {
+	var wrong, empty int
+	if err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE partition <> ((hashtextextended(aggregateid, 0) & 9223372036854775807) % 64)::integer),
+       count(*) FILTER (WHERE partition IS NULL) FROM `+table).Scan(&wrong, &empty); err != nil {
 		t.Fatal(err)
 	}
 	if wrong > 0 {
 		t.Fatalf("table %s: %d rows in the wrong partition", table, wrong)
 	}
-	return trigger
+	switch {
+	case generated:
+		return "generated"
+	case trigger && empty > 0:
+		t.Fatalf("table %s: %d rows without a partition while the trigger sets it", table, empty)
+	case trigger:
+		return "trigger"
+	}
+	return "derived"
 }
 
 // Migration 10 (the lean row) and its revert run while writers commit
@@ -126,21 +137,42 @@ func TestLeanRowMigratesUnderLoad(t *testing.T) {
 }
 
 // Migration 17 (the partition set by a trigger) and its revert, the same
-// way: every row keeps, and every new row gets, its aggregate's partition.
+// way: every row keeps, and every new row gets, its aggregate's partition
+// (the latest version, 18, stores none).
 func TestPartitionTriggerMigratesUnderLoad(t *testing.T) {
 	t.Parallel()
-	testMigratesUnderLoad(t, 17, hasPartitionTrigger)
+	testMigratesUnderLoad(t, 17, func(t *testing.T, ctx context.Context, db interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}, table string) bool {
+		return partitionShape(t, ctx, db, table) != "generated"
+	})
 }
 
-// The partition trigger sets every row's partition, whatever a plain-SQL
-// writer gives, on insert and on update, also under
+// Migration 18 (the partition computed by the relays, stored nowhere) and
+// its revert, the same way: the relay claims by the same hash before and
+// after, and the revert gives every row, old and new, its partition back.
+func TestDerivedPartitionMigratesUnderLoad(t *testing.T) {
+	t.Parallel()
+	testMigratesUnderLoad(t, 18, func(t *testing.T, ctx context.Context, db interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}, table string) bool {
+		return partitionShape(t, ctx, db, table) == "derived"
+	})
+}
+
+// At version 17 the partition trigger sets every row's partition, whatever
+// a plain-SQL writer gives, on insert and on update, also under
 // session_replication_role = replica (a restore, a replication apply).
 func TestPartitionTriggerSetsEveryRowsPartition(t *testing.T) {
 	t.Parallel()
 	ctx := testenv.Context(t, time.Minute)
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
+	drv := outboxpgx.New(pool)
+	if _, err := drv.Migrate(ctx, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := drv.MigrateDown(ctx, tb, 17); err != nil {
 		t.Fatal(err)
 	}
 	table := tb.Qualified("")
@@ -162,8 +194,8 @@ VALUES (gen_random_uuid(), 'order', 'replica', 'Placed', '{}')`); err != nil {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hasPartitionTrigger(t, ctx, pool, table) { // also checks every row's partition
-		t.Fatal("no partition trigger at the latest version")
+	if shape := partitionShape(t, ctx, pool, table); shape != "trigger" { // also checks every row's partition
+		t.Fatalf("partition %s at version 17, want set by its trigger", shape)
 	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE aggregateid IN ('moved', 'replica') AND partition IS NOT NULL`).Scan(&n); err != nil {

@@ -403,33 +403,63 @@ func TestNoNotifyWhileBusy(t *testing.T) {
 	expectMarker(t, pool, conn, tb, "after-expiry", "the commit made after the idle registration expired")
 }
 
-func TestPartitionIsComputedByTheDatabase(t *testing.T) {
+// A row's partition is its aggregate id's hash over the table's
+// partitions, computed by the claim (schema version 18 stores it nowhere):
+// every event of an aggregate is claimed in one partition, the one of the
+// hash the earlier versions stored, and a claim under the other leases
+// does not see it.
+func TestClaimDerivesEachRowsPartition(t *testing.T) {
 	t.Parallel()
 	pool, tb := setup(t)
 	ctx := context.Background()
-	for _, agg := range []string{"1", "1", "2", "order-42", ""} {
+	aggs := []string{"1", "1", "2", "order-42", "", "order-42"}
+	for _, agg := range aggs {
 		if _, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("")+` (id, aggregatetype, aggregateid, type) VALUES (gen_random_uuid(), 'o', $1, 'T')`, agg); err != nil {
 			t.Fatal(err)
 		}
 	}
-	rows, _ := pool.Query(ctx, `SELECT aggregateid, partition FROM `+tb.Qualified(""))
+	src := newSource(t, pool, tb, outboxdriver.RetentionDelete)
+	leases := leaseAll(t, src)
+	b, err := src.Claim(ctx, leases, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := b.Records()
+	b.Release(ctx)
 	parts := map[string]int{}
-	for rows.Next() {
-		var agg string
-		var p int
-		if err := rows.Scan(&agg, &p); err != nil {
+	for _, r := range recs {
+		var want int
+		if err := pool.QueryRow(ctx, `SELECT ((hashtextextended($1::text, 0) & 9223372036854775807) % $2)::integer`, r.AggregateID, outboxdriver.DefaultPartitions).Scan(&want); err != nil {
 			t.Fatal(err)
 		}
-		if p < 0 || p >= outboxdriver.DefaultPartitions {
-			t.Fatalf("partition %d out of range", p)
+		if r.Partition != want {
+			t.Fatalf("aggregate %q claimed in partition %d, want %d (its hash)", r.AggregateID, r.Partition, want)
 		}
-		if old, ok := parts[agg]; ok && old != p {
-			t.Fatalf("aggregate %q in partitions %d and %d", agg, old, p)
-		}
-		parts[agg] = p
+		parts[r.AggregateID] = r.Partition
 	}
-	if len(parts) != 4 {
-		t.Fatalf("rows: %v", parts)
+	if len(recs) != len(aggs) || len(parts) != 4 {
+		t.Fatalf("claimed %d events of %d aggregates, want %d of 4", len(recs), len(parts), len(aggs))
+	}
+	// Under every lease but order-42's, none of its events is claimed.
+	var others []outboxdriver.Lease
+	for _, l := range leases {
+		if l.Partition != parts["order-42"] {
+			others = append(others, l)
+		}
+	}
+	b, err = src.Claim(ctx, others, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs = b.Records()
+	b.Release(ctx)
+	for _, r := range recs {
+		if r.AggregateID == "order-42" {
+			t.Fatalf("an event of order-42 (partition %d) claimed without its lease, as partition %d", parts["order-42"], r.Partition)
+		}
+	}
+	if n := len(recs); n != len(aggs)-2 {
+		t.Fatalf("claimed %d events under the other leases, want %d", n, len(aggs)-2)
 	}
 }
 

@@ -98,8 +98,10 @@ func waitingSQL(n outboxdriver.Names) string {
                     AND w.seq < o.seq AND (w.deliver_at > now() OR w.next_attempt_at > now()))`
 }
 
-// cleanupWhere is the Source's cleanup condition.
-const cleanupWhere = `published_at < clock_timestamp() - $2 * interval '1 millisecond' AND partition = ANY($1::integer[])`
+// cleanupWhere is the Source's cleanup condition on table t.
+func cleanupWhere(t outboxdriver.Table) string {
+	return `published_at < clock_timestamp() - $2 * interval '1 millisecond' AND ` + pgschema.PartitionOf("", t) + ` = ANY($1::integer[])`
+}
 
 // cleanupSQL deletes, from table, the oldest limit published rows that
 // match where. They are found by ctid (a TID scan), which names a row
@@ -120,6 +122,7 @@ func cleanupSQL(table, where, limit string) string {
 func newQueries(t outboxdriver.Table, r outboxdriver.Retention) queries {
 	n := pgschema.NamesOf(t)
 	waitingSQL := waitingSQL(n)
+	part := pgschema.PartitionOf("o.", t)
 	lastAudit := `SELECT coalesce(max(id), 0) FROM ` + n.Audit
 	q := queries{
 		// The claim's transaction runs with these. Plans must not depend
@@ -149,10 +152,10 @@ func newQueries(t outboxdriver.Table, r outboxdriver.Retention) queries {
 ), locked AS MATERIALIZED (
     SELECT partition FROM mine WHERE pg_try_advisory_xact_lock($5::integer, partition)
 )
-SELECT o.id::text, o.seq, o.partition, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.payload_raw,
+SELECT o.id::text, o.seq, ` + part + `, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.payload_raw,
        o.headers::text, coalesce(o.tracingspancontext, ''), o.created_at, o.attempts
 FROM ` + n.Table + ` AS o
-WHERE o.partition = ANY (ARRAY(SELECT partition FROM locked))
+WHERE ` + part + ` = ANY (ARRAY(SELECT partition FROM locked))
   AND o.published_at IS NULL
   AND o.seq >= CASE WHEN (` + lastAudit + `) = $7 THEN $6 ELSE 0 END
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())` + waitingSQL + `
@@ -169,7 +172,7 @@ FOR UPDATE OF o SKIP LOCKED`,
 		// read (or none up to $3, when fewer were read): its floor rises
 		// to there.
 		floors: `WITH scan AS MATERIALIZED (
-    SELECT o.seq, o.partition FROM ` + n.Table + ` AS o
+    SELECT o.seq, ` + part + ` AS partition FROM ` + n.Table + ` AS o
     WHERE o.published_at IS NULL AND o.seq >= (SELECT min(f) FROM unnest($2::bigint[]) AS f) AND o.seq <= $3::bigint
     ORDER BY o.seq LIMIT ` + strconv.Itoa(floorScan) + `
 ), bound AS (
@@ -240,8 +243,8 @@ FROM unnest($2::integer[], $3::bigint[]) AS m(partition, epoch)
 WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
 		unregister:     `DELETE FROM ` + n.Relays + ` WHERE relay = $1`,
 		fence:          `SELECT ` + t.Qualified("_fence") + `($1, $2::integer[], $3::bigint[])`,
-		cleanup:        cleanupSQL(n.Table, cleanupWhere, "$3"),
-		cleanupDefault: cleanupSQL(pgschema.DefaultPartition(t), cleanupWhere, "$3"),
+		cleanup:        cleanupSQL(n.Table, cleanupWhere(t), "$3"),
+		cleanupDefault: cleanupSQL(pgschema.DefaultPartition(t), cleanupWhere(t), "$3"),
 	}
 	if r == outboxdriver.RetentionKeep {
 		q.markPublished = `UPDATE ` + n.Table + ` SET published_at = clock_timestamp(), last_error = NULL, next_attempt_at = NULL WHERE seq = ANY($1::bigint[]) AND published_at IS NULL`

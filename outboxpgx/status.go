@@ -140,7 +140,8 @@ WHERE p.deliver_at > now() AND NOT EXISTS (SELECT 1 FROM `+n.Table+` o WHERE o.p
 	}
 	// Each partition's backlog: counted, or (with an estimated backlog)
 	// its share of a sample.
-	backlog := `SELECT partition, count(*)::float8 AS n FROM ` + n.Table + ` WHERE published_at IS NULL GROUP BY partition`
+	part := pgschema.PartitionOf("", t)
+	backlog := `SELECT ` + part + ` AS partition, count(*)::float8 AS n FROM ` + n.Table + ` WHERE published_at IS NULL GROUP BY 1`
 	args = nil
 	if st.Estimated.Backlog {
 		st.Estimated.PartitionBacklog = true
@@ -148,8 +149,8 @@ WHERE p.deliver_at > now() AND NOT EXISTS (SELECT 1 FROM `+n.Table+` o WHERE o.p
 		if err != nil {
 			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 		}
-		backlog = `SELECT partition, $1::float8 * count(*) / sum(count(*)) OVER () AS n
-FROM ` + n.Table + ` TABLESAMPLE SYSTEM ($2) WHERE published_at IS NULL GROUP BY partition`
+		backlog = `SELECT ` + part + ` AS partition, $1::float8 * count(*) / sum(count(*)) OVER () AS n
+FROM ` + n.Table + ` TABLESAMPLE SYSTEM ($2) WHERE published_at IS NULL GROUP BY 1`
 		args = []any{st.Backlog, frac}
 	}
 	rows, err := db.Query(ctx, `SELECT l.partition, coalesce(l.owner, ''), l.epoch,
