@@ -67,7 +67,7 @@ func TestLogTailingScenarios(t *testing.T) {
 	ctx := testenv.Context(t, 4*time.Minute)
 	testenv.CDCTurn(t, turn, func() {
 		res, err := bench.Drain(ctx, bench.Config{Pool: pool, Schema: testenv.Name("bench"), Events: 3000, Batch: 200,
-			Sink: testenv.NATSURL(), Source: bench.SourceCDC})
+			Sink: testenv.NATSURL(), Source: bench.SourceCDC, Rounds: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,6 +76,20 @@ func TestLogTailingScenarios(t *testing.T) {
 		}
 		if d := res[3].Delivery; d.VsPollRelay != res[3].PerSecond/res[2].PerSecond {
 			t.Fatalf("relay_cdc vs the polling relay %v, want %v", d.VsPollRelay, res[3].PerSecond/res[2].PerSecond)
+		}
+		// Two pairs of drains, in alternating order: each drain of each
+		// source counted, and the pairs' ratios reported.
+		if len(res[2].RoundsPerSecond) != 2 || len(res[3].RoundsPerSecond) != 2 {
+			t.Fatalf("drains per source: relay %v, relay_cdc %v, want 2 each", res[2].RoundsPerSecond, res[3].RoundsPerSecond)
+		}
+		vb := res[3].VsBaseline
+		if vb == nil || vb.Case != bench.CaseDrainRelay || len(vb.RoundRatios) != 2 || vb.Ratio != (vb.RoundRatios[0]+vb.RoundRatios[1])/2 {
+			t.Fatalf("relay_cdc's pair ratios %+v, want two and their median", vb)
+		}
+		for i, r := range vb.RoundRatios {
+			if r <= 0 {
+				t.Fatalf("pair %d's ratio %v", i+1, r)
+			}
 		}
 		res, err = bench.CommitToConsumer(ctx, bench.Config{Pool: pool, Schema: testenv.Name("bench"), Sink: testenv.NATSURL(),
 			Duration: 500 * time.Millisecond, Warmup: 100 * time.Millisecond, Rates: []int{500}, Cases: []string{"notify_pgx"},

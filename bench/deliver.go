@@ -307,18 +307,27 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 	fmt.Fprintf(cfg.Progress, "drain: %s %.0f events/s\n", CaseDrainBroker, results[1].PerSecond)
 	msgs = nil
 
-	// (c) The relay; with TraceNeverSample also traced, in alternating
-	// pairs of drains.
+	// (c) The relay; with TraceNeverSample also traced, and with
+	// Source SourceCDC also from the WAL (a slot made on the empty table,
+	// then the same backlog), in Rounds alternating pairs of drains.
 	pairs := 1
-	if cfg.TraceNeverSample {
-		pairs = max(cfg.Rounds, 1)
+	if cfg.TraceNeverSample || cfg.Source == SourceCDC {
+		pairs = cmp.Or(cfg.Rounds, DefaultDrainPairs)
 	}
-	var plain, traced []*drainRun
-	var pairRatios, cpuRatios []float64
+	var plain, traced, wal []*drainRun
+	var pairRatios, cpuRatios, walRatios []float64
 	for i := range pairs {
 		order := []bool{false}
 		if cfg.TraceNeverSample {
 			order = []bool{i%2 == 1, i%2 == 0} // untraced first in even pairs
+		}
+		walFirst := cfg.Source == SourceCDC && i%2 == 1 // polling first in even pairs
+		if walFirst {
+			d, err := s.drainWAL(ctx, cfg, n)
+			if err != nil {
+				return nil, err
+			}
+			wal = append(wal, d)
 		}
 		for _, tr := range order {
 			if err := s.fill(ctx, n); err != nil {
@@ -337,20 +346,26 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 				fmt.Fprintf(cfg.Progress, "drain: pair %d, traced %v: %.0f events/s\n", i+1, tr, float64(n)/d.elapsed.Seconds())
 			}
 		}
+		if cfg.Source == SourceCDC && !walFirst {
+			d, err := s.drainWAL(ctx, cfg, n)
+			if err != nil {
+				return nil, err
+			}
+			wal = append(wal, d)
+		}
 		if cfg.TraceNeverSample {
 			pairRatios = append(pairRatios, plain[i].elapsed.Seconds()/traced[i].elapsed.Seconds())
 			cpuRatios = append(cpuRatios, traced[i].cpuPerEvent(n)/plain[i].cpuPerEvent(n))
 		}
+		if cfg.Source == SourceCDC {
+			walRatios = append(walRatios, plain[i].elapsed.Seconds()/wal[i].elapsed.Seconds())
+			fmt.Fprintf(cfg.Progress, "drain: pair %d: relay_cdc %.0f events/s, %.3f of relay's %.0f\n", i+1,
+				float64(n)/wal[i].elapsed.Seconds(), walRatios[i], float64(n)/plain[i].elapsed.Seconds())
+		}
 	}
 	runs := []*drainRun{medianRun(plain)}
-	// (d) The relay again, from the WAL: a slot made on the empty table,
-	// then the same backlog.
 	if cfg.Source == SourceCDC {
-		cdc, err := s.drainWAL(ctx, cfg, n)
-		if err != nil {
-			return nil, err
-		}
-		runs = append(runs, cdc)
+		runs = append(runs, medianRun(wal))
 	}
 	var seen sync.Map
 	var delivered atomic.Int64
@@ -363,7 +378,7 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		return nil, err
 	}
 	if stopConsume != nil {
-		want := int64(n * (len(plain) + len(traced) + len(runs) - 1))
+		want := int64(n * (len(plain) + len(traced) + len(wal)))
 		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= want })
 		stopConsume()
 		if err != nil || delivered.Load() != want {
@@ -397,6 +412,10 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		}
 		if run.source == SourceCDC {
 			f.VsPollRelay = rr.PerSecond / results[2].PerSecond
+			rr.RoundsPerSecond = perSecond(wal, n)
+			if pairs > 1 {
+				rr.VsBaseline = &Comparison{Case: CaseDrainRelay, Ratio: median(walRatios), RoundRatios: walRatios}
+			}
 		} else {
 			rr.RoundsPerSecond = perSecond(plain, n)
 		}
@@ -526,6 +545,10 @@ func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string
 	return run, nil
 }
 
+// DefaultDrainPairs is the drain scenario's pairs of drains (polling
+// relay and log tailing, or untraced and traced) when Config.Rounds is 0.
+const DefaultDrainPairs = 3
+
 // drainWAL makes the table's replication slot on the empty table, fills
 // the backlog in transactions of 1000 events, drains it by log tailing and
 // drops the slot again (the table stays).
@@ -559,9 +582,14 @@ func (s *deliverSetup) makeSlot(ctx context.Context) (drop func() error, err err
 	}
 	return func() error {
 		// Version 3 is the last without log tailing: reverting to it
-		// drops the slot and the publication; the table stays.
-		if _, err := drv.MigrateDown(context.WithoutCancel(ctx), s.table, 3); err != nil {
+		// drops the slot and the publication; the table stays, and is
+		// migrated up again for the drains that follow.
+		ctx := context.WithoutCancel(ctx)
+		if _, err := drv.MigrateDown(ctx, s.table, 3); err != nil {
 			return fmt.Errorf("bench: drop the replication slot: %w", err)
+		}
+		if _, err := drv.Migrate(ctx, s.table, nil); err != nil {
+			return fmt.Errorf("bench: migrate the table again after dropping the replication slot: %w", err)
 		}
 		return nil
 	}, nil
@@ -1298,7 +1326,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	if first.Scenario == "drain" {
 		if slices.ContainsFunc(results, func(r Result) bool { return r.Case == CaseDrainRelayCDC }) {
-			b.WriteString("  vs relay: relay_cdc's events/s over the polling relay's in the same run\n")
+			b.WriteString("  vs relay: relay_cdc's events/s over the polling relay's in the same run (each the median of its drains)\n")
 		}
 		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; relay cores: the relay's CPU time over the drain (its own\n  process, or this one when it runs in process); relay memory: the relay process's peak RSS, or the largest live Go heap in process\n")
 	} else {

@@ -173,7 +173,7 @@ Scenarios:
 
 				TraceNeverSample: traceNeverSample,
 			}
-			if (retention || sc.Name == "fleet" || strings.HasPrefix(sc.Name, "console")) && !cmd.Flags().Changed("rounds") {
+			if (retention || sc.Name == "fleet" || sc.Name == "drain" || strings.HasPrefix(sc.Name, "console")) && !cmd.Flags().Changed("rounds") {
 				cfg.Rounds = 0 // the scenario's own default
 			}
 			if warmup == 0 {
@@ -215,7 +215,7 @@ Scenarios:
 	cmd.Flags().DurationVar(&duration, "duration", bench.DefaultDuration, "measured time per cell, split over the rounds")
 	cmd.Flags().DurationVar(&warmup, "warmup", bench.DefaultWarmup, "unmeasured load before each round of a cell")
 	cmd.Flags().IntSliceVar(&writers, "writers", bench.DefaultWriters(), "concurrent writers to measure at, as a list: 1,8")
-	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, fmt.Sprintf("interleaved rounds the measured time of each cell is split into (retention: drains of each mode, default %d; fleet: rounds of each case, default %d)", bench.DefaultRetentionRounds, bench.DefaultFleetRounds))
+	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, fmt.Sprintf("interleaved rounds the measured time of each cell is split into (retention: drains of each mode, default %d; fleet: rounds of each case, default %d; drain: alternating pairs of drains with --source cdc or --trace-never-sample, default %d)", bench.DefaultRetentionRounds, bench.DefaultFleetRounds, bench.DefaultDrainPairs))
 	cmd.Flags().IntVar(&events, "events", bench.DefaultEvents, "retention, drain: events in the backlog; fleet: events of the flood")
 	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention, drain, latency: the relay's claim limit (events per batch)")
 	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency, fleet: the broker: nats://host:port (fleet: only), kafka:// (an in-process Kafka cluster), kafka://host:port, pubsub:// (an in-process Pub/Sub server), pubsub://PROJECT (PUBSUB_EMULATOR_HOST honoured), kinesis://?region=REGION[&endpoint=URL], or stdout: (drain only; a null writer)")
