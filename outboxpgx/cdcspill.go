@@ -69,6 +69,11 @@ func (sp *spill) add(xid uint32, e *event) error {
 		at = e.CreatedAt.UnixNano()
 	}
 	b = binary.AppendVarint(b, at)
+	var due int64 // deliver_at still ahead when read (CDCSource.delay)
+	if !e.deliverAt.IsZero() {
+		due = e.deliverAt.UnixNano()
+	}
+	b = binary.AppendVarint(b, due)
 	var flags byte
 	if e.row {
 		flags |= 1
@@ -202,6 +207,9 @@ func decodeSpilled(b []byte) (uint32, *event, error) {
 	e.Seq = varint()
 	if at := varint(); at != 0 {
 		e.CreatedAt = time.Unix(0, at).UTC()
+	}
+	if due := varint(); due != 0 {
+		e.deliverAt = time.Unix(0, due).UTC()
 	}
 	if bad || len(b) < 1 {
 		return 0, nil, errSpillCorrupt
