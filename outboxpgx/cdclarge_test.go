@@ -608,3 +608,55 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 		})
 	}
 }
+
+// A delayed row inside a transaction large enough for PostgreSQL to
+// stream it before its commit (so its events wait in a spill file) is
+// not published before its deliver_at, and its aggregate's later event
+// waits behind it; the transaction's other events go out at once.
+func TestCDCStreamedTransactionKeepsDelays(t *testing.T) {
+	t.Parallel()
+	const n = 2000 // far more than 64kB of changes
+	f := newCDC(t)
+	f.setup()
+	check := newOrderCheck()
+	dir := t.TempDir()
+	f.stdoutRelay(f.smallWorkMemSource("r1", dir), check, relay.Config{})
+	f.streaming()
+	table := f.tb.Qualified("")
+	const delay = 6 * time.Second
+	var due time.Time
+	err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(f.ctx, `INSERT INTO `+table+` (id, aggregatetype, aggregateid, type, payload, deliver_at)
+VALUES (gen_random_uuid(), 'order', 'delayed', 'Placed', '{"n": 1}', clock_timestamp() + $1 * interval '1 millisecond')
+RETURNING deliver_at`, delay.Milliseconds()).Scan(&due); err != nil {
+			return err
+		}
+		sql, extra := f.bigSQL(modeTable)
+		if _, err := tx.Exec(f.ctx, sql, append([]any{1, n, 10}, extra...)...); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(f.ctx, `INSERT INTO `+table+` (id, aggregatetype, aggregateid, type, payload)
+VALUES (gen_random_uuid(), 'order', 'delayed', 'Paid', '{"n": 2}')`); err != nil {
+			return err
+		}
+		f.eventually("the transaction is streamed before its end", func() bool {
+			spills, _ := os.ReadDir(dir) // the relay spills it
+			return len(spills) > 0
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check.waitCount(t, n, 60*time.Second)
+	if time.Now().Before(due) && check.published("delayed") {
+		t.Fatalf("an event of the delayed aggregate was published before its deliver_at %s", due.Format(time.RFC3339Nano))
+	}
+	check.waitCount(t, n+2, 60*time.Second)
+	if now := time.Now(); now.Before(due) {
+		t.Fatalf("the delayed aggregate's events were published at %s, before their deliver_at %s", now.Format(time.RFC3339Nano), due.Format(time.RFC3339Nano))
+	}
+	if _, err := check.state(); err != nil {
+		t.Fatal(err) // also: n=2 published before n=1
+	}
+}
