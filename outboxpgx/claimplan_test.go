@@ -32,7 +32,7 @@ SELECT gen_random_uuid(), 'order', (g % 1000)::text, 'Placed', '{}' FROM generat
 		t.Fatal(err)
 	}
 	// An index an operator may add (tables before schema version 10 had
-	// one by partition, a column version 18 dropped): with these
+	// one by partition, a column version 18 no longer fills): with these
 	// statistics it tempts the planner into reading the rows through it and
 	// sorting them.
 	if _, err := r.pool.Exec(ctx, `CREATE INDEX ON `+table+` (next_attempt_at, seq) WHERE published_at IS NULL`); err != nil {

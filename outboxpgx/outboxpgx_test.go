@@ -404,7 +404,7 @@ func TestNoNotifyWhileBusy(t *testing.T) {
 }
 
 // A row's partition is its aggregate id's hash over the table's
-// partitions, computed by the claim (schema version 18 stores it nowhere):
+// partitions, computed by the claim (schema version 18 no longer stores it):
 // every event of an aggregate is claimed in one partition, the one of the
 // hash the earlier versions stored, and a claim under the other leases
 // does not see it.

@@ -36,7 +36,7 @@ func NamesOf(t outboxdriver.Table) outboxdriver.Names {
 // PartitionOf returns the SQL of the partition of the outbox row that
 // alias names (with its dot, or "" for none): its aggregate id's hash over
 // the table's partitions, one lease each, fixed when the table was made.
-// Relays compute it (schema version 18 stores it nowhere); it is the value
+// Relays compute it (schema version 18 no longer stores it); it is the value
 // the column held in versions 2 to 17, so a relay using it works on those
 // too, and nothing a writer puts into the row can change it.
 func PartitionOf(alias string, t outboxdriver.Table) string {
