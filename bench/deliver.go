@@ -322,12 +322,15 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 			order = []bool{i%2 == 1, i%2 == 0} // untraced first in even pairs
 		}
 		walFirst := cfg.Source == SourceCDC && i%2 == 1 // polling first in even pairs
-		if walFirst {
+		drainFromWAL := func() error {
 			d, err := s.drainWAL(ctx, cfg, n)
-			if err != nil {
+			wal = append(wal, d)
+			return err
+		}
+		if walFirst {
+			if err := drainFromWAL(); err != nil {
 				return nil, err
 			}
-			wal = append(wal, d)
 		}
 		for _, tr := range order {
 			if err := s.fill(ctx, n); err != nil {
@@ -347,11 +350,9 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 			}
 		}
 		if cfg.Source == SourceCDC && !walFirst {
-			d, err := s.drainWAL(ctx, cfg, n)
-			if err != nil {
+			if err := drainFromWAL(); err != nil {
 				return nil, err
 			}
-			wal = append(wal, d)
 		}
 		if cfg.TraceNeverSample {
 			pairRatios = append(pairRatios, plain[i].elapsed.Seconds()/traced[i].elapsed.Seconds())

@@ -256,6 +256,30 @@ func (f *cdcFixture) smallWorkMemSource(name, spillDir string) *outboxpgx.CDCSou
 	return src
 }
 
+// spillingRelay returns a fixture with its table set up and a relay
+// streaming its slot whose replication connection streams every
+// transaction over 64kB before its commit (smallWorkMemSource); the relay
+// spills those to dir and publishes to check. stop stops the relay.
+func spillingRelay(t *testing.T) (f *cdcFixture, check *orderCheck, dir string, stop func()) {
+	f = newCDC(t)
+	f.setup()
+	check = newOrderCheck()
+	dir = t.TempDir()
+	stop = f.stdoutRelay(f.smallWorkMemSource("r1", dir), check, relay.Config{})
+	f.streaming()
+	return f, check, dir, stop
+}
+
+// waitSpilled waits until the relay holds a spill file in dir: a
+// transaction still open was streamed to it.
+func (f *cdcFixture) waitSpilled(dir, what string) {
+	f.t.Helper()
+	f.eventually(what, func() bool {
+		spills, _ := os.ReadDir(dir)
+		return len(spills) > 0
+	})
+}
+
 // published reports whether an event of aggregate key was published.
 func (c *orderCheck) published(key string) bool {
 	c.mu.Lock()
@@ -271,12 +295,7 @@ func (c *orderCheck) published(key string) bool {
 func TestCDCStreamedRollbacks(t *testing.T) {
 	t.Parallel()
 	const n = 2000 // far more than 64kB of changes
-	f := newCDC(t)
-	f.setup()
-	check := newOrderCheck()
-	dir := t.TempDir()
-	f.stdoutRelay(f.smallWorkMemSource("r1", dir), check, relay.Config{})
-	f.streaming()
+	f, check, dir, _ := spillingRelay(t)
 	write := func(tx pgx.Tx, mode, agg string, from int) {
 		t.Helper()
 		sql, extra := f.bigSQL(mode)
@@ -292,10 +311,7 @@ func TestCDCStreamedRollbacks(t *testing.T) {
 	}
 	streamed := func(before int64) {
 		t.Helper()
-		f.eventually("the transaction is streamed before its end", func() bool {
-			spills, _ := os.ReadDir(dir) // the relay spills it
-			return len(spills) > 0
-		})
+		f.waitSpilled(dir, "the transaction is streamed before its end")
 	}
 	want := 0
 	for _, mode := range modes {
@@ -412,12 +428,7 @@ func TestCDCTruncateAndDDLAreLoggedAndIgnored(t *testing.T) {
 func TestCDCRelayRestartedDuringAnOpenTransaction(t *testing.T) {
 	t.Parallel()
 	const n = 2000
-	f := newCDC(t)
-	f.setup()
-	check := newOrderCheck()
-	dir := t.TempDir()
-	stop := f.stdoutRelay(f.smallWorkMemSource("r1", dir), check, relay.Config{})
-	f.streaming()
+	f, check, dir, stop := spillingRelay(t)
 	rows, _ := f.bigSQL(modeTable)
 	msgs, prefix := f.bigSQL(modeMessage)
 	one := strings.ReplaceAll(rows, `'big' || (i % $3)`, `$3::text`)
@@ -434,10 +445,7 @@ func TestCDCRelayRestartedDuringAnOpenTransaction(t *testing.T) {
 	if _, err := long.Exec(f.ctx, oneMsg, n+2, 2*n+1, "long", prefix[0]); err != nil {
 		t.Fatal(err)
 	}
-	f.eventually("the open transaction is streamed to the relay", func() bool {
-		spills, _ := os.ReadDir(dir)
-		return len(spills) > 0
-	})
+	f.waitSpilled(dir, "the open transaction is streamed to the relay")
 	f.exec(one, 1, 1, "long") // begins after it, commits before it
 	check.waitCount(t, 1, 30*time.Second)
 	stop()
@@ -616,12 +624,7 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 func TestCDCStreamedTransactionKeepsDelays(t *testing.T) {
 	t.Parallel()
 	const n = 2000 // far more than 64kB of changes
-	f := newCDC(t)
-	f.setup()
-	check := newOrderCheck()
-	dir := t.TempDir()
-	f.stdoutRelay(f.smallWorkMemSource("r1", dir), check, relay.Config{})
-	f.streaming()
+	f, check, dir, _ := spillingRelay(t)
 	table := f.tb.Qualified("")
 	const delay = 6 * time.Second
 	var due time.Time
@@ -639,10 +642,7 @@ RETURNING deliver_at`, delay.Milliseconds()).Scan(&due); err != nil {
 VALUES (gen_random_uuid(), 'order', 'delayed', 'Paid', '{"n": 2}')`); err != nil {
 			return err
 		}
-		f.eventually("the transaction is streamed before its end", func() bool {
-			spills, _ := os.ReadDir(dir) // the relay spills it
-			return len(spills) > 0
-		})
+		f.waitSpilled(dir, "the transaction is streamed before its end")
 		return nil
 	})
 	if err != nil {

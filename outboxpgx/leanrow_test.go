@@ -166,13 +166,8 @@ func TestDerivedPartitionMigratesUnderLoad(t *testing.T) {
 func TestPartitionTriggerSetsEveryRowsPartition(t *testing.T) {
 	t.Parallel()
 	ctx := testenv.Context(t, time.Minute)
-	pool := testenv.Pool(t)
-	tb := testenv.Table(t, pool)
-	drv := outboxpgx.New(pool)
-	if _, err := drv.Migrate(ctx, tb, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := drv.MigrateDown(ctx, tb, 17); err != nil {
+	pool, tb := setup(t)
+	if _, err := outboxpgx.New(pool).MigrateDown(ctx, tb, 17); err != nil {
 		t.Fatal(err)
 	}
 	table := tb.Qualified("")
