@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
+	"github.com/bytedance/sonic"
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -103,6 +105,26 @@ type wireMessage struct {
 	TracingSpanContext string          `json:"tracingspancontext"`
 }
 
+// wireDecoder reads the content of a message (valid UTF-8) in one pass,
+// in about a quarter of encoding/json's time (the relay decodes every
+// message it streams; BenchmarkDecodeMessage). ValidateString refuses control characters in
+// strings; what it refuses goes to decodeWire, so that the relay accepts
+// and refuses the same contents as with encoding/json alone, and decodes
+// them alike (FuzzDecodeMessage compares the two).
+var wireDecoder = sonic.Config{ValidateString: true}.Froze()
+
+// decodeWire reads the content with encoding/json.
+func decodeWire(content []byte) (w wireMessage, err error) {
+	d := json.NewDecoder(bytes.NewReader(content))
+	if err := d.Decode(&w); err != nil {
+		return w, fmt.Errorf("%w: the content is not a JSON object of format version %d (%s)", errMessage, MessageVersion, jsonError(err))
+	}
+	if d.More() {
+		return w, fmt.Errorf("%w: the content holds more than one JSON value", errMessage)
+	}
+	return w, nil
+}
+
 // errMessage is wrapped by every reason a message's content is refused.
 var errMessage = errors.New("not an outbox event message")
 
@@ -110,14 +132,19 @@ var errMessage = errors.New("not an outbox event message")
 // event and nil, or an error (wrapping errMessage) that names what is
 // wrong; the event then holds what could be read, for the dead-letter
 // table.
+//
+// The fields may point into content: the caller keeps it (and does not
+// change it) as long as the event lives.
 func decodeMessage(content []byte) (ev event, err error) {
 	var w wireMessage
-	d := json.NewDecoder(bytes.NewReader(content))
-	if err := d.Decode(&w); err != nil {
-		return ev, fmt.Errorf("%w: the content is not a JSON object of format version %d (%s)", errMessage, MessageVersion, jsonError(err))
-	}
-	if d.More() {
-		return ev, fmt.Errorf("%w: the content holds more than one JSON value", errMessage)
+	if !utf8.Valid(content) || wireDecoder.Unmarshal(content, &w) != nil {
+		// encoding/json has the last word on what the fast decoder
+		// refuses, and words the reason. It also takes content that is
+		// not UTF-8: the fast decoder would change such bytes in the
+		// payload, which must reach the broker byte for byte.
+		if w, err = decodeWire(content); err != nil {
+			return ev, err
+		}
 	}
 	ev.AggregateType, ev.AggregateID, ev.Type = w.AggregateType, w.AggregateID, w.Type
 	ev.TraceContext = w.TracingSpanContext

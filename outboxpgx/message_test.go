@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -56,12 +57,32 @@ func TestMessageRefusals(t *testing.T) {
 }
 
 // FuzzDecodeMessage: any content decodes to an event or a refusal, never
-// a panic; an accepted event has what routing needs.
+// a panic; an accepted event has what routing needs. What the fast
+// decoder accepts, encoding/json accepts too, with every field the same.
 func FuzzDecodeMessage(f *testing.F) {
 	f.Add([]byte(`{"v":1,"id":"0190a5a4-1111-7000-8000-000000000001","aggregatetype":"a","aggregateid":"b","type":"c","payload":{"x":1},"headers":{"h":"v"}}`))
 	f.Add([]byte(`{"v":1,"payload_base64":"AAE="}`))
 	f.Add([]byte(`{`))
+	f.Add([]byte(`{"v":1,"V":2,"ID":"0190a5a4-1111-7000-8000-000000000001","aggregatetype":"a\ud800","aggregateid":"b\u00e9","type":"c\t","payload": [1, 2.50e3, "x"] , "headers":null}`))
+	f.Add([]byte("{\"v\":1,\"type\":\"\xff\",\"payload\":\"\x01\"}"))
+	f.Add([]byte(`{"v":1.0,"payload":{"a":{"b":[[[]]]}}} `))
+	f.Add([]byte(`{"v":1} {"v":2}`))
+	f.Add([]byte(`{"\u0076":99999999999999999999,"v":null,"id":"x","id":"0190a5a4-1111-7000-8000-000000000001","payload":1e400,"headers":-0}`))
+	f.Add([]byte(`{"v":1,"payload":"\u0000\ud83d\ude00\\","tracingspancontext":"a\nb","payload_base64":null}`))
 	f.Fuzz(func(t *testing.T, content []byte) {
+		var fast wireMessage
+		if utf8.Valid(content) && wireDecoder.Unmarshal(content, &fast) == nil {
+			std, err := decodeWire(content)
+			if err != nil {
+				t.Fatalf("the fast decoder accepted what encoding/json refuses (%v): %q", err, content)
+			}
+			if fast.V == nil != (std.V == nil) || fast.V != nil && *fast.V != *std.V ||
+				fast.PayloadBase64 == nil != (std.PayloadBase64 == nil) || fast.PayloadBase64 != nil && *fast.PayloadBase64 != *std.PayloadBase64 ||
+				fast.ID != std.ID || fast.AggregateType != std.AggregateType || fast.AggregateID != std.AggregateID || fast.Type != std.Type ||
+				string(fast.Payload) != string(std.Payload) || string(fast.Headers) != string(std.Headers) || fast.TracingSpanContext != std.TracingSpanContext {
+				t.Fatalf("the decoders differ on %q:\nfast %+v\nstd  %+v", content, fast, std)
+			}
+		}
 		ev, err := decodeMessage(content)
 		if err != nil {
 			return
@@ -109,4 +130,28 @@ func TestSlotErrorsSayWhatToDo(t *testing.T) {
 			t.Errorf("slotError(%s) = %q, want one line about %q", code, err, want)
 		}
 	}
+}
+
+// BenchmarkDecodeMessage: what the relay spends on a message's content,
+// with the fast decoder and with encoding/json alone.
+func BenchmarkDecodeMessage(b *testing.B) {
+	r := outboxdriver.Row{ID: "0190f5a2-7c4e-7b3a-9d2e-5f6a7b8c9d0e", AggregateType: "order", AggregateID: "order-17", Type: "OrderPlaced",
+		Payload: []byte(`{"sku": "sku-1234", "total": 42.5, "customer": "customer-17", "order_id": 198001, "quantity": 1}`)}
+	content := appendMessage(nil, &r)
+	b.Run("fast", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeMessage(content); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeWire(content); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
