@@ -71,24 +71,33 @@ func TestLogTailingScenarios(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(res) != 4 || res[3].Case != bench.CaseDrainRelayCDC || res[3].Ops != 3000 || res[3].PerSecond <= 0 {
-			t.Fatalf("drain results %+v, want raw_sql, raw_broker, relay, relay_cdc", res)
-		}
-		if d := res[3].Delivery; d.VsPollRelay != res[3].PerSecond/res[2].PerSecond {
-			t.Fatalf("relay_cdc vs the polling relay %v, want %v", d.VsPollRelay, res[3].PerSecond/res[2].PerSecond)
+		if len(res) != 5 || res[3].Case != bench.CaseDrainRelayCDC || res[4].Case != bench.CaseDrainRelayCDCMessages {
+			t.Fatalf("drain results %+v, want raw_sql, raw_broker, relay, relay_cdc, relay_cdc_messages", res)
 		}
 		// Two pairs of drains, in alternating order: each drain of each
-		// source counted, and the pairs' ratios reported.
-		if len(res[2].RoundsPerSecond) != 2 || len(res[3].RoundsPerSecond) != 2 {
-			t.Fatalf("drains per source: relay %v, relay_cdc %v, want 2 each", res[2].RoundsPerSecond, res[3].RoundsPerSecond)
+		// source and write mode counted (the consumer saw every event,
+		// or Drain failed), and the pairs' ratios reported.
+		if len(res[2].RoundsPerSecond) != 2 {
+			t.Fatalf("drains of the polling relay %v, want 2", res[2].RoundsPerSecond)
 		}
-		vb := res[3].VsBaseline
-		if vb == nil || vb.Case != bench.CaseDrainRelay || len(vb.RoundRatios) != 2 || vb.Ratio != (vb.RoundRatios[0]+vb.RoundRatios[1])/2 {
-			t.Fatalf("relay_cdc's pair ratios %+v, want two and their median", vb)
-		}
-		for i, r := range vb.RoundRatios {
-			if r <= 0 {
-				t.Fatalf("pair %d's ratio %v", i+1, r)
+		for _, r := range res[3:] {
+			if r.Ops != 3000 || r.PerSecond <= 0 {
+				t.Fatalf("%s: %d events at %v/s, want 3000", r.Case, r.Ops, r.PerSecond)
+			}
+			if d := r.Delivery; d.VsPollRelay != r.PerSecond/res[2].PerSecond {
+				t.Fatalf("%s vs the polling relay %v, want %v", r.Case, d.VsPollRelay, r.PerSecond/res[2].PerSecond)
+			}
+			if len(r.RoundsPerSecond) != 2 {
+				t.Fatalf("drains of %s %v, want 2", r.Case, r.RoundsPerSecond)
+			}
+			vb := r.VsBaseline
+			if vb == nil || vb.Case != bench.CaseDrainRelay || len(vb.RoundRatios) != 2 || vb.Ratio != (vb.RoundRatios[0]+vb.RoundRatios[1])/2 {
+				t.Fatalf("%s's pair ratios %+v, want two and their median", r.Case, vb)
+			}
+			for i, x := range vb.RoundRatios {
+				if x <= 0 {
+					t.Fatalf("%s: pair %d's ratio %v", r.Case, i+1, x)
+				}
 			}
 		}
 		res, err = bench.CommitToConsumer(ctx, bench.Config{Pool: pool, Schema: testenv.Name("bench"), Sink: testenv.NATSURL(),

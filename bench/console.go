@@ -643,7 +643,7 @@ func consoleDrain(ctx context.Context, cfg Config) (results []Result, err error)
 			if withConsole {
 				stop = site.refresh(ctx, ConsoleRefresh)
 			}
-			d, err := s.drainRelay(ctx, cfg, SourcePoll, n, false)
+			d, err := s.drainRelay(ctx, cfg, SourcePoll, n, false, s.noneUnpublished)
 			got, rerr := stop()
 			if err = errors.Join(err, rerr); err != nil {
 				return nil, err

@@ -51,8 +51,13 @@ const (
 	// CaseDrainRelay is the relay draining the backlog to the broker.
 	CaseDrainRelay = "relay"
 	// CaseDrainRelayCDC is the relay draining the same backlog from the
-	// WAL, by log tailing (Config.Source SourceCDC).
+	// WAL, by log tailing (Config.Source SourceCDC), written as rows
+	// (table mode): it deletes each row after its event was published.
 	CaseDrainRelayCDC = "relay_cdc"
+	// CaseDrainRelayCDCMessages is the relay draining the same backlog
+	// from the WAL, written as logical decoding messages (message mode):
+	// no row to delete afterwards.
+	CaseDrainRelayCDCMessages = "relay_cdc_messages"
 	// CaseDrainRelayTraced is CaseDrainRelay with tracing on and a
 	// sampler that samples nothing (Config.TraceNeverSample).
 	CaseDrainRelayTraced = "relay_traced"
@@ -309,13 +314,15 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 
 	// (c) The relay; with TraceNeverSample also traced, and with
 	// Source SourceCDC also from the WAL (a slot made on the empty table,
-	// then the same backlog), in Rounds alternating pairs of drains.
+	// then the same backlog as rows, and again as logical decoding
+	// messages), in Rounds pairs of drains that alternate which goes
+	// first.
 	pairs := 1
 	if cfg.TraceNeverSample || cfg.Source == SourceCDC {
 		pairs = cmp.Or(cfg.Rounds, DefaultDrainPairs)
 	}
-	var plain, traced, wal []*drainRun
-	var pairRatios, cpuRatios, walRatios []float64
+	var plain, traced, wal, walMsgs []*drainRun
+	var pairRatios, cpuRatios, walRatios, msgRatios []float64
 	for i := range pairs {
 		order := []bool{false}
 		if cfg.TraceNeverSample {
@@ -323,9 +330,21 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		}
 		walFirst := cfg.Source == SourceCDC && i%2 == 1 // polling first in even pairs
 		drainFromWAL := func() error {
-			d, err := s.drainWAL(ctx, cfg, n)
-			wal = append(wal, d)
-			return err
+			// Messages first when the WAL goes first, so that the
+			// polling relay's drain sits between the two in one pair
+			// and around them in the next.
+			for _, messages := range []bool{walFirst, !walFirst} {
+				d, err := s.drainWAL(ctx, cfg, n, messages)
+				if err != nil {
+					return err
+				}
+				if messages {
+					walMsgs = append(walMsgs, d)
+				} else {
+					wal = append(wal, d)
+				}
+			}
+			return nil
 		}
 		if walFirst {
 			if err := drainFromWAL(); err != nil {
@@ -336,7 +355,7 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 			if err := s.fill(ctx, n); err != nil {
 				return nil, err
 			}
-			d, err := s.drainRelay(ctx, cfg, SourcePoll, n, tr)
+			d, err := s.drainRelay(ctx, cfg, SourcePoll, n, tr, s.noneUnpublished)
 			if err != nil {
 				return nil, err
 			}
@@ -360,13 +379,15 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		}
 		if cfg.Source == SourceCDC {
 			walRatios = append(walRatios, plain[i].elapsed.Seconds()/wal[i].elapsed.Seconds())
-			fmt.Fprintf(cfg.Progress, "drain: pair %d: relay_cdc %.0f events/s, %.3f of relay's %.0f\n", i+1,
-				float64(n)/wal[i].elapsed.Seconds(), walRatios[i], float64(n)/plain[i].elapsed.Seconds())
+			msgRatios = append(msgRatios, plain[i].elapsed.Seconds()/walMsgs[i].elapsed.Seconds())
+			fmt.Fprintf(cfg.Progress, "drain: pair %d: relay_cdc %.0f events/s, %.3f of relay's %.0f; relay_cdc_messages %.0f events/s, %.3f\n", i+1,
+				float64(n)/wal[i].elapsed.Seconds(), walRatios[i], float64(n)/plain[i].elapsed.Seconds(),
+				float64(n)/walMsgs[i].elapsed.Seconds(), msgRatios[i])
 		}
 	}
 	runs := []*drainRun{medianRun(plain)}
 	if cfg.Source == SourceCDC {
-		runs = append(runs, medianRun(wal))
+		runs = append(runs, medianRun(wal), medianRun(walMsgs))
 	}
 	var seen sync.Map
 	var delivered atomic.Int64
@@ -379,7 +400,7 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		return nil, err
 	}
 	if stopConsume != nil {
-		want := int64(n * (len(plain) + len(traced) + len(wal)))
+		want := int64(n * (len(plain) + len(traced) + len(wal) + len(walMsgs)))
 		err := waitFor(ctx, 2*time.Minute, func() bool { return delivered.Load() >= want })
 		stopConsume()
 		if err != nil || delivered.Load() != want {
@@ -402,8 +423,11 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		f.ProcessCores, f.PeakHeapMiB, f.RelayPeakRSSMiB, f.CPUMicrosPerEvent = run.cores, run.peak, run.rss, run.relayCPU
 		f.RelayCPUMicrosPerEvent = run.cpuPerEvent(n)
 		c, desc := CaseDrainRelay, fmt.Sprintf("one relay (batch %d, %d lanes) draining the backlog to the broker, counted by a consumer afterwards", cfg.Batch, cmp.Or(cfg.Lanes, relay.DefaultLanes))
-		if run.source == SourceCDC {
-			c, desc = CaseDrainRelayCDC, fmt.Sprintf("one relay with --source cdc (batch %d) draining the same backlog from the WAL (1000 events a transaction), counted by a consumer afterwards", cfg.Batch)
+		switch {
+		case run.source == SourceCDC && run.messages:
+			c, desc = CaseDrainRelayCDCMessages, fmt.Sprintf("one relay with --source cdc (batch %d) draining the same backlog written as logical decoding messages (message mode, 1000 a transaction), counted by a consumer afterwards", cfg.Batch)
+		case run.source == SourceCDC:
+			c, desc = CaseDrainRelayCDC, fmt.Sprintf("one relay with --source cdc (batch %d) draining the same backlog from the WAL (table mode, 1000 rows a transaction, each deleted once published), counted by a consumer afterwards", cfg.Batch)
 		}
 		rr := result(c, desc, run.elapsed, f)
 		f.VsLimit = rr.PerSecond / limit
@@ -413,9 +437,13 @@ func Drain(ctx context.Context, cfg Config) (results []Result, err error) {
 		}
 		if run.source == SourceCDC {
 			f.VsPollRelay = rr.PerSecond / results[2].PerSecond
-			rr.RoundsPerSecond = perSecond(wal, n)
+			drains, ratios := wal, walRatios
+			if run.messages {
+				drains, ratios = walMsgs, msgRatios
+			}
+			rr.RoundsPerSecond = perSecond(drains, n)
 			if pairs > 1 {
-				rr.VsBaseline = &Comparison{Case: CaseDrainRelay, Ratio: median(walRatios), RoundRatios: walRatios}
+				rr.VsBaseline = &Comparison{Case: CaseDrainRelay, Ratio: median(ratios), RoundRatios: ratios}
 			}
 		} else {
 			rr.RoundsPerSecond = perSecond(plain, n)
@@ -457,6 +485,7 @@ func geoMean(rs []float64) float64 {
 // drainRun is one relay's drain of the backlog.
 type drainRun struct {
 	source          string
+	messages        bool // from the WAL, written in message mode
 	elapsed         time.Duration
 	cores, relayCPU float64
 	peak, rss       float64
@@ -486,7 +515,10 @@ func perSecond(runs []*drainRun, n int) []float64 {
 // drainRelay runs one relay with source until the table holds no
 // unpublished event (n of them at the start); traced turns tracing on
 // with a sampler that samples nothing.
-func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string, n int, traced bool) (*drainRun, error) {
+// A relay run as its own process (Config.RelayBinary) is done when
+// drained reports so; one in this process when it has recorded n events
+// as published.
+func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string, n int, traced bool, drained func(context.Context) bool) (*drainRun, error) {
 	run := &drainRun{source: source}
 	if cfg.RelayBinary != "" {
 		var env []string
@@ -500,11 +532,7 @@ func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string
 		if err != nil {
 			return nil, err
 		}
-		err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool {
-			var done bool
-			err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
-			return err == nil && done
-		})
+		err = waitEvery(ctx, 10*time.Minute, 50*time.Millisecond, func() bool { return drained(ctx) })
 		run.elapsed = time.Since(t0)
 		run.cores = child.cpu().Seconds() / run.elapsed.Seconds()
 		run.relayCPU = cpuPerEvent(m0, n)
@@ -551,20 +579,66 @@ func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string
 const DefaultDrainPairs = 3
 
 // drainWAL makes the table's replication slot on the empty table, fills
-// the backlog in transactions of 1000 events, drains it by log tailing and
-// drops the slot again (the table stays).
-func (s *deliverSetup) drainWAL(ctx context.Context, cfg Config, n int) (_ *drainRun, err error) {
+// the backlog in transactions of 1000 events, as rows or (messages) as
+// logical decoding messages, drains it by log tailing and drops the slot
+// again (the table stays).
+func (s *deliverSetup) drainWAL(ctx context.Context, cfg Config, n int, messages bool) (_ *drainRun, err error) {
 	dropSlot, err := s.makeSlot(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, dropSlot()) }()
+	var last string // the LSN of the last message written
 	for done := 0; done < n; done += 1000 {
-		if err := s.fillRange(ctx, done, min(1000, n-done)); err != nil {
+		if messages {
+			last, err = s.fillMessages(ctx, done, min(1000, n-done))
+		} else {
+			err = s.fillRange(ctx, done, min(1000, n-done))
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
-	return s.drainRelay(ctx, cfg, SourceCDC, n, false)
+	if !messages {
+		return s.drainRelay(ctx, cfg, SourceCDC, n, false, s.noneUnpublished)
+	}
+	run, err := s.drainRelay(ctx, cfg, SourceCDC, n, false, func(ctx context.Context) bool {
+		// The relay confirms a transaction's end to the server only once
+		// every event of it was published (what it records with its
+		// batches may lag that: batches finishing together each see the
+		// other's events as not done yet).
+		var done bool
+		err := s.pool.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $1`,
+			outboxpgx.DefaultSlot(s.table), last).Scan(&done)
+		return err == nil && done
+	})
+	if run != nil {
+		run.messages = true
+	}
+	return run, err
+}
+
+// fillMessages writes the events from+1 .. from+n of the backlog as
+// logical decoding messages (message mode, the format of
+// outboxpgx.MessageVersion) in one transaction, and returns the LSN of
+// the last.
+func (s *deliverSetup) fillMessages(ctx context.Context, from, n int) (last string, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT max(pg_logical_emit_message(true, $4, json_build_object(
+  'v', $5::int, 'id', gen_random_uuid(), 'aggregatetype', 'order', 'aggregateid', 'order-' || (g % $3), 'type', 'OrderPlaced',
+  'payload', jsonb_build_object('order_id', g, 'customer', 'customer-' || (g % $3), 'total', 42.5, 'sku', 'sku-1234', 'quantity', 1))::text))::text
+FROM generate_series($1::bigint + 1, $1::bigint + $2::bigint) AS g`,
+		int64(from), int64(n), int64(DrainAggregates), outboxpgx.MessagePrefix(s.table), outboxpgx.MessageVersion).Scan(&last)
+	if err != nil {
+		return "", fmt.Errorf("bench: fill the backlog with logical decoding messages: %w", err)
+	}
+	return last, nil
+}
+
+// noneUnpublished reports whether the table holds no unpublished row.
+func (s *deliverSetup) noneUnpublished(ctx context.Context) bool {
+	var done bool
+	err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM `+s.names.Table+` WHERE published_at IS NULL)`).Scan(&done)
+	return err == nil && done
 }
 
 // makeSlot makes the table's publication and replication slot (as
@@ -1270,7 +1344,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 			if d.VsPollRelay > 0 {
 				vsPoll = fmt.Sprintf("%.2f", d.VsPollRelay)
 			}
-			if r.Case == CaseDrainRelay || r.Case == CaseDrainRelayCDC || r.Case == CaseDrainRelayTraced {
+			if r.Case == CaseDrainRelay || r.Case == CaseDrainRelayCDC || r.Case == CaseDrainRelayCDCMessages || r.Case == CaseDrainRelayTraced {
 				vs, cores, heap = fmt.Sprintf("%.2f", d.VsLimit), fmt.Sprintf("%.2f", d.ProcessCores), fmt.Sprintf("%.1f heap", d.PeakHeapMiB)
 				if d.RelayPeakRSSMiB > 0 {
 					heap = fmt.Sprintf("%.1f RSS", d.RelayPeakRSSMiB)
@@ -1301,11 +1375,14 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	tw.Flush()
 	b.WriteString("\n")
-	seen := map[string]bool{}
+	seen, width := map[string]bool{}, 15
+	for _, r := range results {
+		width = max(width, len(r.Case))
+	}
 	for _, r := range results {
 		if !seen[r.Case] {
 			seen[r.Case] = true
-			fmt.Fprintf(&b, "  %-15s %s\n", r.Case, r.Description)
+			fmt.Fprintf(&b, "  %-*s %s\n", width, r.Case, r.Description)
 		}
 	}
 	for _, r := range results {
@@ -1327,7 +1404,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	if first.Scenario == "drain" {
 		if slices.ContainsFunc(results, func(r Result) bool { return r.Case == CaseDrainRelayCDC }) {
-			b.WriteString("  vs relay: relay_cdc's events/s over the polling relay's in the same run (each the median of its drains)\n")
+			b.WriteString("  vs relay: relay_cdc's and relay_cdc_messages' events/s over the polling relay's in the same run (each the median of its drains)\n")
 		}
 		b.WriteString("  vs limit: the relay's events/s over the lower of raw_sql and raw_broker; machine CPU µs/event: busy CPU time of the whole\n  machine (PostgreSQL, broker, this process) per event; CPU limit: what the machine's CPUs could sustain paying raw_sql's and\n  raw_broker's CPU per event together, the relay's own work free; relay cores: the relay's CPU time over the drain (its own\n  process, or this one when it runs in process); relay memory: the relay process's peak RSS, or the largest live Go heap in process\n")
 	} else {

@@ -226,7 +226,7 @@ Scenarios:
 	cmd.Flags().BoolVar(&traceNeverSample, "trace-never-sample", false, "drain: also drain with tracing on and a sampler that samples nothing (case relay_traced), in --rounds pairs with the untraced relay, and report the ratio")
 	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "drain, latency: run the relay as a child process (this binary's `relay`), to measure its CPU and memory apart")
 	cmd.Flags().StringSliceVar(&wmodes, "write-modes", nil, "write: add the cases of other write paths, as a list: "+strings.Join(bench.WriteModes(), ", "))
-	cmd.Flags().StringVar(&source, "source", bench.SourcePoll, "drain, latency: the relay's source, poll or cdc (drain: the backlog is drained once more from the WAL, after the polling relay)")
+	cmd.Flags().StringVar(&source, "source", bench.SourcePoll, "drain, latency: the relay's source, poll or cdc (drain: the same backlog is drained from the WAL too, written as rows and as logical decoding messages, in pairs with the polling relay)")
 	cmd.Flags().BoolVar(&plainTx, "plain-writes", false, "latency: beside each notify cell, writers that use WriteTx in an ordinary transaction (BEGIN, INSERT, COMMIT) on a pgx.Tx (_pgx) and a *sql.Tx (_sql), and the baselines order_only and watermill_row (the writers alone)")
 	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the whole run (go tool pprof) to this file")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per result line instead of a table")
