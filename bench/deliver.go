@@ -512,12 +512,11 @@ func perSecond(runs []*drainRun, n int) []float64 {
 	return out
 }
 
-// drainRelay runs one relay with source until the table holds no
-// unpublished event (n of them at the start); traced turns tracing on
-// with a sampler that samples nothing.
-// A relay run as its own process (Config.RelayBinary) is done when
-// drained reports so; one in this process when it has recorded n events
-// as published.
+// drainRelay runs one relay with source until it has published the n
+// events of the backlog; traced turns tracing on with a sampler that
+// samples nothing. A relay run as its own process (Config.RelayBinary) is
+// done when drained reports so (for rows: the table holds no unpublished
+// one); one in this process when it has recorded n events as published.
 func (s *deliverSetup) drainRelay(ctx context.Context, cfg Config, source string, n int, traced bool, drained func(context.Context) bool) (*drainRun, error) {
 	run := &drainRun{source: source}
 	if cfg.RelayBinary != "" {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/bench"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -107,4 +108,33 @@ func TestStatusShowsTheCDCSlot(t *testing.T) {
 		!strings.Contains(stdout, "parked events             0") {
 		t.Fatalf("status (%d) = %s%s", code, stdout, stderr)
 	}
+}
+
+// `outbox bench --scenario drain --source cdc` runs its relays as
+// processes of this binary (the default): each drain from the WAL, of
+// rows and of logical decoding messages, ends once all its events were
+// published, and is reported.
+func TestBenchDrainsTheWALWithRelayProcesses(t *testing.T) {
+	pool := testenv.CDCPool(t)
+	testenv.CDCTurn(t, pool, func() {
+		stdout, stderr, code := run(t, nil, "bench", "--db", testenv.CDCDatabaseURL(t), "--scenario", "drain", "--source", "cdc",
+			"--events", "2000", "--rounds", "1", "--sink", testenv.NATSURL(), "--json")
+		if code != 0 {
+			t.Fatalf("bench exited with %d; stderr:\n%s", code, stderr)
+		}
+		got := map[string]bench.Result{}
+		for line := range strings.Lines(stdout) {
+			var r bench.Result
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				t.Fatalf("a result line that is not JSON: %q: %v", line, err)
+			}
+			got[r.Case] = r
+		}
+		for _, c := range []string{bench.CaseDrainRelay, bench.CaseDrainRelayCDC, bench.CaseDrainRelayCDCMessages} {
+			r, ok := got[c]
+			if !ok || r.Ops != 2000 || len(r.RoundsPerSecond) != 1 || r.Delivery == nil || r.Delivery.ProcessCores <= 0 {
+				t.Fatalf("case %s: %+v (found %v), want 2000 events drained once by a relay process; stdout:\n%s", c, r, ok, stdout)
+			}
+		}
+	})
 }
