@@ -390,6 +390,62 @@ func TestCDCPublishesCommitsAndNeverRollbacks(t *testing.T) {
 	f.eventually("published rows are deleted", func() bool { return f.count("") == 0 })
 }
 
+// Each write path of each mode reaches the stream: an event queued in the
+// pgx.Batch of the business statement (Outbox.Queue), and one sent with
+// the COMMIT of an outboxpgx.Tx (Driver.Begin), as well as WriteTx.
+func TestCDCWritePathsOfEveryMode(t *testing.T) {
+	t.Parallel()
+	f := newCDC(t)
+	f.setup()
+	f.relay(f.source("r1", nil), relay.Config{})
+	f.streaming()
+	for _, mode := range modes {
+		var opts []outboxpgx.Option
+		switch mode {
+		case modeMessage:
+			opts = append(opts, outboxpgx.WithMessages())
+		case modeInsertDelete:
+			opts = append(opts, outboxpgx.WithInsertDelete())
+		}
+		drv := outboxpgx.New(f.pool, opts...)
+		ob, err := outbox.New(drv, &outbox.Config{Schema: f.tb.Schema, Table: f.tb.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued, withCommit, written := cdcEvent("q-"+mode, 1), cdcEvent("c-"+mode, 2), cdcEvent("w-"+mode, 3)
+
+		tx, err := f.pool.Begin(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b pgx.Batch
+		b.Queue(`SELECT 1`)
+		if err := ob.Queue(f.ctx, &b, queued); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.SendBatch(f.ctx, &b).Close(); err != nil {
+			t.Fatalf("%s mode: the batch: %v", mode, err)
+		}
+		f.commit(tx)
+
+		otx, err := drv.Begin(f.ctx, pgx.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.WriteTx(f.ctx, otx, withCommit); err != nil {
+			t.Fatal(err)
+		}
+		f.commit(otx)
+
+		f.write(ob, written)
+		got := f.waitFor(queued.ID, withCommit.ID, written.ID)
+		if i, j, k := slices.Index(got, queued.ID), slices.Index(got, withCommit.ID), slices.Index(got, written.ID); i > j || j > k {
+			t.Fatalf("%s mode: published out of commit order: %v", mode, got)
+		}
+	}
+	f.eventually("published rows are deleted", func() bool { return f.count("") == 0 })
+}
+
 // A transaction that began first and commits last is published last:
 // commit order, not insertion order, and not before its commit.
 func TestCDCCommitOrderAcrossInterleavedTransactions(t *testing.T) {
