@@ -27,7 +27,8 @@ func cdcPool(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool) {
 
 // The write modes add their cases, and each checks what it wrote: no
 // row for a message or an insert+delete, a row per commit through
-// database/sql.
+// database/sql, a plain row per commit for the plain INSERT in the
+// order's batch.
 func TestWriteModes(t *testing.T) {
 	pool, turn := cdcPool(t)
 	var results []bench.Result
@@ -44,7 +45,9 @@ func TestWriteModes(t *testing.T) {
 	for _, r := range results {
 		got[r.Case] = r
 	}
-	for c, perCommit := range map[string]int64{bench.CaseOutboxMessage: 0, bench.CaseOutboxMessageQueue: 0, bench.CaseOutboxMessageCommit: 0, bench.CaseOutboxInsertDelete: 0, bench.CaseBaselineSQL: 0, bench.CaseOutboxSQL: 1} {
+	for c, perCommit := range map[string]int64{bench.CaseOutboxMessage: 0, bench.CaseOutboxMessageQueue: 0, bench.CaseOutboxMessageCommit: 0,
+		bench.CaseOutboxInsertDelete: 0, bench.CaseOutboxInsertDeleteQueue: 0, bench.CaseOutboxInsertDeleteCommit: 0, bench.CasePlainInsertQueue: 0,
+		bench.CaseBaselineSQL: 0, bench.CaseOutboxSQL: 1} {
 		r, ok := got[c]
 		if !ok {
 			t.Fatalf("no %s case in %d results", c, len(results))
@@ -52,6 +55,13 @@ func TestWriteModes(t *testing.T) {
 		committed := r.Counters[bench.CounterCommitted]
 		if committed == 0 || r.Counters[bench.CounterOutboxRows] != perCommit*committed {
 			t.Fatalf("%s: counters %v, want %d outbox row(s) per commit", c, r.Counters, perCommit)
+		}
+		wantPlain := int64(0)
+		if c == bench.CasePlainInsertQueue {
+			wantPlain = committed
+		}
+		if r.Counters[bench.CounterPlainRows] != wantPlain {
+			t.Fatalf("%s: counters %v, want %d plain rows", c, r.Counters, wantPlain)
 		}
 	}
 	if _, err := bench.WritePath(context.Background(), bench.Config{Pool: pool, WriteModes: []string{"binlog"}}); err == nil {

@@ -1374,16 +1374,7 @@ func writeDeliveryTable(w io.Writer, results []Result) error {
 	}
 	tw.Flush()
 	b.WriteString("\n")
-	seen, width := map[string]bool{}, 15
-	for _, r := range results {
-		width = max(width, len(r.Case))
-	}
-	for _, r := range results {
-		if !seen[r.Case] {
-			seen[r.Case] = true
-			fmt.Fprintf(&b, "  %-*s %s\n", width, r.Case, r.Description)
-		}
-	}
+	writeDescriptions(&b, results)
 	for _, r := range results {
 		if c := r.VsBaseline; c != nil && len(c.RoundRatios) > 0 {
 			rs := make([]string, len(c.RoundRatios))

@@ -146,14 +146,7 @@ func writeCellTable(w io.Writer, results []Result) error {
 
 	b.Reset()
 	b.WriteString("\n")
-	var seen []string
-	for _, r := range results {
-		if r.Description == "" || slices.Contains(seen, r.Case) {
-			continue
-		}
-		seen = append(seen, r.Case)
-		fmt.Fprintf(&b, "  %-18s %s\n", r.Case, r.Description)
-	}
+	writeDescriptions(&b, results)
 	b.WriteString("  vs base: throughput over the baseline's at the same workers; +p50/+p99: latency added to the baseline's;\n")
 	b.WriteString("  ratio IQR: quartiles of the per-round ratios to the baseline (half the rounds fell between);\n")
 	b.WriteString("  cpu: busy share of the machine's CPUs; top wait: what the workers' backends were most often\n")
@@ -283,4 +276,21 @@ func writeRetentionTable(w io.Writer, results []Result) error {
 // mibs renders a byte count in MiB, without the unit.
 func mibs(b int64) string {
 	return fmt.Sprintf("%.1f", float64(b)/(1<<20))
+}
+
+// writeDescriptions writes each case of results once, in order, with its
+// description, the descriptions aligned after the longest case name.
+func writeDescriptions(w io.Writer, results []Result) {
+	width := 18
+	for _, r := range results {
+		width = max(width, len(r.Case))
+	}
+	var seen []string
+	for _, r := range results {
+		if r.Description == "" || slices.Contains(seen, r.Case) {
+			continue
+		}
+		seen = append(seen, r.Case)
+		fmt.Fprintf(w, "  %-*s %s\n", width, r.Case, r.Description)
+	}
 }

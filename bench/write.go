@@ -73,6 +73,14 @@ const (
 	// deleted again in the same statement (outboxpgx.WithInsertDelete;
 	// WriteModeInsertDelete).
 	CaseOutboxInsertDelete = "outbox_insert_delete"
+	// CaseOutboxInsertDeleteQueue is CaseOutboxInsertDelete through
+	// Driver.Queue in the order's pgx.Batch, and
+	// CaseOutboxInsertDeleteCommit through an outboxpgx.Tx (sent with the
+	// COMMIT): without a round trip of its own. CasePlainInsertQueue is
+	// their floor: CasePlainInsert's row in the order's pgx.Batch.
+	CaseOutboxInsertDeleteQueue  = "outbox_insert_delete_queue"
+	CaseOutboxInsertDeleteCommit = "outbox_insert_delete_commit"
+	CasePlainInsertQueue         = "plain_insert_queue"
 	// CaseBaselineSQL is CaseBaseline through database/sql (*sql.Tx on
 	// pgx's stdlib driver; WriteModeSQL).
 	CaseBaselineSQL = "baseline_sql"
@@ -101,8 +109,9 @@ const (
 	// CounterOutboxRows counts the rows found in the outbox table after
 	// each round: committed times the events per transaction.
 	CounterOutboxRows = "outbox_rows"
-	// CounterPlainRows counts the rows found in CasePlainInsert's table
-	// after each round: committed in that case, 0 in every other.
+	// CounterPlainRows counts the rows found in the plain table after
+	// each round: committed in CasePlainInsert and CasePlainInsertQueue,
+	// 0 in every other case.
 	CounterPlainRows = "plain_rows"
 	// CounterNotifications counts the notifications a LISTEN connection
 	// on the table's channel received: committed in CaseOutboxNotify, 0
@@ -114,11 +123,12 @@ const (
 type writeMode int
 
 const (
-	viaWriteTx   writeMode = iota // WriteTx after the order's INSERT
-	viaQueue                      // Driver.Queue in the order's pgx.Batch
-	viaCommit                     // outboxpgx.Tx: the events go with the COMMIT
-	viaPlain                      // one plain INSERT into the plain table
-	viaWatermill                  // one INSERT of Watermill's row
+	viaWriteTx    writeMode = iota // WriteTx after the order's INSERT
+	viaQueue                       // Driver.Queue in the order's pgx.Batch
+	viaCommit                      // outboxpgx.Tx: the events go with the COMMIT
+	viaPlain                       // one plain INSERT into the plain table
+	viaPlainQueue                  // viaPlain in the order's pgx.Batch
+	viaWatermill                   // one INSERT of Watermill's row
 )
 
 type writeCase struct {
@@ -147,6 +157,9 @@ var writeCases = []writeCase{
 	{CaseOutboxMessageQueue, "+ 1 event as a logical decoding message via Driver.Queue in the order's pgx.Batch: no round trip of its own", 1, viaQueue, true, false, WriteModeMessage},
 	{CaseOutboxMessageCommit, "+ 1 event as a logical decoding message added to an outboxpgx.Tx: sent with the COMMIT, no round trip of its own", 1, viaCommit, true, false, WriteModeMessage},
 	{CaseOutboxInsertDelete, "+ 1 event via WriteTx, inserted and deleted in one statement (WithInsertDelete)", 1, viaWriteTx, true, false, WriteModeInsertDelete},
+	{CaseOutboxInsertDeleteQueue, "+ 1 event inserted and deleted via Driver.Queue in the order's pgx.Batch: no round trip of its own", 1, viaQueue, true, false, WriteModeInsertDelete},
+	{CaseOutboxInsertDeleteCommit, "+ 1 event inserted and deleted, added to an outboxpgx.Tx: sent with the COMMIT, no round trip of its own", 1, viaCommit, true, false, WriteModeInsertDelete},
+	{CasePlainInsertQueue, "+ 1 plain INSERT (uuid PK, jsonb) in the order's pgx.Batch: the floor of a row without a round trip of its own", 0, viaPlainQueue, true, false, WriteModeInsertDelete},
 	{CaseBaselineSQL, "BEGIN; INSERT an order; COMMIT through database/sql (*sql.Tx), no outbox", 0, viaWriteTx, true, false, WriteModeSQL},
 	{CaseOutboxSQL, "+ 1 event via WriteTx on a *sql.Tx (outboxsql); trigger on, no relay idle", 1, viaWriteTx, true, false, WriteModeSQL},
 }
@@ -243,10 +256,10 @@ type writeBench struct {
 	ob     *outbox.Outbox[pgx.Tx]
 	// obMessage and obInsertDelete write with the other write modes;
 	// sqlDB and obSQL through database/sql.
-	obMessage, obInsertDelete *outbox.Outbox[pgx.Tx]
-	drvMessage                *outboxpgx.Driver // obMessage's
-	sqlDB                     *sql.DB
-	obSQL                     *outbox.Outbox[*sql.Tx]
+	obMessage, obInsertDelete   *outbox.Outbox[pgx.Tx]
+	drvMessage, drvInsertDelete *outboxpgx.Driver // obMessage's, obInsertDelete's
+	sqlDB                       *sql.DB
+	obSQL                       *outbox.Outbox[*sql.Tx]
 	// nextOrder numbers the orders whose id the client makes
 	// (CaseOutboxQueue), far above what the orders' sequence hands out.
 	nextOrder  atomic.Int64
@@ -296,7 +309,8 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 	if wb.obMessage, err = outbox.New(wb.drvMessage, cfgOB); err != nil {
 		return nil, err
 	}
-	if wb.obInsertDelete, err = outbox.New(outboxpgx.New(pool, outboxpgx.WithInsertDelete()), cfgOB); err != nil {
+	wb.drvInsertDelete = outboxpgx.New(pool, outboxpgx.WithInsertDelete())
+	if wb.obInsertDelete, err = outbox.New(wb.drvInsertDelete, cfgOB); err != nil {
 		return nil, err
 	}
 	if wb.other, err = newOtherRows(ctx, pool, wb.drv, schema); err != nil {
@@ -380,7 +394,7 @@ func (wb *writeBench) op(c writeCase) Op {
 	case WriteModeMessage:
 		ob, drv = wb.obMessage, wb.drvMessage
 	case WriteModeInsertDelete:
-		ob = wb.obInsertDelete
+		ob, drv = wb.obInsertDelete, wb.drvInsertDelete
 	case WriteModeOldRow:
 		ob = wb.other.obOld
 	}
@@ -402,11 +416,17 @@ func (wb *writeBench) op(c writeCase) Op {
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx)) // a no-op after Commit
 		wb.waits.Track(tx.Conn().PgConn().PID())
-		if c.mode == viaQueue {
+		if c.mode == viaQueue || c.mode == viaPlainQueue {
 			id := wb.nextOrder.Add(1)
 			b := &pgx.Batch{}
 			b.Queue(insertWithID, id, customer, 42.5)
-			if err := ob.Queue(ctx, b, orderEvents(id, customer, c.events)...); err != nil {
+			if c.mode == viaPlainQueue {
+				u, err := uuid.NewV7()
+				if err != nil {
+					return err
+				}
+				b.Queue(insertPlain, u.String(), string(orderEvents(id, customer, 1)[0].Payload))
+			} else if err := ob.Queue(ctx, b, orderEvents(id, customer, c.events)...); err != nil {
 				return err
 			}
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -527,7 +547,7 @@ WHERE NOT EXISTS (SELECT 1 FROM `+wb.orders+` r WHERE r.id::text = o.aggregateid
 			return nil, fmt.Errorf("check: %d outbox rows name an order that does not exist", orphans)
 		}
 		var wantPlain int64
-		if c.mode == viaPlain {
+		if c.mode == viaPlain || c.mode == viaPlainQueue {
 			wantPlain = m.Completed
 		}
 		if plain != wantPlain {
