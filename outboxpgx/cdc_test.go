@@ -237,6 +237,14 @@ var modes = []string{modeTable, modeMessage, modeInsertDelete}
 // writer returns an outbox writing in mode.
 func (f *cdcFixture) writer(mode string) *outbox.Outbox[pgx.Tx] {
 	f.t.Helper()
+	ob, _ := f.writerAndDriver(mode)
+	return ob
+}
+
+// writerAndDriver returns an outbox writing in mode, and its driver (on
+// the fixture's pool).
+func (f *cdcFixture) writerAndDriver(mode string) (*outbox.Outbox[pgx.Tx], *outboxpgx.Driver) {
+	f.t.Helper()
 	var opts []outboxpgx.Option
 	switch mode {
 	case modeMessage:
@@ -244,11 +252,12 @@ func (f *cdcFixture) writer(mode string) *outbox.Outbox[pgx.Tx] {
 	case modeInsertDelete:
 		opts = append(opts, outboxpgx.WithInsertDelete())
 	}
-	ob, err := outbox.New(outboxpgx.New(nil, opts...), &outbox.Config{Schema: f.tb.Schema, Table: f.tb.Name})
+	drv := outboxpgx.New(f.pool, opts...)
+	ob, err := outbox.New(drv, &outbox.Config{Schema: f.tb.Schema, Table: f.tb.Name})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return ob
+	return ob, drv
 }
 
 // begin starts a transaction that writes events with ob.
@@ -400,18 +409,7 @@ func TestCDCWritePathsOfEveryMode(t *testing.T) {
 	f.relay(f.source("r1", nil), relay.Config{})
 	f.streaming()
 	for _, mode := range modes {
-		var opts []outboxpgx.Option
-		switch mode {
-		case modeMessage:
-			opts = append(opts, outboxpgx.WithMessages())
-		case modeInsertDelete:
-			opts = append(opts, outboxpgx.WithInsertDelete())
-		}
-		drv := outboxpgx.New(f.pool, opts...)
-		ob, err := outbox.New(drv, &outbox.Config{Schema: f.tb.Schema, Table: f.tb.Name})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ob, drv := f.writerAndDriver(mode)
 		queued, withCommit, written := cdcEvent("q-"+mode, 1), cdcEvent("c-"+mode, 2), cdcEvent("w-"+mode, 3)
 
 		tx, err := f.pool.Begin(f.ctx)
