@@ -107,10 +107,11 @@ type wireMessage struct {
 
 // wireDecoder reads the content of a message (valid UTF-8) in one pass,
 // in about a quarter of encoding/json's time (the relay decodes every
-// message it streams; BenchmarkDecodeMessage). ValidateString refuses control characters in
-// strings; what it refuses goes to decodeWire, so that the relay accepts
-// and refuses the same contents as with encoding/json alone, and decodes
-// them alike (FuzzDecodeMessage compares the two).
+// message it streams; BenchmarkDecodeMessage). ValidateString refuses
+// control characters in strings; what it refuses goes to decodeWire, so
+// that the relay accepts and refuses the same contents as with
+// encoding/json alone, and decodes them alike (FuzzDecodeMessage
+// compares the two).
 var wireDecoder = sonic.Config{ValidateString: true}.Froze()
 
 // decodeWire reads the content with encoding/json.
