@@ -157,8 +157,11 @@ func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
 // and the relay pay it per event, and its parts: json.Valid over the same
 // bytes (what WriteTx does without contracts), decoding with encoding/json
 // (the library's own UnmarshalJSON, as before) and with the fast decoder,
-// and validating an already decoded payload. check-formats compiles the
-// schema with format assertions on.
+// and validating an already decoded payload. one-pass is the check of a
+// valid payload without the library (onepass.go), one-pass-forbidden the
+// same looking for two forbidden paths, check-library the check through
+// the library alone. check-formats compiles the schema with format
+// assertions on.
 func BenchmarkCheck(b *testing.B) {
 	r, err := Load("testdata/bench")
 	if err != nil {
@@ -205,7 +208,30 @@ func BenchmarkCheck(b *testing.B) {
 	run("decode=encoding-json", func() error { _, err := stdDecode(p); return err })
 	run("decode=fast", func() error { _, err := decode(p); return err })
 	run("validate", func() error { return c.schema.Validate(doc) })
+	if c.onePass == nil || !c.onePass.accepts(p) {
+		b.Fatal("the one-pass check does not take the bench contract and payload")
+	}
+	run("one-pass", func() error {
+		if !c.onePass.accepts(p) {
+			return fmt.Errorf("refused")
+		}
+		return nil
+	})
+	forbidden := [][]string{{"card", "token"}, {"lines", "*", "card"}}
+	run("one-pass-forbidden", func() error {
+		if !c.onePass.accepts(p, forbidden) {
+			return fmt.Errorf("refused")
+		}
+		return nil
+	})
 	run("check", func() error { _, err := r.Check("order", "OrderPlaced", "", p, false); return err })
+	run("check-library", func() error {
+		d, err := decode(p)
+		if err != nil {
+			return err
+		}
+		return r.validate(c, d)
+	})
 	run("check-encoding-json", func() error {
 		d, err := stdDecode(p)
 		if err != nil {

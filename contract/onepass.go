@@ -1,0 +1,805 @@
+package contract
+
+import (
+	"math"
+	"math/big"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// The one-pass check.
+//
+// Decoding a payload into values and handing them to the JSON Schema
+// library costs tens of microseconds for a kilobyte: the library visits
+// every value through allocated scopes and compares every number with
+// exact big.Rat arithmetic. Most contracts use a handful of keywords, and
+// most events are valid. For those, a contract also gets a onePass: the
+// library's own compiled schema (*jsonschema.Schema), reduced to the
+// keywords below, checked in one pass over the payload's bytes without
+// building a value or allocating.
+//
+// A onePass only ever says yes. It says no when the payload breaks the
+// contract, and also whenever it is not sure (a number it cannot compare
+// exactly, an escape or a byte sequence encoding/json would rewrite, a
+// duplicate key holding a forbidden field, nesting deeper than it goes).
+// A no sends the payload through the library, which gives the verdict
+// and the error, exactly as without the one-pass check. So a onePass can
+// make a check faster, never change its verdict: that is what
+// FuzzOnePassNeverAcceptsWhatTheLibraryRefuses checks, and the tests of
+// every keyword with payloads each side of its bound.
+//
+// Keywords it takes: type, enum and const (of strings, booleans and
+// null), properties, required, additionalProperties (false or a schema),
+// items (one schema for every item), minItems, maxItems, minLength,
+// maxLength, pattern, minimum, maximum, exclusiveMinimum,
+// exclusiveMaximum (bounds that are integers), $ref (alone, or under a
+// draft older than 2019-09 where its siblings do not count), true and
+// false schemas, the x-sensitive and x-forbidden marks, and every
+// annotation. A schema that uses any other keyword anywhere (allOf,
+// anyOf, oneOf, not, if, patternProperties, unevaluatedProperties,
+// uniqueItems, multipleOf, a format that asserts, ...) has no onePass:
+// its events go through the library alone.
+
+// Type bits of a onePass node; 0 takes every type.
+const (
+	tNull uint8 = 1 << iota
+	tBool
+	tNumber // every number
+	tInteger
+	tString
+	tArray
+	tObject
+)
+
+// maxOnePassDepth bounds the nesting a onePass follows; deeper payloads
+// go to the library.
+const maxOnePassDepth = 256
+
+type bound struct {
+	set bool
+	v   int64
+}
+
+type key struct {
+	n    *node  // the property's schema; nil for a required name without one
+	bit  uint64 // its bit in node.required, or 0
+	prop bool
+}
+
+// node is one schema of a onePass.
+type node struct {
+	ref   *node // a schema that is only a $ref: check this one instead
+	any   bool  // true, or only annotations: every value
+	none  bool  // false: no value
+	types uint8
+
+	hasEnum                       bool
+	enumStrings                   []string
+	enumNull, enumTrue, enumFalse bool
+
+	minLen, maxLen int // -1 when unset
+	pattern        jsonschema.Regexp
+
+	min, max, exclMin, exclMax bound
+
+	keys       map[string]key
+	required   uint64 // the bits of every required name
+	additional *node  // nil: every other property is fine
+
+	items              *node // nil: every item is fine
+	minItems, maxItems int   // -1 when unset
+}
+
+var (
+	anyNode  = &node{any: true, minLen: -1, maxLen: -1, minItems: -1, maxItems: -1}
+	noneNode = &node{none: true, minLen: -1, maxLen: -1, minItems: -1, maxItems: -1}
+)
+
+type onePass struct{ root *node }
+
+// anyPass takes every JSON text; it checks the forbidden paths of an event
+// without a contract.
+var anyPass = &onePass{root: anyNode}
+
+// newOnePass reduces a compiled schema to a onePass, or returns nil when
+// the schema uses a keyword the one pass does not take.
+func newOnePass(s *jsonschema.Schema) *onePass {
+	b := builder{built: map[*jsonschema.Schema]*node{}, ok: true}
+	root := b.node(s)
+	if !b.ok {
+		return nil
+	}
+	for _, n := range b.built { // a cycle of schemas that are only $refs
+		seen := 0
+		for m := n; m.ref != nil; m = m.ref {
+			if seen++; seen > len(b.built) {
+				return nil
+			}
+		}
+	}
+	return &onePass{root: root}
+}
+
+type builder struct {
+	built map[*jsonschema.Schema]*node
+	ok    bool
+}
+
+func (b *builder) fail() *node {
+	b.ok = false
+	return anyNode
+}
+
+func (b *builder) node(s *jsonschema.Schema) *node {
+	if s == nil {
+		return anyNode
+	}
+	if n, ok := b.built[s]; ok {
+		return n
+	}
+	n := &node{minLen: -1, maxLen: -1, minItems: -1, maxItems: -1}
+	b.built[s] = n
+	if s.Bool != nil {
+		n.any, n.none = *s.Bool, !*s.Bool
+		return n
+	}
+	if unsupported(s) {
+		return b.fail()
+	}
+	for _, e := range s.Extensions {
+		if _, ok := e.(*mark); !ok {
+			return b.fail()
+		}
+	}
+	if s.Ref != nil {
+		if s.DraftVersion >= 2019 && validates(s) {
+			return b.fail() // $ref beside other keywords: both apply
+		}
+		n.ref = b.node(s.Ref)
+		return n
+	}
+	if !validates(s) {
+		n.any = true
+		return n
+	}
+	if s.Types != nil {
+		for _, t := range s.Types.ToStrings() {
+			n.types |= map[string]uint8{"null": tNull, "boolean": tBool, "number": tNumber,
+				"integer": tInteger, "string": tString, "array": tArray, "object": tObject}[t]
+		}
+	}
+	var values []any
+	if s.Enum != nil {
+		values = s.Enum.Values
+	}
+	if s.Const != nil {
+		if s.Enum != nil {
+			return b.fail()
+		}
+		values = []any{*s.Const}
+	}
+	if values != nil {
+		n.hasEnum = true
+		for _, v := range values {
+			switch v := v.(type) {
+			case string:
+				n.enumStrings = append(n.enumStrings, v)
+			case nil:
+				n.enumNull = true
+			case bool:
+				n.enumTrue, n.enumFalse = n.enumTrue || v, n.enumFalse || !v
+			default: // numbers, arrays, objects
+				return b.fail()
+			}
+		}
+	}
+	if s.MinLength != nil {
+		n.minLen = *s.MinLength
+	}
+	if s.MaxLength != nil {
+		n.maxLen = *s.MaxLength
+	}
+	n.pattern = s.Pattern
+	for _, c := range []struct {
+		r *big.Rat
+		b *bound
+	}{{s.Minimum, &n.min}, {s.Maximum, &n.max}, {s.ExclusiveMinimum, &n.exclMin}, {s.ExclusiveMaximum, &n.exclMax}} {
+		if c.r == nil {
+			continue
+		}
+		if !c.r.IsInt() || !c.r.Num().IsInt64() {
+			return b.fail()
+		}
+		*c.b = bound{set: true, v: c.r.Num().Int64()}
+	}
+	if len(s.Required) > 64 {
+		return b.fail()
+	}
+	if len(s.Properties) > 0 || len(s.Required) > 0 {
+		n.keys = make(map[string]key, len(s.Properties)+len(s.Required))
+	}
+	for name, p := range s.Properties {
+		n.keys[name] = key{n: b.node(p), prop: true}
+	}
+	for i, name := range s.Required {
+		k := n.keys[name]
+		if k.bit != 0 { // listed twice
+			continue
+		}
+		k.bit = 1 << i
+		n.keys[name] = k
+		n.required |= k.bit
+	}
+	switch a := s.AdditionalProperties.(type) {
+	case nil:
+	case bool:
+		if !a {
+			n.additional = noneNode
+		}
+	case *jsonschema.Schema:
+		n.additional = b.node(a)
+	default:
+		return b.fail()
+	}
+	if s.DraftVersion >= 2020 {
+		if s.Items2020 != nil {
+			n.items = b.node(s.Items2020)
+		}
+	} else if s.Items != nil {
+		items, ok := s.Items.(*jsonschema.Schema)
+		if !ok { // an array of schemas, one per position
+			return b.fail()
+		}
+		n.items = b.node(items)
+	}
+	if s.MinItems != nil {
+		n.minItems = *s.MinItems
+	}
+	if s.MaxItems != nil {
+		n.maxItems = *s.MaxItems
+	}
+	return n
+}
+
+// unsupported reports whether s uses a keyword a onePass does not take.
+func unsupported(s *jsonschema.Schema) bool {
+	return s.RecursiveRef != nil || s.DynamicRef != nil || s.Not != nil ||
+		len(s.AllOf) > 0 || len(s.AnyOf) > 0 || len(s.OneOf) > 0 ||
+		s.If != nil || s.Then != nil || s.Else != nil || s.Format != nil ||
+		s.MaxProperties != nil || s.MinProperties != nil || s.PropertyNames != nil ||
+		len(s.PatternProperties) > 0 || len(s.Dependencies) > 0 ||
+		len(s.DependentRequired) > 0 || len(s.DependentSchemas) > 0 ||
+		s.UnevaluatedProperties != nil || s.UniqueItems || s.Contains != nil ||
+		s.MinContains != nil || s.MaxContains != nil || s.AdditionalItems != nil ||
+		len(s.PrefixItems) > 0 || s.UnevaluatedItems != nil ||
+		s.ContentEncoding != nil || s.ContentMediaType != nil || s.ContentSchema != nil ||
+		s.MultipleOf != nil ||
+		(s.DraftVersion >= 2020 && s.Items != nil)
+}
+
+// validates reports whether s has a keyword the one pass checks (beside
+// $ref): without one, it takes every value.
+func validates(s *jsonschema.Schema) bool {
+	return s.Types != nil || s.Enum != nil || s.Const != nil ||
+		s.MinLength != nil || s.MaxLength != nil || s.Pattern != nil ||
+		s.Minimum != nil || s.Maximum != nil || s.ExclusiveMinimum != nil || s.ExclusiveMaximum != nil ||
+		len(s.Properties) > 0 || len(s.Required) > 0 || s.AdditionalProperties != nil ||
+		s.Items != nil || s.Items2020 != nil || s.MinItems != nil || s.MaxItems != nil
+}
+
+// accepts reports whether payload, one JSON text, is valid against the
+// schema and holds none of the forbidden paths. False means the payload
+// is invalid or the one pass is not sure: ask the library.
+func (o *onePass) accepts(payload []byte, forbidden ...[][]string) bool {
+	w := walker{p: payload}
+	var paths [][]string
+	for _, set := range forbidden {
+		paths = append(paths, set...)
+	}
+	if !w.value(o.root, paths, 0) {
+		return false
+	}
+	w.space()
+	return w.i == len(w.p)
+}
+
+// walker reads one JSON text while it checks it.
+type walker struct {
+	p   []byte
+	i   int
+	buf []byte // a string with escapes, unescaped
+}
+
+func (w *walker) space() {
+	for w.i < len(w.p) {
+		switch w.p[w.i] {
+		case ' ', '\t', '\n', '\r':
+			w.i++
+		default:
+			return
+		}
+	}
+}
+
+// value checks the value at w.i against n. paths are the forbidden paths
+// still open at this value: their remaining segments.
+func (w *walker) value(n *node, paths [][]string, depth int) bool {
+	for n.ref != nil {
+		n = n.ref
+	}
+	if n.none || depth > maxOnePassDepth {
+		return false
+	}
+	w.space()
+	if w.i >= len(w.p) {
+		return false
+	}
+	switch c := w.p[w.i]; {
+	case c == '{': // an enum holds no objects or arrays (see builder.node)
+		return n.is(tObject) && (!n.hasEnum || n.any) && w.object(n, paths, depth)
+	case c == '[':
+		return n.is(tArray) && (!n.hasEnum || n.any) && w.array(n, paths, depth)
+	case c == '"':
+		if !n.is(tString) {
+			return false
+		}
+		s, runes, ok := w.str()
+		return ok && n.string(s, runes)
+	case c == 't':
+		return w.literal("true") && n.is(tBool) && (!n.hasEnum || n.enumTrue)
+	case c == 'f':
+		return w.literal("false") && n.is(tBool) && (!n.hasEnum || n.enumFalse)
+	case c == 'n':
+		return w.literal("null") && n.is(tNull) && (!n.hasEnum || n.enumNull)
+	case c == '-' || c >= '0' && c <= '9':
+		return w.number(n)
+	}
+	return false
+}
+
+func (n *node) is(t uint8) bool {
+	return n.any || n.types == 0 || n.types&t != 0
+}
+
+func (w *walker) literal(lit string) bool {
+	if len(w.p)-w.i < len(lit) || string(w.p[w.i:w.i+len(lit)]) != lit {
+		return false
+	}
+	w.i += len(lit)
+	return true
+}
+
+func (w *walker) object(n *node, paths [][]string, depth int) bool {
+	w.i++ // {
+	var seen uint64
+	w.space()
+	if w.i < len(w.p) && w.p[w.i] == '}' {
+		w.i++
+		return n.any || seen&n.required == n.required
+	}
+	for {
+		w.space()
+		if w.i >= len(w.p) || w.p[w.i] != '"' {
+			return false
+		}
+		name, _, ok := w.str()
+		if !ok {
+			return false
+		}
+		child := n.additional
+		if n.any {
+			child = anyNode
+		} else if k, ok := n.keys[unsafeString(name)]; ok {
+			seen |= k.bit
+			if k.prop {
+				child = k.n
+			}
+		}
+		if child == nil {
+			child = anyNode
+		}
+		next, hit := follow(paths, unsafeString(name))
+		if hit {
+			return false
+		}
+		w.space()
+		if w.i >= len(w.p) || w.p[w.i] != ':' {
+			return false
+		}
+		w.i++
+		if !w.value(child, next, depth+1) {
+			return false
+		}
+		w.space()
+		if w.i >= len(w.p) {
+			return false
+		}
+		switch w.p[w.i] {
+		case ',':
+			w.i++
+		case '}':
+			w.i++
+			return n.any || seen&n.required == n.required
+		default:
+			return false
+		}
+	}
+}
+
+// follow returns the forbidden paths that go on below the key or index
+// name, and whether one of them ends there (the payload holds it).
+func follow(paths [][]string, name string) (next [][]string, hit bool) {
+	for _, p := range paths {
+		if p[0] != "*" && p[0] != name {
+			continue
+		}
+		if len(p) == 1 {
+			return nil, true
+		}
+		next = append(next, p[1:])
+	}
+	return next, false
+}
+
+func (w *walker) array(n *node, paths [][]string, depth int) bool {
+	w.i++ // [
+	items := n.items
+	if items == nil || n.any {
+		items = anyNode
+	}
+	count := 0
+	w.space()
+	if w.i < len(w.p) && w.p[w.i] == ']' {
+		w.i++
+		return n.itemsWithin(count)
+	}
+	for {
+		var next [][]string
+		if len(paths) > 0 {
+			var hit bool
+			if next, hit = follow(paths, strconv.Itoa(count)); hit {
+				return false
+			}
+		}
+		if !w.value(items, next, depth+1) {
+			return false
+		}
+		count++
+		w.space()
+		if w.i >= len(w.p) {
+			return false
+		}
+		switch w.p[w.i] {
+		case ',':
+			w.i++
+		case ']':
+			w.i++
+			return n.itemsWithin(count)
+		default:
+			return false
+		}
+	}
+}
+
+func (n *node) itemsWithin(count int) bool {
+	return n.any || (n.minItems < 0 || count >= n.minItems) && (n.maxItems < 0 || count <= n.maxItems)
+}
+
+// str reads the string at w.i (its opening quote) and returns its
+// content, unescaped, and its length in code points. It is not sure, and
+// returns false, for what encoding/json would not take or would rewrite:
+// a control character, invalid UTF-8, a lone surrogate.
+func (w *walker) str() (s []byte, runes int, ok bool) {
+	w.i++ // "
+	start := w.i
+	for w.i < len(w.p) {
+		c := w.p[w.i]
+		switch {
+		case c == '"':
+			s = w.p[start:w.i]
+			w.i++
+			return s, runes, true
+		case c == '\\':
+			return w.escaped(start, runes)
+		case c < 0x20:
+			return nil, 0, false
+		case c < utf8.RuneSelf:
+			w.i++
+		default:
+			r, size := utf8.DecodeRune(w.p[w.i:])
+			if r == utf8.RuneError && size == 1 {
+				return nil, 0, false
+			}
+			w.i += size
+		}
+		runes++
+	}
+	return nil, 0, false
+}
+
+// escaped goes on with a string that holds an escape at w.i, copying it
+// unescaped into w.buf.
+func (w *walker) escaped(start, runes int) ([]byte, int, bool) {
+	w.buf = append(w.buf[:0], w.p[start:w.i]...)
+	for w.i < len(w.p) {
+		c := w.p[w.i]
+		switch {
+		case c == '"':
+			w.i++
+			return w.buf, runes, true
+		case c < 0x20:
+			return nil, 0, false
+		case c == '\\':
+			if w.i+1 >= len(w.p) {
+				return nil, 0, false
+			}
+			e := w.p[w.i+1]
+			w.i += 2
+			switch e {
+			case '"', '\\', '/':
+				w.buf = append(w.buf, e)
+			case 'b':
+				w.buf = append(w.buf, '\b')
+			case 'f':
+				w.buf = append(w.buf, '\f')
+			case 'n':
+				w.buf = append(w.buf, '\n')
+			case 'r':
+				w.buf = append(w.buf, '\r')
+			case 't':
+				w.buf = append(w.buf, '\t')
+			case 'u':
+				r, ok := w.hex4()
+				if !ok {
+					return nil, 0, false
+				}
+				if utf16.IsSurrogate(r) {
+					if w.i+1 >= len(w.p) || w.p[w.i] != '\\' || w.p[w.i+1] != 'u' {
+						return nil, 0, false // lone: encoding/json rewrites it
+					}
+					w.i += 2
+					r2, ok := w.hex4()
+					if r = utf16.DecodeRune(r, r2); !ok || r == utf8.RuneError {
+						return nil, 0, false
+					}
+				}
+				w.buf = utf8.AppendRune(w.buf, r)
+			default:
+				return nil, 0, false
+			}
+		case c < utf8.RuneSelf:
+			w.buf = append(w.buf, c)
+			w.i++
+		default:
+			r, size := utf8.DecodeRune(w.p[w.i:])
+			if r == utf8.RuneError && size == 1 {
+				return nil, 0, false
+			}
+			w.buf = append(w.buf, w.p[w.i:w.i+size]...)
+			w.i += size
+		}
+		runes++
+	}
+	return nil, 0, false
+}
+
+func (w *walker) hex4() (rune, bool) {
+	if len(w.p)-w.i < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range w.p[w.i : w.i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	w.i += 4
+	return r, true
+}
+
+// string checks a string value's content.
+func (n *node) string(s []byte, runes int) bool {
+	if n.any {
+		return true
+	}
+	if n.hasEnum {
+		found := false
+		for _, e := range n.enumStrings {
+			if string(s) == e {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	if n.minLen >= 0 && runes < n.minLen || n.maxLen >= 0 && runes > n.maxLen {
+		return false
+	}
+	return n.pattern == nil || n.pattern.MatchString(unsafeString(s))
+}
+
+// number reads the number at w.i, as JSON's grammar has it, and checks it
+// against n: its type, and its bounds compared exactly.
+func (w *walker) number(n *node) bool {
+	p := w.p
+	neg := p[w.i] == '-'
+	if neg {
+		w.i++
+	}
+	var mant uint64
+	digits, exp := 0, 0 // significant digits in mant; value = mant × 10^exp
+	addDigit := func(d byte) {
+		if mant == 0 && d == '0' {
+			return
+		}
+		digits++
+		if digits <= 19 {
+			mant = mant*10 + uint64(d-'0')
+		}
+	}
+	switch {
+	case w.i < len(p) && p[w.i] == '0':
+		w.i++
+	case w.i < len(p) && p[w.i] >= '1' && p[w.i] <= '9':
+		for w.i < len(p) && p[w.i] >= '0' && p[w.i] <= '9' {
+			addDigit(p[w.i])
+			if digits > 19 {
+				exp++
+			}
+			w.i++
+		}
+	default:
+		return false
+	}
+	integer := true
+	if w.i < len(p) && p[w.i] == '.' {
+		integer = false
+		w.i++
+		start := w.i
+		for w.i < len(p) && p[w.i] >= '0' && p[w.i] <= '9' {
+			addDigit(p[w.i])
+			if digits <= 19 { // a leading zero counts no digit but moves the point
+				exp--
+			}
+			w.i++
+		}
+		if w.i == start {
+			return false
+		}
+	}
+	if w.i < len(p) && (p[w.i] == 'e' || p[w.i] == 'E') {
+		integer = false
+		w.i++
+		eneg := false
+		if w.i < len(p) && (p[w.i] == '+' || p[w.i] == '-') {
+			eneg = p[w.i] == '-'
+			w.i++
+		}
+		start, e := w.i, 0
+		for w.i < len(p) && p[w.i] >= '0' && p[w.i] <= '9' {
+			if e < 10000 {
+				e = e*10 + int(p[w.i]-'0')
+			}
+			w.i++
+		}
+		if w.i == start {
+			return false
+		}
+		if eneg {
+			e = -e
+		}
+		exp += e
+	}
+	if n.any {
+		return true
+	}
+	if !n.is(tNumber) && !(n.types&tInteger != 0 && integer) {
+		return false // not a number it takes, or 1.0 or 1e2: the library decides
+	}
+	if n.hasEnum {
+		return false
+	}
+	if !n.min.set && !n.max.set && !n.exclMin.set && !n.exclMax.set {
+		return true
+	}
+	if digits > 19 || exp > 400 || exp < -400 {
+		return false
+	}
+	within := func(b bound, ok func(c int) bool) bool {
+		return !b.set || ok(compareDecimal(neg, mant, exp, b.v))
+	}
+	return within(n.min, func(c int) bool { return c >= 0 }) &&
+		within(n.max, func(c int) bool { return c <= 0 }) &&
+		within(n.exclMin, func(c int) bool { return c > 0 }) &&
+		within(n.exclMax, func(c int) bool { return c < 0 })
+}
+
+// compareDecimal compares (-1)^neg × mant × 10^exp with b, exactly.
+func compareDecimal(neg bool, mant uint64, exp int, b int64) int {
+	sign := 1
+	if neg {
+		sign = -1
+	}
+	if mant == 0 {
+		sign = 0
+	}
+	bsign := 0
+	switch {
+	case b > 0:
+		bsign = 1
+	case b < 0:
+		bsign = -1
+	}
+	if sign != bsign {
+		if sign < bsign {
+			return -1
+		}
+		return 1
+	}
+	if sign == 0 {
+		return 0
+	}
+	ub := uint64(b)
+	if b < 0 {
+		ub = uint64(-(b + 1)) + 1
+	}
+	// compare |v| with ub, then apply the sign
+	var c int
+	if exp >= 0 {
+		v, over := mant, false
+		for range exp {
+			if v > math.MaxUint64/10 {
+				over = true
+				break
+			}
+			v *= 10
+		}
+		c = cmpUint(v, ub)
+		if over {
+			c = 1
+		}
+	} else {
+		t, over := ub, false
+		for range -exp {
+			if t > math.MaxUint64/10 {
+				over = true
+				break
+			}
+			t *= 10
+		}
+		c = cmpUint(mant, t)
+		if over {
+			c = -1
+		}
+	}
+	return sign * c
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// unsafeString views b as a string for a lookup or a match that does not
+// keep it.
+func unsafeString(b []byte) string {
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}

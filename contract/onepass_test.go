@@ -1,0 +1,284 @@
+package contract
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// compileSchema compiles one schema document as Load does.
+func compileSchema(t testing.TB, doc string) *jsonschema.Schema {
+	t.Helper()
+	v, err := jsonschema.UnmarshalJSON(strings.NewReader(doc))
+	if err != nil {
+		t.Fatalf("schema %s: %v", doc, err)
+	}
+	comp := newCompiler()
+	if err := comp.AddResource("schema.json", v); err != nil {
+		t.Fatal(err)
+	}
+	s, err := comp.Compile("schema.json")
+	if err != nil {
+		t.Fatalf("schema %s: %v", doc, err)
+	}
+	return s
+}
+
+// libraryValid is the verdict of the slow path: decode, then the library.
+func libraryValid(s *jsonschema.Schema, payload []byte) bool {
+	doc, err := decode(payload)
+	return err == nil && s.Validate(doc) == nil
+}
+
+// onePassCases are, per schema, payloads both verdicts take (valid), both
+// refuse (invalid), and payloads the library takes but the one pass is not
+// sure of (deferred): it says no, and the library decides.
+var onePassCases = []struct {
+	name, schema             string
+	valid, invalid, deferred []string
+}{
+	{
+		name:     "types",
+		schema:   `{"type": "object", "properties": {"n": {"type": "null"}, "b": {"type": "boolean"}, "x": {"type": "number"}, "i": {"type": "integer"}, "s": {"type": "string"}, "a": {"type": "array"}, "o": {"type": "object"}, "m": {"type": ["string", "null"]}}}`,
+		valid:    []string{`{}`, `{"n": null, "b": true, "x": 1.5, "i": -3, "s": "", "a": [], "o": {}, "m": null}`, `{"b": false, "x": -0, "i": 4611686018427387904, "m": "x"}`, ` { "x" : 1e400 } `, `{"i": -0}`},
+		invalid:  []string{`[]`, `"s"`, `{"n": 0}`, `{"b": "true"}`, `{"x": "1"}`, `{"i": 1.5}`, `{"s": 1}`, `{"a": {}}`, `{"o": []}`, `{"m": 1}`, `{"i": true}`},
+		deferred: []string{`{"i": 1.0}`, `{"i": 1e2}`, `{"i": 10E-1}`},
+	},
+	{
+		name:    "enum and const",
+		schema:  `{"properties": {"e": {"enum": ["a", "b", null, true]}, "c": {"const": "only"}, "f": {"const": false}}}`,
+		valid:   []string{`{"e": "a"}`, `{"e": "b", "c": "only", "f": false}`, `{"e": null}`, `{"e": true}`, `{"c": "\u006fnly"}`},
+		invalid: []string{`{"e": "c"}`, `{"e": false}`, `{"e": 1}`, `{"e": ["a"]}`, `{"c": "Only"}`, `{"f": true}`, `{"f": null}`, `{"e": "a "}`},
+	},
+	{
+		name:     "string length and pattern",
+		schema:   `{"properties": {"s": {"minLength": 2, "maxLength": 3}, "p": {"pattern": "^[A-Z]{3}-[0-9]{2}$"}, "q": {"pattern": "é"}}}`,
+		valid:    []string{`{"s": "ab"}`, `{"s": "abc"}`, `{"s": "éé"}`, `{"s": "日本語"}`, `{"s": "\u00e9\n"}`, `{"s": "😀😀"}`, `{"s": "\ud83d\ude00\ud83d\ude00"}`, `{"p": "ABC-12"}`, `{"p": "\u0041BC-12"}`, `{"q": "café"}`, `{"q": "caf\u00e9"}`, `{"s": 5}`, `{"s": "a\u0000"}`},
+		invalid:  []string{`{"s": "a"}`, `{"s": "abcd"}`, `{"s": "éééé"}`, `{"s": "\u00e9"}`, `{"p": "ABC-123"}`, `{"p": "abc-12"}`, `{"p": "ABC-1\n"}`, `{"q": "cafe"}`, `{"s": "\u0000"}`},
+		deferred: []string{},
+	},
+	{
+		name:    "integer bounds",
+		schema:  `{"properties": {"min": {"minimum": 0}, "max": {"maximum": 1000}, "emin": {"exclusiveMinimum": -5}, "emax": {"exclusiveMaximum": 10}, "lo": {"minimum": -9223372036854775808}, "hi": {"maximum": 9223372036854775807}}}`,
+		valid:   []string{`{"min": 0}`, `{"min": -0}`, `{"min": 0.0}`, `{"min": 1e-5}`, `{"min": 12.5}`, `{"max": 1000}`, `{"max": 999.999}`, `{"max": 1e3}`, `{"max": 10E2}`, `{"max": 1000.000}`, `{"max": -1e300}`, `{"emin": -4.99}`, `{"emin": 0}`, `{"emax": 9.999}`, `{"emax": -10}`, `{"lo": -9223372036854775808}`, `{"hi": 9223372036854775807}`, `{"max": 0.000000000000000000000001}`, `{"min": "-1"}`},
+		invalid: []string{`{"min": -0.001}`, `{"min": -1}`, `{"min": -1e-300}`, `{"max": 1000.0001}`, `{"max": 1001}`, `{"max": 1.0001e3}`, `{"max": 100000000000000000000}`, `{"max": 1e300}`, `{"emin": -5}`, `{"emin": -5.0}`, `{"emin": -6}`, `{"emax": 10}`, `{"emax": 10.0}`, `{"emax": 1e1}`, `{"lo": -9223372036854775809}`, `{"hi": 9223372036854775808}`},
+		// more than 19 significant digits, or past the exponents it
+		// compares: exact, but the one pass leaves it to the library
+		deferred: []string{`{"max": 999.99999999999999999999}`, `{"min": 1e-500}`, `{"hi": 1.2345678901234567890123}`},
+	},
+	{
+		name:     "objects",
+		schema:   `{"type": "object", "required": ["a", "z"], "additionalProperties": false, "properties": {"a": {"type": "integer"}, "b": {"type": "object", "additionalProperties": {"type": "string"}, "properties": {"k": {"type": "integer"}}}, "z": true, "no": false}}`,
+		valid:    []string{`{"a": 1, "z": null}`, `{"z": [1, {"x": "y"}], "a": 2, "b": {}}`, `{"a": 1, "z": 0, "b": {"k": 1, "other": "s"}}`, `{"\u0061": 1, "z": 0}`, `{"a": 1, "a": 2, "z": 0}`},
+		invalid:  []string{`{}`, `{"a": 1}`, `{"z": 1}`, `{"a": 1, "z": 0, "c": 1}`, `{"a": 1, "z": 0, "no": 1}`, `{"a": 1, "z": 0, "b": {"other": 1}}`, `{"a": 1, "z": 0, "b": {"k": "s"}}`, `{"a": "1", "z": 0}`, `{"a": 1, "a": "2", "z": 0}`},
+		deferred: []string{`{"a": "1", "a": 2, "z": 0}`},
+	},
+	{
+		name:    "a required name without a property schema",
+		schema:  `{"required": ["r"], "additionalProperties": {"type": "string"}}`,
+		valid:   []string{`{"r": "x"}`, `{"r": "x", "s": "y"}`, `5`},
+		invalid: []string{`{}`, `{"r": 1}`, `{"s": "y"}`},
+	},
+	{
+		name:    "arrays",
+		schema:  `{"type": "array", "minItems": 1, "maxItems": 3, "items": {"type": "object", "required": ["q"], "properties": {"q": {"type": "integer", "minimum": 1}}}}`,
+		valid:   []string{`[{"q": 1}]`, `[{"q": 1}, {"q": 2, "x": [[[]]]}, {"q": 3}]`},
+		invalid: []string{`[]`, `[{"q": 1}, {"q": 1}, {"q": 1}, {"q": 1}]`, `[{"q": 0}]`, `[{}]`, `[1]`, `{"q": 1}`},
+	},
+	{
+		name:    "refs, recursion and the marks",
+		schema:  `{"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}, "secret": {"type": "string", "x-sensitive": true}}, "type": "object", "properties": {"tree": {"$ref": "#/$defs/node"}, "s": {"$ref": "#/$defs/secret", "description": "an annotation beside the $ref"}}}`,
+		valid:   []string{`{"tree": {"v": 1, "kids": [{"v": 2, "kids": []}, {"kids": [{"v": 3}]}]}, "s": "x"}`},
+		invalid: []string{`{"tree": {"v": 1, "kids": [{"v": 2, "kids": [{"v": "3"}]}]}}`, `{"s": 1}`, `{"tree": []}`},
+	},
+	{
+		name:    "false schema",
+		schema:  `false`,
+		invalid: []string{`{}`, `null`, `1`},
+	},
+	{
+		name:    "true schema and JSON's grammar",
+		schema:  `true`,
+		valid:   []string{`{}`, ` [ ] `, `"\"\\\/\b\f\n\r\t\u0000\uFFFF"`, `-0.5e+10`, `0`, `{"a": [1, "x", null, true, false, {"b": {}}]}`, "\"\xef\xbf\xbd\""},
+		invalid: []string{``, ` `, `{`, `{"a": 1,}`, `[1 2]`, `[1,]`, `01`, `1.`, `.5`, `-`, `+1`, `1e`, `1e+`, `"a`, "\"\x01\"", `"\x"`, `"\u12"`, `"\u12G4"`, `{} x`, `{a: 1}`, `tru`, `nulls`, `[1]]`, `{"a" 1}`, `NaN`, "\xef\xbb\xbf{}"},
+		// encoding/json takes these but rewrites them (invalid UTF-8, lone
+		// surrogates), and nesting deeper than the one pass follows
+		deferred: []string{"\"\xff\"", `"\ud800"`, `"\udc00\ud800"`, `"\ud800\u0041"`, strings.Repeat("[", 300) + strings.Repeat("]", 300)},
+	},
+}
+
+func TestOnePassAgreesWithTheLibrary(t *testing.T) {
+	for _, c := range onePassCases {
+		t.Run(c.name, func(t *testing.T) {
+			s := compileSchema(t, c.schema)
+			o := newOnePass(s)
+			if o == nil {
+				t.Fatalf("no one-pass check for %s", c.schema)
+			}
+			for _, p := range c.valid {
+				if !libraryValid(s, []byte(p)) {
+					t.Errorf("the library refuses %s: fix the case", p)
+				}
+				if !o.accepts([]byte(p)) {
+					t.Errorf("the one pass refuses %s, which is valid", p)
+				}
+			}
+			for _, p := range c.invalid {
+				if libraryValid(s, []byte(p)) {
+					t.Errorf("the library takes %s: fix the case", p)
+				}
+				if o.accepts([]byte(p)) {
+					t.Errorf("the one pass takes %s, which is invalid", p)
+				}
+			}
+			for _, p := range c.deferred {
+				if !libraryValid(s, []byte(p)) {
+					t.Errorf("the library refuses %s: fix the case", p)
+				}
+				if o.accepts([]byte(p)) {
+					t.Errorf("the one pass takes %s, which it should leave to the library", p)
+				}
+			}
+		})
+	}
+}
+
+// TestSchemasBeyondTheOnePassGoToTheLibrary: a schema that uses a keyword
+// the one pass does not take anywhere, even deep inside, has none, and
+// Check still gives the library's verdicts.
+func TestSchemasBeyondTheOnePassGoToTheLibrary(t *testing.T) {
+	for _, doc := range []string{
+		`{"anyOf": [{"type": "string"}, {"type": "integer"}]}`,
+		`{"properties": {"a": {"properties": {"b": {"allOf": [{"minimum": 1}]}}}}}`,
+		`{"properties": {"a": {"oneOf": [true]}}}`,
+		`{"not": {"type": "null"}}`,
+		`{"if": {"type": "string"}, "then": {"minLength": 1}}`,
+		`{"patternProperties": {"^x": {"type": "string"}}}`,
+		`{"propertyNames": {"maxLength": 3}}`,
+		`{"minProperties": 1}`,
+		`{"dependentRequired": {"a": ["b"]}}`,
+		`{"unevaluatedProperties": false}`,
+		`{"items": {"uniqueItems": true}}`,
+		`{"contains": {"type": "string"}}`,
+		`{"prefixItems": [{"type": "string"}]}`,
+		`{"multipleOf": 2}`,
+		`{"minimum": 0.5}`,
+		`{"maximum": 1e30}`,
+		`{"enum": [1, 2]}`,
+		`{"const": {"a": 1}}`,
+		`{"$defs": {"d": {"type": "string"}}, "$ref": "#/$defs/d", "minLength": 2}`,
+		`{"$schema": "http://json-schema.org/draft-07/schema#", "format": "email"}`,
+		`{"$schema": "http://json-schema.org/draft-07/schema#", "items": [{"type": "string"}]}`,
+		`{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "properties": {"x": {"$ref": "#/$defs/a"}}}`,
+	} {
+		if newOnePass(compileSchema(t, doc)) != nil {
+			t.Errorf("a one-pass check for %s", doc)
+		}
+	}
+	dir := t.TempDir()
+	index := `{"contracts": [{"aggregatetype": "a", "type": "T", "version": 1, "schema": "t.json"}]}`
+	schema := `{"type": "object", "properties": {"n": {"multipleOf": 2}}}`
+	if err := os.WriteFile(dir+"/"+IndexFile, []byte(index), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir+"/t.json", []byte(schema), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := r.Lookup("a", "T", ""); c.onePass != nil {
+		t.Fatal("a one-pass check for multipleOf")
+	}
+	if _, err := r.Check("a", "T", "", []byte(`{"n": 4}`), false); err != nil {
+		t.Fatalf("valid: %v", err)
+	}
+	if _, err := r.Check("a", "T", "", []byte(`{"n": 3}`), false); err == nil || !strings.Contains(err.Error(), "multipleOf") {
+		t.Fatalf("invalid: %v", err)
+	}
+}
+
+// TestOnePassFindsForbiddenPaths: a payload holding a forbidden path, at
+// any depth, through * and array indexes, is never taken by the one pass.
+func TestOnePassFindsForbiddenPaths(t *testing.T) {
+	o := newOnePass(compileSchema(t, `{"type": "object"}`))
+	forbidden := [][]string{{"card", "token"}, {"cards", "*", "number"}, {"items", "1"}}
+	for p, holds := range map[string]bool{
+		`{"card": {"brand": "x"}, "cards": [{"brand": "y"}], "items": [1]}`: false,
+		`{"card": {"token": null}}`:                                         true,
+		`{"card": {"brand": "x", "token": "t"}}`:                            true,
+		`{"c\u0061rd": {"token": "t"}}`:                                     true,
+		`{"cards": [{"brand": "y"}, {"number": "4111"}]}`:                   true,
+		`{"cards": {"visa": {"number": "4111"}}}`:                           true,
+		`{"items": [1, 2]}`:                                                 true,
+		`{"other": {"card": {"token": "t"}}}`:                               false,
+		`{"card": "token"}`:                                                 false,
+		`{"card": {"token": 1}, "card": {"brand": "last wins"}}`:            true, // left to the library, which decides on the last
+	} {
+		if got := o.accepts([]byte(p), forbidden); got == holds {
+			t.Errorf("%s: the one pass takes it: %v; it holds a forbidden path: %v", p, got, holds)
+		}
+		doc, err := decode([]byte(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lib := forbiddenIn(doc, forbidden) != nil; lib != holds && !strings.Contains(p, "last wins") {
+			t.Errorf("%s: the library's walk says %v", p, lib)
+		}
+	}
+}
+
+// FuzzOnePassNeverAcceptsWhatTheLibraryRefuses checks the one pass's one
+// promise: whatever it takes, the library takes too, with the forbidden
+// paths absent. The schemas are the bench contract and those of the
+// cases above; the first byte of an input picks one.
+func FuzzOnePassNeverAcceptsWhatTheLibraryRefuses(f *testing.F) {
+	bench, err := os.ReadFile("testdata/bench/order/OrderPlaced.v1.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	docs := []string{string(bench)}
+	for _, c := range onePassCases {
+		docs = append(docs, c.schema)
+	}
+	var schemas []*jsonschema.Schema
+	var passes []*onePass
+	for _, d := range docs {
+		s := compileSchema(f, d)
+		schemas, passes = append(schemas, s), append(passes, newOnePass(s))
+	}
+	forbidden := [][]string{{"card", "token"}, {"lines", "*", "secret"}, {"tree", "kids", "0", "v"}}
+	order := orderPayload(f)
+	f.Add(append([]byte{0}, order...))
+	f.Add(append([]byte{0}, bytes.Replace(order, []byte(`"qty": 1,`), []byte(`"qty": 1, "secret": 1,`), 1)...))
+	for i, c := range onePassCases {
+		for _, ps := range [][]string{c.valid, c.invalid, c.deferred} {
+			for _, p := range ps {
+				f.Add(append([]byte{byte(i + 1)}, p...))
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) == 0 {
+			return
+		}
+		i, p := int(in[0])%len(docs), in[1:]
+		if !passes[i].accepts(p, forbidden) {
+			return
+		}
+		doc, err := decode(p)
+		if err != nil {
+			t.Fatalf("schema %d: the one pass takes %q, which does not parse: %v", i, p, err)
+		}
+		if err := schemas[i].Validate(doc); err != nil {
+			t.Fatalf("schema %d: the one pass takes %q, which the library refuses: %v", i, p, err)
+		}
+		if err := forbiddenIn(doc, forbidden); err != nil {
+			t.Fatalf("schema %d: the one pass takes %q: %v", i, p, err)
+		}
+	})
+}
