@@ -160,8 +160,8 @@ func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
 // and validating an already decoded payload. one-pass is the check of a
 // valid payload without the library (onepass.go), one-pass-forbidden the
 // same looking for two forbidden paths, check-library the check through
-// the library alone. check-formats compiles the schema with format
-// assertions on.
+// the library alone. check-formats and one-pass-formats compile the
+// schema with format assertions on.
 func BenchmarkCheck(b *testing.B) {
 	r, err := Load("testdata/bench")
 	if err != nil {
@@ -238,6 +238,16 @@ func BenchmarkCheck(b *testing.B) {
 			return err
 		}
 		return r.validate(c, d)
+	})
+	assertedPass := newOnePass(asserted)
+	if assertedPass == nil || !assertedPass.accepts(p) {
+		b.Fatal("the one-pass check does not take the bench payload with formats asserted")
+	}
+	run("one-pass-formats", func() error {
+		if !assertedPass.accepts(p) {
+			return fmt.Errorf("refused")
+		}
+		return nil
 	})
 	run("check-formats", func() error {
 		d, err := decode(p)

@@ -35,13 +35,14 @@ import (
 // Keywords it takes: type, enum and const (of strings, booleans and
 // null), properties, required, additionalProperties (false or a schema),
 // items (one schema for every item), minItems, maxItems, minLength,
-// maxLength, pattern, minimum, maximum, exclusiveMinimum,
+// maxLength, pattern, format (asserted with the library's own format
+// checks, as draft 7 and older do), minimum, maximum, exclusiveMinimum,
 // exclusiveMaximum (bounds that are integers), $ref (alone, or under a
 // draft older than 2019-09 where its siblings do not count), true and
 // false schemas, the x-sensitive and x-forbidden marks, and every
 // annotation. A schema that uses any other keyword anywhere (allOf,
 // anyOf, oneOf, not, if, patternProperties, unevaluatedProperties,
-// uniqueItems, multipleOf, a format that asserts, ...) has no onePass:
+// uniqueItems, multipleOf, the format regex, ...) has no onePass:
 // its events go through the library alone.
 
 // Type bits of a onePass node; 0 takes every type.
@@ -83,6 +84,7 @@ type node struct {
 
 	minLen, maxLen int // -1 when unset
 	pattern        jsonschema.Regexp
+	format         *jsonschema.Format // asserted (draft 7 and older, or when asked)
 
 	min, max, exclMin, exclMax bound
 
@@ -203,7 +205,7 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 	if s.MaxLength != nil {
 		n.maxLen = *s.MaxLength
 	}
-	n.pattern = s.Pattern
+	n.pattern, n.format = s.Pattern, s.Format
 	for _, c := range []struct {
 		r *big.Rat
 		b *bound
@@ -269,7 +271,7 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 func unsupported(s *jsonschema.Schema) bool {
 	return s.RecursiveRef != nil || s.DynamicRef != nil || s.Not != nil ||
 		len(s.AllOf) > 0 || len(s.AnyOf) > 0 || len(s.OneOf) > 0 ||
-		s.If != nil || s.Then != nil || s.Else != nil || s.Format != nil ||
+		s.If != nil || s.Then != nil || s.Else != nil || (s.Format != nil && s.Format.Name == "regex") ||
 		s.MaxProperties != nil || s.MinProperties != nil || s.PropertyNames != nil ||
 		len(s.PatternProperties) > 0 || len(s.Dependencies) > 0 ||
 		len(s.DependentRequired) > 0 || len(s.DependentSchemas) > 0 ||
@@ -285,7 +287,7 @@ func unsupported(s *jsonschema.Schema) bool {
 // $ref): without one, it takes every value.
 func validates(s *jsonschema.Schema) bool {
 	return s.Types != nil || s.Enum != nil || s.Const != nil ||
-		s.MinLength != nil || s.MaxLength != nil || s.Pattern != nil ||
+		s.MinLength != nil || s.MaxLength != nil || s.Pattern != nil || s.Format != nil ||
 		s.Minimum != nil || s.Maximum != nil || s.ExclusiveMinimum != nil || s.ExclusiveMaximum != nil ||
 		len(s.Properties) > 0 || len(s.Required) > 0 || s.AdditionalProperties != nil ||
 		s.Items != nil || s.Items2020 != nil || s.MinItems != nil || s.MaxItems != nil
@@ -628,7 +630,11 @@ func (n *node) string(s []byte, runes int) bool {
 	if n.minLen >= 0 && runes < n.minLen || n.maxLen >= 0 && runes > n.maxLen {
 		return false
 	}
-	return n.pattern == nil || n.pattern.MatchString(unsafeString(s))
+	if n.pattern != nil && !n.pattern.MatchString(unsafeString(s)) {
+		return false
+	}
+	// The library's formats check strings only: other values pass them.
+	return n.format == nil || n.format.Validate(unsafeString(s)) == nil
 }
 
 // number reads the number at w.i, as JSON's grammar has it, and checks it
