@@ -416,20 +416,30 @@ func (w *walker) object(n *node, paths [][]string, depth int) bool {
 		if !w.value(child, next, depth+1) {
 			return false
 		}
-		w.space()
-		if w.i >= len(w.p) {
+		if done, ok := w.after('}'); !ok {
 			return false
-		}
-		switch w.p[w.i] {
-		case ',':
-			w.i++
-		case '}':
-			w.i++
+		} else if done {
 			return n.any || seen&n.required == n.required
-		default:
-			return false
 		}
 	}
+}
+
+// after reads what follows a member or an item: a comma, or the closing
+// bracket (done).
+func (w *walker) after(closing byte) (done, ok bool) {
+	w.space()
+	if w.i >= len(w.p) {
+		return false, false
+	}
+	switch w.p[w.i] {
+	case ',':
+		w.i++
+		return false, true
+	case closing:
+		w.i++
+		return true, true
+	}
+	return false, false
 }
 
 // follow returns the forbidden paths that go on below the key or index
@@ -471,18 +481,10 @@ func (w *walker) array(n *node, paths [][]string, depth int) bool {
 			return false
 		}
 		count++
-		w.space()
-		if w.i >= len(w.p) {
+		if done, ok := w.after(']'); !ok {
 			return false
-		}
-		switch w.p[w.i] {
-		case ',':
-			w.i++
-		case ']':
-			w.i++
+		} else if done {
 			return n.itemsWithin(count)
-		default:
-			return false
 		}
 	}
 }
@@ -763,35 +765,29 @@ func compareDecimal(neg bool, mant uint64, exp int, b int64) int {
 		ub = uint64(-(b + 1)) + 1
 	}
 	// compare |v| with ub, then apply the sign
-	var c int
 	if exp >= 0 {
-		v, over := mant, false
-		for range exp {
-			if v > math.MaxUint64/10 {
-				over = true
-				break
-			}
-			v *= 10
+		v, ok := scale(mant, exp)
+		if !ok { // past uint64, so past ub
+			return sign
 		}
-		c = cmpUint(v, ub)
-		if over {
-			c = 1
-		}
-	} else {
-		t, over := ub, false
-		for range -exp {
-			if t > math.MaxUint64/10 {
-				over = true
-				break
-			}
-			t *= 10
-		}
-		c = cmpUint(mant, t)
-		if over {
-			c = -1
-		}
+		return sign * cmpUint(v, ub)
 	}
-	return sign * c
+	t, ok := scale(ub, -exp)
+	if !ok { // ub × 10^-exp passes uint64, so mant is below it
+		return -sign
+	}
+	return sign * cmpUint(mant, t)
+}
+
+// scale returns v × 10^n, or false when that passes the uint64 range.
+func scale(v uint64, n int) (uint64, bool) {
+	for range n {
+		if v > math.MaxUint64/10 {
+			return 0, false
+		}
+		v *= 10
+	}
+	return v, true
 }
 
 func cmpUint(a, b uint64) int {

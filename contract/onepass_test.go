@@ -2,6 +2,9 @@ package contract
 
 import (
 	"bytes"
+	"math"
+	"math/big"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
@@ -287,4 +290,44 @@ func FuzzOnePassNeverAcceptsWhatTheLibraryRefuses(f *testing.F) {
 			t.Fatalf("schema %d: the one pass takes %q: %v", i, p, err)
 		}
 	})
+}
+
+// TestCompareDecimalIsExact compares compareDecimal with math/big over
+// the edges (zero, the int64 limits, uint64 overflow on either side) and
+// 200,000 random decimals and bounds.
+func TestCompareDecimalIsExact(t *testing.T) {
+	want := func(neg bool, mant uint64, exp int, b int64) int {
+		v := new(big.Rat).SetInt(new(big.Int).SetUint64(mant))
+		p := new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(max(exp, -exp))), nil))
+		if exp >= 0 {
+			v.Mul(v, p)
+		} else {
+			v.Quo(v, p)
+		}
+		if neg {
+			v.Neg(v)
+		}
+		return v.Cmp(new(big.Rat).SetInt64(b))
+	}
+	check := func(neg bool, mant uint64, exp int, b int64) {
+		t.Helper()
+		if got, w := compareDecimal(neg, mant, exp, b), want(neg, mant, exp, b); got != w {
+			t.Fatalf("compareDecimal(%v, %d, %d, %d) = %d, want %d", neg, mant, exp, b, got, w)
+		}
+	}
+	for _, b := range []int64{0, 1, -1, 10, -10, math.MaxInt64, math.MinInt64, math.MaxInt64 - 1, math.MinInt64 + 1} {
+		for _, mant := range []uint64{0, 1, 9, 10, 1e18, math.MaxUint64, uint64(math.MaxInt64), uint64(math.MaxInt64) + 1} {
+			for _, exp := range []int{-400, -20, -19, -1, 0, 1, 2, 19, 20, 400} {
+				check(false, mant, exp, b)
+				check(true, mant, exp, b)
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		mant := rng.Uint64() >> rng.IntN(64)
+		exp := rng.IntN(50) - 25
+		b := int64(rng.Uint64()>>rng.IntN(64)) * int64(1-2*rng.IntN(2))
+		check(rng.IntN(2) == 0, mant, exp, b)
+	}
 }
