@@ -62,6 +62,7 @@ type Contract struct {
 
 	schema    *jsonschema.Schema
 	onePass   *onePass // nil when the schema uses a keyword it does not take
+	noOnePass string   // why onePass is nil
 	doc       any      // the schema document, for Compare
 	forbidden [][]string
 }
@@ -79,6 +80,7 @@ type Registry struct {
 	missing   Missing
 	sensitive []string // the registry's own sensitive and forbidden paths
 	forbidden [][]string
+	forbids   []string                 // the registry's own forbidden paths, as written
 	versions  map[eventKey][]*Contract // ascending by version
 	uncovered atomic.Int64
 
@@ -144,6 +146,7 @@ func Load(dir string) (*Registry, error) {
 	if _, r.forbidden, err = paths(idx.Forbidden); err != nil {
 		return nil, fmt.Errorf("contract registry %s: %s: forbidden %w", dir, IndexFile, err)
 	}
+	r.forbids = idx.Forbidden
 	r.sensitive = append(r.sensitive, idx.Forbidden...) // never shown, should one be there
 	absDir, err := filepath.Abs(dir)
 	if err != nil {
@@ -214,7 +217,7 @@ func (r *Registry) compile(comp *jsonschema.Compiler, absDir string, e indexEntr
 	if c.schema, err = comp.Compile(p); err != nil {
 		return nil, fmt.Errorf("%s: schema %s is not a valid JSON Schema: %w", c, e.Schema, err)
 	}
-	c.onePass = newOnePass(c.schema)
+	c.onePass, c.noOnePass = buildOnePass(c.schema)
 	marked, err := marks(c.schema)
 	if err != nil {
 		return nil, fmt.Errorf("%s: schema %s: %w", c, e.Schema, err)
@@ -230,6 +233,15 @@ func (r *Registry) compile(comp *jsonschema.Compiler, absDir string, e indexEntr
 		}
 	}
 	return c, nil
+}
+
+// OnePass reports whether the contract's valid events are checked in one
+// pass over their bytes (a few microseconds a kilobyte) rather than by the
+// JSON Schema library alone (tens of microseconds), and when not, why:
+// the first keyword that keeps them on the library's path, and where in
+// the schema (docs/contracts.md, "What a check costs").
+func (c *Contract) OnePass() (ok bool, why string) {
+	return c.onePass != nil, c.noOnePass
 }
 
 // Dir returns the folder the registry was loaded from.
@@ -486,6 +498,14 @@ func (r *Registry) SensitivePaths(aggregateType, eventType string) []string {
 		out = append(out, c.Sensitive...)
 		out = append(out, c.Forbidden...) // should never be there; if it is, never show it
 	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// ForbiddenPaths returns the payload paths an event of contract c must
+// never hold: the registry's own and the contract's.
+func (r *Registry) ForbiddenPaths(c *Contract) []string {
+	out := append(slices.Clone(r.forbids), c.Forbidden...)
 	slices.Sort(out)
 	return slices.Compact(out)
 }

@@ -1,9 +1,12 @@
 package contract
 
 import (
+	"fmt"
 	"math"
 	"math/big"
+	"path"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
@@ -110,30 +113,48 @@ var anyPass = &onePass{root: anyNode}
 // newOnePass reduces a compiled schema to a onePass, or returns nil when
 // the schema uses a keyword the one pass does not take.
 func newOnePass(s *jsonschema.Schema) *onePass {
-	b := builder{built: map[*jsonschema.Schema]*node{}, ok: true}
+	o, _ := buildOnePass(s)
+	return o
+}
+
+// buildOnePass is newOnePass, and says why there is none: the first
+// keyword the one pass does not take, and where.
+func buildOnePass(s *jsonschema.Schema) (*onePass, string) {
+	b := builder{built: map[*jsonschema.Schema]*node{}}
 	root := b.node(s)
-	if !b.ok {
-		return nil
+	if b.why != "" {
+		return nil, b.why
 	}
-	for _, n := range b.built { // a cycle of schemas that are only $refs
+	for sch, n := range b.built { // a cycle of schemas that are only $refs
 		seen := 0
 		for m := n; m.ref != nil; m = m.ref {
 			if seen++; seen > len(b.built) {
-				return nil
+				return nil, "a cycle of $refs at " + where(sch)
 			}
 		}
 	}
-	return &onePass{root: root}
+	return &onePass{root: root}, ""
 }
 
 type builder struct {
 	built map[*jsonschema.Schema]*node
-	ok    bool
+	why   string // the first reason there is no onePass
 }
 
-func (b *builder) fail() *node {
-	b.ok = false
+func (b *builder) fail(s *jsonschema.Schema, keyword string) *node {
+	if b.why == "" {
+		b.why = keyword + " at " + where(s)
+	}
 	return anyNode
+}
+
+// where names a schema by its file's name and its JSON pointer in it.
+func where(s *jsonschema.Schema) string {
+	loc := s.Location
+	if i := strings.LastIndexByte(loc, '#'); i >= 0 {
+		return path.Base(loc[:i]) + loc[i:]
+	}
+	return path.Base(loc)
 }
 
 func (b *builder) node(s *jsonschema.Schema) *node {
@@ -149,17 +170,17 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 		n.any, n.none = *s.Bool, !*s.Bool
 		return n
 	}
-	if unsupported(s) {
-		return b.fail()
+	if kw := unsupported(s); kw != "" {
+		return b.fail(s, kw)
 	}
 	for _, e := range s.Extensions {
 		if _, ok := e.(*mark); !ok {
-			return b.fail()
+			return b.fail(s, fmt.Sprintf("a keyword of another vocabulary (%T)", e))
 		}
 	}
 	if s.Ref != nil {
 		if s.DraftVersion >= 2019 && validates(s) {
-			return b.fail() // $ref beside other keywords: both apply
+			return b.fail(s, "$ref beside other keywords") // both apply
 		}
 		n.ref = b.node(s.Ref)
 		return n
@@ -180,7 +201,7 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 	}
 	if s.Const != nil {
 		if s.Enum != nil {
-			return b.fail()
+			return b.fail(s, "enum with const")
 		}
 		values = []any{*s.Const}
 	}
@@ -194,8 +215,8 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 				n.enumNull = true
 			case bool:
 				n.enumTrue, n.enumFalse = n.enumTrue || v, n.enumFalse || !v
-			default: // numbers, arrays, objects
-				return b.fail()
+			default:
+				return b.fail(s, fmt.Sprintf("enum or const with a value of type %T", v))
 			}
 		}
 	}
@@ -214,12 +235,12 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 			continue
 		}
 		if !c.r.IsInt() || !c.r.Num().IsInt64() {
-			return b.fail()
+			return b.fail(s, "a bound that is not an integer of 64 bits ("+c.r.RatString()+")")
 		}
 		*c.b = bound{set: true, v: c.r.Num().Int64()}
 	}
 	if len(s.Required) > 64 {
-		return b.fail()
+		return b.fail(s, "required with more than 64 names")
 	}
 	if len(s.Properties) > 0 || len(s.Required) > 0 {
 		n.keys = make(map[string]key, len(s.Properties)+len(s.Required))
@@ -245,7 +266,7 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 	case *jsonschema.Schema:
 		n.additional = b.node(a)
 	default:
-		return b.fail()
+		return b.fail(s, "additionalProperties")
 	}
 	if s.DraftVersion >= 2020 {
 		if s.Items2020 != nil {
@@ -253,8 +274,8 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 		}
 	} else if s.Items != nil {
 		items, ok := s.Items.(*jsonschema.Schema)
-		if !ok { // an array of schemas, one per position
-			return b.fail()
+		if !ok {
+			return b.fail(s, "items with a schema per position")
 		}
 		n.items = b.node(items)
 	}
@@ -267,20 +288,33 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 	return n
 }
 
-// unsupported reports whether s uses a keyword a onePass does not take.
-func unsupported(s *jsonschema.Schema) bool {
-	return s.RecursiveRef != nil || s.DynamicRef != nil || s.Not != nil ||
-		len(s.AllOf) > 0 || len(s.AnyOf) > 0 || len(s.OneOf) > 0 ||
-		s.If != nil || s.Then != nil || s.Else != nil || (s.Format != nil && s.Format.Name == "regex") ||
-		s.MaxProperties != nil || s.MinProperties != nil || s.PropertyNames != nil ||
-		len(s.PatternProperties) > 0 || len(s.Dependencies) > 0 ||
-		len(s.DependentRequired) > 0 || len(s.DependentSchemas) > 0 ||
-		s.UnevaluatedProperties != nil || s.UniqueItems || s.Contains != nil ||
-		s.MinContains != nil || s.MaxContains != nil || s.AdditionalItems != nil ||
-		len(s.PrefixItems) > 0 || s.UnevaluatedItems != nil ||
-		s.ContentEncoding != nil || s.ContentMediaType != nil || s.ContentSchema != nil ||
-		s.MultipleOf != nil ||
-		(s.DraftVersion >= 2020 && s.Items != nil)
+// unsupported returns the first keyword of s a onePass does not take, or
+// "".
+func unsupported(s *jsonschema.Schema) string {
+	for _, k := range []struct {
+		used    bool
+		keyword string
+	}{
+		{s.RecursiveRef != nil, "$recursiveRef"}, {s.DynamicRef != nil, "$dynamicRef"},
+		{s.Not != nil, "not"}, {len(s.AllOf) > 0, "allOf"}, {len(s.AnyOf) > 0, "anyOf"}, {len(s.OneOf) > 0, "oneOf"},
+		{s.If != nil, "if"}, {s.Then != nil, "then"}, {s.Else != nil, "else"},
+		{s.Format != nil && s.Format.Name == "regex", "format regex"},
+		{s.MaxProperties != nil, "maxProperties"}, {s.MinProperties != nil, "minProperties"},
+		{s.PropertyNames != nil, "propertyNames"}, {len(s.PatternProperties) > 0, "patternProperties"},
+		{len(s.Dependencies) > 0, "dependencies"}, {len(s.DependentRequired) > 0, "dependentRequired"},
+		{len(s.DependentSchemas) > 0, "dependentSchemas"}, {s.UnevaluatedProperties != nil, "unevaluatedProperties"},
+		{s.UniqueItems, "uniqueItems"}, {s.Contains != nil, "contains"},
+		{s.MinContains != nil, "minContains"}, {s.MaxContains != nil, "maxContains"},
+		{s.AdditionalItems != nil, "additionalItems"}, {len(s.PrefixItems) > 0, "prefixItems"},
+		{s.UnevaluatedItems != nil, "unevaluatedItems"}, {s.ContentEncoding != nil, "contentEncoding"},
+		{s.ContentMediaType != nil, "contentMediaType"}, {s.ContentSchema != nil, "contentSchema"},
+		{s.MultipleOf != nil, "multipleOf"}, {s.DraftVersion >= 2020 && s.Items != nil, "items"},
+	} {
+		if k.used {
+			return k.keyword
+		}
+	}
+	return ""
 }
 
 // validates reports whether s has a keyword the one pass checks (beside

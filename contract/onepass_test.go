@@ -159,32 +159,33 @@ func TestOnePassAgreesWithTheLibrary(t *testing.T) {
 // the one pass does not take anywhere, even deep inside, has none, and
 // Check still gives the library's verdicts.
 func TestSchemasBeyondTheOnePassGoToTheLibrary(t *testing.T) {
-	for _, doc := range []string{
-		`{"anyOf": [{"type": "string"}, {"type": "integer"}]}`,
-		`{"properties": {"a": {"properties": {"b": {"allOf": [{"minimum": 1}]}}}}}`,
-		`{"properties": {"a": {"oneOf": [true]}}}`,
-		`{"not": {"type": "null"}}`,
-		`{"if": {"type": "string"}, "then": {"minLength": 1}}`,
-		`{"patternProperties": {"^x": {"type": "string"}}}`,
-		`{"propertyNames": {"maxLength": 3}}`,
-		`{"minProperties": 1}`,
-		`{"dependentRequired": {"a": ["b"]}}`,
-		`{"unevaluatedProperties": false}`,
-		`{"items": {"uniqueItems": true}}`,
-		`{"contains": {"type": "string"}}`,
-		`{"prefixItems": [{"type": "string"}]}`,
-		`{"multipleOf": 2}`,
-		`{"minimum": 0.5}`,
-		`{"maximum": 1e30}`,
-		`{"enum": [1, 2]}`,
-		`{"const": {"a": 1}}`,
-		`{"$defs": {"d": {"type": "string"}}, "$ref": "#/$defs/d", "minLength": 2}`,
-		`{"$schema": "http://json-schema.org/draft-07/schema#", "properties": {"r": {"format": "regex"}}}`,
-		`{"$schema": "http://json-schema.org/draft-07/schema#", "items": [{"type": "string"}]}`,
-		`{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "properties": {"x": {"$ref": "#/$defs/a"}}}`,
+	for _, c := range []struct{ doc, why string }{
+		{`{"anyOf": [{"type": "string"}, {"type": "integer"}]}`, "anyOf at schema.json#"},
+		{`{"properties": {"a": {"properties": {"b": {"allOf": [{"minimum": 1}]}}}}}`, "allOf at schema.json#/properties/a/properties/b"},
+		{`{"properties": {"a": {"oneOf": [true]}}}`, "oneOf at schema.json#/properties/a"},
+		{`{"not": {"type": "null"}}`, "not at"},
+		{`{"if": {"type": "string"}, "then": {"minLength": 1}}`, "if at"},
+		{`{"patternProperties": {"^x": {"type": "string"}}}`, "patternProperties at"},
+		{`{"propertyNames": {"maxLength": 3}}`, "propertyNames at"},
+		{`{"minProperties": 1}`, "minProperties at"},
+		{`{"dependentRequired": {"a": ["b"]}}`, "dependentRequired at"},
+		{`{"unevaluatedProperties": false}`, "unevaluatedProperties at"},
+		{`{"items": {"uniqueItems": true}}`, "uniqueItems at schema.json#/items"},
+		{`{"contains": {"type": "string"}}`, "contains at"},
+		{`{"prefixItems": [{"type": "string"}]}`, "prefixItems at"},
+		{`{"multipleOf": 2}`, "multipleOf at"},
+		{`{"minimum": 0.5}`, "a bound that is not an integer of 64 bits (1/2) at"},
+		{`{"maximum": 1e30}`, "a bound that is not an integer of 64 bits"},
+		{`{"enum": [1, 2]}`, "enum or const with a value of type json.Number"},
+		{`{"const": {"a": 1}}`, "enum or const with a value of type map[string]interface {}"},
+		{`{"$defs": {"d": {"type": "string"}}, "$ref": "#/$defs/d", "minLength": 2}`, "$ref beside other keywords at schema.json#"},
+		{`{"$schema": "http://json-schema.org/draft-07/schema#", "properties": {"r": {"format": "regex"}}}`, "format regex at schema.json#/properties/r"},
+		{`{"$schema": "http://json-schema.org/draft-07/schema#", "items": [{"type": "string"}]}`, "items with a schema per position at"},
+		{`{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "properties": {"x": {"$ref": "#/$defs/a"}}}`, "a cycle of $refs at schema.json#/"},
 	} {
-		if newOnePass(compileSchema(t, doc)) != nil {
-			t.Errorf("a one-pass check for %s", doc)
+		o, why := buildOnePass(compileSchema(t, c.doc))
+		if o != nil || !strings.Contains(why, c.why) {
+			t.Errorf("%s: one pass %v, why %q; want none, because %q", c.doc, o != nil, why, c.why)
 		}
 	}
 	dir := t.TempDir()
@@ -200,8 +201,16 @@ func TestSchemasBeyondTheOnePassGoToTheLibrary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c, _ := r.Lookup("a", "T", ""); c.onePass != nil {
-		t.Fatal("a one-pass check for multipleOf")
+	c, _ := r.Lookup("a", "T", "")
+	if ok, why := c.OnePass(); ok || why != "multipleOf at t.json#/properties/n" {
+		t.Fatalf("OnePass: %v, %q", ok, why)
+	}
+	bench, err := Load("testdata/bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := bench.Contracts()[0].OnePass(); !ok || why != "" {
+		t.Fatalf("the bench contract: OnePass %v, %q", ok, why)
 	}
 	if _, err := r.Check("a", "T", "", []byte(`{"n": 4}`), false); err != nil {
 		t.Fatalf("valid: %v", err)

@@ -66,6 +66,54 @@ func TestContractCheckExitStatus(t *testing.T) {
 	}
 }
 
+// `outbox contract list` names each contract's masked and forbidden
+// fields and how its events are checked: in one pass, or by the library
+// alone, with the keyword and the place that keep them there.
+func TestContractListShowsHowEachContractIsChecked(t *testing.T) {
+	t.Parallel()
+	out, stderr, code := run(t, nil, "contract", "list", registryDir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{
+		"order/OrderPlaced/v1  order/OrderPlaced.v1.json  one pass",
+		"order/OrderPlaced/v2  order/OrderPlaced.v2.json  one pass",
+		"card.token,payment.cvv", // the registry's forbidden path and v2's own
+	} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("no %q in:\n%s", want, out)
+		}
+	}
+	dir := t.TempDir()
+	files := map[string]string{
+		"contracts.json": `{"contracts": [{"aggregatetype": "stock", "type": "Counted", "version": 1, "schema": "counted.json"}]}`,
+		"counted.json":   `{"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 6}}}`,
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, stderr, code = run(t, nil, "contract", "list", "--json", dir)
+	var list []struct {
+		AggregateType, Type string
+		Version             int
+		OnePass             bool   `json:"one_pass"`
+		Library             string `json:"library_because"`
+		Sensitive           []string
+		Forbidden           []string
+	}
+	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list) != 1 {
+		t.Fatalf("--json: exit %d, %q, %v, %s", code, out, err, stderr)
+	}
+	if l := list[0]; l.AggregateType != "stock" || l.Version != 1 || l.OnePass || l.Library != "multipleOf at counted.json#/properties/n" || l.Sensitive == nil || l.Forbidden == nil {
+		t.Fatalf("--json: %+v", l)
+	}
+	if _, stderr, code := run(t, nil, "contract", "list", filepath.Join(dir, "missing")); code != 2 || !strings.Contains(stderr, "contracts.json") {
+		t.Fatalf("a missing registry: exit %d, %q", code, stderr)
+	}
+}
+
 // A recognisable secret in a sensitive field reaches the broker and
 // nothing else: not the relay's log (at debug level), not the refusal of
 // a forbidden field, not the dead letters as dlq list, dlq show and the
