@@ -1,10 +1,12 @@
 package contract
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/big"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf16"
@@ -35,12 +37,13 @@ import (
 // FuzzOnePassNeverAcceptsWhatTheLibraryRefuses checks, and the tests of
 // every keyword with payloads each side of its bound.
 //
-// Keywords it takes: type, enum and const (of strings, booleans and
-// null), properties, required, additionalProperties (false or a schema),
-// items (one schema for every item), minItems, maxItems, minLength,
-// maxLength, pattern, format (asserted with the library's own format
-// checks, as draft 7 and older do), minimum, maximum, exclusiveMinimum,
-// exclusiveMaximum (bounds that are integers), $ref (alone, or under a
+// Keywords it takes: type, enum and const (of strings, numbers, booleans
+// and null), properties, required, additionalProperties (false or a
+// schema), items (one schema for every item), minItems, maxItems,
+// minLength, maxLength, pattern, format (asserted with the library's own
+// format checks, as draft 7 and older do), minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum (numbers compared exactly as
+// decimals of up to 19 significant digits), $ref (alone, or under a
 // draft older than 2019-09 where its siblings do not count), true and
 // false schemas, the x-sensitive and x-forbidden marks, and every
 // annotation. A schema that uses any other keyword anywhere (allOf,
@@ -63,9 +66,17 @@ const (
 // go to the library.
 const maxOnePassDepth = 256
 
+// decimal is ±mant × 10^exp, exactly: a JSON number of at most 19
+// significant digits, or a schema's bound or enum number.
+type decimal struct {
+	neg  bool
+	mant uint64
+	exp  int
+}
+
 type bound struct {
 	set bool
-	v   int64
+	v   decimal
 }
 
 type key struct {
@@ -83,6 +94,7 @@ type node struct {
 
 	hasEnum                       bool
 	enumStrings                   []string
+	enumNumbers                   []decimal
 	enumNull, enumTrue, enumFalse bool
 
 	minLen, maxLen int // -1 when unset
@@ -215,6 +227,13 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 				n.enumNull = true
 			case bool:
 				n.enumTrue, n.enumFalse = n.enumTrue || v, n.enumFalse || !v
+			case json.Number:
+				r, ok := new(big.Rat).SetString(string(v))
+				d, exact := decimalOf(r)
+				if !ok || !exact {
+					return b.fail(s, "enum or const with a number of more than 19 significant digits ("+string(v)+")")
+				}
+				n.enumNumbers = append(n.enumNumbers, d)
 			default:
 				return b.fail(s, fmt.Sprintf("enum or const with a value of type %T", v))
 			}
@@ -234,10 +253,11 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 		if c.r == nil {
 			continue
 		}
-		if !c.r.IsInt() || !c.r.Num().IsInt64() {
-			return b.fail(s, "a bound that is not an integer of 64 bits ("+c.r.RatString()+")")
+		d, ok := decimalOf(c.r)
+		if !ok {
+			return b.fail(s, "a bound that is not a decimal of at most 19 significant digits ("+c.r.RatString()+")")
 		}
-		*c.b = bound{set: true, v: c.r.Num().Int64()}
+		*c.b = bound{set: true, v: d}
 	}
 	if len(s.Required) > 64 {
 		return b.fail(s, "required with more than 64 names")
@@ -681,24 +701,29 @@ func (w *walker) number(n *node) bool {
 	if neg {
 		w.i++
 	}
+	// value = mant × 10^exp, exact unless a digit past the 19th that is
+	// not a zero had to be dropped
 	var mant uint64
-	digits, exp := 0, 0 // significant digits in mant; value = mant × 10^exp
-	addDigit := func(d byte) {
+	digits, exp, inexact := 0, 0, false
+	// keep adds a digit to mant and reports whether it did (false: it was
+	// dropped); a leading zero counts as kept.
+	keep := func(d byte) bool {
 		if mant == 0 && d == '0' {
-			return
+			return true
 		}
-		digits++
-		if digits <= 19 {
+		if digits++; digits <= 19 {
 			mant = mant*10 + uint64(d-'0')
+			return true
 		}
+		inexact = inexact || d != '0'
+		return false
 	}
 	switch {
 	case w.i < len(p) && p[w.i] == '0':
 		w.i++
 	case w.i < len(p) && p[w.i] >= '1' && p[w.i] <= '9':
 		for w.i < len(p) && p[w.i] >= '0' && p[w.i] <= '9' {
-			addDigit(p[w.i])
-			if digits > 19 {
+			if !keep(p[w.i]) {
 				exp++
 			}
 			w.i++
@@ -712,8 +737,7 @@ func (w *walker) number(n *node) bool {
 		w.i++
 		start := w.i
 		for w.i < len(p) && p[w.i] >= '0' && p[w.i] <= '9' {
-			addDigit(p[w.i])
-			if digits <= 19 { // a leading zero counts no digit but moves the point
+			if keep(p[w.i]) {
 				exp--
 			}
 			w.i++
@@ -751,17 +775,18 @@ func (w *walker) number(n *node) bool {
 	if !n.is(tNumber) && !(n.types&tInteger != 0 && integer) {
 		return false // not a number it takes, or 1.0 or 1e2: the library decides
 	}
-	if n.hasEnum {
-		return false
-	}
-	if !n.min.set && !n.max.set && !n.exclMin.set && !n.exclMax.set {
+	if !n.hasEnum && !n.min.set && !n.max.set && !n.exclMin.set && !n.exclMax.set {
 		return true
 	}
-	if digits > 19 || exp > 400 || exp < -400 {
+	if inexact || exp > 400 || exp < -400 {
+		return false // not exact, or far out: the library compares it
+	}
+	v := decimal{neg: neg, mant: mant, exp: exp}
+	if n.hasEnum && !slices.ContainsFunc(n.enumNumbers, func(e decimal) bool { return compareDecimal(v, e) == 0 }) {
 		return false
 	}
 	within := func(b bound, ok func(c int) bool) bool {
-		return !b.set || ok(compareDecimal(neg, mant, exp, b.v))
+		return !b.set || ok(compareDecimal(v, b.v))
 	}
 	return within(n.min, func(c int) bool { return c >= 0 }) &&
 		within(n.max, func(c int) bool { return c <= 0 }) &&
@@ -769,48 +794,79 @@ func (w *walker) number(n *node) bool {
 		within(n.exclMax, func(c int) bool { return c < 0 })
 }
 
-// compareDecimal compares (-1)^neg × mant × 10^exp with b, exactly.
-func compareDecimal(neg bool, mant uint64, exp int, b int64) int {
-	sign := 1
-	if neg {
-		sign = -1
+// compareDecimal compares a with b, exactly.
+func compareDecimal(a, b decimal) int {
+	sa, sb := a.sign(), b.sign()
+	if sa != sb {
+		return cmpInt(sa, sb)
 	}
-	if mant == 0 {
-		sign = 0
-	}
-	bsign := 0
-	switch {
-	case b > 0:
-		bsign = 1
-	case b < 0:
-		bsign = -1
-	}
-	if sign != bsign {
-		if sign < bsign {
-			return -1
-		}
-		return 1
-	}
-	if sign == 0 {
+	if sa == 0 {
 		return 0
 	}
-	ub := uint64(b)
-	if b < 0 {
-		ub = uint64(-(b + 1)) + 1
-	}
-	// compare |v| with ub, then apply the sign
-	if exp >= 0 {
-		v, ok := scale(mant, exp)
-		if !ok { // past uint64, so past ub
-			return sign
+	// compare the magnitudes, then apply the sign
+	if a.exp >= b.exp {
+		x, ok := scale(a.mant, a.exp-b.exp)
+		if !ok { // past uint64, so past b.mant
+			return sa
 		}
-		return sign * cmpUint(v, ub)
+		return sa * cmpUint(x, b.mant)
 	}
-	t, ok := scale(ub, -exp)
-	if !ok { // ub × 10^-exp passes uint64, so mant is below it
-		return -sign
+	y, ok := scale(b.mant, b.exp-a.exp)
+	if !ok {
+		return -sa
 	}
-	return sign * cmpUint(mant, t)
+	return sa * cmpUint(a.mant, y)
+}
+
+func (d decimal) sign() int {
+	switch {
+	case d.mant == 0:
+		return 0
+	case d.neg:
+		return -1
+	}
+	return 1
+}
+
+func cmpInt(a, b int) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// decimalOf returns r as a decimal, or false when it has no exact one
+// (a fraction like 1/3, more than 19 significant digits, or an exponent
+// past ±400).
+func decimalOf(r *big.Rat) (decimal, bool) {
+	num, den := new(big.Int).Abs(r.Num()), new(big.Int).Set(r.Denom())
+	ten, rem := big.NewInt(10), new(big.Int)
+	exp := 0
+	for den.Cmp(big.NewInt(1)) != 0 {
+		if exp < -400 {
+			return decimal{}, false
+		}
+		num.Mul(num, ten)
+		exp--
+		g := new(big.Int).GCD(nil, nil, num, den)
+		num.Quo(num, g)
+		den.Quo(den, g)
+	}
+	for num.Sign() != 0 {
+		q, m := new(big.Int).QuoRem(num, ten, rem)
+		if m.Sign() != 0 {
+			break
+		}
+		num = q
+		exp++
+	}
+	if !num.IsUint64() || num.Uint64() > 9_999_999_999_999_999_999 || exp > 400 {
+		return decimal{}, false
+	}
+	return decimal{neg: r.Sign() < 0, mant: num.Uint64(), exp: exp}, true
 }
 
 // scale returns v × 10^n, or false when that passes the uint64 range.

@@ -73,6 +73,15 @@ var onePassCases = []struct {
 		deferred: []string{`{"max": 999.99999999999999999999}`, `{"min": 1e-500}`, `{"hi": 1.2345678901234567890123}`},
 	},
 	{
+		name:    "decimal bounds and numbers in enum and const",
+		schema:  `{"properties": {"price": {"exclusiveMinimum": 0, "maximum": 99.99}, "rate": {"minimum": -0.5, "exclusiveMaximum": 1e-3}, "big": {"minimum": 1e30}, "e": {"enum": [1, 2.5, "a", null]}, "c": {"const": 0}, "v": {"type": "integer", "enum": [1, 2]}}}`,
+		valid:   []string{`{"price": 0.01, "rate": -0.5, "big": 1e30, "e": 1, "c": 0, "v": 2}`, `{"price": 99.99, "rate": 0.000999, "big": 1000000000000000000000000000000}`, `{"price": 99.990, "e": 2.50, "c": -0, "v": 1}`, `{"e": 25e-1, "c": 0.0, "big": 10e29}`, `{"e": "a"}`, `{"e": null}`, `{"e": 1.0}`, `{"e": 1.00000000000000000000000}`, `{"big": 1000000000000000000000000000000.000000000000000}`},
+		invalid: []string{`{"price": 0}`, `{"price": 99.99000000000000000000001}`, `{"price": 99.991}`, `{"price": 1e2}`, `{"rate": -0.50001}`, `{"rate": 0.001}`, `{"rate": 1e-3}`, `{"big": 9.99999e29}`, `{"e": 2}`, `{"e": 2.49}`, `{"e": "b"}`, `{"e": true}`, `{"c": 1e-400}`, `{"c": 1}`, `{"v": 3}`, `{"v": 1.5}`},
+		// past 19 significant digits that are not all zeros: the library
+		// compares them
+		deferred: []string{`{"price": 99.98999999999999999999999}`, `{"v": 1.0}`},
+	},
+	{
 		name:     "objects",
 		schema:   `{"type": "object", "required": ["a", "z"], "additionalProperties": false, "properties": {"a": {"type": "integer"}, "b": {"type": "object", "additionalProperties": {"type": "string"}, "properties": {"k": {"type": "integer"}}}, "z": true, "no": false}}`,
 		valid:    []string{`{"a": 1, "z": null}`, `{"z": [1, {"x": "y"}], "a": 2, "b": {}}`, `{"a": 1, "z": 0, "b": {"k": 1, "other": "s"}}`, `{"\u0061": 1, "z": 0}`, `{"a": 1, "a": 2, "z": 0}`},
@@ -174,9 +183,9 @@ func TestSchemasBeyondTheOnePassGoToTheLibrary(t *testing.T) {
 		{`{"contains": {"type": "string"}}`, "contains at"},
 		{`{"prefixItems": [{"type": "string"}]}`, "prefixItems at"},
 		{`{"multipleOf": 2}`, "multipleOf at"},
-		{`{"minimum": 0.5}`, "a bound that is not an integer of 64 bits (1/2) at"},
-		{`{"maximum": 1e30}`, "a bound that is not an integer of 64 bits"},
-		{`{"enum": [1, 2]}`, "enum or const with a value of type json.Number"},
+		{`{"minimum": 0.33333333333333333333333}`, "a bound that is not a decimal of at most 19 significant digits (33333333333333333333333/100000000000000000000000) at"},
+		{`{"maximum": 1e-500}`, "a bound that is not a decimal of at most 19 significant digits"},
+		{`{"enum": [1, 12345678901234567890123]}`, "enum or const with a number of more than 19 significant digits (12345678901234567890123)"},
 		{`{"const": {"a": 1}}`, "enum or const with a value of type map[string]interface {}"},
 		{`{"$defs": {"d": {"type": "string"}}, "$ref": "#/$defs/d", "minLength": 2}`, "$ref beside other keywords at schema.json#"},
 		{`{"$schema": "http://json-schema.org/draft-07/schema#", "properties": {"r": {"format": "regex"}}}`, "format regex at schema.json#/properties/r"},
@@ -302,41 +311,79 @@ func FuzzOnePassNeverAcceptsWhatTheLibraryRefuses(f *testing.F) {
 }
 
 // TestCompareDecimalIsExact compares compareDecimal with math/big over
-// the edges (zero, the int64 limits, uint64 overflow on either side) and
-// 200,000 random decimals and bounds.
+// the edges (zero, the largest mantissas, uint64 overflow on either side
+// when the exponents are aligned) and 50,000 random pairs of decimals,
+// and decimalOf's conversions back.
 func TestCompareDecimalIsExact(t *testing.T) {
-	want := func(neg bool, mant uint64, exp int, b int64) int {
-		v := new(big.Rat).SetInt(new(big.Int).SetUint64(mant))
-		p := new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(max(exp, -exp))), nil))
-		if exp >= 0 {
+	rat := func(d decimal) *big.Rat {
+		v := new(big.Rat).SetInt(new(big.Int).SetUint64(d.mant))
+		p := new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(max(d.exp, -d.exp))), nil))
+		if d.exp >= 0 {
 			v.Mul(v, p)
 		} else {
 			v.Quo(v, p)
 		}
-		if neg {
+		if d.neg {
 			v.Neg(v)
 		}
-		return v.Cmp(new(big.Rat).SetInt64(b))
+		return v
 	}
-	check := func(neg bool, mant uint64, exp int, b int64) {
+	compare := func(a, b decimal, ra, rb *big.Rat) {
 		t.Helper()
-		if got, w := compareDecimal(neg, mant, exp, b), want(neg, mant, exp, b); got != w {
-			t.Fatalf("compareDecimal(%v, %d, %d, %d) = %d, want %d", neg, mant, exp, b, got, w)
+		if got, w := compareDecimal(a, b), ra.Cmp(rb); got != w {
+			t.Fatalf("compareDecimal(%+v, %+v) = %d, want %d", a, b, got, w)
 		}
 	}
-	for _, b := range []int64{0, 1, -1, 10, -10, math.MaxInt64, math.MinInt64, math.MaxInt64 - 1, math.MinInt64 + 1} {
-		for _, mant := range []uint64{0, 1, 9, 10, 1e18, math.MaxUint64, uint64(math.MaxInt64), uint64(math.MaxInt64) + 1} {
-			for _, exp := range []int{-400, -20, -19, -1, 0, 1, 2, 19, 20, 400} {
-				check(false, mant, exp, b)
-				check(true, mant, exp, b)
-			}
+	roundTrip := func(a decimal, ra *big.Rat) {
+		t.Helper()
+		if d, ok := decimalOf(ra); ok && rat(d).Cmp(ra) != 0 {
+			t.Fatalf("decimalOf(%s) = %+v", ra.RatString(), d)
+		}
+	}
+	var edges []decimal
+	for _, mant := range []uint64{0, 1, 9, 10, 1e18, 9_999_999_999_999_999_999, math.MaxUint64} {
+		for _, exp := range []int{-400, -20, -19, -1, 0, 1, 2, 19, 20, 400} {
+			edges = append(edges, decimal{false, mant, exp}, decimal{true, mant, exp})
+		}
+	}
+	rats := make([]*big.Rat, len(edges))
+	for i, e := range edges {
+		rats[i] = rat(e)
+		roundTrip(e, rats[i])
+	}
+	for i, a := range edges {
+		for j, b := range edges {
+			compare(a, b, rats[i], rats[j])
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for range 200_000 {
-		mant := rng.Uint64() >> rng.IntN(64)
-		exp := rng.IntN(50) - 25
-		b := int64(rng.Uint64()>>rng.IntN(64)) * int64(1-2*rng.IntN(2))
-		check(rng.IntN(2) == 0, mant, exp, b)
+	random := func() decimal {
+		return decimal{neg: rng.IntN(2) == 0, mant: rng.Uint64() >> rng.IntN(64), exp: rng.IntN(50) - 25}
+	}
+	for range 50_000 {
+		a := random()
+		b := a
+		if rng.IntN(4) > 0 { // else equal values, written alike or not
+			b = random()
+		} else if b.mant%10 == 0 && b.mant > 0 {
+			b.mant, b.exp = b.mant/10, b.exp+1
+		}
+		ra := rat(a)
+		compare(a, b, ra, rat(b))
+		roundTrip(a, ra)
+	}
+	for _, c := range []struct {
+		r    string
+		want decimal
+		ok   bool
+	}{
+		{"0", decimal{}, true}, {"-0.5", decimal{true, 5, -1}, true}, {"99.99", decimal{false, 9999, -2}, true},
+		{"1e30", decimal{false, 1, 30}, true}, {"-9223372036854775808", decimal{true, 9223372036854775808, 0}, true},
+		{"1/3", decimal{}, false}, {"12345678901234567890123", decimal{}, false}, {"1e-500", decimal{}, false},
+	} {
+		r, _ := new(big.Rat).SetString(c.r)
+		if d, ok := decimalOf(r); ok != c.ok || ok && d != c.want {
+			t.Errorf("decimalOf(%s) = %+v, %v; want %+v, %v", c.r, d, ok, c.want, c.ok)
+		}
 	}
 }
