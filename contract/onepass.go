@@ -42,14 +42,15 @@ import (
 // schema), items (one schema for every item), minItems, maxItems,
 // minLength, maxLength, pattern, format (asserted with the library's own
 // format checks, as draft 7 and older do), minimum, maximum,
-// exclusiveMinimum, exclusiveMaximum (numbers compared exactly as
-// decimals of up to 19 significant digits), $ref (alone, or under a
-// draft older than 2019-09 where its siblings do not count), true and
-// false schemas, the x-sensitive and x-forbidden marks, and every
-// annotation. A schema that uses any other keyword anywhere (allOf,
-// anyOf, oneOf, not, if, patternProperties, unevaluatedProperties,
-// uniqueItems, multipleOf, the format regex, ...) has no onePass:
-// its events go through the library alone.
+// exclusiveMinimum, exclusiveMaximum and multipleOf (numbers compared
+// exactly as decimals of up to 19 significant digits), allOf and anyOf
+// (the value is read again for each schema, within a budget of visits),
+// $ref (beside other keywords from draft 2019-09 on, as one more schema
+// the value must pass), true and false schemas, the x-sensitive and
+// x-forbidden marks, and every annotation. A schema that uses any other
+// keyword anywhere (oneOf, not, if, patternProperties,
+// unevaluatedProperties, uniqueItems, the format regex, ...) has no
+// onePass: its events go through the library alone.
 
 // Type bits of a onePass node; 0 takes every type.
 const (
@@ -102,6 +103,9 @@ type node struct {
 	format         *jsonschema.Format // asserted (draft 7 and older, or when asked)
 
 	min, max, exclMin, exclMax bound
+	multipleOf                 *decimal
+
+	allOf, anyOf []*node // each, and at least one of, check the same value
 
 	keys       map[string]key
 	required   uint64 // the bits of every required name
@@ -191,11 +195,11 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 		}
 	}
 	if s.Ref != nil {
-		if s.DraftVersion >= 2019 && validates(s) {
-			return b.fail(s, "$ref beside other keywords") // both apply
+		if s.DraftVersion < 2019 || !validates(s) { // its siblings do not count, or there are none
+			n.ref = b.node(s.Ref)
+			return n
 		}
-		n.ref = b.node(s.Ref)
-		return n
+		n.allOf = append(n.allOf, b.node(s.Ref)) // both apply
 	}
 	if !validates(s) {
 		n.any = true
@@ -299,6 +303,19 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 		}
 		n.items = b.node(items)
 	}
+	for _, m := range s.AllOf {
+		n.allOf = append(n.allOf, b.node(m))
+	}
+	for _, m := range s.AnyOf {
+		n.anyOf = append(n.anyOf, b.node(m))
+	}
+	if s.MultipleOf != nil {
+		d, ok := decimalOf(s.MultipleOf)
+		if !ok || d.mant == 0 {
+			return b.fail(s, "a multipleOf that is not a decimal of at most 19 significant digits ("+s.MultipleOf.RatString()+")")
+		}
+		n.multipleOf = &d
+	}
 	if s.MinItems != nil {
 		n.minItems = *s.MinItems
 	}
@@ -316,7 +333,7 @@ func unsupported(s *jsonschema.Schema) string {
 		keyword string
 	}{
 		{s.RecursiveRef != nil, "$recursiveRef"}, {s.DynamicRef != nil, "$dynamicRef"},
-		{s.Not != nil, "not"}, {len(s.AllOf) > 0, "allOf"}, {len(s.AnyOf) > 0, "anyOf"}, {len(s.OneOf) > 0, "oneOf"},
+		{s.Not != nil, "not"}, {len(s.OneOf) > 0, "oneOf"},
 		{s.If != nil, "if"}, {s.Then != nil, "then"}, {s.Else != nil, "else"},
 		{s.Format != nil && s.Format.Name == "regex", "format regex"},
 		{s.MaxProperties != nil, "maxProperties"}, {s.MinProperties != nil, "minProperties"},
@@ -328,7 +345,7 @@ func unsupported(s *jsonschema.Schema) string {
 		{s.AdditionalItems != nil, "additionalItems"}, {len(s.PrefixItems) > 0, "prefixItems"},
 		{s.UnevaluatedItems != nil, "unevaluatedItems"}, {s.ContentEncoding != nil, "contentEncoding"},
 		{s.ContentMediaType != nil, "contentMediaType"}, {s.ContentSchema != nil, "contentSchema"},
-		{s.MultipleOf != nil, "multipleOf"}, {s.DraftVersion >= 2020 && s.Items != nil, "items"},
+		{s.DraftVersion >= 2020 && s.Items != nil, "items"},
 	} {
 		if k.used {
 			return k.keyword
@@ -344,14 +361,15 @@ func validates(s *jsonschema.Schema) bool {
 		s.MinLength != nil || s.MaxLength != nil || s.Pattern != nil || s.Format != nil ||
 		s.Minimum != nil || s.Maximum != nil || s.ExclusiveMinimum != nil || s.ExclusiveMaximum != nil ||
 		len(s.Properties) > 0 || len(s.Required) > 0 || s.AdditionalProperties != nil ||
-		s.Items != nil || s.Items2020 != nil || s.MinItems != nil || s.MaxItems != nil
+		s.Items != nil || s.Items2020 != nil || s.MinItems != nil || s.MaxItems != nil ||
+		len(s.AllOf) > 0 || len(s.AnyOf) > 0 || s.MultipleOf != nil
 }
 
 // accepts reports whether payload, one JSON text, is valid against the
 // schema and holds none of the forbidden paths. False means the payload
 // is invalid or the one pass is not sure: ask the library.
 func (o *onePass) accepts(payload []byte, forbidden ...[][]string) bool {
-	w := walker{p: payload}
+	w := walker{p: payload, budget: 8*len(payload) + 1024}
 	var paths [][]string
 	for _, set := range forbidden {
 		paths = append(paths, set...)
@@ -365,9 +383,10 @@ func (o *onePass) accepts(payload []byte, forbidden ...[][]string) bool {
 
 // walker reads one JSON text while it checks it.
 type walker struct {
-	p   []byte
-	i   int
-	buf []byte // a string with escapes, unescaped
+	p      []byte
+	i      int
+	buf    []byte // a string with escapes, unescaped
+	budget int    // values left to visit: allOf and anyOf walk a value again
 }
 
 func (w *walker) space() {
@@ -387,9 +406,34 @@ func (w *walker) value(n *node, paths [][]string, depth int) bool {
 	for n.ref != nil {
 		n = n.ref
 	}
-	if n.none || depth > maxOnePassDepth {
+	if w.budget--; n.none || depth > maxOnePassDepth || w.budget < 0 {
 		return false
 	}
+	if len(n.allOf) == 0 && len(n.anyOf) == 0 {
+		return w.single(n, paths, depth)
+	}
+	w.space()
+	start := w.i
+	if !w.single(n, paths, depth) {
+		return false
+	}
+	end := w.i // every schema reads the same value: it ends here
+	for _, m := range n.allOf {
+		if w.i = start; !w.value(m, paths, depth+1) {
+			return false
+		}
+	}
+	if len(n.anyOf) > 0 {
+		if !slices.ContainsFunc(n.anyOf, func(m *node) bool { w.i = start; return w.value(m, paths, depth+1) }) {
+			return false
+		}
+	}
+	w.i = end
+	return true
+}
+
+// single checks the value at w.i against n's own keywords.
+func (w *walker) single(n *node, paths [][]string, depth int) bool {
 	w.space()
 	if w.i >= len(w.p) {
 		return false
@@ -775,7 +819,7 @@ func (w *walker) number(n *node) bool {
 	if !n.is(tNumber) && !(n.types&tInteger != 0 && integer) {
 		return false // not a number it takes, or 1.0 or 1e2: the library decides
 	}
-	if !n.hasEnum && !n.min.set && !n.max.set && !n.exclMin.set && !n.exclMax.set {
+	if !n.hasEnum && !n.min.set && !n.max.set && !n.exclMin.set && !n.exclMax.set && n.multipleOf == nil {
 		return true
 	}
 	if inexact || exp > 400 || exp < -400 {
@@ -783,6 +827,9 @@ func (w *walker) number(n *node) bool {
 	}
 	v := decimal{neg: neg, mant: mant, exp: exp}
 	if n.hasEnum && !slices.ContainsFunc(n.enumNumbers, func(e decimal) bool { return compareDecimal(v, e) == 0 }) {
+		return false
+	}
+	if n.multipleOf != nil && !multipleOf(v, *n.multipleOf) {
 		return false
 	}
 	within := func(b bound, ok func(c int) bool) bool {
@@ -867,6 +914,15 @@ func decimalOf(r *big.Rat) (decimal, bool) {
 		return decimal{}, false
 	}
 	return decimal{neg: r.Sign() < 0, mant: num.Uint64(), exp: exp}, true
+}
+
+// multipleOf reports whether v is an integer multiple of d (not 0), or
+// false when it cannot tell exactly.
+func multipleOf(v, d decimal) bool {
+	e := min(v.exp, d.exp)
+	a, ok1 := scale(v.mant, v.exp-e)
+	b, ok2 := scale(d.mant, d.exp-e)
+	return ok1 && ok2 && a%b == 0
 }
 
 // scale returns v × 10^n, or false when that passes the uint64 range.

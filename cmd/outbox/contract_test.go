@@ -87,7 +87,7 @@ func TestContractListShowsHowEachContractIsChecked(t *testing.T) {
 	dir := t.TempDir()
 	files := map[string]string{
 		"contracts.json": `{"contracts": [{"aggregatetype": "stock", "type": "Counted", "version": 1, "schema": "counted.json"}]}`,
-		"counted.json":   `{"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 6}}}`,
+		"counted.json":   `{"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 0}}}}`,
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
@@ -106,7 +106,7 @@ func TestContractListShowsHowEachContractIsChecked(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list) != 1 {
 		t.Fatalf("--json: exit %d, %q, %v, %s", code, out, err, stderr)
 	}
-	if l := list[0]; l.AggregateType != "stock" || l.Version != 1 || l.OnePass || l.Library != "multipleOf at counted.json#/properties/n" || l.Sensitive == nil || l.Forbidden == nil {
+	if l := list[0]; l.AggregateType != "stock" || l.Version != 1 || l.OnePass || l.Library != "not at counted.json#/properties/n" || l.Sensitive == nil || l.Forbidden == nil {
 		t.Fatalf("--json: %+v", l)
 	}
 	if _, stderr, code := run(t, nil, "contract", "list", filepath.Join(dir, "missing")); code != 2 || !strings.Contains(stderr, "contracts.json") {
