@@ -105,7 +105,10 @@ type node struct {
 	min, max, exclMin, exclMax bound
 	multipleOf                 *decimal
 
-	allOf, anyOf []*node // each, and at least one of, check the same value
+	// composite: the value must pass every allOf schema (the first holds
+	// the node's own keywords) and one of the anyOf schemas, if any.
+	composite    bool
+	allOf, anyOf []*node
 
 	keys       map[string]key
 	required   uint64 // the bits of every required name
@@ -322,6 +325,15 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 	if s.MaxItems != nil {
 		n.maxItems = *s.MaxItems
 	}
+	if len(n.allOf) > 0 || len(n.anyOf) > 0 {
+		// n becomes the composite, in place (other schemas may point to
+		// it already); its own keywords move to a node of their own, the
+		// first the value must pass.
+		own := *n
+		own.allOf, own.anyOf = nil, nil
+		*n = node{composite: true, allOf: append([]*node{&own}, n.allOf...), anyOf: n.anyOf,
+			minLen: -1, maxLen: -1, minItems: -1, maxItems: -1}
+	}
 	return n
 }
 
@@ -409,31 +421,9 @@ func (w *walker) value(n *node, paths [][]string, depth int) bool {
 	if w.budget--; n.none || depth > maxOnePassDepth || w.budget < 0 {
 		return false
 	}
-	if len(n.allOf) == 0 && len(n.anyOf) == 0 {
-		return w.single(n, paths, depth)
+	if n.composite {
+		return w.composite(n, paths, depth)
 	}
-	w.space()
-	start := w.i
-	if !w.single(n, paths, depth) {
-		return false
-	}
-	end := w.i // every schema reads the same value: it ends here
-	for _, m := range n.allOf {
-		if w.i = start; !w.value(m, paths, depth+1) {
-			return false
-		}
-	}
-	if len(n.anyOf) > 0 {
-		if !slices.ContainsFunc(n.anyOf, func(m *node) bool { w.i = start; return w.value(m, paths, depth+1) }) {
-			return false
-		}
-	}
-	w.i = end
-	return true
-}
-
-// single checks the value at w.i against n's own keywords.
-func (w *walker) single(n *node, paths [][]string, depth int) bool {
 	w.space()
 	if w.i >= len(w.p) {
 		return false
@@ -459,6 +449,27 @@ func (w *walker) single(n *node, paths [][]string, depth int) bool {
 		return w.number(n)
 	}
 	return false
+}
+
+// composite reads the value at w.i once for each schema of n.
+func (w *walker) composite(n *node, paths [][]string, depth int) bool {
+	w.space()
+	start := w.i
+	end := -1 // every schema reads the same value: it ends here
+	for _, m := range n.allOf {
+		if w.i = start; !w.value(m, paths, depth+1) {
+			return false
+		}
+		end = w.i
+	}
+	if len(n.anyOf) > 0 {
+		if !slices.ContainsFunc(n.anyOf, func(m *node) bool { w.i = start; return w.value(m, paths, depth+1) }) {
+			return false
+		}
+		end = w.i
+	}
+	w.i = end
+	return true
 }
 
 func (n *node) is(t uint8) bool {
