@@ -3,6 +3,7 @@ package contract
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
 	"path"
@@ -144,9 +145,10 @@ func buildOnePass(s *jsonschema.Schema) (*onePass, string) {
 	if b.why != "" {
 		return nil, b.why
 	}
-	for sch, n := range b.built { // a cycle of schemas that are only $refs
+	schemas := slices.SortedFunc(maps.Keys(b.built), func(a, b *jsonschema.Schema) int { return strings.Compare(a.Location, b.Location) })
+	for _, sch := range schemas { // a cycle of schemas that are only $refs
 		seen := 0
-		for m := n; m.ref != nil; m = m.ref {
+		for m := b.built[sch]; m.ref != nil; m = m.ref {
 			if seen++; seen > len(b.built) {
 				return nil, "a cycle of $refs at " + where(sch)
 			}
@@ -272,8 +274,8 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 	if len(s.Properties) > 0 || len(s.Required) > 0 {
 		n.keys = make(map[string]key, len(s.Properties)+len(s.Required))
 	}
-	for name, p := range s.Properties {
-		n.keys[name] = key{n: b.node(p), prop: true}
+	for _, name := range slices.Sorted(maps.Keys(s.Properties)) { // the first reason is the same every time
+		n.keys[name] = key{n: b.node(s.Properties[name]), prop: true}
 	}
 	for i, name := range s.Required {
 		k := n.keys[name]
