@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -858,7 +859,7 @@ func (w *walker) number(n *node) bool {
 func compareDecimal(a, b decimal) int {
 	sa, sb := a.sign(), b.sign()
 	if sa != sb {
-		return cmpInt(sa, sb)
+		return cmp.Compare(sa, sb)
 	}
 	if sa == 0 {
 		return 0
@@ -869,13 +870,13 @@ func compareDecimal(a, b decimal) int {
 		if !ok { // past uint64, so past b.mant
 			return sa
 		}
-		return sa * cmpUint(x, b.mant)
+		return sa * cmp.Compare(x, b.mant)
 	}
 	y, ok := scale(b.mant, b.exp-a.exp)
 	if !ok {
 		return -sa
 	}
-	return sa * cmpUint(a.mant, y)
+	return sa * cmp.Compare(a.mant, y)
 }
 
 func (d decimal) sign() int {
@@ -886,16 +887,6 @@ func (d decimal) sign() int {
 		return -1
 	}
 	return 1
-}
-
-func cmpInt(a, b int) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // decimalOf returns r as a decimal, or false when it has no exact one
@@ -947,16 +938,6 @@ func scale(v uint64, n int) (uint64, bool) {
 		v *= 10
 	}
 	return v, true
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // unsafeString views b as a string for a lookup or a match that does not
