@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -42,8 +43,9 @@ import (
 // Keywords it takes: type, enum and const (of strings, numbers, booleans
 // and null), properties, required, additionalProperties (false or a
 // schema), items (one schema for every item), minItems, maxItems,
-// minLength, maxLength, pattern, format (asserted with the library's own
-// format checks, as draft 7 and older do), minimum, maximum,
+// uniqueItems (of up to 32 strings without escapes, numbers, booleans and
+// nulls), minLength, maxLength, pattern, format (asserted with the
+// library's own format checks, as draft 7 and older do), minimum, maximum,
 // exclusiveMinimum, exclusiveMaximum and multipleOf (numbers compared
 // exactly as decimals of up to 19 significant digits), allOf and anyOf
 // (the value is read again for each schema, within a budget of visits),
@@ -51,7 +53,7 @@ import (
 // the value must pass), true and false schemas, the x-sensitive and
 // x-forbidden marks, and every annotation. A schema that uses any other
 // keyword anywhere (oneOf, not, if, patternProperties,
-// unevaluatedProperties, uniqueItems, the format regex, ...) has no
+// unevaluatedProperties, contains, the format regex, ...) has no
 // onePass: its events go through the library alone.
 
 // Type bits of a onePass node; 0 takes every type.
@@ -118,6 +120,7 @@ type node struct {
 
 	items              *node // nil: every item is fine
 	minItems, maxItems int   // -1 when unset
+	uniqueItems        bool
 }
 
 var (
@@ -328,6 +331,7 @@ func (b *builder) node(s *jsonschema.Schema) *node {
 	if s.MaxItems != nil {
 		n.maxItems = *s.MaxItems
 	}
+	n.uniqueItems = s.UniqueItems
 	if len(n.allOf) > 0 || len(n.anyOf) > 0 {
 		// n becomes the composite, in place (other schemas may point to
 		// it already); its own keywords move to a node of their own, the
@@ -355,7 +359,7 @@ func unsupported(s *jsonschema.Schema) string {
 		{s.PropertyNames != nil, "propertyNames"}, {len(s.PatternProperties) > 0, "patternProperties"},
 		{len(s.Dependencies) > 0, "dependencies"}, {len(s.DependentRequired) > 0, "dependentRequired"},
 		{len(s.DependentSchemas) > 0, "dependentSchemas"}, {s.UnevaluatedProperties != nil, "unevaluatedProperties"},
-		{s.UniqueItems, "uniqueItems"}, {s.Contains != nil, "contains"},
+		{s.Contains != nil, "contains"},
 		{s.MinContains != nil, "minContains"}, {s.MaxContains != nil, "maxContains"},
 		{s.AdditionalItems != nil, "additionalItems"}, {len(s.PrefixItems) > 0, "prefixItems"},
 		{s.UnevaluatedItems != nil, "unevaluatedItems"}, {s.ContentEncoding != nil, "contentEncoding"},
@@ -377,7 +381,7 @@ func validates(s *jsonschema.Schema) bool {
 		s.Minimum != nil || s.Maximum != nil || s.ExclusiveMinimum != nil || s.ExclusiveMaximum != nil ||
 		len(s.Properties) > 0 || len(s.Required) > 0 || s.AdditionalProperties != nil ||
 		s.Items != nil || s.Items2020 != nil || s.MinItems != nil || s.MaxItems != nil ||
-		len(s.AllOf) > 0 || len(s.AnyOf) > 0 || s.MultipleOf != nil
+		len(s.AllOf) > 0 || len(s.AnyOf) > 0 || s.MultipleOf != nil || s.UniqueItems
 }
 
 // accepts reports whether payload, one JSON text, is valid against the
@@ -576,6 +580,7 @@ func (w *walker) array(n *node, paths [][]string, depth int) bool {
 		items = anyNode
 	}
 	count := 0
+	var seen []itemKey // with uniqueItems: the items so far
 	w.space()
 	if w.i < len(w.p) && w.p[w.i] == ']' {
 		w.i++
@@ -589,8 +594,17 @@ func (w *walker) array(n *node, paths [][]string, depth int) bool {
 				return false
 			}
 		}
+		w.space()
+		start := w.i
 		if !w.value(items, next, depth+1) {
 			return false
+		}
+		if n.uniqueItems && !n.any {
+			k, ok := keyOf(w.p[start:w.i])
+			if !ok || len(seen) == maxUniqueItems || slices.ContainsFunc(seen, k.equal) {
+				return false
+			}
+			seen = append(seen, k)
 		}
 		count++
 		if done, ok := w.after(']'); !ok {
@@ -599,6 +613,51 @@ func (w *walker) array(n *node, paths [][]string, depth int) bool {
 			return n.itemsWithin(count)
 		}
 	}
+}
+
+// maxUniqueItems bounds the items of an array with uniqueItems that the
+// one pass compares; longer ones go to the library.
+const maxUniqueItems = 32
+
+// itemKey is what makes an item equal to another for uniqueItems: a
+// string's content, a literal, or a number's value.
+type itemKey struct {
+	kind byte // '"', 't', 'f', 'n' or '0'
+	text []byte
+	num  decimal
+}
+
+// keyOf returns the key of an item, given its JSON text, which the walker
+// read; false for an item it does not compare (an object, an array, a
+// string with escapes, a number it cannot hold exactly).
+func keyOf(item []byte) (itemKey, bool) {
+	switch c := item[0]; c {
+	case '"':
+		if bytes.IndexByte(item, '\\') >= 0 {
+			return itemKey{}, false
+		}
+		return itemKey{kind: c, text: item[1 : len(item)-1]}, true
+	case 't', 'f', 'n':
+		return itemKey{kind: c}, true
+	case '{', '[':
+		return itemKey{}, false
+	}
+	r := walker{p: item}
+	v, _, exact, ok := r.readNumber()
+	return itemKey{kind: '0', num: v}, ok && exact && r.i == len(item)
+}
+
+func (k itemKey) equal(o itemKey) bool {
+	if k.kind != o.kind {
+		return false
+	}
+	switch k.kind {
+	case '"':
+		return bytes.Equal(k.text, o.text)
+	case '0':
+		return compareDecimal(k.num, o.num) == 0
+	}
+	return true
 }
 
 func (n *node) itemsWithin(count int) bool {
@@ -751,9 +810,12 @@ func (n *node) string(s []byte, runes int) bool {
 	return n.format == nil || n.format.Validate(unsafeString(s)) == nil
 }
 
-// number reads the number at w.i, as JSON's grammar has it, and checks it
-// against n: its type, and its bounds compared exactly.
-func (w *walker) number(n *node) bool {
+// readNumber reads the number at w.i, as JSON's grammar has it: its value,
+// whether it is written as an integer (no fraction, no exponent), and
+// whether the value is exact (at most 19 significant digits that are not
+// all zeros, an exponent within ±400). ok is false for text that is not a
+// number.
+func (w *walker) readNumber() (v decimal, integer, exact, ok bool) {
 	p := w.p
 	neg := p[w.i] == '-'
 	if neg {
@@ -787,9 +849,9 @@ func (w *walker) number(n *node) bool {
 			w.i++
 		}
 	default:
-		return false
+		return decimal{}, false, false, false
 	}
-	integer := true
+	integer = true
 	if w.i < len(p) && p[w.i] == '.' {
 		integer = false
 		w.i++
@@ -801,7 +863,7 @@ func (w *walker) number(n *node) bool {
 			w.i++
 		}
 		if w.i == start {
-			return false
+			return decimal{}, false, false, false
 		}
 	}
 	if w.i < len(p) && (p[w.i] == 'e' || p[w.i] == 'E') {
@@ -820,12 +882,26 @@ func (w *walker) number(n *node) bool {
 			w.i++
 		}
 		if w.i == start {
-			return false
+			return decimal{}, false, false, false
 		}
 		if eneg {
 			e = -e
 		}
 		exp += e
+	}
+	exact = !inexact && exp <= 400 && exp >= -400
+	if mant == 0 { // one zero, whatever its sign and exponent
+		neg, exp = false, 0
+	}
+	return decimal{neg: neg, mant: mant, exp: exp}, integer, exact, true
+}
+
+// number reads the number at w.i and checks it against n: its type, and
+// its enum, multipleOf and bounds compared exactly.
+func (w *walker) number(n *node) bool {
+	v, integer, exact, ok := w.readNumber()
+	if !ok {
+		return false
 	}
 	if n.any {
 		return true
@@ -836,10 +912,9 @@ func (w *walker) number(n *node) bool {
 	if !n.hasEnum && !n.min.set && !n.max.set && !n.exclMin.set && !n.exclMax.set && n.multipleOf == nil {
 		return true
 	}
-	if inexact || exp > 400 || exp < -400 {
-		return false // not exact, or far out: the library compares it
+	if !exact {
+		return false // the library compares it
 	}
-	v := decimal{neg: neg, mant: mant, exp: exp}
 	if n.hasEnum && !slices.ContainsFunc(n.enumNumbers, func(e decimal) bool { return compareDecimal(v, e) == 0 }) {
 		return false
 	}
