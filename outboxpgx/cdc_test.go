@@ -344,6 +344,17 @@ func (f *cdcFixture) eventually(what string, cond func() bool) {
 	}
 }
 
+// streamingRelay creates the publication and slot, starts relay r1 with
+// the default configuration and waits until it streams the slot. It
+// returns the relay's stop.
+func (f *cdcFixture) streamingRelay() (stop func()) {
+	f.t.Helper()
+	f.setup()
+	stop = f.relay(f.source("r1", nil), relay.Config{})
+	f.streaming()
+	return stop
+}
+
 // streaming waits until a relay streams the slot.
 func (f *cdcFixture) streaming() {
 	f.t.Helper()
@@ -379,9 +390,7 @@ func (f *cdcFixture) count(suffix string) int {
 func TestCDCPublishesCommitsAndNeverRollbacks(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	f.setup()
-	f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	f.streamingRelay()
 	for _, mode := range modes {
 		ob := f.writer(mode)
 		kept, dropped, marker := cdcEvent("a", 1), cdcEvent("a", 2), cdcEvent("b", 3)
@@ -405,9 +414,7 @@ func TestCDCPublishesCommitsAndNeverRollbacks(t *testing.T) {
 func TestCDCWritePathsOfEveryMode(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	f.setup()
-	f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	f.streamingRelay()
 	for _, mode := range modes {
 		ob, drv := f.writerAndDriver(mode)
 		queued, withCommit, written := cdcEvent("q-"+mode, 1), cdcEvent("c-"+mode, 2), cdcEvent("w-"+mode, 3)
@@ -449,9 +456,7 @@ func TestCDCWritePathsOfEveryMode(t *testing.T) {
 func TestCDCCommitOrderAcrossInterleavedTransactions(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	f.setup()
-	f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	f.streamingRelay()
 	for _, mode := range modes {
 		ob := f.writer(mode)
 		early, late := cdcEvent("k", 1), cdcEvent("k", 2)
@@ -475,9 +480,7 @@ func TestCDCCommitOrderAcrossInterleavedTransactions(t *testing.T) {
 func TestCDCPreparedTransactions(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	f.setup()
-	f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	f.streamingRelay()
 	for _, mode := range modes {
 		ob := f.writer(mode)
 		committed, rolledBack := cdcEvent("p", 1), cdcEvent("q", 1)
@@ -567,9 +570,7 @@ func TestCDCDrainsRowsWrittenBeforeTheSlotAndMigrateDownDropsIt(t *testing.T) {
 func TestCDCMalformedMessageIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	f.setup()
-	f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	f.streamingRelay()
 	f.exec(`SELECT pg_logical_emit_message(true, $1, 'not an event')`, outboxpgx.MessagePrefix(f.tb))
 	marker := cdcEvent("m", 1)
 	f.write(f.writer(modeMessage), marker)
@@ -1027,9 +1028,7 @@ func TestCDCRetriesAndDeadLettersKeepAggregateOrder(t *testing.T) {
 func TestCDCLostSlot(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	f.setup()
-	stop := f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	stop := f.streamingRelay()
 	first := cdcEvent("a", 1)
 	f.write(f.writer(modeTable), first)
 	f.waitFor(first.ID)

@@ -46,9 +46,7 @@ func before(t *testing.T, order []string, a, b string) {
 func TestCDCDelayedEventsAreParkedAndPublishedInOrder(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	f.setup()
-	stop := f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	stop := f.streamingRelay()
 
 	due := time.Now().Add(5 * time.Second).Truncate(time.Millisecond)
 	a1, a2, b1 := cdcEvent("a", 1), cdcEvent("a", 2), cdcEvent("b", 1)
@@ -187,9 +185,7 @@ func TestCDCDelayedEventBeforeSchema14IsDeadLettered(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	f.setup()
-	f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	f.streamingRelay()
 	late := cdcEvent("late", 1)
 	late.DeliverAt = time.Now().Add(time.Hour)
 	marker := cdcEvent("m", 1)
@@ -226,9 +222,7 @@ func TestCDCDelayedEventBeforeSchema14IsDeadLettered(t *testing.T) {
 func TestCDCMigrateDownKeepsParkedDelays(t *testing.T) {
 	t.Parallel()
 	f := newCDC(t)
-	f.setup()
-	stop := f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	stop := f.streamingRelay()
 	late := cdcEvent("late", 1)
 	late.DeliverAt = time.Now().Add(time.Hour)
 	f.write(f.writer(modeTable), late)

@@ -394,9 +394,7 @@ func TestCDCTruncateAndDDLAreLoggedAndIgnored(t *testing.T) {
 	f := newCDC(t)
 	logged := &lockedLog{t: t}
 	f.log = slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	f.setup()
-	f.relay(f.source("r1", nil), relay.Config{})
-	f.streaming()
+	f.streamingRelay()
 	ob := f.writer(modeTable)
 	before := cdcEvent("a", 1)
 	f.write(ob, before)
