@@ -60,11 +60,12 @@ type Contract struct {
 	// then those its schema marks (x-sensitive or writeOnly, x-forbidden).
 	Sensitive, Forbidden []string
 
-	schema    *jsonschema.Schema
-	onePass   *onePass // nil when the schema uses a keyword it does not take
-	noOnePass string   // why onePass is nil
-	doc       any      // the schema document, for Compare
-	forbidden [][]string
+	schema       *jsonschema.Schema
+	onePass      *onePass // nil when the schema uses a keyword it does not take
+	noOnePass    string   // why onePass is nil
+	doc          any      // the schema document, for Compare
+	forbidden    [][]string
+	allForbidden [][]string // the registry's forbidden paths and then forbidden, for the one pass
 }
 
 // String names the contract as aggregatetype/type/vN.
@@ -227,6 +228,7 @@ func (r *Registry) compile(comp *jsonschema.Compiler, absDir string, e indexEntr
 	for _, p := range marked.forbidden {
 		c.forbidden = append(c.forbidden, strings.Split(p, "."))
 	}
+	c.allForbidden = slices.Concat(r.forbidden, c.forbidden)
 	if c.DataSchema == "" {
 		if m, ok := c.doc.(map[string]any); ok {
 			c.DataSchema, _ = m["$id"].(string)
@@ -389,7 +391,7 @@ func (r *Registry) check(aggregateType, eventType, version string, payload []byt
 	if raw {
 		return "", fmt.Errorf("%w: %s: the payload is not JSON (RawPayload); the contract is a JSON Schema", ErrViolation, c)
 	}
-	if payload != nil && c.onePass != nil && c.onePass.accepts(payload, r.forbidden, c.forbidden) {
+	if payload != nil && c.onePass != nil && c.onePass.accepts(payload, c.allForbidden) {
 		return strconv.Itoa(c.Version), nil
 	}
 	var doc any // SQL NULL validates as JSON null

@@ -390,8 +390,10 @@ func validates(s *jsonschema.Schema) bool {
 func (o *onePass) accepts(payload []byte, forbidden ...[][]string) bool {
 	w := walker{p: payload, budget: 8*len(payload) + 1024}
 	var paths [][]string
-	for _, set := range forbidden {
-		paths = append(paths, set...)
+	if len(forbidden) == 1 {
+		paths = forbidden[0]
+	} else {
+		paths = slices.Concat(forbidden...)
 	}
 	if !w.value(o.root, paths, 0) {
 		return false
