@@ -28,6 +28,12 @@ const (
 	// CaseBaseline is the business transaction alone: BEGIN; INSERT an
 	// order; COMMIT.
 	CaseBaseline = "baseline"
+	// CaseRoundTrip adds one statement that writes nothing: SELECT
+	// length($1) of the event's payload, sent with the extended protocol
+	// as WriteTx sends its INSERT. It is the floor of anything that costs
+	// a round trip of its own: what is left between it and the baseline is
+	// the round trip, not the row.
+	CaseRoundTrip = "round_trip"
 	// CasePlainInsert adds one plain INSERT of a uuid and a jsonb payload
 	// into a table with nothing but a primary key: one more statement and
 	// round trip, the floor of any approach that writes its event with a
@@ -129,6 +135,7 @@ const (
 	viaPlain                       // one plain INSERT into the plain table
 	viaPlainQueue                  // viaPlain in the order's pgx.Batch
 	viaWatermill                   // one INSERT of Watermill's row
+	viaRoundTrip                   // one statement that writes nothing
 )
 
 type writeCase struct {
@@ -144,7 +151,8 @@ type writeCase struct {
 
 var writeCases = []writeCase{
 	{CaseBaseline, "BEGIN; INSERT an order; COMMIT (no outbox)", 0, viaWriteTx, true, false, ""},
-	{CasePlainInsert, "+ 1 plain INSERT (uuid PK, jsonb) of its own: the floor of any extra statement", 0, viaPlain, true, false, ""},
+	{CaseRoundTrip, "+ SELECT length($1) of the payload: a round trip of its own that writes nothing, the floor of any extra statement", 0, viaRoundTrip, true, false, ""},
+	{CasePlainInsert, "+ 1 plain INSERT (uuid PK, jsonb) of its own: the floor of any extra row with a statement of its own", 0, viaPlain, true, false, ""},
 	{CaseWatermillRow, "+ 1 INSERT of Watermill's outbox row ((transaction_id xid8, offset) key, json payload)", 0, viaWatermill, true, false, ""},
 	{CaseOutbox, "+ 1 event via WriteTx; trigger on, no relay idle: no NOTIFY", 1, viaWriteTx, true, false, ""},
 	{CaseOutboxOldRow, "+ 1 event via WriteTx into the row of before schema version 10 (uuid primary key, (partition, seq) index)", 1, viaWriteTx, true, false, WriteModeOldRow},
@@ -451,6 +459,11 @@ func (wb *writeBench) op(c writeCase) Op {
 			if _, err := tx.Exec(ctx, insertPlain, u.String(), string(orderEvents(id, customer, 1)[0].Payload)); err != nil {
 				return fmt.Errorf("plain insert: %w", err)
 			}
+		case c.mode == viaRoundTrip:
+			var n int
+			if err := tx.QueryRow(ctx, roundTrip, string(orderEvents(id, customer, 1)[0].Payload)).Scan(&n); err != nil {
+				return fmt.Errorf("round trip: %w", err)
+			}
 		case c.mode == viaWatermill:
 			if err := wb.other.writeWatermill(ctx, tx, orderEvents(id, customer, 1)[0].Payload); err != nil {
 				return err
@@ -463,6 +476,9 @@ func (wb *writeBench) op(c writeCase) Op {
 		return tx.Commit(ctx)
 	}
 }
+
+// roundTrip is CaseRoundTrip's statement.
+const roundTrip = `SELECT length($1::text)`
 
 // opSQL returns one business transaction of case c through database/sql.
 func (wb *writeBench) opSQL(c writeCase, insert string) Op {
