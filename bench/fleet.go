@@ -185,6 +185,18 @@ func (f *fleetRun) arrive(id string, stored time.Time) {
 // then the flood with the trickle. It returns the trickle latencies of
 // both phases and how long the flood took to arrive.
 func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood fleetLatencies, secs float64, err error) {
+	// Every round starts from the same state: the previous flood's
+	// deleted rows vacuumed (autovacuum may be off, and they would slow
+	// the flooded table's claims) and its WAL checkpointed, so that
+	// neither falls into this round's quiet phase.
+	for _, t := range f.tables {
+		if _, err := f.cfg.Pool.Exec(ctx, `VACUUM `+outboxdriver.QuoteIdent(t.Schema)+`.`+outboxdriver.QuoteIdent(t.Name)); err != nil {
+			return quiet, flood, 0, err
+		}
+	}
+	if _, err := checkpoint(ctx, f.cfg.Pool); err != nil {
+		return quiet, flood, 0, err
+	}
 	budget, err := relayd.NewBudget(c.turns, c.quanta)
 	if err != nil {
 		return quiet, flood, 0, err
