@@ -208,7 +208,7 @@ type Scenario struct {
 }
 
 var scenarios = []Scenario{
-	{Name: "write", Summary: "business transactions/s and latency with and without outbox events (WriteTx, or batched with Queue), against a plain extra INSERT; NOTIFY and the notify trigger", Run: WritePath},
+	{Name: "write", Summary: "business transactions/s and latency with and without outbox events (WriteTx, or batched with Queue), against a round trip that writes nothing and a plain extra INSERT; NOTIFY and the notify trigger", Run: WritePath},
 	{Name: "drain", Summary: "events/s of one relay draining a committed backlog to the broker, against the SQL path alone and the broker alone", Run: Drain},
 	{Name: "latency", Summary: "commit-to-consumer latency at steady offered loads, wake-up strategies, an open transaction, relay CPU idle and busy", Run: CommitToConsumer},
 	{Name: "retention", Summary: "relay drain events/s (SQL only, no broker) with delete vs keep retention, table size and dead tuples left, cost of cleaning kept rows", Run: RetentionModes},

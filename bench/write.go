@@ -460,9 +460,13 @@ func (wb *writeBench) op(c writeCase) Op {
 				return fmt.Errorf("plain insert: %w", err)
 			}
 		case c.mode == viaRoundTrip:
+			p := orderEvents(id, customer, 1)[0].Payload
 			var n int
-			if err := tx.QueryRow(ctx, roundTrip, string(orderEvents(id, customer, 1)[0].Payload)).Scan(&n); err != nil {
+			if err := tx.QueryRow(ctx, roundTrip, string(p)).Scan(&n); err != nil {
 				return fmt.Errorf("round trip: %w", err)
+			}
+			if n != len(p) {
+				return fmt.Errorf("round trip: the server counted %d characters of a %d-byte payload", n, len(p))
 			}
 		case c.mode == viaWatermill:
 			if err := wb.other.writeWatermill(ctx, tx, orderEvents(id, customer, 1)[0].Payload); err != nil {
