@@ -2,7 +2,6 @@ package bench_test
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +48,7 @@ func TestFleetFairnessReportsEveryCase(t *testing.T) {
 		}
 	}
 	var gone bool
-	if err := pool.QueryRow(context.Background(), `SELECT to_regnamespace($1) IS NULL`, schema).Scan(&gone); err != nil || !gone {
+	if err := pool.QueryRow(ctx, `SELECT to_regnamespace($1) IS NULL`, schema).Scan(&gone); err != nil || !gone {
 		t.Errorf("schema %s left behind (%v)", schema, err)
 	}
 	var out bytes.Buffer
