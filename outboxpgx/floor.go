@@ -71,6 +71,11 @@ type floors struct {
 	gen      int       // counts drops to zero: a probe begun before one is void
 	audit    int64     // the audit table's last id when the floors were probed; -1: not known
 	disabled bool
+	// ctx ends the running probe when the Source is closed; closed
+	// starts no other.
+	ctx    context.Context
+	stop   context.CancelFunc
+	closed bool
 }
 
 type probe struct {
@@ -85,9 +90,22 @@ const (
 	floorScan  = 1024
 	floorTick  = 100 * time.Millisecond
 	floorReset = 5 * time.Minute
+	// floorProbeTimeout bounds one probe.
+	floorProbeTimeout = 10 * time.Second
 	// rewindPayload is the notification that drops the floors.
 	rewindPayload = "rewind"
 )
+
+// close ends the running probe, waits for it, and starts no other.
+func (f *floors) close() {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+	f.stop()
+	f.tick.Lock()
+	//lint:ignore SA2001 a running probe holds the lock: taking it waits for the probe's end
+	f.tick.Unlock()
+}
 
 // rewind drops every floor to zero.
 func (f *floors) rewind() {
@@ -156,20 +174,24 @@ func (f *floors) observe(p probe) {
 	}
 }
 
-// tickFloors probes and raises the floors of leases' partitions when a
-// tick is due. A failure leaves the floors as they are; an error of the
-// server (a missing privilege, say) turns floors off for this source, as
-// claims from zero are always correct.
-func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
+// tickFloors starts a probe of the floors of leases' partitions when a
+// tick is due and no probe runs, and returns without waiting for it: the
+// claim starts from the floors known so far, and the probe raises them for
+// the claims after it. On the claim's path the probe (five statements in
+// one round trip, one of them a read of pg_locks) delayed the relay's
+// wake-up on a new event by 1–8 ms every floorTick (docs/benchmarks.md,
+// Floors off the claim's path). Probes run one at a time; Close waits for
+// the one running.
+func (s *Source) tickFloors(leases []outboxdriver.Lease) {
 	f := &s.floors
 	if !f.tick.TryLock() {
-		return // another lane is probing
+		return // a probe runs
 	}
-	defer f.tick.Unlock()
 	now := time.Now()
 	f.mu.Lock()
-	if f.disabled || now.Before(f.next) {
+	if f.disabled || f.closed || now.Before(f.next) {
 		f.mu.Unlock()
+		f.tick.Unlock()
 		return
 	}
 	f.next = now.Add(floorTick)
@@ -189,8 +211,24 @@ func (s *Source) tickFloors(ctx context.Context, leases []outboxdriver.Lease) {
 			parts, at = append(parts, int32(l.Partition)), append(at, f.at[l.Partition])
 		}
 	}
+	ctx := f.ctx
 	f.mu.Unlock()
+	go func() {
+		defer f.tick.Unlock()
+		// A probe that hangs (a frozen link) ends within floorProbeTimeout;
+		// claims meanwhile start from the floors as they are.
+		ctx, cancel := context.WithTimeout(ctx, floorProbeTimeout)
+		defer cancel()
+		s.probeFloors(ctx, gen, final, parts, at)
+	}()
+}
 
+// probeFloors runs one probe (see floors) and takes its result: the floors
+// of parts raised from at when final is known (>= 0), and the candidate
+// bound of the next probe. gen is the floors' generation when the probe
+// was begun.
+func (s *Source) probeFloors(ctx context.Context, gen int, final int64, parts []int32, at []int64) {
+	f := &s.floors
 	var pb pgx.Batch
 	// One transaction, read committed: each statement still sees what
 	// committed before it began. No sequential scans (see Claim).

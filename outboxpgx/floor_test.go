@@ -63,6 +63,7 @@ VALUES (gen_random_uuid(), 'order', $1, 'Placed', '{}') RETURNING seq`, agg).Sca
 }
 
 // relay claims and finishes as published until a claim comes back empty,
+// waits for the floor probe its claims started (they do not wait for it),
 // and returns the seqs it saw.
 func (r *floorRig) relay() []int64 {
 	r.t.Helper()
@@ -76,6 +77,9 @@ func (r *floorRig) relay() []int64 {
 		recs := b.Records()
 		if len(recs) == 0 {
 			b.Release(ctx)
+			r.src.floors.tick.Lock()
+			//lint:ignore SA2001 a running probe holds the lock: taking it waits for the probe's end
+			r.src.floors.tick.Unlock()
 			return seen
 		}
 		var out outboxdriver.Outcome
@@ -144,6 +148,67 @@ func (r *floorRig) probeState() (next time.Time, off bool) {
 func (r *floorRig) floor() int64 {
 	f, _ := r.src.floors.below(r.leases)
 	return f
+}
+
+// The claim does not wait for the floor probe it starts: with the probe
+// blocked (a transaction holds the seq column's sequence, which the probe
+// reads and the claim does not), a due probe starts and the claim still
+// returns the pending event; Close ends the blocked probe.
+func TestClaimDoesNotWaitForTheFloorProbe(t *testing.T) {
+	t.Parallel()
+	r := newFloorRig(t)
+	ctx := context.Background()
+	seq := r.insert(r.pool, "a")
+	blocker, err := r.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx)
+	var seqName string
+	if err := r.pool.QueryRow(ctx, `SELECT pg_get_serial_sequence($1, 'seq')`, r.table.Qualified("")).Scan(&seqName); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(ctx, `ALTER SEQUENCE `+seqName+` INCREMENT BY 1`); err != nil {
+		t.Fatal(err)
+	}
+	r.src.floors.mu.Lock()
+	r.src.floors.next = time.Time{} // a probe is due
+	r.src.floors.mu.Unlock()
+	type claimed struct {
+		b   outboxdriver.Batch
+		err error
+	}
+	done := make(chan claimed, 1)
+	go func() {
+		b, err := r.src.Claim(ctx, r.leases, 10)
+		done <- claimed{b, err}
+	}()
+	var c claimed
+	select {
+	case c = <-done:
+	case <-time.After(10 * time.Second):
+		blocker.Rollback(ctx) // lets the probe, and the claim behind it, go on
+		t.Fatal("the claim waited 10s for a blocked floor probe")
+	}
+	if c.err != nil {
+		t.Fatalf("claim while the probe is blocked: %v", c.err)
+	}
+	b := c.b
+	if recs := b.Records(); len(recs) != 1 || recs[0].Seq != seq {
+		t.Fatalf("claimed %v while the probe is blocked; want seq %d", recs, seq)
+	}
+	b.Release(ctx)
+	if r.src.floors.tick.TryLock() {
+		r.src.floors.tick.Unlock()
+		t.Fatal("no floor probe is running: the claim did not start one, and the test proves nothing")
+	}
+	closed := make(chan struct{})
+	go func() { r.src.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end the blocked floor probe within 10s")
+	}
 }
 
 // An unrelated transaction that holds the oldest snapshot (and so keeps

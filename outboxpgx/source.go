@@ -276,6 +276,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 	src.q = newQueries(t, src.Cfg.Retention)
 	src.floors.zero()
 	src.floors.audit = -1
+	src.floors.ctx, src.floors.stop = context.WithCancel(context.Background())
 	return src, nil
 }
 
@@ -349,7 +350,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if len(leases) == 0 {
 		return b, nil
 	}
-	s.tickFloors(ctx, leases)
+	s.tickFloors(leases)
 	conn, listener, err := s.claimConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: claim: %w", err)
@@ -647,9 +648,10 @@ func (s *Source) SetIdle(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// Close drops the listener and the wake-up registration. The pool stays
-// open: it belongs to the caller.
+// Close ends the floors' running probe, and drops the listener and the
+// wake-up registration. The pool stays open: it belongs to the caller.
 func (s *Source) Close() error {
+	s.floors.close()
 	s.mu.Lock()
 	s.dropListener()
 	s.mu.Unlock()
