@@ -29,6 +29,11 @@ const (
 	DefaultFleetRounds = 2
 	// fleetQuiet is how long the trickle runs without the flood.
 	fleetQuiet = 3 * time.Second
+	// fleetWarm is how long the trickle runs, unmeasured, before the
+	// quiet phase: a fleet just started spends its first few hundred
+	// milliseconds on new connections (a backend each, its listener's
+	// first claims), which are not what a steady fleet costs.
+	fleetWarm = 500 * time.Millisecond
 )
 
 // fleetCase is one publish budget the scenario measures.
@@ -228,7 +233,7 @@ func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood fleetLa
 	if err := waitFor(ctx, time.Minute, fleet.Ready); err != nil {
 		return quiet, flood, 0, fmt.Errorf("fleet not ready: %w", err)
 	}
-	// Warm-up: one event to every source.
+	// Warm-up: one event to every source, then the trickle for fleetWarm.
 	var ids []string
 	for i := range f.tables {
 		id, err := f.write(ctx, i)
@@ -236,6 +241,12 @@ func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood fleetLa
 			return quiet, flood, 0, err
 		}
 		ids = append(ids, id)
+	}
+	if err := f.waitArrived(ctx, ids); err != nil {
+		return quiet, flood, 0, err
+	}
+	if ids, err = f.trickle(ctx, time.Now().Add(fleetWarm), nil); err != nil {
+		return quiet, flood, 0, err
 	}
 	if err := f.waitArrived(ctx, ids); err != nil {
 		return quiet, flood, 0, err
