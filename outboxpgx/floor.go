@@ -71,11 +71,10 @@ type floors struct {
 	gen      int       // counts drops to zero: a probe begun before one is void
 	audit    int64     // the audit table's last id when the floors were probed; -1: not known
 	disabled bool
-	// ctx ends the running probe when the Source is closed; closed
-	// starts no other.
-	ctx    context.Context
-	stop   context.CancelFunc
-	closed bool
+	// ctx ends the running probe when the Source is closed, and none
+	// starts after.
+	ctx  context.Context
+	stop context.CancelFunc
 }
 
 type probe struct {
@@ -98,9 +97,6 @@ const (
 
 // close ends the running probe, waits for it, and starts no other.
 func (f *floors) close() {
-	f.mu.Lock()
-	f.closed = true
-	f.mu.Unlock()
 	f.stop()
 	f.tick.Lock()
 	//lint:ignore SA2001 a running probe holds the lock: taking it waits for the probe's end
@@ -189,7 +185,7 @@ func (s *Source) tickFloors(leases []outboxdriver.Lease) {
 	}
 	now := time.Now()
 	f.mu.Lock()
-	if f.disabled || f.closed || now.Before(f.next) {
+	if f.disabled || f.ctx.Err() != nil || now.Before(f.next) {
 		f.mu.Unlock()
 		f.tick.Unlock()
 		return
@@ -226,7 +222,9 @@ func (s *Source) tickFloors(leases []outboxdriver.Lease) {
 // probeFloors runs one probe (see floors) and takes its result: the floors
 // of parts raised from at when final is known (>= 0), and the candidate
 // bound of the next probe. gen is the floors' generation when the probe
-// was begun.
+// was begun. A failure leaves the floors as they are; an error of the
+// server (a missing privilege, say) turns floors off for this source, as
+// claims from zero are always correct.
 func (s *Source) probeFloors(ctx context.Context, gen int, final int64, parts []int32, at []int64) {
 	f := &s.floors
 	var pb pgx.Batch
