@@ -16,7 +16,11 @@ import (
 // pauses is the relay's view of the pauses in force (outbox pause): read
 // from a Source that is an outboxdriver.PauseReader at most once per poll
 // interval, before a claim. A relay honours a pause within one poll
-// interval of it: every claim that starts later sees it.
+// interval of it: every claim that starts later sees it. A claim that
+// finds the view older than half a poll interval starts a read in the
+// background and goes on with the view it has, so that a relay claiming
+// steadily does not pay the read in front of its claims; only a view a
+// whole poll interval old is read before the claim.
 //
 // A paused event is never touched: the relay blocks its aggregate for the
 // rest of the batch (as for a broker outage, spending no attempt) and
@@ -38,7 +42,11 @@ type pauses struct {
 	set     outboxdriver.Pauses
 	readAt  time.Time
 	learned map[string]string // aggregate type -> its paused destination
+	reading bool              // a read ahead runs
 	stalled atomic.Bool       // a batch held paused events the claim could not leave out
+
+	bg    context.Context // the relay's claims' context, for reads ahead; nil: none
+	ahead sync.WaitGroup  // the read ahead, waited for when the relay stops
 }
 
 func newPauses(src outboxdriver.Source, every time.Duration, byType bool, log *slog.Logger) *pauses {
@@ -67,38 +75,71 @@ func (p *pauses) refreshBefore(ctx context.Context, b outboxdriver.Batch) {
 	p.refresh(ctx)
 }
 
-// refreshFrom reads the pauses through r when due. The read runs without
-// p.mu held: lanes that find the set stale at the same time each read
-// (one small query), and the newest read wins; none waits on another's
-// connection.
+// refreshFrom reads the pauses through r when due, and starts a read
+// ahead (through the Source) when the view is half due. The read runs
+// without p.mu held: lanes that find the set stale at the same time each
+// read (one small query), and the newest read wins; none waits on
+// another's connection.
 func (p *pauses) refreshFrom(ctx context.Context, r outboxdriver.PauseReader) (all bool) {
 	if r == nil {
 		return false
 	}
 	p.mu.Lock()
-	if time.Since(p.readAt) < p.every {
+	if age := time.Since(p.readAt); age < p.every {
 		all = p.set.All
+		if age >= p.every/2 && !p.reading && p.bg != nil {
+			p.reading = true
+			p.ahead.Go(p.readAhead)
+		}
 		p.mu.Unlock()
 		return all
 	}
 	p.mu.Unlock()
+	all, err := p.read(ctx, r)
+	if err != nil && ctx.Err() == nil {
+		p.log.Warn("relay: reading the pauses failed; keeping the last known", "err", err)
+	}
+	return all
+}
+
+// readAhead reads the pauses before they are due. It gives up when they
+// fall due (the claims then read them themselves, and report a failure)
+// and fails silently.
+func (p *pauses) readAhead() {
+	defer func() {
+		p.mu.Lock()
+		p.reading = false
+		p.mu.Unlock()
+	}()
+	rctx, cancel := context.WithTimeout(p.bg, p.every)
+	defer cancel()
+	_, _ = p.read(rctx, p.reader)
+}
+
+// start lets claims read ahead within ctx, the relay's claims' context;
+// called before the relay's goroutines start.
+func (p *pauses) start(ctx context.Context) { p.bg = ctx }
+
+// wait waits for a read ahead to end.
+func (p *pauses) wait() { p.ahead.Wait() }
+
+// read reads the pauses through r and applies them unless a read that
+// started later was applied first. A failed read keeps the last set.
+func (p *pauses) read(ctx context.Context, r outboxdriver.PauseReader) (all bool, err error) {
 	start := time.Now()
 	ps, err := r.Pauses(ctx)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
-		if ctx.Err() == nil {
-			p.log.Warn("relay: reading the pauses failed; keeping the last known", "err", err)
-		}
-		return p.set.All
+		return p.set.All, err
 	}
 	if start.Before(p.readAt) {
-		return p.set.All // a read that started later was applied
+		return p.set.All, nil // a read that started later was applied
 	}
 	p.readAt = start
 	set := outboxdriver.NewPauses(ps)
 	if !set.All && !p.set.All && maps.Equal(set.Destinations, p.set.Destinations) && maps.Equal(set.AggregateTypes, p.set.AggregateTypes) {
-		return false
+		return false, nil
 	}
 	if !set.Empty() || !p.set.Empty() {
 		p.log.Info("relay: pauses changed", "all", set.All, "destinations", slices.Sorted(maps.Keys(set.Destinations)),
@@ -107,7 +148,7 @@ func (p *pauses) refreshFrom(ctx context.Context, r outboxdriver.PauseReader) (a
 	p.set = set
 	maps.DeleteFunc(p.learned, func(_, dest string) bool { return !set.Destinations[dest] })
 	p.exclude()
-	return set.All
+	return set.All, nil
 }
 
 // exclude tells the source which aggregate types to leave out; p.mu is

@@ -331,6 +331,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	pubCtx, stopPub := context.WithCancel(base)
 	r.stopClaim, r.stopPub = stopClaim, stopPub
 	r.done = make(chan struct{})
+	r.pauses.start(claimCtx)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.manageLeases(claimCtx) })
 	wg.Go(func() { r.loop(claimCtx, pubCtx) })
@@ -339,6 +340,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	go func() {
 		wg.Wait()
+		r.pauses.wait()
 		// Hand the partitions over at once rather than after a TTL.
 		ctx, cancel := context.WithTimeout(base, r.cfg.FinishTimeout)
 		defer cancel()
