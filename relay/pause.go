@@ -14,9 +14,9 @@ import (
 )
 
 // pauses is the relay's view of the pauses in force (outbox pause): read
-// from a Source that is an outboxdriver.PauseReader at most once per poll
-// interval, before a claim. A relay honours a pause within one poll
-// interval of it: every claim that starts later sees it. A claim that
+// from a Source that is an outboxdriver.PauseReader about once per poll
+// interval. A relay honours a pause within one poll interval of it: every
+// claim that starts later sees it. A claim that
 // finds the view older than half a poll interval starts a read in the
 // background and goes on with the view it has, so that a relay claiming
 // steadily does not pay the read in front of its claims; only a view a
