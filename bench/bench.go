@@ -99,7 +99,8 @@ type Config struct {
 	Rates []int
 	// Cases, when set, limits the latency scenario to the cells of these
 	// names (idle, idle_poll_10ms, poll_500ms, poll_10ms, notify,
-	// notify_long_tx), for long runs of one of them.
+	// notify_long_tx), for long runs of one of them, and the fleet
+	// scenario to the cases of these names (FleetCases).
 	Cases []string
 	// WriteModes adds the write scenario's cases of other write paths to
 	// its default ones (WriteModeMessage, WriteModeInsertDelete,

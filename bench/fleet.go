@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,36 @@ func fleetCases() []fleetCase {
 	}
 }
 
+// FleetCases returns the names of the fleet scenario's cases.
+func FleetCases() []string {
+	var names []string
+	for _, c := range fleetCases() {
+		names = append(names, c.name)
+	}
+	return names
+}
+
+// fleetCasesNamed returns the cases of these names, in the scenario's
+// order, or every case when names is empty.
+func fleetCasesNamed(names []string) ([]fleetCase, error) {
+	all := fleetCases()
+	if len(names) == 0 {
+		return all, nil
+	}
+	for _, n := range names {
+		if !slices.Contains(FleetCases(), n) {
+			return nil, fmt.Errorf("bench: unknown fleet case %q: use %s", n, strings.Join(FleetCases(), ", "))
+		}
+	}
+	var cases []fleetCase
+	for _, c := range all {
+		if slices.Contains(names, c.name) {
+			cases = append(cases, c)
+		}
+	}
+	return cases, nil
+}
+
 // FleetFairness measures what a flooded source does to the others in one
 // relay process (relayd.Fleet): the commit-to-arrival latency of a
 // trickle to nine sources, without a flood and while the tenth source
@@ -74,6 +105,11 @@ func FleetFairness(ctx context.Context, cfg Config) (results []Result, err error
 	if !strings.HasPrefix(cfg.Sink, "nats://") {
 		return nil, fmt.Errorf("bench: the fleet scenario publishes to NATS: pass --sink nats://host:port, not %q", cfg.Sink)
 	}
+	cases, err := fleetCasesNamed(cfg.Cases)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Cases = nil // the latency scenario's names, checked by withDefaults
 	if cfg, err = cfg.withDefaults(); err != nil {
 		return nil, err
 	}
@@ -107,7 +143,6 @@ func FleetFairness(ctx context.Context, cfg Config) (results []Result, err error
 	}
 	defer stop()
 
-	cases := fleetCases()
 	type pooled struct {
 		quiet, flood fleetLatencies
 		events       int64

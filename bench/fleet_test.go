@@ -56,3 +56,31 @@ func TestFleetFairnessReportsEveryCase(t *testing.T) {
 		t.Fatalf("table: %v\n%s", err, out.String())
 	}
 }
+
+// TestFleetFairnessRunsOnlyTheNamedCases runs the fleet scenario with
+// --cases unpaced: only that case's two cells are reported; an unknown
+// name is refused before anything is created, naming the cases there are.
+func TestFleetFairnessRunsOnlyTheNamedCases(t *testing.T) {
+	pool := bigPool(t)
+	ctx := testenv.Context(t, 3*time.Minute)
+	schema := testenv.Name("bench")
+	_, err := bench.FleetFairness(ctx, bench.Config{Pool: pool, Schema: schema, Sink: testenv.NATSURL(), Cases: []string{"unpaced", "nope"}})
+	if err == nil || !strings.Contains(err.Error(), `unknown fleet case "nope": use budget, unpaced, no_budget`) {
+		t.Fatalf("unknown case: %v", err)
+	}
+	var gone bool
+	if err := pool.QueryRow(ctx, `SELECT to_regnamespace($1) IS NULL`, schema).Scan(&gone); err != nil || !gone {
+		t.Fatalf("schema %s created for a refused run (%v)", schema, err)
+	}
+	res, err := bench.FleetFairness(ctx, bench.Config{Pool: pool, Schema: schema, Sink: testenv.NATSURL(), Events: 1000, Rounds: 1, Cases: []string{"unpaced"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range res {
+		got = append(got, r.Case)
+	}
+	if strings.Join(got, ",") != "unpaced_quiet,unpaced_flooded" {
+		t.Fatalf("cells %v, want unpaced_quiet and unpaced_flooded only", got)
+	}
+}
