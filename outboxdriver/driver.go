@@ -314,6 +314,18 @@ type Waker interface {
 	WakesOnCommit() bool
 }
 
+// The wake-up protocol when writers, not a trigger, send the wake-up
+// (PostgreSQL's WakeupsWriters, docs/relay.md): a writer acts on its view
+// of whether a relay waits only until WakeViewMaxAge after it began to
+// read it, and wakes relays whenever its view is older; so a relay that
+// registers anew looks once more, WakeViewMaxAge and a margin later, for
+// the events of writers that did not know of it yet. A writer gives up a
+// read of the view after WakeViewReadTimeout.
+const (
+	WakeViewMaxAge      = 25 * time.Millisecond
+	WakeViewReadTimeout = time.Second
+)
+
 // Status summarises an outbox table.
 type Status struct {
 	Table Table

@@ -48,6 +48,10 @@ type wakeups struct {
 	wait      time.Duration // the next wait after an empty claim
 	idle      bool          // registered for wake-ups
 	idleSince time.Time     // when the registration was last renewed
+	// fresh says the relay registered anew (it was not registered): the
+	// wait after the look that follows is short (relook), for the events
+	// of writers whose view of the registry did not show it yet.
+	fresh bool
 	// flow is a moving average of the events per claim of this loop
 	// (empty claims count as 0); steady says the relay left the wake-up
 	// registry because of it, not because of a backlog.
@@ -74,12 +78,20 @@ func (s *wakeups) observe(n int) {
 	s.flow = s.flow*(1-flowWeight) + float64(n)*flowWeight
 }
 
+// relook is the wait after a new registration and the look that follows
+// it: writers that send the wake-up themselves act on a view of the
+// registry up to outboxdriver.WakeViewMaxAge old, so an event they
+// committed meanwhile sent none; one more look, that long and a margin
+// later, finds it (a writer whose view is older wakes the relay).
+const relook = outboxdriver.WakeViewMaxAge + 5*time.Millisecond
+
 // register (re)registers the relay for wake-ups for three poll intervals;
 // it is renewed after one.
 func (s *wakeups) register(ctx context.Context) {
 	if err := s.src.SetIdle(ctx, 3*s.poll); err != nil && ctx.Err() == nil {
 		s.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
 	}
+	s.fresh = !s.idle
 	s.idle, s.idleSince = true, time.Now()
 }
 
@@ -104,8 +116,12 @@ func (s *wakeups) empty(ctx context.Context) (d time.Duration, ok bool) {
 	}
 	if s.wakes {
 		// A commit wakes the wait: no need to look again sooner than the
-		// poll interval.
+		// poll interval, but for a new registration's relook.
 		s.wait = s.poll
+		if s.fresh {
+			s.fresh = false
+			return min(relook, s.poll), true
+		}
 	}
 	d = s.wait
 	s.wait = min(s.wait*2, s.poll)
@@ -143,6 +159,11 @@ func (s *wakeups) caughtUp(ctx context.Context) step {
 	if time.Since(s.idleSince) > s.poll {
 		s.register(ctx)
 		return claimAgain
+	}
+	if s.fresh {
+		// Registered anew: writers that had not seen it yet sent no
+		// wake-up; the look after next empty claim waits only relook.
+		return carryOn
 	}
 	return awaitWakeup
 }

@@ -71,17 +71,49 @@ func TestWakeupsRegisterThenDoubleTheWaitsUpToThePollInterval(t *testing.T) {
 	})
 }
 
-// With a source that wakes the relay on commit, a registered relay waits
-// the whole poll interval at once.
+// With a source that wakes the relay on commit, a relay that registered
+// anew looks once more after relook (for the events of writers that had
+// not seen the registration yet), then waits the whole poll interval.
 func TestWakeupsWithWakesOnCommitWaitThePollInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src, wk := registered(t, true)
+		if d := mustEmpty(t, wk); d != relook {
+			t.Fatalf("first wait after registering: %v, want relook %v", d, relook)
+		}
 		for i := range 3 {
 			if d := mustEmpty(t, wk); d != poll {
 				t.Fatalf("wait %d: %v, want the poll interval %v", i, d, poll)
 			}
 		}
 		wantLog(t, src, "set-idle 300ms")
+	})
+}
+
+// Only a new registration is followed by the relook: not a renewal, which
+// writers already knew of; again after the relay left the registry and
+// came back. A clean batch right after a new registration is followed by
+// another claim, not by a wait for a wake-up.
+func TestWakeupsRelookOnlyAfterANewRegistration(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		src, wk := registered(t, true)
+		if got := wk.caughtUp(ctx); got != carryOn {
+			t.Fatalf("a clean batch right after registering: caughtUp %v, want carryOn", got)
+		}
+		if d := mustEmpty(t, wk); d != relook {
+			t.Fatalf("after registering: wait %v, want relook %v", d, relook)
+		}
+		time.Sleep(poll + time.Nanosecond)
+		mustRegister(t, wk) // a renewal
+		if d := mustEmpty(t, wk); d != poll {
+			t.Fatalf("after a renewal: wait %v, want the poll interval %v", d, poll)
+		}
+		wk.claimed(ctx, 10, true) // a full batch: leaves the registry
+		mustRegister(t, wk)
+		if d := mustEmpty(t, wk); d != relook {
+			t.Fatalf("after registering again: wait %v, want relook %v", d, relook)
+		}
+		wantLog(t, src, "set-idle 300ms", "set-idle 300ms", "set-idle 0s", "set-idle 300ms")
 	})
 }
 
@@ -128,6 +160,7 @@ func TestWakeupsCaughtUpWaitsOnlyForACommitWakeup(t *testing.T) {
 			t.Errorf("registered, no wake-ups on commit: caughtUp %v, want carryOn", got)
 		}
 		_, waking := registered(t, true)
+		mustEmpty(t, waking) // the relook after registering
 		if got := waking.caughtUp(ctx); got != awaitWakeup {
 			t.Errorf("registered, wake-ups on commit: caughtUp %v, want awaitWakeup", got)
 		}
@@ -256,20 +289,22 @@ func TestLoopPollsWithDoublingWaits(t *testing.T) {
 }
 
 // The main loop through a steady flow and after it, with a source that
-// wakes it on commit: registered, it waits for a wake-up after each short
-// batch; once its claims average leaveFlow events it leaves the registry
-// and claims back to back; when the flow stops it looks again after 1ms
-// and 2ms, then registers and waits for a wake-up.
+// wakes it on commit: registered (and past the relook), it waits for a
+// wake-up after each short batch; once its claims average leaveFlow
+// events it leaves the registry and claims back to back; when the flow
+// stops it looks again after 1ms and 2ms, then registers, looks once more
+// after the relook, and waits for a wake-up.
 func TestLoopLeavesTheRegistryDuringASteadyFlow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := &fakeSource{wakes: true}
-		src.queue = [][]outboxdriver.Record{nil} // the first claim finds nothing
+		src.queue = [][]outboxdriver.Record{nil, nil} // the first claims find nothing
 		for range 5 {
 			src.queue = append(src.queue, records("a1", "b1", "c1", "d1", "e1"))
 		}
-		runLoop(t, src, 10)
+		runLoop(t, src, 12)
 		wantLog(t, src,
 			"claim 0", "set-idle 1.5s",
+			"claim 0", "wait "+relook.String(),
 			"claim 5", "finish 5 published 0 failed", "wait 500ms",
 			"claim 5", "finish 5 published 0 failed", "wait 500ms",
 			"claim 5", "finish 5 published 0 failed", "wait 500ms",
@@ -278,6 +313,7 @@ func TestLoopLeavesTheRegistryDuringASteadyFlow(t *testing.T) {
 			"claim 0", "wait 1ms",
 			"claim 0", "wait 2ms",
 			"claim 0", "set-idle 1.5s",
+			"claim 0", "wait "+relook.String(),
 			"claim 0", "wait 500ms",
 		)
 	})
