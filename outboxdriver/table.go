@@ -144,7 +144,34 @@ type MigrateOptions struct {
 	// TimePartitionsAhead is how many days or hours ahead of now
 	// partitions are made. Defaults to 7 days or 48 hours.
 	TimePartitionsAhead int
+	// Wakeups chooses who wakes an idle relay on PostgreSQL: "trigger"
+	// (the table's notify trigger checks on every INSERT; every writer is
+	// covered) or "writers" (no trigger: the library's writers send the
+	// wake-up themselves while a relay waits, and inserts cost less; a
+	// plain-SQL writer's events are found at the relay's next look).
+	// Applied on every migration that sets it, to a new or an existing
+	// table; "" leaves the table as it is (a new table gets the trigger).
+	// docs/relay.md, wake-ups.
+	Wakeups string
 }
+
+// Who wakes an idle relay on PostgreSQL (MigrateOptions.Wakeups).
+const (
+	// WakeupsTrigger: the table's notify trigger, which checks on every
+	// INSERT statement whether a relay waits (the default). Every writer
+	// is covered, plain SQL too.
+	WakeupsTrigger = "trigger"
+	// WakeupsWriters: no trigger; the library's PostgreSQL writers keep a
+	// view of whether a relay waits and add the NOTIFY to their own
+	// INSERT only while it says one does (WakeViewMaxAge). Inserts cost
+	// no check on the server; a plain-SQL writer's events wake no relay
+	// and are found at its next look.
+	WakeupsWriters = "writers"
+)
+
+// ErrNoWakeups is returned by a driver asked to choose wake-ups
+// (MigrateOptions.Wakeups) on a database whose relays only poll.
+var ErrNoWakeups = errors.New("wake-ups are chosen on PostgreSQL only: relays on this database poll")
 
 // ErrNoTimePartitions is returned by a driver asked for time partitions
 // (MigrateOptions.TimePartitions) on a database that has none here.
@@ -186,6 +213,11 @@ func (opts *MigrateOptions) Resolve() (MigrateOptions, error) {
 		}
 	default:
 		return o, fmt.Errorf("time partitions %q: use %q or %q", o.TimePartitions, TimePartitionsDay, TimePartitionsHour)
+	}
+	switch o.Wakeups {
+	case "", WakeupsTrigger, WakeupsWriters:
+	default:
+		return o, fmt.Errorf("wake-ups %q: use %q or %q", o.Wakeups, WakeupsTrigger, WakeupsWriters)
 	}
 	return o, nil
 }

@@ -283,6 +283,9 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 	if o.TimePartitions != "" {
 		return nil, fmt.Errorf("outboxmysql: %w", outboxdriver.ErrNoTimePartitions)
 	}
+	if o.Wakeups != "" {
+		return nil, fmt.Errorf("outboxmysql: %w", outboxdriver.ErrNoWakeups)
+	}
 	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.up(ctx, o.Partitions) })
 }
 

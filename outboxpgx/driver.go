@@ -37,21 +37,34 @@ type Driver struct {
 	// (WithoutWakeups).
 	quiet bool
 
+	// wake is the view of whether relays wait, for tables whose writers
+	// send the wake-up (outboxdriver.WakeupsWriters); nil when the Driver
+	// has no pool to read it with, or never wakes relays.
+	wake *pgschema.WakeView
+
 	mu    sync.Mutex
-	multi map[outboxdriver.Table]string
-	one   map[outboxdriver.Table]string
-	late  map[outboxdriver.Table]string // rows with a DeliverAt
+	stmts map[stmtKey]string // the INSERT's forms
 }
 
 // New returns the Driver of the database pool connects to. It does no
 // I/O, and it never closes pool: that is the caller's. pool may be nil for
 // a program that only writes events inside its own transactions
 // (WriteTx); every method that needs a connection of its own then fails.
+//
+// On a table whose writers wake idle relays (outbox migrate --wakeups
+// writers, docs/relay.md) the Driver reads, on its pool and in the
+// background, whether a relay waits, and adds the wake-up to its INSERT
+// while one does; a Driver without a pool sends none there.
 func New(pool *pgxpool.Pool, opts ...Option) *Driver {
-	d := &Driver{pool: pool, multi: map[outboxdriver.Table]string{}, one: map[outboxdriver.Table]string{},
-		late: map[outboxdriver.Table]string{}}
+	d := &Driver{pool: pool, stmts: map[stmtKey]string{}}
 	for _, o := range opts {
 		o(d)
+	}
+	if pool != nil && !d.quiet && !d.messages && !d.insertDelete {
+		d.wake = pgschema.NewWakeView(func(ctx context.Context, t outboxdriver.Table) (awake, now int64, trigger bool, err error) {
+			err = pool.QueryRow(ctx, pgschema.WakeViewSQL, pgschema.WakeViewArgs(t)...).Scan(&awake, &now, &trigger)
+			return awake, now, trigger, err
+		})
 	}
 	return d
 }
@@ -114,51 +127,64 @@ func (d *Driver) Close() error { return nil }
 
 const insertCols = `(id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext)`
 
+// stmtKey names one form of the INSERT: its table, how many rows (1; 0
+// for several; -1 for rows of which some have a DeliverAt) and whether it
+// sends the wake-up itself.
+type stmtKey struct {
+	t    outboxdriver.Table
+	n    int
+	wake bool
+}
+
 // sql returns the INSERT of n rows into t (n < 0: of rows of which some
-// have a DeliverAt). The forms are cached per
-// table: pgx prepares each once per connection, so an insert costs no
-// parse or plan.
-func (d *Driver) sql(t outboxdriver.Table, n int) string {
+// have a DeliverAt); with wake, the form that also sends the table's
+// wake-up (pgschema.WakeCTE). The forms are cached: pgx prepares each
+// once per connection, so an insert costs no parse or plan.
+func (d *Driver) sql(t outboxdriver.Table, n int, wake bool) string {
+	k := stmtKey{t: t, n: n, wake: wake}
+	if n > 1 {
+		k.n = 0
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	with, from := "", ""
-	if d.quiet {
-		with, from = quietCTE, "quiet, "
-	}
-	if n == 1 {
-		s, ok := d.one[t]
-		if !ok {
-			s = with + `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
-VALUES ($1::uuid, $2, $3, $4, $5::json, $6, coalesce($7::jsonb, '{}'::jsonb), $8)`
-			if d.quiet {
-				s = with + `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
-SELECT $1::uuid, $2, $3, $4, $5::json, $6::bytea, coalesce($7::jsonb, '{}'::jsonb), $8 FROM quiet`
-			}
-			d.one[t] = s
-		}
+	if s, ok := d.stmts[k]; ok {
 		return s
 	}
-	if n < 0 {
+	with, from := "", ""
+	switch {
+	case d.quiet:
+		with, from = quietCTE, "quiet"
+	case wake:
+		with, from = pgschema.WakeCTE(t), "wake"
+	}
+	// The multi-row forms select from unnest, after the CTE if any.
+	unnestFrom := "FROM "
+	if from != "" {
+		unnestFrom += from + ", "
+	}
+	table := pgschema.NamesOf(t).Table
+	var s string
+	switch {
+	case k.n == 1 && from == "":
+		s = `INSERT INTO ` + table + ` ` + insertCols + `
+VALUES ($1::uuid, $2, $3, $4, $5::json, $6, coalesce($7::jsonb, '{}'::jsonb), $8)`
+	case k.n == 1:
+		s = with + `INSERT INTO ` + table + ` ` + insertCols + `
+SELECT $1::uuid, $2, $3, $4, $5::json, $6::bytea, coalesce($7::jsonb, '{}'::jsonb), $8 FROM ` + from
+	case k.n < 0:
 		// Delayed rows: the form with deliver_at, kept apart so that the
 		// others' statements stay as they were.
-		s, ok := d.late[t]
-		if !ok {
-			s = with + `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + strings.TrimSuffix(insertCols, ")") + `, deliver_at)
+		s = with + `INSERT INTO ` + table + ` ` + strings.TrimSuffix(insertCols, ")") + `, deliver_at)
 SELECT u.id, u.at, u.aid, u.ty, u.p::json, u.raw, coalesce(u.h::jsonb, '{}'::jsonb), u.tc, u.da
-FROM ` + from + `unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::timestamptz[])
+` + unnestFrom + `unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::timestamptz[])
   AS u(id, at, aid, ty, p, raw, h, tc, da)`
-			d.late[t] = s
-		}
-		return s
-	}
-	s, ok := d.multi[t]
-	if !ok {
-		s = with + `INSERT INTO ` + pgschema.NamesOf(t).Table + ` ` + insertCols + `
+	default:
+		s = with + `INSERT INTO ` + table + ` ` + insertCols + `
 SELECT u.id, u.at, u.aid, u.ty, u.p::json, u.raw, coalesce(u.h::jsonb, '{}'::jsonb), u.tc
-FROM ` + from + `unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[])
+` + unnestFrom + `unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[])
   AS u(id, at, aid, ty, p, raw, h, tc)`
-		d.multi[t] = s
 	}
+	d.stmts[k] = s
 	return s
 }
 
@@ -242,9 +268,10 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		return sql, args
 	}
 	delayed := outboxdriver.Delayed(rows)
+	wake := d.wake != nil && d.wake.Wake(t)
 	if len(rows) == 1 && !delayed {
 		r := rows[0]
-		return d.sql(t, 1), []any{r.ID, r.AggregateType, r.AggregateID, r.Type, text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))}
+		return d.sql(t, 1, wake), []any{r.ID, r.AggregateType, r.AggregateID, r.Type, text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))}
 	}
 	n := len(rows)
 	ids, ats, aids, tys := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -255,7 +282,7 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		ps[i], raws[i], hs[i], tcs[i] = text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))
 	}
 	if !delayed {
-		return d.sql(t, n), []any{ids, ats, aids, tys, ps, raws, hs, tcs}
+		return d.sql(t, n, wake), []any{ids, ats, aids, tys, ps, raws, hs, tcs}
 	}
 	das := make([]*time.Time, n)
 	for i := range rows {
@@ -264,7 +291,7 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 			das[i] = &at
 		}
 	}
-	return d.sql(t, -1), []any{ids, ats, aids, tys, ps, raws, hs, tcs, das}
+	return d.sql(t, -1, wake), []any{ids, ats, aids, tys, ps, raws, hs, tcs, das}
 }
 
 // text maps nil or empty to SQL NULL.

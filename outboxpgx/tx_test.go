@@ -6,11 +6,13 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -25,6 +27,11 @@ type roundTrips struct {
 }
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == pgschema.WakeViewSQL {
+		// The Driver's read of whether relays wait, in the background on
+		// another connection: no round trip of the transaction's.
+		return ctx
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.sent = append(r.sent, []string{d.SQL})
@@ -120,6 +127,20 @@ func (r *txRig) order(t *testing.T, tx pgx.Tx) string {
 	return strconv.FormatInt(id, 10)
 }
 
+// noneAcquired fails unless every connection of the traced pool is back
+// in it within 10s: the Driver's background read of the wake-up view
+// holds one for a moment; a Tx that kept its own would hold it for good.
+func (r *txRig) noneAcquired(t *testing.T, when string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.traced.Stat().AcquiredConns() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still acquired 10s %s", r.traced.Stat().AcquiredConns(), when)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (r *txRig) counts(t *testing.T) (orders, events int) {
 	t.Helper()
 	return count(t, r.pool, r.orders), count(t, r.pool, r.table.Qualified(""))
@@ -171,9 +192,7 @@ func TestTxWritesEventsInTheCommitsRoundTrip(t *testing.T) {
 	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("Commit after Commit: %v, want pgx.ErrTxClosed", err)
 	}
-	if st := r.traced.Stat(); st.AcquiredConns() != 0 {
-		t.Fatalf("%d connections still acquired after Commit", st.AcquiredConns())
-	}
+	r.noneAcquired(t, "after Commit")
 }
 
 // Nothing of a rolled-back Tx exists, its events included.
@@ -251,9 +270,7 @@ CREATE TRIGGER refuse BEFORE INSERT ON `+r.table.Qualified("")+` FOR EACH ROW EX
 	}
 
 	// The pool's connections are idle and work.
-	if st := r.traced.Stat(); st.AcquiredConns() != 0 {
-		t.Fatalf("%d connections still acquired", st.AcquiredConns())
-	}
+	r.noneAcquired(t, "after the failed commit")
 	tx = r.begin(t)
 	id = r.order(t, tx)
 	if err := r.ob.WriteTx(ctx, tx, ev(id, 1)); err != nil {

@@ -17,13 +17,30 @@ import (
 // Driver writes events to a PostgreSQL database through database/sql.
 type Driver struct {
 	outboxdriver.SQLPool
+	// wake is the view of whether relays wait, for tables whose writers
+	// send the wake-up (outboxdriver.WakeupsWriters); nil without a db.
+	wake *pgschema.WakeView
 }
 
 // New returns the Driver of the database db connects to. It does no I/O,
 // and it never closes db: that is the caller's. db may be nil for a
 // program that only writes inside its own transactions (WriteTx,
 // MigrateTx).
-func New(db *sql.DB) *Driver { return &Driver{outboxdriver.NewSQLPool("outboxsql", db)} }
+//
+// On a table whose writers wake idle relays (outbox migrate --wakeups
+// writers, docs/relay.md) the Driver reads, on db and in the background,
+// whether a relay waits, and adds the wake-up to its INSERT while one
+// does; a Driver without a db sends none there.
+func New(db *sql.DB) *Driver {
+	d := &Driver{SQLPool: outboxdriver.NewSQLPool("outboxsql", db)}
+	if db != nil {
+		d.wake = pgschema.NewWakeView(func(ctx context.Context, t outboxdriver.Table) (awake, now int64, trigger bool, err error) {
+			err = db.QueryRowContext(ctx, pgschema.WakeViewSQL, pgschema.WakeViewArgs(t)...).Scan(&awake, &now, &trigger)
+			return awake, now, trigger, err
+		})
+	}
+	return d
+}
 
 var (
 	_ outboxdriver.Writer[*sql.Tx]     = (*Driver)(nil)
@@ -40,7 +57,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 	if len(rows) == 0 {
 		return nil
 	}
-	q, args := statement(t, rows)
+	q, args := statement(t, rows, d.wake != nil && d.wake.Wake(t))
 	_, err := tx.ExecContext(ctx, q, args...)
 	return err
 }
@@ -55,18 +72,22 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 	if len(rows) == 0 {
 		return nil
 	}
-	q, args := statement(t, rows)
+	q, args := statement(t, rows, d.wake != nil && d.wake.Wake(t))
 	_, err = db.ExecContext(ctx, q, args...)
 	return err
 }
 
 // statement returns the multi-row INSERT of rows into t; with the
 // deliver_at column only when some row has a DeliverAt, so that the
-// statement of undelayed rows stays as it was.
-func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
+// statement of undelayed rows stays as it was; with wake, in the form that
+// also sends the table's wake-up (pgschema.WakeCTE).
+func statement(t outboxdriver.Table, rows []outboxdriver.Row, wake bool) (string, []any) {
 	delayed := outboxdriver.Delayed(rows)
 	cols := 8
 	var b strings.Builder
+	if wake {
+		b.WriteString(pgschema.WakeCTE(t))
+	}
 	b.WriteString(`INSERT INTO `)
 	b.WriteString(pgschema.NamesOf(t).Table)
 	b.WriteString(` (id, aggregatetype, aggregateid, type, payload, payload_raw, headers, tracingspancontext`)
@@ -74,7 +95,11 @@ func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
 		cols = 9
 		b.WriteString(`, deliver_at`)
 	}
-	b.WriteString(`) VALUES `)
+	b.WriteString(`) `)
+	if wake {
+		b.WriteString(`SELECT v.* FROM wake, (`)
+	}
+	b.WriteString(`VALUES `)
 	args := make([]any, 0, cols*len(rows))
 	for i, r := range rows {
 		if i > 0 {
@@ -93,6 +118,9 @@ func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
 			args = append(args, at)
 		}
 		b.WriteString(")")
+	}
+	if wake {
+		b.WriteString(`) AS v`)
 	}
 	return b.String(), args
 }

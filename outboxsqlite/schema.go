@@ -184,6 +184,9 @@ func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table
 	if o.TimePartitions != "" {
 		return nil, fmt.Errorf("outboxsqlite: %w", outboxdriver.ErrNoTimePartitions)
 	}
+	if o.Wakeups != "" {
+		return nil, fmt.Errorf("outboxsqlite: %w", outboxdriver.ErrNoWakeups)
+	}
 	return inTx(ctx, tx, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
 		ran, err := migrations.Up(all(), done, func(m migrations.Migration) error {
 			if _, err := tx.ExecContext(ctx, render(m.Up, t, o.Partitions)); err != nil {

@@ -660,3 +660,45 @@ func TestSteadyFlowSparesTheWritersTheNotify(t *testing.T) {
 	testenv.WaitStreamMsgs(t, e.stream, commits*perCommit+1, 5*time.Second)
 	t.Logf("%d of %d commits notified", notified, commits)
 }
+
+// On a table without the notify trigger (--wakeups writers), the
+// library's writers wake an idle relay themselves: with a poll interval of
+// 30 s, events written one at a time with WriteTx (a few milliseconds
+// apart, so that the writer's view of the registry is fresh and shows the
+// relay waiting; or, after a pause, too old to rule it out) arrive within
+// seconds.
+func TestWritersWakeTheRelayWithoutTheTrigger(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := outboxpgx.New(e.pool).Migrate(ctx, e.table, &outboxdriver.MigrateOptions{Wakeups: outboxdriver.WakeupsWriters}); err != nil {
+		t.Fatal(err)
+	}
+	// The writer's first write starts its first read of the view.
+	e.write(t, true, event("first", 0))
+	e.start(t, nil, relay.Config{PollInterval: 30 * time.Second})
+	testenv.WaitStreamMsgs(t, e.stream, 1, 10*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Qualified("_wakeup")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the relay is not registered for wake-ups after 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	const n = 20
+	for i := range n {
+		e.write(t, true, event(fmt.Sprint("a", i), i))
+		time.Sleep(5 * time.Millisecond)
+	}
+	testenv.WaitStreamMsgs(t, e.stream, 1+n, 10*time.Second)
+	time.Sleep(2 * outboxdriver.WakeViewMaxAge)
+	e.write(t, true, event("after-a-pause", 0))
+	testenv.WaitStreamMsgs(t, e.stream, 2+n, 10*time.Second)
+}

@@ -48,6 +48,12 @@ _versions, _dead_letter and _migrations companions) instead of the outbox:
 a service that consumes and publishes runs migrate once with and once
 without it.
 
+--wakeups writers drops the notify trigger: the library's writers
+(outboxpgx, outboxsql) then send the wake-up themselves, only while a
+relay waits, and inserts cost less; events written with plain SQL wake no
+relay and are found at its next look. --wakeups trigger puts the trigger
+back. Either applies to an existing table too (PostgreSQL).
+
 --cdc also creates what log tailing (outbox relay --source cdc) streams
 from: the publication of the table's inserts and the replication slot
 (PostgreSQL; wal_level = logical, a role with REPLICATION). Writers that
@@ -60,6 +66,9 @@ write logical decoding messages need the slot before their first event.
 			}
 			if force && (inboxOnly || !cmd.Flags().Changed("down") || down != 0) {
 				return fmt.Errorf("--force goes with --down 0 of the outbox tables only: it drops them with the events still in them")
+			}
+			if opts.Wakeups != "" && (inboxOnly || cmd.Flags().Changed("down")) {
+				return fmt.Errorf("--wakeups goes with the outbox table's migration, not with --inbox or --down")
 			}
 			if opts.TimePartitions != "" && (inboxOnly || cdc.on || cmd.Flags().Changed("down")) {
 				return fmt.Errorf("--time-partitions goes with the creation of an outbox table only, not with --inbox, --cdc or --down: log tailing does not read partitioned tables")
@@ -104,6 +113,12 @@ write logical decoding messages need the slot before their first event.
 				} else {
 					fmt.Fprintf(out, "%s: applied migration(s) %v, now at version %d\n", t, vs, st.LatestVersion())
 				}
+				switch opts.Wakeups {
+				case outboxdriver.WakeupsTrigger:
+					fmt.Fprintf(out, "%s: idle relays are woken by the notify trigger, for every writer\n", t)
+				case outboxdriver.WakeupsWriters:
+					fmt.Fprintf(out, "%s: idle relays are woken by the library's writers; no trigger (plain-SQL writers' events wait for a relay's next look)\n", t)
+				}
 				if cdc.on {
 					return cdc.setup(ctx, out, t, st)
 				}
@@ -117,6 +132,7 @@ write logical decoding messages need the slot before their first event.
 	cmd.Flags().IntVar(&opts.Partitions, "partitions", outboxdriver.DefaultPartitions, "number of partitions aggregates hash into (fixed at creation; bounds how many relays share the table)")
 	cmd.Flags().StringVar(&opts.TimePartitions, "time-partitions", "", "day or hour: create the table partitioned by created_at, so that retention drops partitions (PostgreSQL; fixed at creation)")
 	cmd.Flags().IntVar(&opts.TimePartitionsAhead, "time-partitions-ahead", 0, "with --time-partitions: how many days or hours ahead partitions are made (default 7 days, 48 hours)")
+	cmd.Flags().StringVar(&opts.Wakeups, "wakeups", "", "trigger or writers: who wakes an idle relay (PostgreSQL; docs/relay.md): the notify trigger on every INSERT (a new table's default), or the library's writers while a relay waits (cheaper inserts; plain-SQL writers' events wait for the relay's next look); unset leaves the table as it is")
 	cmd.Flags().BoolVar(&inboxOnly, "inbox", false, "migrate the consumer-side inbox tables instead of the outbox (PostgreSQL, MySQL/MariaDB and SQLite)")
 	cmd.Flags().StringVar(&inboxTable, "inbox-table", "inbox", "name of the inbox table, with --inbox")
 	cdc.register(cmd)

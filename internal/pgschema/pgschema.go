@@ -204,6 +204,9 @@ func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, err
 			return nil, err
 		}
 	}
+	if err := SetWakeups(ctx, tx, t, o.Wakeups); err != nil {
+		return nil, err
+	}
 	return ran, nil
 }
 

@@ -1,0 +1,109 @@
+package outboxsql
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
+
+// On a table without the notify trigger (--wakeups writers), a writer
+// through database/sql wakes relays itself: with its view of the registry
+// older than WakeViewMaxAge (as for a writer that writes seldom), each
+// form of its INSERT (one row, several, several with a delayed one)
+// carries the notification and writes every row; with a fresh view that
+// shows no relay waiting, it sends none. The rest of the view's rules are
+// outboxpgx's tests (the same view).
+func TestWriteTxWakesRelaysWithoutTheTrigger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	db, err := sql.Open("pgx", testenv.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	drv := New(db)
+	if _, err := drv.Migrate(ctx, tb, &outboxdriver.MigrateOptions{Wakeups: outboxdriver.WakeupsWriters}); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(drv, &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN `+outboxdriver.QuoteIdent(tb.Channel())); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(context.Background(), `UNLISTEN *`)
+	// view reads the view now and holds its age at age.
+	view := func(age time.Duration) {
+		t.Helper()
+		drv.wake.SetClock(tb, time.Now)
+		if err := drv.wake.Refresh(ctx, tb); err != nil {
+			t.Fatal(err)
+		}
+		started := drv.wake.SetClock(tb, time.Now)
+		drv.wake.SetClock(tb, func() time.Time { return started.Add(age) })
+	}
+	write := func(events ...outbox.Event) {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.WriteTx(ctx, tx, events...); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func(wait time.Duration) (string, bool) {
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		n, err := conn.Conn().WaitForNotification(wctx)
+		if err != nil {
+			return "", false
+		}
+		return n.Payload, true
+	}
+	ev := func(agg string) outbox.Event {
+		return outbox.Event{AggregateType: "order", AggregateID: agg, Type: "Placed", Payload: []byte(`{}`)}
+	}
+	late := ev("3")
+	late.DeliverAt = time.Now().Add(time.Hour)
+	for _, events := range [][]outbox.Event{{ev("1")}, {ev("1"), ev("2")}, {late, ev("4")}} {
+		view(outboxdriver.WakeViewMaxAge)
+		write(events...)
+		if p, ok := next(10 * time.Second); !ok || p != "" {
+			t.Fatalf("a write of %d events with an old view: notification %v (payload %q), want the wake-up", len(events), ok, p)
+		}
+	}
+	view(time.Millisecond)
+	write(ev("5"))
+	if _, err := pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, tb.Channel()); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := next(10 * time.Second); !ok || p != "marker" {
+		t.Fatalf("with a fresh view and no relay waiting: notification %q before the marker", p)
+	}
+	var n, delayed int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(deliver_at) FROM `+tb.Qualified("")).Scan(&n, &delayed); err != nil {
+		t.Fatal(err)
+	}
+	if n != 6 || delayed != 1 {
+		t.Fatalf("%d events (%d delayed), want 6 (1)", n, delayed)
+	}
+}
