@@ -94,6 +94,10 @@ type Config struct {
 	// Lanes is the relay's Lanes in the drain and latency scenarios.
 	// Defaults to relay.DefaultLanes.
 	Lanes int
+	// Wakeups is who wakes an idle relay on the drain and latency
+	// scenarios' table (outboxdriver.MigrateOptions.Wakeups); "" the
+	// trigger, as a new table has.
+	Wakeups string
 	// Rates are the offered loads of the latency scenario, in events/s.
 	// Defaults to DefaultRates().
 	Rates []int

@@ -144,7 +144,7 @@ func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup 
 	fail := func(err error) (*deliverSetup, func() error, error) {
 		return nil, nil, errors.Join(err, drop())
 	}
-	versions, err := outboxpgx.New(cfg.Pool).Migrate(ctx, t, nil)
+	versions, err := outboxpgx.New(cfg.Pool).Migrate(ctx, t, &outboxdriver.MigrateOptions{Wakeups: cfg.Wakeups})
 	if err != nil {
 		return fail(err)
 	}

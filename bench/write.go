@@ -59,8 +59,11 @@ const (
 	// whole run, so that every commit sends a NOTIFY: the worst case of
 	// notifying on every commit.
 	CaseOutboxNotify = "outbox_notify"
-	// CaseOutboxNoTrigger is CaseOutbox with the notify trigger disabled:
-	// compared with CaseOutbox, the cost of the trigger's check.
+	// CaseOutboxNoTrigger is CaseOutbox with the notify trigger disabled,
+	// as on a table migrated with --wakeups writers: the writers keep a
+	// view of whether a relay waits instead (none does), so compared with
+	// CaseOutbox, the cost of the trigger's check against that of the
+	// writers' view.
 	CaseOutboxNoTrigger = "outbox_no_trigger"
 	// CaseOutbox10 adds ten events in one WriteTx, trigger in place, no
 	// relay idle.
@@ -159,7 +162,7 @@ var writeCases = []writeCase{
 	{CaseOutboxQueue, "+ 1 event via Driver.Queue in the order's pgx.Batch: no round trip of its own; order id made client-side", 1, viaQueue, true, false, ""},
 	{CaseOutboxCommit, "+ 1 event added to an outboxpgx.Tx: sent with the COMMIT, no round trip of its own", 1, viaCommit, true, false, ""},
 	{CaseOutboxNotify, "+ 1 event; a relay registered idle: every commit NOTIFYs", 1, viaWriteTx, true, true, ""},
-	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled", 1, viaWriteTx, false, false, ""},
+	{CaseOutboxNoTrigger, "+ 1 event; the notify trigger disabled (--wakeups writers): the writers' view says no relay waits", 1, viaWriteTx, false, false, ""},
 	{CaseOutbox10, "+ 10 events in one WriteTx; trigger on, no relay idle", 10, viaWriteTx, true, false, ""},
 	{CaseOutboxMessage, "+ 1 event via WriteTx as a logical decoding message (WithMessages): one WAL record, no row", 1, viaWriteTx, true, false, WriteModeMessage},
 	{CaseOutboxMessageQueue, "+ 1 event as a logical decoding message via Driver.Queue in the order's pgx.Batch: no round trip of its own", 1, viaQueue, true, false, WriteModeMessage},
@@ -266,8 +269,12 @@ type writeBench struct {
 	// sqlDB and obSQL through database/sql.
 	obMessage, obInsertDelete   *outbox.Outbox[pgx.Tx]
 	drvMessage, drvInsertDelete *outboxpgx.Driver // obMessage's, obInsertDelete's
-	sqlDB                       *sql.DB
-	obSQL                       *outbox.Outbox[*sql.Tx]
+	// obNoTrigger writes CaseOutboxNoTrigger, with a Driver of its own:
+	// a Driver's view of whether the table has its trigger is its own,
+	// and the other cases' must not lag behind the trigger's switching.
+	obNoTrigger *outbox.Outbox[pgx.Tx]
+	sqlDB       *sql.DB
+	obSQL       *outbox.Outbox[*sql.Tx]
 	// nextOrder numbers the orders whose id the client makes
 	// (CaseOutboxQueue), far above what the orders' sequence hands out.
 	nextOrder  atomic.Int64
@@ -313,6 +320,9 @@ func newWriteBench(ctx context.Context, pool *pgxpool.Pool, schema string) (*wri
 	}
 	wb.ob = ob
 	cfgOB := &outbox.Config{Schema: t.Schema, Table: t.Name}
+	if wb.obNoTrigger, err = outbox.New(outboxpgx.New(pool), cfgOB); err != nil {
+		return nil, err
+	}
 	wb.drvMessage = outboxpgx.New(pool, outboxpgx.WithMessages())
 	if wb.obMessage, err = outbox.New(wb.drvMessage, cfgOB); err != nil {
 		return nil, err
@@ -405,6 +415,9 @@ func (wb *writeBench) op(c writeCase) Op {
 		ob, drv = wb.obInsertDelete, wb.drvInsertDelete
 	case WriteModeOldRow:
 		ob = wb.other.obOld
+	}
+	if c.name == CaseOutboxNoTrigger {
+		ob = wb.obNoTrigger
 	}
 	return func(ctx context.Context, worker int) error {
 		customer := "customer-" + strconv.Itoa(worker)
@@ -576,6 +589,13 @@ WHERE NOT EXISTS (SELECT 1 FROM `+wb.orders+` r WHERE r.id::text = o.aggregateid
 		want = 0
 		if c.idle && c.trigger && c.events > 0 {
 			want = m.Completed
+		}
+		// Without the trigger the writers wake relays (--wakeups writers):
+		// a writer whose view of the registry is too old to rule a relay
+		// out sends a wake-up (after a pause of its own, say), so a few
+		// are expected; never more than one a commit.
+		if c.events > 0 && !c.trigger && notified <= m.Completed {
+			want = notified
 		}
 		if notified != want {
 			return nil, fmt.Errorf("check: %d notifications for %d committed transactions, want %d", notified, m.Completed, want)

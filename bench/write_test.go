@@ -153,6 +153,7 @@ func TestWritePath(t *testing.T) {
 		t.Error("no wait event sampled in any cell")
 	}
 	var notifyCommits []int64 // per outbox_notify cell
+	var writersWakes int64    // notifications of the outbox_no_trigger cells
 	for i, r := range results {
 		wantCase, wantWriters := cases[i%len(cases)], writers[i/len(cases)]
 		if r.Case != wantCase || r.Workers != wantWriters || r.Scenario != "write" || r.Unit != "tx" {
@@ -204,7 +205,18 @@ func TestWritePath(t *testing.T) {
 			wantNotified = committed
 			notifyCommits = append(notifyCommits, committed)
 		}
-		if got := r.Counters[bench.CounterNotifications]; got != wantNotified {
+		got := r.Counters[bench.CounterNotifications]
+		if r.Case == bench.CaseOutboxNoTrigger {
+			// No trigger: the writers wake relays themselves whenever
+			// their view of the registry is too old to rule one out
+			// (at the start of a cell, say): at most one a commit.
+			if got > committed {
+				t.Errorf("%s: %d notifications for %d commits", name, got, committed)
+			}
+			writersWakes += got
+			continue
+		}
+		if got != wantNotified {
 			t.Errorf("%s: %d notifications counted by the harness, want %d", name, got, wantNotified)
 		}
 	}
@@ -225,11 +237,11 @@ func TestWritePath(t *testing.T) {
 	for _, c := range notifyCommits {
 		wantSum += c
 	}
-	if want := int64(rounds * len(notifyCommits)); nonzero != want {
-		t.Errorf("notifications heard in %d rounds of cells, want only in the %d rounds of outbox_notify cells", nonzero, want)
+	if want := int64(rounds * len(notifyCommits)); nonzero < want || nonzero > want+int64(rounds) {
+		t.Errorf("notifications heard in %d rounds of cells, want only in the %d rounds of outbox_notify cells (and in outbox_no_trigger's, %d)", nonzero, want, rounds)
 	}
-	if heardSum != wantSum {
-		t.Errorf("heard %d notifications, want %d: one per transaction committed in the outbox_notify cells", heardSum, wantSum)
+	if heardSum != wantSum+writersWakes {
+		t.Errorf("heard %d notifications, want %d: one per transaction committed in the outbox_notify cells, and the %d the harness counted in outbox_no_trigger's", heardSum, wantSum+writersWakes, writersWakes)
 	}
 	if err := heard.stop(); err != nil {
 		t.Errorf("test listener: %v", err)

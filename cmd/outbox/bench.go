@@ -28,6 +28,7 @@ func newBench() *cobra.Command {
 		sinkURL  string
 		rates    []int
 		cases    []string
+		wakeups  string
 		cpuProf  string
 		lanes    int
 		relayOut bool
@@ -164,6 +165,7 @@ Scenarios:
 				Rates:    rates,
 				Cases:    cases,
 				Lanes:    lanes,
+				Wakeups:  wakeups,
 				Linger:   linger,
 				Progress: cmd.ErrOrStderr(),
 
@@ -222,6 +224,7 @@ Scenarios:
 	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates(), "latency: offered loads in events/s, as a list")
 	cmd.Flags().StringSliceVar(&cases, "cases", nil, "latency: run only the cells of these names ("+strings.Join(bench.LatencyCases(), ", ")+"); fleet: only these cases ("+strings.Join(bench.FleetCases(), ", ")+")")
 	cmd.Flags().IntVar(&lanes, "lanes", relay.DefaultLanes, "drain, latency, fleet: the relay's lanes (batches in flight under a backlog; fleet: of every source)")
+	cmd.Flags().StringVar(&wakeups, "wakeups", "", "drain, latency: who wakes an idle relay on the scenario's table, trigger or writers (as outbox migrate --wakeups; default the trigger)")
 	cmd.Flags().DurationVar(&linger, "linger", 0, "latency: the relay's --linger")
 	cmd.Flags().BoolVar(&traceNeverSample, "trace-never-sample", false, "drain: also drain with tracing on and a sampler that samples nothing (case relay_traced), in --rounds pairs with the untraced relay, and report the ratio")
 	cmd.Flags().BoolVar(&relayOut, "relay-process", true, "drain, latency: run the relay as a child process (this binary's `relay`), to measure its CPU and memory apart")
