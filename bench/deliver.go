@@ -856,8 +856,14 @@ func (lt *latencyRun) cell(ctx context.Context, c latencyCell) (Result, error) {
 	if c.wakeup == WakeupPoll {
 		trigger = "DISABLE"
 	}
-	if _, err := s.pool.Exec(ctx, `ALTER TABLE `+s.names.Table+` `+trigger+` TRIGGER `+outboxdriver.QuoteIdent(s.table.Name+"_notify")); err != nil {
-		return Result{}, err
+	switch {
+	case lt.cfg.Wakeups != outboxdriver.WakeupsWriters:
+		if _, err := s.pool.Exec(ctx, `ALTER TABLE `+s.names.Table+` `+trigger+` TRIGGER `+outboxdriver.QuoteIdent(s.table.Name+"_notify")); err != nil {
+			return Result{}, err
+		}
+	case c.wakeup == WakeupPoll:
+		// The writers wake relays themselves: no cell without wake-ups.
+		return Result{}, fmt.Errorf("bench: latency cell %s polls without wake-ups, which the writers send with --wakeups writers: pick the notify cells with --cases", c.name)
 	}
 	lt.mu.Lock()
 	lt.committed, lt.arrivals = map[string]time.Time{}, map[string]time.Time{}
