@@ -78,6 +78,7 @@ type wakeState struct {
 	known   bool      // a read succeeded
 	trigger bool      // the table has its notify trigger
 	started time.Time // when the last successful read began
+	tried   time.Time // when the last read began, whether it came back or failed
 	until   time.Time // until when, at the latest, a relay waits
 	reading bool
 }
@@ -108,8 +109,10 @@ func (v *WakeView) Wake(t outboxdriver.Table) bool {
 		// worth asking, and seldom.
 		due = triggerRecheck
 	}
-	if !s.reading && (!s.known || now.Sub(s.started) >= due) {
-		s.reading = true
+	// Reads are due by the last attempt, so that a read that keeps
+	// failing is tried again at that pace, not on every write.
+	if !s.reading && (s.tried.IsZero() || now.Sub(s.tried) >= due) {
+		s.reading, s.tried = true, now
 		go v.refresh(t, s)
 	}
 	switch {
@@ -120,6 +123,13 @@ func (v *WakeView) Wake(t outboxdriver.Table) bool {
 	default:
 		return now.Before(s.until)
 	}
+}
+
+// reading reports whether a read of t's view is under way.
+func (v *WakeView) reading(t outboxdriver.Table) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.state(t).reading
 }
 
 // state returns t's state, made on first use; v.mu is held.
@@ -153,7 +163,8 @@ func (v *WakeView) SetClock(t outboxdriver.Table, now func() time.Time) time.Tim
 
 // refresh reads t's view in the background. A failed read leaves the view
 // as it was, ageing: past WakeViewMaxAge writers wake relays again, unless
-// the table had the trigger or no read ever succeeded.
+// the table had the trigger or no read ever succeeded; the next read is
+// due as after one that came back.
 func (v *WakeView) refresh(t outboxdriver.Table, s *wakeState) {
 	ctx, cancel := context.WithTimeout(context.Background(), outboxdriver.WakeViewReadTimeout)
 	defer cancel()
@@ -163,6 +174,7 @@ func (v *WakeView) refresh(t outboxdriver.Table, s *wakeState) {
 func (v *WakeView) refreshWith(ctx context.Context, t outboxdriver.Table, s *wakeState) error {
 	v.mu.Lock()
 	start := v.now()
+	s.tried = start
 	v.mu.Unlock()
 	awake, now, trigger, err := v.read(ctx, t)
 	v.mu.Lock()
