@@ -29,6 +29,9 @@ type StatusJSON struct {
 	// TimePartitions describes the table's time partitions; omitted when
 	// it has none.
 	TimePartitions *outboxdriver.TimePartitionStatus `json:"time_partitions,omitempty"`
+	// Wakeups says who wakes an idle relay: "trigger" or "writers"
+	// (PostgreSQL); omitted where relays only poll.
+	Wakeups string `json:"wakeups,omitempty"`
 }
 
 // SlotJSON is one replication slot in StatusJSON.
@@ -64,6 +67,7 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 		Partitions:     make([]PartitionJSON, 0, len(st.Partitions)),
 		Pauses:         append([]outboxdriver.Pause{}, st.Pauses...),
 		TimePartitions: st.TimePartitions,
+		Wakeups:        st.Wakeups,
 	}
 	for _, p := range st.Partitions {
 		js.Partitions = append(js.Partitions, PartitionJSON{p.Partition, p.Owner, p.Epoch, max(p.ExpiresIn.Seconds(), 0), p.Backlog, st.Estimated.PartitionBacklog})

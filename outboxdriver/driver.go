@@ -366,6 +366,9 @@ type Status struct {
 	// TimePartitions describes the table's time partitions; nil when it
 	// has none (docs/retention.md).
 	TimePartitions *TimePartitionStatus
+	// Wakeups says who wakes an idle relay (PostgreSQL): WakeupsTrigger
+	// or WakeupsWriters; "" where relays only poll.
+	Wakeups string
 }
 
 // Estimated says which counts of a Status are estimates (StatusEstimator).

@@ -138,6 +138,17 @@ WHERE p.deliver_at > now() AND NOT EXISTS (SELECT 1 FROM `+n.Table+` o WHERE o.p
 	if st.Pauses, err = pausesIn(ctx, db, t, st.SchemaVersion); err != nil {
 		return st, err
 	}
+	// Who wakes an idle relay: the notify trigger, or (without it) the
+	// library's writers.
+	var trigger bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND tgenabled <> 'D')`,
+		n.Table, t.Name+"_notify").Scan(&trigger); err != nil {
+		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
+	}
+	st.Wakeups = outboxdriver.WakeupsWriters
+	if trigger {
+		st.Wakeups = outboxdriver.WakeupsTrigger
+	}
 	// Each partition's backlog: counted, or (with an estimated backlog)
 	// its share of a sample.
 	part := pgschema.PartitionOf("", t)

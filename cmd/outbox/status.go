@@ -78,6 +78,12 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "parked events             %d\n", st.Parked)
 	}
 	fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+	switch st.Wakeups {
+	case outboxdriver.WakeupsTrigger:
+		fmt.Fprintf(out, "wake-ups                  the notify trigger, for every writer\n")
+	case outboxdriver.WakeupsWriters:
+		fmt.Fprintf(out, "wake-ups                  the library's writers (no trigger: plain-SQL writers' events wait for a relay's next look)\n")
+	}
 	printTimePartitions(out, st.TimePartitions)
 	printPauses(out, st.Pauses)
 	printPartitions(out, st.Partitions)

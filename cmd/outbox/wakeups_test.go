@@ -11,7 +11,7 @@ import (
 
 // migrate --wakeups writers drops the notify trigger and says what that
 // means; a migrate without the flag leaves the table as it is; --wakeups
-// trigger puts the trigger back. A bad value, the flag with --inbox or
+// trigger puts the trigger back; status says which. A bad value, the flag with --inbox or
 // --down, and the flag on a database without wake-ups are refused in one
 // line, changing nothing.
 func TestMigrateWakeups(t *testing.T) {
@@ -44,6 +44,13 @@ func TestMigrateWakeups(t *testing.T) {
 		}
 		if got := trigger(); got != step.want {
 			t.Fatalf("after migrate %v: notify trigger there %v, want %v", step.args, got, step.want)
+		}
+		wantStatus := `"wakeups":"writers"`
+		if step.want {
+			wantStatus = `"wakeups":"trigger"`
+		}
+		if out, stderr, code := run(t, nil, append([]string{"status", "--json"}, flags[1:]...)...); code != 0 || !strings.Contains(out, wantStatus) {
+			t.Fatalf("status --json after migrate %v: code %d, %q %q, want %s", step.args, code, out, stderr, wantStatus)
 		}
 	}
 	failsWithOneLine(t, nil, `wake-ups "sometimes": use "trigger" or "writers"`, append(flags, "--wakeups", "sometimes")...)
