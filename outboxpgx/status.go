@@ -139,10 +139,10 @@ WHERE p.deliver_at > now() AND NOT EXISTS (SELECT 1 FROM `+n.Table+` o WHERE o.p
 		return st, err
 	}
 	// Who wakes an idle relay: the notify trigger, or (without it) the
-	// library's writers.
+	// library's writers; asked as the writers ask it.
+	var awake, now int64
 	var trigger bool
-	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND tgenabled <> 'D')`,
-		n.Table, t.Name+"_notify").Scan(&trigger); err != nil {
+	if err := db.QueryRow(ctx, pgschema.WakeViewSQL, pgschema.WakeViewArgs(t)...).Scan(&awake, &now, &trigger); err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
 	st.Wakeups = outboxdriver.WakeupsWriters
