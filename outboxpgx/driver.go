@@ -282,7 +282,7 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		ps[i], raws[i], hs[i], tcs[i] = text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))
 	}
 	if !delayed {
-		return d.sql(t, n, wake), []any{ids, ats, aids, tys, ps, raws, hs, tcs}
+		return d.sql(t, n, wake), []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs}
 	}
 	das := make([]*time.Time, n)
 	for i := range rows {
@@ -291,7 +291,7 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 			das[i] = &at
 		}
 	}
-	return d.sql(t, -1, wake), []any{ids, ats, aids, tys, ps, raws, hs, tcs, das}
+	return d.sql(t, -1, wake), []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs, das}
 }
 
 // text maps nil or empty to SQL NULL.

@@ -21,5 +21,5 @@ func insertDeleteStatement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		ps[i], raws[i], hs[i], tcs[i] = text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))
 	}
 	return `SELECT ` + t.WithDefaults().Qualified("_cdc_write") + `($1::uuid[], $2, $3, $4, $5, $6, $7, $8)`,
-		[]any{ids, ats, aids, tys, ps, raws, hs, tcs}
+		[]any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs}
 }
