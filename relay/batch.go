@@ -30,7 +30,8 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		}
 		r.leases.inFlight.RLock()
 		claimed := time.Now()
-		b, err := r.src.Claim(ctx, leases, r.cfg.BatchSize)
+		limit := r.claimLimit()
+		b, err := r.src.Claim(ctx, leases, limit)
 		if err != nil {
 			r.leases.inFlight.RUnlock()
 			if ctx.Err() != nil {
@@ -60,7 +61,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			continue
 		}
 		r.stage(StageClaimed, len(recs))
-		full := len(recs) == r.cfg.BatchSize
+		full := len(recs) == limit
 		wk.claimed(ctx, len(recs), full)
 		clean, outage := r.process(pubCtx, b, recs)
 		r.leases.inFlight.RUnlock()
@@ -70,7 +71,7 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			r.waitForWork(ctx, r.cfg.PollInterval)
 			continue
 		}
-		if outage == nil && full && r.cfg.Lanes > 1 {
+		if outage == nil && full && r.cfg.Lanes > 1 && limit == r.cfg.BatchSize {
 			// A backlog: work it off in lanes.
 			outage = r.lanes(ctx, pubCtx)
 		}
@@ -112,12 +113,25 @@ func (r *Relay) linger(ctx context.Context, claimed time.Time) {
 	}
 }
 
+// claimLimit is the most events the next claim may take: BatchSize, or
+// less while Config.ClaimLimit says so.
+func (r *Relay) claimLimit() int {
+	if r.cfg.ClaimLimit == nil {
+		return r.cfg.BatchSize
+	}
+	if n := r.cfg.ClaimLimit(r.cfg.BatchSize); n >= 1 && n < r.cfg.BatchSize {
+		return n
+	}
+	return r.cfg.BatchSize
+}
+
 // lanes works off a backlog: Config.Lanes goroutines each claim, publish
 // and record batches of their own disjoint share of the leased partitions
-// until a claim of theirs comes back short of a full batch. It returns
-// when every lane has stopped, with the first broker outage a lane met.
-// A lane whose claim fails stops too; the main loop's next claim meets
-// the failure and backs off.
+// until a claim of theirs comes back short of a full batch, or
+// Config.ClaimLimit asks for smaller claims (the main loop then goes on
+// with one batch in flight). It returns when every lane has stopped, with
+// the first broker outage a lane met. A lane whose claim fails stops too;
+// the main loop's next claim meets the failure and backs off.
 func (r *Relay) lanes(ctx, pubCtx context.Context) error {
 	var (
 		wg     sync.WaitGroup
@@ -134,7 +148,7 @@ func (r *Relay) lanes(ctx, pubCtx context.Context) error {
 						leases = append(leases, l)
 					}
 				}
-				if len(leases) == 0 || r.pauses.refresh(ctx) {
+				if len(leases) == 0 || r.pauses.refresh(ctx) || r.claimLimit() < r.cfg.BatchSize {
 					return
 				}
 				r.leases.inFlight.RLock()

@@ -64,6 +64,14 @@ type Config struct {
 	// Each lane holds a database connection while its batch is in
 	// flight. Defaults to 4; 1 turns pipelining off.
 	Lanes int
+	// ClaimLimit, when set, is asked before every claim how many events
+	// to claim at most, given BatchSize; an answer outside 1 to
+	// BatchSize counts as BatchSize. While it answers less than
+	// BatchSize, the relay works a backlog with one batch in flight: the
+	// lanes stand down. relayd.Fleet sets it, so that a flooded source's
+	// claims and deletes shrink while other sources of the same process
+	// have work (docs/operations.md, One relay for many databases).
+	ClaimLimit func(batchSize int) int
 	// Linger is the shortest time from one claim to the next while the
 	// relay keeps up with light traffic (batches come back short): events
 	// committed meanwhile gather into the next batch instead of costing a

@@ -25,11 +25,13 @@ import (
 // with the others (its relay, its database server, the broker). So while
 // another source has been granted a turn within the busy window, a source
 // of weight w holds at most w turns at a time, its publishes go out in
-// slices of Quantum messages, and it spends at most w × duty of the wall
+// slices of Quantum messages, it spends at most w × duty of the wall
 // time holding turns: after a turn held for d it waits
 // d × (1 − w·duty) / (w·duty) (at most 50 ms) before it asks for the next
-// (a weight of 1/duty or more is never paced). A source alone publishes
-// whole waves, on as many turns as it likes, without waiting. A source
+// (a weight of 1/duty or more is never paced), and its relay claims at
+// most 4 × Quantum × w events at a time with one batch in flight. A
+// source alone publishes whole waves, on as many turns as it likes,
+// without waiting, and claims as its relay is configured. A source
 // that publishes now and then never waits (its turns are far apart); a
 // flooded source drains at a fraction of its speed while others have
 // work (see Pace).
@@ -58,9 +60,9 @@ type Budget struct {
 // DefaultBudgetTurns, DefaultBudgetQuantum, DefaultBudgetDuty and
 // DefaultBudgetWindow are NewBudget's defaults. With them, on the 2-core
 // machine of docs/benchmarks.md (One relay for many databases), a flood
-// drained at about a third of its unpaced speed while nine other sources
-// had a trickle, whose p99 grew 1.8–2.9× over its figure without the
-// flood (about 10× unpaced).
+// drained at about a fifth of its unpaced speed while nine other sources
+// had a trickle, whose p99 commit to publish grew 1.6–1.9× over its
+// figure without the flood (about 10× unpaced).
 const (
 	DefaultBudgetTurns   = 4
 	DefaultBudgetQuantum = 25
@@ -86,6 +88,25 @@ func NewBudget(turns, quantum int) (*Budget, error) {
 		return nil, fmt.Errorf("relayd: publish quantum of %d messages: use 1 to 100000", quantum)
 	}
 	return &Budget{quantum: quantum, free: turns, duty: DefaultBudgetDuty, window: DefaultBudgetWindow}, nil
+}
+
+// contendedClaimQuanta is how many quanta of messages a source of weight
+// 1 claims at most while the budget paces it (ClaimLimit).
+const contendedClaimQuanta = 4
+
+// claimLimit is relay.Config.ClaimLimit for s: while the budget paces s
+// (another source has work), its relay claims at most
+// contendedClaimQuanta × Quantum × weight events at a time, with one
+// batch in flight, so that a flood's claims and deletes come in short
+// bursts, as its publishes do; otherwise batchSize.
+func (s *budgetShare) claimLimit(batchSize int) int {
+	b := s.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s.dutyLocked() >= 1 || !s.othersBusyLocked(time.Now()) {
+		return batchSize
+	}
+	return min(batchSize, contendedClaimQuanta*b.quantum*s.weight)
 }
 
 // maxPaceGap caps the wait after one turn: with a slow broker (a turn of

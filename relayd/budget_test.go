@@ -418,3 +418,47 @@ func TestBudgetPacingScalesWithWeight(t *testing.T) {
 		t.Fatalf("weight 4 at duty 0.25 was paced: %v", err)
 	}
 }
+
+// While the budget paces a source, its relay claims at most 4 quanta
+// times its weight at a time (relay.Config.ClaimLimit); alone, unpaced or
+// once the others' turns are older than the window, the relay's own
+// batch size.
+func TestBudgetShrinksAPacedSourcesClaims(t *testing.T) {
+	b, err := NewBudget(4, 25)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Pace(0.2, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	flood, heavy, full := b.share(1), b.share(2), b.share(5)
+	if got := flood.claimLimit(500); got != 500 {
+		t.Fatalf("alone: claim limit %d, want the batch size 500", got)
+	}
+	busy(t, b)
+	for _, c := range []struct {
+		name       string
+		s          *budgetShare
+		batch, out int
+	}{
+		{"weight 1", flood, 500, 100},
+		{"weight 2", heavy, 500, 200},
+		{"weight 1, a batch below the limit", flood, 60, 60},
+		{"weight 5 at duty 0.2 (never paced)", full, 500, 500},
+	} {
+		if got := c.s.claimLimit(c.batch); got != c.out {
+			t.Errorf("%s, another source busy: claim limit %d of a batch of %d, want %d", c.name, got, c.batch, c.out)
+		}
+	}
+	if err := b.Pace(0.2, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the other source's turn to age past the window", func() bool { return flood.claimLimit(500) == 500 })
+	if err := b.Pace(1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	busy(t, b)
+	if got := flood.claimLimit(500); got != 500 {
+		t.Fatalf("pacing off, another source busy: claim limit %d, want 500", got)
+	}
+}

@@ -478,6 +478,7 @@ func (m *member) start(ctx context.Context) error {
 	}
 	o := m.spec.Options
 	o.sink = &fairSink{Sink: snk, share: m.share}
+	o.Relay.ClaimLimit = m.share.claimLimit
 	o.OneCPUWhileIdle = false
 	o.Registerer = nil
 	o.Relay.Logger = confval.Logger(o.Relay.Logger).With("source", m.spec.Name)

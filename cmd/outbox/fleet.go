@@ -44,7 +44,7 @@ func (fl *fleetFlags) register(cmd *cobra.Command, f *dbFlags) {
 	cmd.Flags().StringVar(&fl.config, "config", "", "relay the sources this YAML file lists (docs/operations.md, One relay for many databases); SIGHUP reloads it")
 	cmd.Flags().IntVar(&fl.turns, "publish-turns", relayd.DefaultBudgetTurns, "with several sources: publishes in flight at once across them")
 	cmd.Flags().IntVar(&fl.quantum, "publish-quantum", relayd.DefaultBudgetQuantum, "with several sources: most messages one source publishes per turn while another has work")
-	cmd.Flags().Float64Var(&fl.duty, "publish-duty", relayd.DefaultBudgetDuty, "with several sources: the share of the time a source of weight 1 may spend publishing while another has work (weight w: w times it; 1: no limit)")
+	cmd.Flags().Float64Var(&fl.duty, "publish-duty", relayd.DefaultBudgetDuty, "with several sources: the share of the time a source of weight 1 may spend publishing while another has work, while it also claims at most 4 quanta at a time, one batch in flight (weight w: w times it; 1: no limit)")
 	cmd.Flags().DurationVar(&fl.window, "publish-window", relayd.DefaultBudgetWindow, "with several sources: a source has work for this long after its last publish")
 }
 
