@@ -257,7 +257,7 @@ func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood fleetLa
 	for i, t := range f.tables {
 		srcs[i] = relayd.FleetSource{Name: fmt.Sprintf("src%d", i), DB: dbURL, Sink: f.broker.url, Options: relayd.Options{
 			Schema: t.Schema, Table: t.Name,
-			Relay: relay.Config{Router: router, Lanes: f.cfg.Lanes},
+			Relay: relay.Config{Router: router, Lanes: f.cfg.Lanes, BatchSize: f.cfg.Batch},
 			Sink:  relayd.SinkOptions{NATSStream: f.broker.stream, NATSSubjects: []string{strings.ToLower(f.broker.stream) + ".>"}, NATSNoCreate: true},
 		}}
 	}

@@ -219,7 +219,7 @@ Scenarios:
 	cmd.Flags().IntSliceVar(&writers, "writers", bench.DefaultWriters(), "concurrent writers to measure at, as a list: 1,8")
 	cmd.Flags().IntVar(&rounds, "rounds", bench.DefaultRounds, fmt.Sprintf("interleaved rounds the measured time of each cell is split into (retention: drains of each mode, default %d; fleet: rounds of each case, default %d; drain: alternating pairs of drains with --source cdc or --trace-never-sample, default %d)", bench.DefaultRetentionRounds, bench.DefaultFleetRounds, bench.DefaultDrainPairs))
 	cmd.Flags().IntVar(&events, "events", bench.DefaultEvents, "retention, drain: events in the backlog; fleet: events of the flood")
-	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention, drain, latency: the relay's claim limit (events per batch)")
+	cmd.Flags().IntVar(&batch, "batch", bench.DefaultBatch, "retention, drain, latency, fleet: the relay's claim limit (events per batch; fleet: of every source)")
 	cmd.Flags().StringVar(&sinkURL, "sink", bench.DefaultSink, "drain, latency, fleet: the broker: nats://host:port (fleet: only), kafka:// (an in-process Kafka cluster), kafka://host:port, pubsub:// (an in-process Pub/Sub server), pubsub://PROJECT (PUBSUB_EMULATOR_HOST honoured), kinesis://?region=REGION[&endpoint=URL], or stdout: (drain only; a null writer)")
 	cmd.Flags().IntSliceVar(&rates, "rates", bench.DefaultRates(), "latency: offered loads in events/s, as a list")
 	cmd.Flags().StringSliceVar(&cases, "cases", nil, "latency: run only the cells of these names ("+strings.Join(bench.LatencyCases(), ", ")+"); fleet: only these cases ("+strings.Join(bench.FleetCases(), ", ")+")")
