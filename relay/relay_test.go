@@ -215,6 +215,26 @@ func (e *env) waitBacklog(t *testing.T, n int64, timeout time.Duration) {
 	}
 }
 
+// waitRegistered polls until a relay is registered in the table's
+// wake-up registry, for at most 10 s.
+func (e *env) waitRegistered(t *testing.T, when string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.table.Qualified("_wakeup")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the relay is not registered for wake-ups after 10s", when)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func decode(t *testing.T, msgs []*jetstream.RawStreamMsg) []payload {
 	t.Helper()
 	out := make([]payload, len(msgs))
@@ -602,25 +622,8 @@ func TestSteadyFlowSparesTheWritersTheNotify(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	registered := func() bool {
-		var n int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Qualified("_wakeup")).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n > 0
-	}
-	waitRegistered := func(when string) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !registered() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the relay is not registered for wake-ups after 10s", when)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	e.start(t, nil, relay.Config{PollInterval: 30 * time.Second})
-	waitRegistered("at start")
+	e.waitRegistered(t, "at start")
 
 	lis, err := e.pool.Acquire(ctx)
 	if err != nil {
@@ -655,7 +658,7 @@ func TestSteadyFlowSparesTheWritersTheNotify(t *testing.T) {
 	if notified > commits/4 {
 		t.Fatalf("%d of %d commits sent a NOTIFY during a steady flow, want at most a quarter", notified, commits)
 	}
-	waitRegistered("after the flow")
+	e.waitRegistered(t, "after the flow")
 	e.write(t, true, event("lone", 0))
 	testenv.WaitStreamMsgs(t, e.stream, commits*perCommit+1, 5*time.Second)
 	t.Logf("%d of %d commits notified", notified, commits)
@@ -678,20 +681,7 @@ func TestWritersWakeTheRelayWithoutTheTrigger(t *testing.T) {
 	e.write(t, true, event("first", 0))
 	e.start(t, nil, relay.Config{PollInterval: 30 * time.Second})
 	testenv.WaitStreamMsgs(t, e.stream, 1, 10*time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.Qualified("_wakeup")).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the relay is not registered for wake-ups after 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	e.waitRegistered(t, "after the first event")
 	const n = 20
 	for i := range n {
 		e.write(t, true, event(fmt.Sprint("a", i), i))
