@@ -107,20 +107,17 @@ func (r *wakeRig) expectNone(what string) {
 // slowly a busy machine runs them.
 func (r *wakeRig) fresh() {
 	r.t.Helper()
-	r.drv.wake.SetClock(r.table, time.Now)
-	if err := r.drv.wake.Refresh(context.Background(), r.table); err != nil {
+	if err := r.drv.wake.Hold(context.Background(), r.table, time.Millisecond); err != nil {
 		r.t.Fatal(err)
 	}
-	started := r.drv.wake.SetClock(r.table, time.Now)
-	r.drv.wake.SetClock(r.table, func() time.Time { return started.Add(time.Millisecond) })
 }
 
 // stale reads the view now and makes it WakeViewMaxAge old.
 func (r *wakeRig) stale() {
 	r.t.Helper()
-	r.fresh()
-	started := r.drv.wake.SetClock(r.table, time.Now)
-	r.drv.wake.SetClock(r.table, func() time.Time { return started.Add(outboxdriver.WakeViewMaxAge) })
+	if err := r.drv.wake.Hold(context.Background(), r.table, outboxdriver.WakeViewMaxAge); err != nil {
+		r.t.Fatal(err)
+	}
 }
 
 // With --wakeups writers the table has no notify trigger, and the

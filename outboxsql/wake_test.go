@@ -50,12 +50,9 @@ func TestWriteTxWakesRelaysWithoutTheTrigger(t *testing.T) {
 	// view reads the view now and holds its age at age.
 	view := func(age time.Duration) {
 		t.Helper()
-		drv.wake.SetClock(tb, time.Now)
-		if err := drv.wake.Refresh(ctx, tb); err != nil {
+		if err := drv.wake.Hold(ctx, tb, age); err != nil {
 			t.Fatal(err)
 		}
-		started := drv.wake.SetClock(tb, time.Now)
-		drv.wake.SetClock(tb, func() time.Time { return started.Add(age) })
 	}
 	write := func(events ...outbox.Event) {
 		t.Helper()

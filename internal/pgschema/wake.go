@@ -142,14 +142,38 @@ func (v *WakeView) state(t outboxdriver.Table) *wakeState {
 	return s
 }
 
-// Refresh reads t's view now and waits for the read: for tests, which
-// also set the clock (SetClock) to hold the view's age where they need
-// it. Writers never wait for a read.
-func (v *WakeView) Refresh(ctx context.Context, t outboxdriver.Table) error {
+// Hold reads t's view now, after any background read of it has come
+// back, and then holds the view's age at age: the clock stops at the
+// read's start plus age. For tests, which need the view's age exact
+// however slowly a busy machine runs them; SetClock(t, time.Now) lets it
+// run again. While it reads, no background read starts, so none can land
+// after it. Writers never wait for a read.
+func (v *WakeView) Hold(ctx context.Context, t outboxdriver.Table, age time.Duration) error {
+	var s *wakeState
+	for {
+		v.mu.Lock()
+		s = v.state(t)
+		if !s.reading {
+			s.reading = true
+			v.now = time.Now
+			v.mu.Unlock()
+			break
+		}
+		v.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if err := v.refreshWith(ctx, t, s); err != nil {
+		return err
+	}
 	v.mu.Lock()
-	s := v.state(t)
-	v.mu.Unlock()
-	return v.refreshWith(ctx, t, s)
+	defer v.mu.Unlock()
+	held := s.started.Add(age)
+	v.now = func() time.Time { return held }
+	return nil
 }
 
 // SetClock makes v read the time with now: for tests. It returns the time
