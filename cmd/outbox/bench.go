@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outboxkit/outbox/bench"
+	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 	"github.com/outboxkit/outbox/relay"
 )
 

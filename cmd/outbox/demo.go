@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outboxkit/outbox/internal/demo"
+	"github.com/outboxkit/outbox/cmd/outbox/internal/demo"
 )
 
 func newDemo() *cobra.Command {

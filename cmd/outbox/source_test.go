@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outbox/bench"
+	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox/bench"
+	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 )
 
 func TestLookup(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxkit/outbox/bench"
+	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )

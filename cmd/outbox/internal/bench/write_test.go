@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outbox/bench"
+	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )

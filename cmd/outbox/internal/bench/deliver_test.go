@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outbox/bench"
+	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 	"github.com/outboxkit/outbox/internal/testenv"
 )
 

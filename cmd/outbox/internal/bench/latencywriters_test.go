@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox/bench"
+	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 	"github.com/outboxkit/outbox/internal/testenv"
 )
 
