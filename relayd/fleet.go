@@ -16,7 +16,6 @@ import (
 
 	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/internal/confval"
-	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/sink"
 )
@@ -392,7 +391,7 @@ func (f *Fleet) acquireSink(ctx context.Context, s FleetSource, log *slog.Logger
 		return sh.snk, nil
 	}
 	f.mu.Unlock()
-	snk, err := open.Sink(ctx, s.Sink, &s.Options.Sink, log)
+	snk, err := OpenSink(ctx, s.Sink, &s.Options.Sink, log)
 	if err != nil {
 		return nil, err
 	}
@@ -459,7 +458,7 @@ func (m *member) run(ctx context.Context) {
 		m.mu.Lock()
 		m.err = err
 		m.mu.Unlock()
-		m.log.Warn("relay fleet: source cannot start; retrying", "err", open.OneLine(err), "retry_in", d, "attempt", attempt)
+		m.log.Warn("relay fleet: source cannot start; retrying", "err", oneLine(err), "retry_in", d, "attempt", attempt)
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -531,7 +530,7 @@ func (m *member) health() SourceHealth {
 	defer m.mu.Unlock()
 	h := SourceHealth{Name: m.spec.Name, State: SourceStarting}
 	if m.err != nil {
-		h.Err = open.OneLine(m.err)
+		h.Err = oneLine(m.err)
 	}
 	if m.rl == nil {
 		return h

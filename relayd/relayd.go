@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outbox/internal/confval"
-	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxprom"
@@ -19,11 +18,6 @@ import (
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
 )
-
-// SinkOptions are the broker-specific options of the sink: the NATS
-// stream, the AMQP exchange, the MQTT QoS, the webhook secrets, ... Zero
-// values take the defaults of `outbox relay`'s flags.
-type SinkOptions = open.SinkOptions
 
 // Options configure Open. The zero value relays public.outbox (the
 // driver's default schema, on MySQL the URL's database) with the relay's
@@ -86,7 +80,7 @@ const (
 // Relay is a relay opened by Open, with everything it opened.
 type Relay struct {
 	relay *relay.Relay
-	db    *open.DB
+	db    *DB
 	src   outboxdriver.Source
 	snk   sink.Sink
 	table outboxdriver.Table
@@ -130,7 +124,7 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 			rl.close()
 		}
 	}()
-	if rl.db, err = open.Database(ctx, dbURL, maxConns); err != nil {
+	if rl.db, err = OpenDB(ctx, dbURL, maxConns); err != nil {
 		return nil, err
 	}
 	if t.Schema == "" {
@@ -145,7 +139,7 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	}
 	if o.sink != nil {
 		rl.snk = o.sink
-	} else if rl.snk, err = open.Sink(ctx, sinkURL, &o.Sink, log); err != nil {
+	} else if rl.snk, err = OpenSink(ctx, sinkURL, &o.Sink, log); err != nil {
 		return nil, err
 	}
 	srcCfg := outboxdriver.SourceConfig{Retention: o.Retention, RelayName: o.RelayName, Logger: log}
@@ -155,7 +149,7 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	case SourceCDC:
 		cdc := o.CDC
 		cdc.SourceConfig = srcCfg
-		rl.src, err = open.CDCSource(ctx, rl.db, t, &cdc)
+		rl.src, err = cdcSource(ctx, rl.db, t, &cdc)
 	default:
 		err = fmt.Errorf("relayd: unknown source %q: use %s or %s", o.Source, SourcePoll, SourceCDC)
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 
-	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -63,7 +62,7 @@ func mysqlURL(t testing.TB, db string) string {
 // saying how to start MariaDB when the server does not answer.
 func mysqlDB(t testing.TB, url string) *sql.DB {
 	t.Helper()
-	cfg, err := open.MySQLConfig(url)
+	cfg, err := outboxmysql.ParseURL(url)
 	if err != nil {
 		t.Fatalf("%s: %v", envMySQLURL, err)
 	}

@@ -5,9 +5,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/relayd"
 )
 
 // withOps is withDB for the commands that go through package ops: it
@@ -24,20 +24,13 @@ func (f *dbFlags) withOps(cmd *cobra.Command, maxConns int32, cfg *ops.Config, f
 		return err
 	}
 	ctx := cmd.Context()
-	db, err := open.Database(ctx, raw, maxConns)
+	db, err := relayd.OpenDB(ctx, raw, maxConns)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	if t.Schema == "" {
-		t.Schema = db.Store.DefaultSchema()
-		if db.Scheme == "mysql" {
-			cfg, err := open.MySQLConfig(raw)
-			if err != nil {
-				return err
-			}
-			t.Schema = cfg.DBName
-		}
+		t.Schema = db.Schema
 	}
 	o, err := ops.New(db.Store, t, cfg)
 	if err != nil {

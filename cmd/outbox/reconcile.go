@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
-	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/reconcile"
 )
@@ -179,7 +178,7 @@ func (r *relayReconcile) start(ctx context.Context, cmd *cobra.Command, dbURL st
 	if u, err := url.Parse(dbURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return nil, errors.New("--reconcile-every reads PostgreSQL only")
 	}
-	pool, err := open.Postgres(ctx, dbURL, 2)
+	pool, err := connectPostgres(ctx, dbURL, 2)
 	if err != nil {
 		return nil, err
 	}

@@ -10,8 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/outboxkit/outbox/internal/open"
+	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/relayd"
 )
 
 func newRoot() *cobra.Command {
@@ -102,41 +103,47 @@ func (f *dbFlags) open(ctx context.Context, maxConns int32) (_ outboxdriver.Stor
 	if err != nil {
 		return nil, "", err
 	}
-	db, err := open.Database(ctx, raw, maxConns)
+	db, err := relayd.OpenDB(ctx, raw, maxConns)
 	if err != nil {
 		return nil, "", err
 	}
-	schema := db.Store.DefaultSchema()
-	if db.Scheme == "mysql" {
-		cfg, err := open.MySQLConfig(raw)
-		if err != nil {
-			db.Close()
-			return nil, "", err
-		}
-		schema = cfg.DBName
-	}
-	return closingStore{db.Store, db}, schema, nil
+	return closingStore{db.Store, db}, db.Schema, nil
 }
 
 // closingStore closes the pool the command opened.
 type closingStore struct {
 	outboxdriver.Store
-	db *open.DB
+	db *relayd.DB
 }
 
 func (s closingStore) Close() error { s.db.Close(); return nil }
 
-// connect opens a pool on --db (or OUTBOX_DB) and checks it answers.
+// connect opens a pool on --db (or OUTBOX_DB), which must name a
+// PostgreSQL database, and checks it answers.
 func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
 	raw, err := f.dbURL()
 	if err != nil {
 		return nil, err
 	}
-	return open.Postgres(ctx, raw, maxConns)
+	return connectPostgres(ctx, raw, maxConns)
+}
+
+// connectPostgres opens a pool on the PostgreSQL database raw names, and
+// refuses any other database.
+func connectPostgres(ctx context.Context, raw string, maxConns int32) (*pgxpool.Pool, error) {
+	db, err := relayd.OpenDB(ctx, raw, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	if db.Pool == nil {
+		db.Close()
+		return nil, fmt.Errorf("database URL %s: this reads PostgreSQL only (postgres://...)", redact(raw))
+	}
+	return db.Pool, nil
 }
 
 // redact hides a password in a URL.
-func redact(raw string) string { return open.Redact(raw) }
+func redact(raw string) string { return confval.RedactURL(raw) }
 
 func newLogger(level string) (*slog.Logger, error) {
 	var l slog.Level

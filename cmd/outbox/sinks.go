@@ -5,7 +5,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/outboxkit/outbox/internal/open"
 	"github.com/outboxkit/outbox/relayd"
 )
 
@@ -25,7 +24,7 @@ type sinkFlags struct {
 	pubsubCreate   bool
 }
 
-const sinkSchemes = open.SinkSchemes
+const sinkSchemes = relayd.SinkSchemes
 
 // url is --sink, or OUTBOX_SINK.
 func (f *sinkFlags) sinkURL() (string, error) {

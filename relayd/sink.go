@@ -1,4 +1,4 @@
-package open
+package relayd
 
 import (
 	"context"
@@ -27,8 +27,9 @@ import (
 // SinkSchemes lists the sink URL forms, for messages.
 const SinkSchemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, pubsub://project[/topic], kinesis://stream?region=..., https://host/path/${destination} or stdout:"
 
-// SinkOptions are the broker-specific options of a sink opened from a URL.
-// Zero values take the defaults of `outbox relay`'s flags.
+// SinkOptions are the broker-specific options of a sink opened from a URL
+// (the NATS stream, the AMQP exchange, the MQTT QoS, the webhook secrets,
+// ...). Zero values take the defaults of `outbox relay`'s flags.
 type SinkOptions struct {
 	// NATSStream is the JetStream stream the events go to (default
 	// OUTBOX); NATSSubjects its subjects when it is created (default
@@ -56,15 +57,19 @@ type SinkOptions struct {
 	PubSubCreateTopics bool
 }
 
-// Sink connects to the broker raw names.
-func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (sink.Sink, error) {
+// OpenSink connects to the broker raw names (nats://, kafka://, amqp://,
+// redis://, mqtt://, pubsub://, kinesis://, https:// or stdout:;
+// SinkSchemes) with the options o (nil: the defaults), and creates the
+// NATS stream or declares the AMQP exchange when o asks. Close the sink
+// when done.
+func OpenSink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (sink.Sink, error) {
 	if o == nil {
 		o = &SinkOptions{}
 	}
 	log = confval.Logger(log)
 	scheme, _, ok := strings.Cut(raw, ":")
 	if !ok {
-		return nil, fmt.Errorf("sink URL %q has no scheme: use %s", Redact(raw), SinkSchemes)
+		return nil, fmt.Errorf("sink URL %q has no scheme: use %s", redact(raw), SinkSchemes)
 	}
 	switch strings.ToLower(scheme) {
 	case "nats", "tls":
@@ -116,7 +121,7 @@ func Sink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (si
 		}
 		return stdoutsink.New(os.Stdout), nil
 	default:
-		return nil, fmt.Errorf("sink URL %q: unknown scheme %q: use %s", Redact(raw), scheme, SinkSchemes)
+		return nil, fmt.Errorf("sink URL %q: unknown scheme %q: use %s", redact(raw), scheme, SinkSchemes)
 	}
 }
 

@@ -1,8 +1,8 @@
-// Package open opens an outbox database and a broker sink from their URLs:
-// what `outbox relay` (and every other command) and package relayd's Open
-// share, so that the command line and an embedded relay accept the same
-// URLs and say the same about bad ones.
-package open
+package relayd
+
+// Opening a database and a sink from their URLs: what Open, a Fleet and
+// every command of `outbox` share, so that the command line and an
+// embedded relay accept the same URLs and say the same about bad ones.
 
 import (
 	"context"
@@ -36,9 +36,13 @@ type DB struct {
 	SQL  *sql.DB
 	// Scheme is "postgres", "mysql" or "sqlite".
 	Scheme string
+	// Schema is the schema of a table whose configuration names none:
+	// "public" on PostgreSQL, "main" on SQLite, the URL's database on
+	// MySQL/MariaDB.
+	Schema string
 }
 
-// Close closes the pool Open opened.
+// Close closes the pool OpenDB opened.
 func (d *DB) Close() {
 	if d.Pool != nil {
 		d.Pool.Close()
@@ -48,41 +52,45 @@ func (d *DB) Close() {
 	}
 }
 
-// Database opens the database raw names, chosen by the URL's scheme, with
-// at most maxConns connections (0: the client's default), and checks that
-// it answers.
-func Database(ctx context.Context, raw string, maxConns int32) (*DB, error) {
+// OpenDB opens the database raw names (postgres://, mysql:// or
+// sqlite://; DBSchemes), chosen by the URL's scheme, with at most maxConns
+// connections (0: the client's default), and checks that it answers. A
+// bad URL or a database that does not answer is a one-line error that
+// says what to check, with the URL's password hidden.
+func OpenDB(ctx context.Context, raw string, maxConns int32) (*DB, error) {
 	scheme, _, _ := strings.Cut(raw, "://")
 	switch strings.ToLower(scheme) {
 	case "postgres", "postgresql":
-		pool, err := Postgres(ctx, raw, maxConns)
+		pool, err := openPostgres(ctx, raw, maxConns)
 		if err != nil {
 			return nil, err
 		}
-		return &DB{Store: outboxpgx.New(pool), Pool: pool, Scheme: "postgres"}, nil
+		st := outboxpgx.New(pool)
+		return &DB{Store: st, Pool: pool, Scheme: "postgres", Schema: st.DefaultSchema()}, nil
 	case "sqlite":
 		db, err := sqlite(ctx, raw)
 		if err != nil {
 			return nil, err
 		}
-		return &DB{Store: outboxsqlite.New(db), SQL: db, Scheme: "sqlite"}, nil
+		st := outboxsqlite.New(db)
+		return &DB{Store: st, SQL: db, Scheme: "sqlite", Schema: st.DefaultSchema()}, nil
 	case "mysql":
-		db, err := mySQL(ctx, raw, maxConns)
+		db, name, err := openMySQL(ctx, raw, maxConns)
 		if err != nil {
 			return nil, err
 		}
-		return &DB{Store: outboxmysql.New(db), SQL: db, Scheme: "mysql"}, nil
+		return &DB{Store: outboxmysql.New(db), SQL: db, Scheme: "mysql", Schema: name}, nil
 	default:
-		return nil, fmt.Errorf("database URL %s: unknown scheme %q; use postgres://, mysql:// or sqlite://", Redact(raw), scheme)
+		return nil, fmt.Errorf("database URL %s: unknown scheme %q; use postgres://, mysql:// or sqlite://", redact(raw), scheme)
 	}
 }
 
-// Postgres opens a pool on raw with at most maxConns connections (0: the
-// default) and checks it answers.
-func Postgres(ctx context.Context, raw string, maxConns int32) (*pgxpool.Pool, error) {
+// openPostgres opens a pool on raw with at most maxConns connections (0:
+// the default) and checks it answers.
+func openPostgres(ctx context.Context, raw string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {
-		return nil, fmt.Errorf("invalid database URL %s: %v", Redact(raw), unwrapAll(err))
+		return nil, fmt.Errorf("invalid database URL %s: %v", redact(raw), unwrapAll(err))
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
@@ -92,23 +100,23 @@ func Postgres(ctx context.Context, raw string, maxConns int32) (*pgxpool.Pool, e
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("invalid database URL %s: %v", Redact(raw), err)
+		return nil, fmt.Errorf("invalid database URL %s: %v", redact(raw), err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("cannot connect to PostgreSQL at %s:%d (database %q): %v; check the database URL and that PostgreSQL is running",
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, OneLine(err))
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, oneLine(err))
 	}
 	return pool, nil
 }
 
-// MySQLConfig turns mysql://user:pass@host:port/db?params into a
+// mySQLConfig turns mysql://user:pass@host:port/db?params into a
 // go-sql-driver configuration (outboxmysql.ParseURL): query parameters are
 // the driver's DSN parameters (tls, timeout, ...); parseTime and
 // interpolateParams are on.
-func MySQLConfig(raw string) (*mysql.Config, error) {
+func mySQLConfig(raw string) (*mysql.Config, error) {
 	cfg, err := outboxmysql.ParseURL(raw)
 	var ue *outboxmysql.URLError
 	if errors.As(err, &ue) {
@@ -117,16 +125,17 @@ func MySQLConfig(raw string) (*mysql.Config, error) {
 	return cfg, err
 }
 
-// mySQL connects to the MySQL or MariaDB that raw names, with at most
-// maxConns connections, and checks that it answers.
-func mySQL(ctx context.Context, raw string, maxConns int32) (*sql.DB, error) {
-	cfg, err := MySQLConfig(raw)
+// openMySQL connects to the MySQL or MariaDB that raw names, with at most
+// maxConns connections, checks that it answers, and returns the pool and
+// the URL's database.
+func openMySQL(ctx context.Context, raw string, maxConns int32) (*sql.DB, string, error) {
+	cfg, err := mySQLConfig(raw)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("invalid database URL %s: %v", Redact(raw), err)
+		return nil, "", fmt.Errorf("invalid database URL %s: %v", redact(raw), err)
 	}
 	db := sql.OpenDB(conn)
 	if maxConns > 0 {
@@ -139,10 +148,10 @@ func mySQL(ctx context.Context, raw string, maxConns int32) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("cannot connect to MySQL/MariaDB at %s (database %q): %v; check the database URL and that MySQL/MariaDB is running",
-			cfg.Addr, cfg.DBName, OneLine(err))
+		return nil, "", fmt.Errorf("cannot connect to MySQL/MariaDB at %s (database %q): %v; check the database URL and that MySQL/MariaDB is running",
+			cfg.Addr, cfg.DBName, oneLine(err))
 	}
-	return db, nil
+	return db, cfg.DBName, nil
 }
 
 // sqlite opens the database file a sqlite:// URL names:
@@ -159,8 +168,8 @@ func sqlite(ctx context.Context, raw string) (*sql.DB, error) {
 	return outboxsqlite.Open(ctx, path)
 }
 
-// Redact hides a password in a URL.
-func Redact(raw string) string { return confval.RedactURL(raw) }
+// redact hides a password in a URL.
+func redact(raw string) string { return confval.RedactURL(raw) }
 
 func unwrapAll(err error) error {
 	for {
@@ -172,7 +181,26 @@ func unwrapAll(err error) error {
 	}
 }
 
-// OneLine keeps an error on one line.
-func OneLine(err error) string {
+// oneLine keeps an error on one line.
+func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// cdcSource returns the log-tailing source of table t on db, after
+// checking that the database can serve it (wal_level, the REPLICATION
+// attribute, the table's migration): a one-line error says what to do
+// when it cannot. Log tailing is PostgreSQL's only.
+func cdcSource(ctx context.Context, db *DB, t outboxdriver.Table, cfg *outboxpgx.CDCConfig) (outboxdriver.Source, error) {
+	if db.Pool == nil {
+		return nil, fmt.Errorf("log tailing (--source cdc) needs PostgreSQL; %s relays with --source poll", db.Scheme)
+	}
+	src, err := outboxpgx.New(db.Pool).NewCDCSource(t, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := src.Check(ctx); err != nil {
+		src.Close()
+		return nil, err
+	}
+	return src, nil
 }
