@@ -57,8 +57,29 @@ type Event struct {
 // driver's own refusals (a value too long for its column) match it too.
 var ErrInvalidEvent = outboxdriver.ErrInvalidEvent
 
-// MigrateOptions shape what Migrate creates (the partition count).
+// MigrateOptions shape what Migrate creates: the partition count, time
+// partitions, who wakes an idle relay.
 type MigrateOptions = outboxdriver.MigrateOptions
+
+// Table names an outbox table and the schema it lives in (Outbox.Table).
+type Table = outboxdriver.Table
+
+// SourceConfig configures the Source a driver makes for the relay
+// (drv.NewSource): retention, the relay's name, its logger.
+type SourceConfig = outboxdriver.SourceConfig
+
+// Retention says what happens to a row once the broker acknowledged it.
+type Retention = outboxdriver.Retention
+
+// The retentions of SourceConfig.Retention.
+const (
+	// RetentionDelete deletes published rows when the batch finishes (the
+	// default).
+	RetentionDelete = outboxdriver.RetentionDelete
+	// RetentionKeep marks published rows and keeps them (for audit and
+	// replay); the relay's cleanup deletes them later.
+	RetentionKeep = outboxdriver.RetentionKeep
+)
 
 // MaxHeaderLen bounds a header name; values are bounded only by the broker.
 const MaxHeaderLen = 255
@@ -114,8 +135,8 @@ func New[TTx any](drv outboxdriver.Writer[TTx], cfg *Config) (*Outbox[TTx], erro
 		cfg = &Config{}
 	}
 	t := outboxdriver.Table{Schema: cfg.Schema, Name: cfg.Table}
-	if d, ok := drv.(outboxdriver.SchemaDefaulter); ok && t.Schema == "" {
-		t.Schema = d.DefaultSchema()
+	if t.Schema == "" {
+		t.Schema = drv.DefaultSchema()
 		if t.Schema == "" {
 			// The connection's own schema (MySQL's current database): check
 			// the table name alone.
@@ -135,7 +156,7 @@ func New[TTx any](drv outboxdriver.Writer[TTx], cfg *Config) (*Outbox[TTx], erro
 }
 
 // Table returns the outbox table this Outbox writes.
-func (o *Outbox[TTx]) Table() outboxdriver.Table { return o.table }
+func (o *Outbox[TTx]) Table() Table { return o.table }
 
 // WriteTx adds events to the caller's transaction tx in one round trip. They
 // become visible to the relay when tx commits, and never if it rolls back.
@@ -161,7 +182,7 @@ func (o *Outbox[TTx]) WriteTx(ctx context.Context, tx TTx, events ...Event) erro
 // The driver must hold a pool (outboxpgx.New(pool), outboxsql.New(db),
 // ...). Use WriteTx to write events with a business change.
 func (o *Outbox[TTx]) Write(ctx context.Context, events ...Event) error {
-	ins, ok := o.drv.(outboxdriver.Inserter)
+	ins, ok := o.drv.(outboxdriver.Pooled)
 	if !ok {
 		return fmt.Errorf("outbox: Write: driver %T writes only inside a transaction (WriteTx)", o.drv)
 	}
@@ -204,7 +225,7 @@ func (o *Outbox[TTx]) Queue(ctx context.Context, batch any, events ...Event) err
 // is current). It is idempotent and safe to run from several processes at
 // once. opts may be nil.
 func (o *Outbox[TTx]) Migrate(ctx context.Context, opts *MigrateOptions) ([]int, error) {
-	m, ok := o.drv.(outboxdriver.Migrator)
+	m, ok := o.drv.(outboxdriver.Pooled)
 	if !ok {
 		return nil, fmt.Errorf("outbox: Migrate: driver %T has no pool of its own (use MigrateTx)", o.drv)
 	}

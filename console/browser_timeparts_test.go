@@ -26,7 +26,7 @@ func TestBrowserShowsTimePartitions(t *testing.T) {
 VALUES (gen_random_uuid(), 'order', '1', 'Placed', '{}', $1)`, lo.Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.st.(outboxdriver.TimePartitionMaintainer).MaintainTimePartitions(r.ctx, r.tb, outboxdriver.TimePartitionMaintenance{KeepFor: 24 * time.Hour}); err != nil {
+	if _, err := r.st.MaintainTimePartitions(r.ctx, r.tb, outboxdriver.TimePartitionMaintenance{KeepFor: 24 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -88,15 +88,11 @@ type route struct {
 	h func(*req)
 }
 
-// New returns a console over o. It fails when the Store behind o cannot
-// do everything the console shows (ops.Ops.Complete), and when there are
-// no users and cfg.Dev is not set.
+// New returns a console over o. It fails when there are no users and
+// cfg.Dev is not set.
 func New(o *ops.Ops, cfg *Config) (*Server, error) {
 	if o == nil {
 		return nil, errors.New("console: no ops")
-	}
-	if err := o.Complete(); err != nil {
-		return nil, fmt.Errorf("console: the database's driver cannot serve the console (PostgreSQL can): %w", err)
 	}
 	c := Config{}
 	if cfg != nil {
@@ -426,8 +422,6 @@ func (q *req) failErr(err error) {
 		q.fail(http.StatusNotFound, notFoundText(err))
 	case errors.Is(err, outboxdriver.ErrNotMigrated):
 		q.fail(http.StatusServiceUnavailable, "the outbox table does not exist: run `outbox migrate`")
-	case errors.Is(err, ops.ErrUnsupported):
-		q.fail(http.StatusNotImplemented, "not supported by this database")
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		q.fail(http.StatusServiceUnavailable, "the database did not answer in time")
 	default:

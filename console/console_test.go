@@ -2,7 +2,6 @@ package console_test
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -694,13 +693,6 @@ func TestFailClosed(t *testing.T) {
 		if _, err := console.New(o, cfg); err == nil || !strings.Contains(err.Error(), "no users") {
 			t.Fatalf("New(%+v) = %v; want a refusal for want of users", cfg, err)
 		}
-	}
-	basic, err := ops.New(struct{ outboxdriver.Store }{outboxpgx.New(pool)}, tb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := console.New(basic, &console.Config{Dev: true}); !errors.Is(err, ops.ErrUnsupported) {
-		t.Fatalf("New over a plain Store = %v; want ErrUnsupported", err)
 	}
 	bad := &console.Users{Users: []console.User{{Name: "x", Role: "root", PasswordHash: "nope"}}}
 	if _, err := console.New(o, &console.Config{Users: bad}); err == nil {

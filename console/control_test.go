@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/contract"
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -43,13 +44,13 @@ func TestFailureGroups(t *testing.T) {
 		if len(list.Groups) != 3 || list.Groups[0].Count != 3 || list.Groups[0].Type != "OrderPlaced" || list.Groups[0].Example != timeouts[0] {
 			t.Fatalf("groups %+v; want 3, the largest OrderPlaced timeouts (3) with the oldest as example", list.Groups)
 		}
-		if c := list.Groups[0].ErrorClass; c != "publish <id>: timeout after <n>ms" || c != outboxdriver.ErrorClass("publish 0190a0a0-0000-7000-8000-000000000001: timeout after 30000ms") {
+		if c := list.Groups[0].ErrorClass; c != "publish <id>: timeout after <n>ms" || c != driverkit.ErrorClass("publish 0190a0a0-0000-7000-8000-000000000001: timeout after 30000ms") {
 			t.Fatalf("error class %q", c)
 		}
-		// Every database names a group as outboxdriver.FailureGroupKey does.
+		// Every database names a group as driverkit.FailureGroupKey does.
 		for _, g := range list.Groups {
-			if g.Key != outboxdriver.FailureGroupKey(g.Type, g.ErrorClass) {
-				t.Fatalf("group %+v: key %s, want %s", g, g.Key, outboxdriver.FailureGroupKey(g.Type, g.ErrorClass))
+			if g.Key != driverkit.FailureGroupKey(g.Type, g.ErrorClass) {
+				t.Fatalf("group %+v: key %s, want %s", g, g.Key, driverkit.FailureGroupKey(g.Type, g.ErrorClass))
 			}
 		}
 		mark := r.lastAuditID()

@@ -21,17 +21,7 @@ import (
 
 // consoleStore is what the console needs of a driver, and what the tests
 // use to look behind it.
-type consoleStore interface {
-	outboxdriver.Store
-	outboxdriver.Inserter
-	outboxdriver.Inspector
-	outboxdriver.Auditor
-	outboxdriver.DeadLetterActions
-	outboxdriver.Controller
-	outboxdriver.FailureGrouper
-	outboxdriver.Observer
-	outboxdriver.Requests
-}
+type consoleStore = outboxdriver.Store
 
 // databases are the databases the console's tests run on.
 var databases = []string{"postgres", "mysql", "sqlite"}

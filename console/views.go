@@ -287,7 +287,7 @@ func (s *Server) logout(q *req) {
 
 // record audits a sign-in or sign-out; a failure to is logged.
 func (s *Server) record(q *req, a ops.Actor, action, detail string) {
-	err := s.ops.Record(q.ctx(), outboxdriver.AuditRecord{AuditEntry: outboxdriver.AuditEntry{Actor: a.Name, Action: action, Detail: detail}, Role: string(a.Role)})
+	err := s.ops.Record(q.ctx(), outboxdriver.AuditRecord{Actor: a.Name, Action: action, Detail: detail, Role: string(a.Role)})
 	if err != nil {
 		s.log.Error("console: audit row not written", "action", action, "actor", a.Name, "err", err)
 	}

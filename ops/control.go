@@ -18,26 +18,12 @@ const (
 	ActionRelease = "release"
 )
 
-// controller returns the Store as an outboxdriver.Controller, or
-// ErrUnsupported.
-func (o *Ops) controller(what string) (outboxdriver.Controller, error) {
-	c, ok := o.st.(outboxdriver.Controller)
-	if !ok {
-		return nil, fmt.Errorf("ops: %s: %w", what, ErrUnsupported)
-	}
-	return c, nil
-}
-
 // Pauses lists the pauses in force, oldest first.
 func (o *Ops) Pauses(ctx context.Context, a Actor) ([]outboxdriver.Pause, error) {
 	if err := o.allow(ctx, a, "list pauses", Read); err != nil {
 		return nil, err
 	}
-	c, err := o.controller("list pauses")
-	if err != nil {
-		return nil, err
-	}
-	return c.ListPauses(ctx, o.t)
+	return o.st.ListPauses(ctx, o.t)
 }
 
 // Pause stops the relays from publishing scope s until it is resumed;
@@ -64,15 +50,11 @@ func (o *Ops) changePause(ctx context.Context, a Actor, op string, s outboxdrive
 	if err := checkReason(reason, pause); err != nil {
 		return false, err
 	}
-	c, err := o.controller(op)
-	if err != nil {
-		return false, err
-	}
 	by := outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason}
 	if pause {
-		return c.SetPause(ctx, o.t, s, by)
+		return o.st.SetPause(ctx, o.t, s, by)
 	}
-	return c.LiftPause(ctx, o.t, s, by)
+	return o.st.LiftPause(ctx, o.t, s, by)
 }
 
 // Held lists up to limit held aggregates, longest held first.
@@ -83,11 +65,7 @@ func (o *Ops) Held(ctx context.Context, a Actor, limit int) ([]outboxdriver.Held
 	if err := o.checkLimit(limit); err != nil {
 		return nil, err
 	}
-	c, err := o.controller("list held aggregates")
-	if err != nil {
-		return nil, err
-	}
-	return c.HeldAggregates(ctx, o.t, limit)
+	return o.st.HeldAggregates(ctx, o.t, limit)
 }
 
 // ErrNotHeld: the dead letter named holds no aggregate. It wraps
@@ -109,11 +87,7 @@ func (o *Ops) Release(ctx context.Context, a Actor, id, reason string) (outboxdr
 	if err := checkReason(reason, true); err != nil {
 		return outboxdriver.HeldAggregate{}, err
 	}
-	c, err := o.controller("release a held aggregate")
-	if err != nil {
-		return outboxdriver.HeldAggregate{}, err
-	}
-	h, err := c.ReleaseHeld(ctx, o.t, id, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
+	h, err := o.st.ReleaseHeld(ctx, o.t, id, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
 	if errors.Is(err, ErrNotFound) {
 		return h, fmt.Errorf("ops: release %s: %w", id, ErrNotHeld)
 	}
@@ -145,11 +119,7 @@ func (o *Ops) FailureGroups(ctx context.Context, a Actor, limit int) ([]outboxdr
 	if err := o.checkLimit(limit); err != nil {
 		return nil, err
 	}
-	g, ok := o.st.(outboxdriver.FailureGrouper)
-	if !ok {
-		return nil, fmt.Errorf("ops: list failure groups: %w", ErrUnsupported)
-	}
-	return g.FailureGroups(ctx, o.t, limit)
+	return o.st.FailureGroups(ctx, o.t, limit)
 }
 
 // RetryGroup retries up to MaxGroupAction dead letters of the failure
@@ -175,11 +145,7 @@ func (o *Ops) groupAction(ctx context.Context, a Actor, op, key, reason string, 
 	if err := checkReason(reason, false); err != nil {
 		return nil, err
 	}
-	g, ok := o.st.(outboxdriver.FailureGrouper)
-	if !ok {
-		return nil, fmt.Errorf("ops: %s: %w", op, ErrUnsupported)
-	}
-	ids, err := g.FailureGroupIDs(ctx, o.t, key, MaxGroupAction)
+	ids, err := o.st.FailureGroupIDs(ctx, o.t, key, MaxGroupAction)
 	if err != nil {
 		return nil, err
 	}

@@ -27,12 +27,6 @@
 // (and TRUNCATE on PostgreSQL), except through PruneAudit (`outbox audit
 // prune`), which records what it deleted.
 //
-// The full set of operations (filtered listing, the detail of one dead
-// letter, role and reason in every audit row) needs a Store that is also
-// an outboxdriver.Inspector, Auditor and DeadLetterActions; pauses and
-// held aggregates need an outboxdriver.Controller, failure groups a
-// FailureGrouper, the overview's details an Observer. The drivers
-// outboxpgx, outboxmysql and outboxsqlite are all of them; on other
-// Stores, ops offers what the Store has and answers the rest with
-// ErrUnsupported.
+// Every driver's Store (outboxdriver.Store: outboxpgx, outboxmysql,
+// outboxsqlite) offers every operation.
 package ops

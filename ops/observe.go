@@ -20,26 +20,21 @@ type Insight struct {
 const insightGroups = 20
 
 // Insight returns the overview's details, with the samples of the last
-// window (none for 0); a Store that is not an outboxdriver.Observer has
-// none (an empty Insight).
+// window (none for 0).
 func (o *Ops) Insight(ctx context.Context, a Actor, window time.Duration) (Insight, error) {
 	var in Insight
 	if err := o.allow(ctx, a, "view the overview", Read); err != nil {
 		return in, err
 	}
-	ob, ok := o.st.(outboxdriver.Observer)
-	if !ok {
-		return in, nil
-	}
 	var err error
-	if in.Backlog, err = ob.Backlog(ctx, o.t, insightGroups); err != nil {
+	if in.Backlog, err = o.st.Backlog(ctx, o.t, insightGroups); err != nil {
 		return in, err
 	}
-	if in.Relays, err = ob.Relays(ctx, o.t); err != nil {
+	if in.Relays, err = o.st.Relays(ctx, o.t); err != nil {
 		return in, err
 	}
 	if window > 0 {
-		in.Samples, err = ob.Samples(ctx, o.t, time.Now().Add(-window))
+		in.Samples, err = o.st.Samples(ctx, o.t, time.Now().Add(-window))
 	}
 	return in, err
 }
@@ -49,11 +44,7 @@ const SampleKeep = 24 * time.Hour
 
 // Sample records a sample of the table for the overview's chart (the
 // console does, every SampleEvery), and deletes samples older than
-// SampleKeep. It does nothing on a Store that is not an Observer.
+// SampleKeep.
 func (o *Ops) Sample(ctx context.Context) error {
-	ob, ok := o.st.(outboxdriver.Observer)
-	if !ok {
-		return nil
-	}
-	return ob.RecordSample(ctx, o.t, SampleKeep)
+	return o.st.RecordSample(ctx, o.t, SampleKeep)
 }

@@ -89,9 +89,6 @@ var (
 	ErrDenied = errors.New("permission denied")
 	// ErrNotFound: the dead letter asked for does not exist.
 	ErrNotFound = outboxdriver.ErrNotFound
-	// ErrUnsupported: the Store cannot do this (it is not an Inspector,
-	// Auditor or DeadLetterActions).
-	ErrUnsupported = errors.New("not supported by this database's driver")
 )
 
 // DeniedError says that an actor's role does not allow an operation.
@@ -168,14 +165,10 @@ const (
 type Ops struct {
 	st    outboxdriver.Store
 	t     outboxdriver.Table
-	ins   outboxdriver.Inspector
-	aud   outboxdriver.Auditor
-	act   outboxdriver.DeadLetterActions
 	cfg   Config
 	masks [][]string
 	log   *slog.Logger
 
-	req    outboxdriver.Requests
 	router *route.Router
 	kick   chan struct{}
 	now    func() time.Time
@@ -213,7 +206,6 @@ func New(st outboxdriver.Store, t outboxdriver.Table, cfg *Config) (*Ops, error)
 		return nil, fmt.Errorf("ops: %w", err)
 	}
 	o := &Ops{st: st, t: t, cfg: c, log: confval.Logger(c.Logger), router: router, kick: make(chan struct{}, 1), now: time.Now}
-	o.req, _ = st.(outboxdriver.Requests)
 	for _, p := range c.SensitivePaths {
 		segs, err := contract.ParsePath(p)
 		if err != nil {
@@ -221,30 +213,7 @@ func New(st outboxdriver.Store, t outboxdriver.Table, cfg *Config) (*Ops, error)
 		}
 		o.masks = append(o.masks, segs)
 	}
-	o.ins, _ = st.(outboxdriver.Inspector)
-	o.aud, _ = st.(outboxdriver.Auditor)
-	o.act, _ = st.(outboxdriver.DeadLetterActions)
 	return o, nil
-}
-
-// Complete returns nil when the Store offers every operation (filtered
-// listing, detail, the full audit), or an error that names what it lacks.
-// The console needs a complete Store.
-func (o *Ops) Complete() error {
-	var miss []string
-	if o.ins == nil {
-		miss = append(miss, "outboxdriver.Inspector")
-	}
-	if o.aud == nil {
-		miss = append(miss, "outboxdriver.Auditor")
-	}
-	if o.act == nil {
-		miss = append(miss, "outboxdriver.DeadLetterActions")
-	}
-	if miss != nil {
-		return fmt.Errorf("%T is not %s: %w", o.st, strings.Join(miss, ", "), ErrUnsupported)
-	}
-	return nil
 }
 
 // Table is the table the operations act on.
@@ -261,8 +230,8 @@ func (o *Ops) allow(ctx context.Context, a Actor, op string, p Permission) error
 	}
 	err := &DeniedError{Actor: a, Operation: op, Need: p}
 	o.record(ctx, outboxdriver.AuditRecord{
-		AuditEntry: outboxdriver.AuditEntry{Actor: a.Name, Action: ActionDenied, Detail: op + ": needs the " + string(p) + " permission"},
-		Role:       string(a.Role),
+		Actor: a.Name, Action: ActionDenied, Detail: op + ": needs the " + string(p) + " permission",
+		Role: string(a.Role),
 	})
 	return err
 }
@@ -275,37 +244,30 @@ func (o *Ops) record(ctx context.Context, r outboxdriver.AuditRecord) {
 }
 
 // Record appends r to the audit table: for things that are not dead-letter
-// actions, such as a login. It needs an Auditor Store.
+// actions, such as a login.
 func (o *Ops) Record(ctx context.Context, r outboxdriver.AuditRecord) error {
-	if o.aud == nil {
-		return fmt.Errorf("ops: record %s: %w", r.Action, ErrUnsupported)
-	}
 	r.Actor, r.Detail, r.Reason = clip(r.Actor, 200), clip(r.Detail, 2000), clip(r.Reason, maxReasonLen)
-	return o.aud.AppendAudit(ctx, o.t, r)
+	return o.st.AppendAudit(ctx, o.t, r)
 }
 
 // Refused records that a request by a was refused before any operation
 // ran (a missing CSRF token, a bad API token): what was asked and why.
 func (o *Ops) Refused(ctx context.Context, a Actor, what, why string) {
 	o.record(ctx, outboxdriver.AuditRecord{
-		AuditEntry: outboxdriver.AuditEntry{Actor: a.Name, Action: ActionDenied, Detail: what + ": " + why},
-		Role:       string(a.Role),
+		Actor: a.Name, Action: ActionDenied, Detail: what + ": " + why,
+		Role: string(a.Role),
 	})
 }
 
 // Overview summarises the table: backlog, oldest age, dead letters, held
-// aggregates, partitions and their leases. On a Store that can estimate
-// (an outboxdriver.StatusEstimator), counts above OverviewExactUpTo are
-// estimates, marked in Status.Estimated, so that the overview never reads
-// a large backlog whole.
+// aggregates, partitions and their leases. Counts above OverviewExactUpTo
+// may be estimates (Store.EstimateStatus), marked in Status.Estimated, so
+// that the overview never reads a large backlog whole.
 func (o *Ops) Overview(ctx context.Context, a Actor) (outboxdriver.Status, error) {
 	if err := o.allow(ctx, a, "view the overview", Read); err != nil {
 		return outboxdriver.Status{}, err
 	}
-	if e, ok := o.st.(outboxdriver.StatusEstimator); ok {
-		return e.EstimateStatus(ctx, o.t, OverviewExactUpTo)
-	}
-	return o.st.Status(ctx, o.t)
+	return o.st.EstimateStatus(ctx, o.t, OverviewExactUpTo)
 }
 
 // OverviewExactUpTo is the count up to which the overview's numbers are
@@ -331,28 +293,18 @@ func (o *Ops) DeadLetters(ctx context.Context, a Actor, q outboxdriver.DeadLette
 	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Since.Before(q.Until) {
 		return outboxdriver.DeadLetterPage{}, &InputError{"since", "must be before until"}
 	}
-	if dr, ok := o.ins.(outboxdriver.DeadLetterRouter); ok && q.Destination != "" {
-		dest := q.Destination
-		q.Destination = ""
-		col, values, err := o.destinationValues(dest, "the dead letters the other filters select", func(col string, limit int) ([]string, error) {
-			return dr.DeadLetterValues(ctx, o.t, q, col, limit)
-		})
-		if err != nil {
-			return outboxdriver.DeadLetterPage{}, err
-		}
-		return dr.FindRoutedDeadLetters(ctx, o.t, q, col, values)
+	if q.Destination == "" {
+		return o.st.FindDeadLetters(ctx, o.t, q)
 	}
-	if q.Destination != "" {
-		return outboxdriver.DeadLetterPage{}, fmt.Errorf("ops: filter dead letters by destination: %w", ErrUnsupported)
+	dest := q.Destination
+	q.Destination = ""
+	col, values, err := o.destinationValues(dest, "the dead letters the other filters select", func(col string, limit int) ([]string, error) {
+		return o.st.DeadLetterValues(ctx, o.t, q, col, limit)
+	})
+	if err != nil {
+		return outboxdriver.DeadLetterPage{}, err
 	}
-	if o.ins != nil {
-		return o.ins.FindDeadLetters(ctx, o.t, q)
-	}
-	if q != (outboxdriver.DeadLetterQuery{Limit: q.Limit}) {
-		return outboxdriver.DeadLetterPage{}, fmt.Errorf("ops: filter dead letters: %w", ErrUnsupported)
-	}
-	dls, err := o.st.DeadLetters(ctx, o.t, q.Limit)
-	return outboxdriver.DeadLetterPage{DeadLetters: dls}, err
+	return o.st.FindRoutedDeadLetters(ctx, o.t, q, col, values)
 }
 
 // DeadLetter returns one dead letter with its payload (masked) and
@@ -365,10 +317,7 @@ func (o *Ops) DeadLetter(ctx context.Context, a Actor, id string) (View, error) 
 	if err != nil {
 		return View{}, err
 	}
-	if o.ins == nil {
-		return View{}, fmt.Errorf("ops: show a dead letter: %w", ErrUnsupported)
-	}
-	d, err := o.ins.DeadLetter(ctx, o.t, u)
+	d, err := o.st.DeadLetter(ctx, o.t, u)
 	if err != nil {
 		return View{}, err
 	}
@@ -380,10 +329,7 @@ func (o *Ops) DeadLetter(ctx context.Context, a Actor, id string) (View, error) 
 // moved. Ids that are not dead letters are left out of the result.
 func (o *Ops) Retry(ctx context.Context, a Actor, ids []string, reason string) ([]string, error) {
 	return o.move(ctx, a, "retry dead letters", ids, reason, func(ids []string, by outboxdriver.Acting) ([]string, error) {
-		if o.act != nil {
-			return o.act.RetryDeadLettersAs(ctx, o.t, ids, by)
-		}
-		return o.st.RetryDeadLetters(ctx, o.t, ids, by.Name)
+		return o.st.RetryDeadLetters(ctx, o.t, ids, by)
 	})
 }
 
@@ -392,10 +338,7 @@ func (o *Ops) Retry(ctx context.Context, a Actor, ids []string, reason string) (
 // and the reason, and returns the ids deleted.
 func (o *Ops) Discard(ctx context.Context, a Actor, ids []string, reason string) ([]string, error) {
 	return o.move(ctx, a, "discard dead letters", ids, reason, func(ids []string, by outboxdriver.Acting) ([]string, error) {
-		if o.act != nil {
-			return o.act.DiscardDeadLettersAs(ctx, o.t, ids, by)
-		}
-		return o.st.DiscardDeadLetters(ctx, o.t, ids, by.Name)
+		return o.st.DiscardDeadLetters(ctx, o.t, ids, by)
 	})
 }
 
@@ -453,25 +396,11 @@ func (o *Ops) Audit(ctx context.Context, a Actor, q outboxdriver.AuditQuery) ([]
 		}
 		q.RequestID = id
 	}
-	if o.aud != nil {
-		recs, err := o.aud.FindAudit(ctx, o.t, q)
-		for i := range recs {
-			recs[i].Before, recs[i].After = o.maskDiff(recs[i].Before), o.maskDiff(recs[i].After)
-		}
-		return recs, err
+	recs, err := o.st.FindAudit(ctx, o.t, q)
+	for i := range recs {
+		recs[i].Before, recs[i].After = o.maskDiff(recs[i].Before), o.maskDiff(recs[i].After)
 	}
-	if q != (outboxdriver.AuditQuery{Limit: q.Limit}) {
-		return nil, fmt.Errorf("ops: filter the audit: %w", ErrUnsupported)
-	}
-	entries, err := o.st.Audit(ctx, o.t, q.Limit)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]outboxdriver.AuditRecord, len(entries))
-	for i, e := range entries {
-		out[i] = outboxdriver.AuditRecord{AuditEntry: e}
-	}
-	return out, nil
+	return recs, err
 }
 
 func (o *Ops) checkLimit(n int) error {

@@ -41,9 +41,6 @@ func (r *rig) ops(t *testing.T, cfg *ops.Config) *ops.Ops {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.Complete(); err != nil {
-		t.Fatalf("outboxpgx is not complete for ops: %v", err)
-	}
 	return o
 }
 
@@ -274,36 +271,6 @@ func TestMaskedPayload(t *testing.T) {
 	}
 }
 
-// basicStore is a Store with nothing more: what ops offers on a database
-// whose driver is not an Inspector, Auditor or DeadLetterActions.
-type basicStore struct{ outboxdriver.Store }
-
-func TestBasicStore(t *testing.T) {
-	t.Parallel()
-	r := newRig(t)
-	o, err := ops.New(basicStore{r.st}, r.tb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Complete(); !errors.Is(err, ops.ErrUnsupported) {
-		t.Fatalf("Complete = %v; want ErrUnsupported", err)
-	}
-	ids := testenv.AddDeadLetters(t, r.pool, r.tb, testenv.DeadLetterRow{AggregateType: "a", AggregateID: "1", Type: "T", LastError: "x"})
-	if p, err := o.DeadLetters(r.ctx, operator, outboxdriver.DeadLetterQuery{Limit: 5}); err != nil || len(p.DeadLetters) != 1 {
-		t.Fatalf("list = %+v, %v", p, err)
-	}
-	if _, err := o.DeadLetters(r.ctx, operator, outboxdriver.DeadLetterQuery{Limit: 5, Type: "T"}); !errors.Is(err, ops.ErrUnsupported) {
-		t.Fatalf("filtered list = %v; want ErrUnsupported", err)
-	}
-	if moved, err := o.Retry(r.ctx, operator, ids, "ignored"); err != nil || len(moved) != 1 {
-		t.Fatalf("retry = %v, %v", moved, err)
-	}
-	recs, err := o.Audit(r.ctx, operator, outboxdriver.AuditQuery{Limit: 5})
-	if err != nil || len(recs) != 1 || recs[0].Actor != "otto" || recs[0].Action != "retry" {
-		t.Fatalf("audit = %+v, %v", recs, err)
-	}
-}
-
 // A destination filter follows the relays' routing, which the dead-letter
 // table does not store: under the default routing by aggregate type, under
 // routing by event type with a regex, and with a fixed destination; it
@@ -381,12 +348,5 @@ func TestDeadLettersByDestination(t *testing.T) {
 	}
 	if _, err := o.DeadLetters(r.ctx, viewer, outboxdriver.DeadLetterQuery{Destination: strings.Repeat("d", 300), Limit: 5}); !errors.As(err, &input) {
 		t.Fatalf("a long destination: %v; want an input error", err)
-	}
-	basic, err := ops.New(basicStore{r.st}, r.tb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := basic.DeadLetters(r.ctx, viewer, outboxdriver.DeadLetterQuery{Destination: "outbox.event.order", Limit: 5}); !errors.Is(err, ops.ErrUnsupported) {
-		t.Fatalf("a Store that cannot select by destination: %v; want ErrUnsupported", err)
 	}
 }

@@ -100,20 +100,9 @@ type ReplayPreview struct {
 // The actor the console's own housekeeping is audited under.
 var system = outboxdriver.Acting{Name: "(outbox)", Role: "system"}
 
-func (o *Ops) requests() (outboxdriver.Requests, error) {
-	if o.req == nil {
-		return nil, fmt.Errorf("ops: requests: %w", ErrUnsupported)
-	}
-	return o.req, nil
-}
-
 // expire marks the requests past their expiry expired.
 func (o *Ops) expire(ctx context.Context) error {
-	rs, err := o.requests()
-	if err != nil {
-		return err
-	}
-	_, err = rs.ExpireRequests(ctx, o.t, system)
+	_, err := o.st.ExpireRequests(ctx, o.t, system)
 	return err
 }
 
@@ -128,10 +117,6 @@ func checkText(field, v string) error {
 // resolves its destination into routed values.
 func (o *Ops) replayFilter(ctx context.Context, p *ReplayParams) (outboxdriver.ReplayFilter, error) {
 	var f outboxdriver.ReplayFilter
-	rs, err := o.requests()
-	if err != nil {
-		return f, err
-	}
 	for _, x := range []struct{ name, v string }{{"aggregatetype", p.AggregateType}, {"aggregateid", p.AggregateID}, {"type", p.Type}, {"destination", p.Destination}} {
 		if err := checkText(x.name, x.v); err != nil {
 			return f, err
@@ -153,7 +138,7 @@ func (o *Ops) replayFilter(ctx context.Context, p *ReplayParams) (outboxdriver.R
 		return f, nil
 	}
 	col, values, err := o.destinationValues(p.Destination, "the time range", func(col string, limit int) ([]string, error) {
-		return rs.RoutedValues(ctx, o.t, f, col, limit)
+		return o.st.RoutedValues(ctx, o.t, f, col, limit)
 	})
 	if err != nil {
 		return f, err
@@ -201,14 +186,14 @@ func (o *Ops) previewReplay(ctx context.Context, p ReplayParams) (ReplayPreview,
 	if err != nil {
 		return ReplayPreview{}, err
 	}
-	kept, err := o.req.HasPublished(ctx, o.t)
+	kept, err := o.st.HasPublished(ctx, o.t)
 	if err != nil {
 		return ReplayPreview{}, err
 	}
 	if !kept {
 		return ReplayPreview{}, ErrNoKeptRows
 	}
-	n, first, err := o.req.PreviewReplay(ctx, o.t, f, PreviewEvents)
+	n, first, err := o.st.PreviewReplay(ctx, o.t, f, PreviewEvents)
 	if first == nil {
 		first = []outboxdriver.ReplayEvent{}
 	}
@@ -242,10 +227,10 @@ func (o *Ops) RequestReplay(ctx context.Context, a Actor, p ReplayParams, reason
 func (o *Ops) createRequest(ctx context.Context, a Actor, kind string, params []byte, reason string) (Request, error) {
 	r := Request{ID: uuid.Must(uuid.NewV7()).String(), Kind: kind, Requester: a.Name, RequesterRole: string(a.Role), Reason: reason,
 		Params: params, ExpiresAt: o.now().Add(o.cfg.RequestTTL)}
-	if err := o.req.CreateRequest(ctx, o.t, r, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason}); err != nil {
+	if err := o.st.CreateRequest(ctx, o.t, r, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason}); err != nil {
 		return Request{}, err
 	}
-	return o.req.GetRequest(ctx, o.t, r.ID)
+	return o.st.GetRequest(ctx, o.t, r.ID)
 }
 
 // RequestRepair proposes new payload and headers for a dead letter; once
@@ -258,9 +243,6 @@ func (o *Ops) RequestRepair(ctx context.Context, a Actor, p RepairParams, reason
 	if err := checkReason(reason, true); err != nil {
 		return Request{}, err
 	}
-	if _, err := o.requests(); err != nil {
-		return Request{}, err
-	}
 	id, err := ParseID(p.EventID)
 	if err != nil {
 		return Request{}, err
@@ -269,10 +251,7 @@ func (o *Ops) RequestRepair(ctx context.Context, a Actor, p RepairParams, reason
 	if p.Payload == nil && p.Headers == nil {
 		return Request{}, &InputError{"payload", "propose a new payload, new headers or both"}
 	}
-	if o.ins == nil {
-		return Request{}, fmt.Errorf("ops: repair: %w", ErrUnsupported)
-	}
-	d, err := o.ins.DeadLetter(ctx, o.t, id)
+	d, err := o.st.DeadLetter(ctx, o.t, id)
 	if err != nil {
 		return Request{}, err
 	}
@@ -397,7 +376,7 @@ func (o *Ops) Requests(ctx context.Context, a Actor, state string, limit int) ([
 	if err := o.expire(ctx); err != nil {
 		return nil, err
 	}
-	return o.req.ListRequests(ctx, o.t, state, limit)
+	return o.st.ListRequests(ctx, o.t, state, limit)
 }
 
 func knownState(s string) bool {
@@ -425,7 +404,7 @@ func (o *Ops) request(ctx context.Context, id string) (Request, error) {
 	if err := o.expire(ctx); err != nil {
 		return Request{}, err
 	}
-	r, err := o.req.GetRequest(ctx, o.t, u)
+	r, err := o.st.GetRequest(ctx, o.t, u)
 	if errors.Is(err, ErrNotFound) {
 		return r, fmt.Errorf("request %s: %w", u, ErrNoRequest)
 	}
@@ -470,12 +449,12 @@ func (o *Ops) decide(ctx context.Context, a Actor, id, to, note string) (Request
 	if r.Requester == a.Name {
 		err := &SelfApprovalError{Actor: a, Request: r.Kind + " request " + r.ID}
 		o.record(ctx, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: a.Name, Action: ActionDenied, Detail: verb + " a request: " + err.Error()},
-			Role:       string(a.Role), RequestID: r.ID,
+			Actor: a.Name, Action: ActionDenied, Detail: verb + " a request: " + err.Error(),
+			Role: string(a.Role), RequestID: r.ID,
 		})
 		return Request{}, err
 	}
-	return o.req.DecideRequest(ctx, o.t, r.ID, to, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: note})
+	return o.st.DecideRequest(ctx, o.t, r.ID, to, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: note})
 }
 
 // Cancel cancels a request that has not finished; an executing replay
@@ -491,7 +470,7 @@ func (o *Ops) Cancel(ctx context.Context, a Actor, id, reason string) (Request, 
 	if err != nil {
 		return Request{}, err
 	}
-	return o.req.DecideRequest(ctx, o.t, r.ID, outboxdriver.StateCancelled, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
+	return o.st.DecideRequest(ctx, o.t, r.ID, outboxdriver.StateCancelled, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
 }
 
 // Kick wakes the executor: a request was approved.
@@ -538,9 +517,6 @@ type Executor struct {
 
 // NewExecutor returns an Executor over o; it does nothing until Start.
 func (o *Ops) NewExecutor(cfg *ExecutorConfig) (*Executor, error) {
-	if _, err := o.requests(); err != nil {
-		return nil, err
-	}
 	c := ExecutorConfig{}
 	if cfg != nil {
 		c = *cfg
@@ -623,7 +599,7 @@ func (e *Executor) RunOnce(ctx context.Context) error {
 	}
 	var first error
 	for _, state := range []string{outboxdriver.StateApproved, outboxdriver.StateExecuting} {
-		rs, err := o.req.ListRequests(ctx, o.t, state, o.cfg.MaxPage)
+		rs, err := o.st.ListRequests(ctx, o.t, state, o.cfg.MaxPage)
 		if err != nil {
 			return err
 		}
@@ -643,7 +619,7 @@ func (e *Executor) RunOnce(ctx context.Context) error {
 // executing, to be resumed.
 func (e *Executor) Execute(ctx context.Context, id string) error {
 	o := e.o
-	r, err := o.req.ClaimRequest(ctx, o.t, id, e.cfg.Name, e.cfg.Stale)
+	r, err := o.st.ClaimRequest(ctx, o.t, id, e.cfg.Name, e.cfg.Stale)
 	if err != nil {
 		return err
 	}
@@ -668,7 +644,7 @@ func (e *Executor) Execute(ctx context.Context, id string) error {
 	// Failed for good: say why, where everyone sees it.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := o.req.FinishRequest(fctx, o.t, r.ID, e.cfg.Name, r.Epoch, outboxdriver.StateFailed, clip(runErr.Error(), 1000)); err != nil {
+	if err := o.st.FinishRequest(fctx, o.t, r.ID, e.cfg.Name, r.Epoch, outboxdriver.StateFailed, clip(runErr.Error(), 1000)); err != nil {
 		e.log.Error("ops: mark request failed", "request", r.ID, "err", err)
 	}
 	return runErr
@@ -685,17 +661,17 @@ func (e *Executor) replay(ctx context.Context, r Request) error {
 		return err
 	}
 	if r.Total == nil {
-		n, _, err := o.req.PreviewReplay(ctx, o.t, f, 0)
+		n, _, err := o.st.PreviewReplay(ctx, o.t, f, 0)
 		if err != nil {
 			return err
 		}
-		if err := o.req.SetRequestTotal(ctx, o.t, r.ID, n); err != nil {
+		if err := o.st.SetRequestTotal(ctx, o.t, r.ID, n); err != nil {
 			return err
 		}
 	}
 	done := r.Done
 	for {
-		n, more, err := o.req.ReplayBatch(ctx, o.t, outboxdriver.ReplayBatch{Request: r.ID, Executor: e.cfg.Name, Epoch: r.Epoch,
+		n, more, err := o.st.ReplayBatch(ctx, o.t, outboxdriver.ReplayBatch{Request: r.ID, Executor: e.cfg.Name, Epoch: r.Epoch,
 			Filter: f, Limit: e.cfg.BatchSize, NewIDs: p.NewIDs})
 		if err != nil {
 			return err
@@ -711,7 +687,7 @@ func (e *Executor) replay(ctx context.Context, r Request) error {
 			return err
 		}
 	}
-	return o.req.FinishRequest(ctx, o.t, r.ID, e.cfg.Name, r.Epoch, outboxdriver.StateDone, "")
+	return o.st.FinishRequest(ctx, o.t, r.ID, e.cfg.Name, r.Epoch, outboxdriver.StateDone, "")
 }
 
 func (e *Executor) repair(ctx context.Context, r Request) error {
@@ -729,7 +705,7 @@ func (e *Executor) repair(ctx context.Context, r Request) error {
 		headers = b
 	}
 	by := outboxdriver.Acting{Name: r.Requester, Role: r.RequesterRole, Reason: "repair request " + r.ID + " approved by " + r.DecidedBy}
-	return o.req.RepairDeadLetter(ctx, o.t, r.ID, e.cfg.Name, r.Epoch, p.EventID, p.Payload, headers, by)
+	return o.st.RepairDeadLetter(ctx, o.t, r.ID, e.cfg.Name, r.Epoch, p.EventID, p.Payload, headers, by)
 }
 
 // PruneAudit deletes the audit rows older than before: the audit's one
@@ -745,11 +721,7 @@ func (o *Ops) PruneAudit(ctx context.Context, a Actor, before time.Time, reason 
 	if before.IsZero() || before.After(o.now()) {
 		return 0, &InputError{"before", "a time in the past: rows older than it are deleted"}
 	}
-	p, ok := o.st.(outboxdriver.AuditPruner)
-	if !ok {
-		return 0, fmt.Errorf("ops: prune the audit: %w", ErrUnsupported)
-	}
-	return p.PruneAudit(ctx, o.t, before, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
+	return o.st.PruneAudit(ctx, o.t, before, outboxdriver.Acting{Name: a.Name, Role: string(a.Role), Reason: reason})
 }
 
 // ParseTime reads RFC 3339, or a date and time (or a date) taken as UTC:

@@ -467,7 +467,7 @@ func TestAuditAppendOnly(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	o := r.ops(t, nil)
-	if err := o.Record(r.ctx, outboxdriver.AuditRecord{AuditEntry: outboxdriver.AuditEntry{Actor: "x", Action: "login"}}); err != nil {
+	if err := o.Record(r.ctx, outboxdriver.AuditRecord{Actor: "x", Action: "login"}); err != nil {
 		t.Fatal(err)
 	}
 	audit := r.tb.Qualified("_audit")

@@ -33,10 +33,7 @@ func (o *Ops) Reveal(ctx context.Context, a Actor, id, path, reason string) (Vie
 	if err := checkReason(reason, true); err != nil {
 		return View{}, err
 	}
-	if o.ins == nil {
-		return View{}, fmt.Errorf("ops: reveal: %w", ErrUnsupported)
-	}
-	d, err := o.ins.DeadLetter(ctx, o.t, u)
+	d, err := o.st.DeadLetter(ctx, o.t, u)
 	if err != nil {
 		return View{}, err
 	}
@@ -49,8 +46,8 @@ func (o *Ops) Reveal(ctx context.Context, a Actor, id, path, reason string) (Vie
 	}
 	at := slices.Index(paths, path)
 	if err := o.Record(ctx, outboxdriver.AuditRecord{
-		AuditEntry: outboxdriver.AuditEntry{Actor: a.Name, Action: ActionReveal, EventID: u, Detail: "revealed payload path " + path},
-		Role:       string(a.Role), Reason: reason,
+		Actor: a.Name, Action: ActionReveal, EventID: u, Detail: "revealed payload path " + path,
+		Role: string(a.Role), Reason: reason,
 	}); err != nil {
 		return View{}, fmt.Errorf("ops: reveal: the audit row could not be written, so nothing is revealed: %w", err)
 	}

@@ -1,7 +1,6 @@
 package outboxdriver
 
 import (
-	"context"
 	"time"
 )
 
@@ -15,16 +14,4 @@ type BacklogGroup struct {
 	Events int64
 	// OldestAge is the age of the group's oldest unpublished event.
 	OldestAge time.Duration
-}
-
-// BacklogGrouper is implemented by a Store that can split the backlog by
-// the value of a column, so that the backlog and the age of its oldest
-// event can be reported per destination (package outboxprom).
-type BacklogGrouper interface {
-	// BacklogBy groups t's unpublished events by column (one of
-	// route.ColumnNames: aggregatetype, aggregateid, type, id,
-	// created_at, the latter as RFC 3339 with microseconds in UTC). It
-	// returns at most limit groups, the largest first, and one more with
-	// Rest set holding the others when there are more.
-	BacklogBy(ctx context.Context, t Table, column string, limit int) ([]BacklogGroup, error)
 }

@@ -1,15 +1,9 @@
 package outboxdriver
 
 import (
-	"context"
-	"crypto/md5"
-	"encoding/hex"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // PauseKind is what a pause stops.
@@ -81,63 +75,6 @@ type Pause struct {
 	Since  time.Time `json:"since"`
 }
 
-// Pauses is the set of pauses in force, as a relay consults it.
-type Pauses struct {
-	All            bool
-	Destinations   map[string]bool
-	AggregateTypes map[string]bool
-}
-
-// NewPauses returns the set of ps.
-func NewPauses(ps []Pause) Pauses {
-	var s Pauses
-	for _, p := range ps {
-		switch p.Kind {
-		case PauseAll:
-			s.All = true
-		case PauseDestination:
-			if s.Destinations == nil {
-				s.Destinations = map[string]bool{}
-			}
-			s.Destinations[p.Value] = true
-		case PauseAggregateType:
-			if s.AggregateTypes == nil {
-				s.AggregateTypes = map[string]bool{}
-			}
-			s.AggregateTypes[p.Value] = true
-		}
-	}
-	return s
-}
-
-// Empty reports whether nothing is paused.
-func (s Pauses) Empty() bool {
-	return !s.All && len(s.Destinations) == 0 && len(s.AggregateTypes) == 0
-}
-
-// Stops reports whether an event of aggregateType routed to destination
-// is paused.
-func (s Pauses) Stops(aggregateType, destination string) bool {
-	return s.All || s.AggregateTypes[aggregateType] || s.Destinations[destination]
-}
-
-// PauseReader is a Source whose relay honours pauses: it reads the pauses
-// in force (one small query). A Batch that holds a connection while its
-// records are published should be one too, reading on that connection:
-// the relay reads the pauses again before it publishes, and must not wait
-// for a second connection of a pool its other batches may hold whole.
-type PauseReader interface {
-	Pauses(ctx context.Context) ([]Pause, error)
-}
-
-// ClaimExcluder is a Source that can leave whole aggregate types out of
-// its claims, so that a paused type's backlog does not fill every batch
-// while other types wait behind it. The relay sets the types it knows to
-// be paused before it claims; nil excludes none.
-type ClaimExcluder interface {
-	ExcludeAggregateTypes(types []string)
-}
-
 // HeldAggregate is an aggregate whose later events wait behind one of its
 // events.
 type HeldAggregate struct {
@@ -157,31 +94,11 @@ type HeldAggregate struct {
 	LastError string `json:"last_error"`
 }
 
-// Controller is a Store that keeps pauses and answers for held
-// aggregates. Every change is written to the audit table in the same
-// transaction, with by's name, role and reason.
-type Controller interface {
-	// ListPauses lists the pauses in force on t, oldest first.
-	ListPauses(ctx context.Context, t Table) ([]Pause, error)
-	// SetPause pauses s; it reports false when s was paused already
-	// (nothing is changed then).
-	SetPause(ctx context.Context, t Table, s PauseScope, by Acting) (bool, error)
-	// LiftPause resumes s; it reports false when s was not paused.
-	LiftPause(ctx context.Context, t Table, s PauseScope, by Acting) (bool, error)
-	// HeldAggregates lists up to limit held aggregates, longest held
-	// first.
-	HeldAggregates(ctx context.Context, t Table, limit int) ([]HeldAggregate, error)
-	// ReleaseHeld lets the later events of the aggregate held behind the
-	// dead letter eventID flow on (the dead letter stays); it wraps
-	// ErrNotFound when that dead letter holds no aggregate.
-	ReleaseHeld(ctx context.Context, t Table, eventID string, by Acting) (HeldAggregate, error)
-}
-
 // FailureGroup is the dead letters of one event type that failed with the
 // same class of error: the last error with ids and long numbers blanked,
 // as NServiceBus ServicePulse groups failed messages.
 type FailureGroup struct {
-	// Key names the group in FailureGroupIDs.
+	// Key names the group in Store.FailureGroupIDs.
 	Key        string    `json:"key"`
 	Type       string    `json:"type"`
 	ErrorClass string    `json:"error_class"`
@@ -190,41 +107,6 @@ type FailureGroup struct {
 	Last       time.Time `json:"last"`
 	// Example is the id of the group's oldest dead letter.
 	Example string `json:"example"`
-}
-
-var (
-	uuidText   = regexp.MustCompile(`(?i)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
-	longNumber = regexp.MustCompile(`[0-9]{4,}`)
-)
-
-// ErrorClass is the class of a last error that failure groups share: the
-// error with UUIDs blanked as <id> and numbers of four or more digits as
-// <n>, cut to 200 characters. (The PostgreSQL driver computes the same in
-// SQL.)
-func ErrorClass(lastError string) string {
-	c := longNumber.ReplaceAllString(uuidText.ReplaceAllString(lastError, "<id>"), "<n>")
-	if utf8.RuneCountInString(c) > 200 {
-		c = string([]rune(c)[:200])
-	}
-	return c
-}
-
-// FailureGroupKey names the failure group of an event type and an error
-// class: 32 hex digits (the MD5 of the type's length in characters, ":",
-// the type and the class).
-func FailureGroupKey(eventType, class string) string {
-	h := md5.Sum([]byte(strconv.Itoa(utf8.RuneCountInString(eventType)) + ":" + eventType + class))
-	return hex.EncodeToString(h[:])
-}
-
-// FailureGrouper is a Store that groups dead letters by event type and
-// error class.
-type FailureGrouper interface {
-	// FailureGroups lists up to limit groups of t, largest first.
-	FailureGroups(ctx context.Context, t Table, limit int) ([]FailureGroup, error)
-	// FailureGroupIDs returns the ids of up to limit dead letters of the
-	// group key, oldest first (none for a key no group has).
-	FailureGroupIDs(ctx context.Context, t Table, key string, limit int) ([]string, error)
 }
 
 // KindBacklog is the unpublished events of one aggregate type and event
@@ -258,20 +140,4 @@ type Sample struct {
 	// LastSeq is the highest position handed out: inserts between two
 	// samples are the difference.
 	LastSeq int64 `json:"last_seq"`
-}
-
-// Observer is a Store that answers the console's overview beyond Status:
-// the backlog by kind, the relays, and samples over time.
-type Observer interface {
-	// Backlog lists up to limit groups of unpublished events, largest
-	// first; above a bound of events the counts are estimates
-	// (KindBacklog.Estimated).
-	Backlog(ctx context.Context, t Table, limit int) ([]KindBacklog, error)
-	// Relays lists the registered relays.
-	Relays(ctx context.Context, t Table) ([]RelayStatus, error)
-	// RecordSample stores a sample of t now and deletes samples older
-	// than keep.
-	RecordSample(ctx context.Context, t Table, keep time.Duration) error
-	// Samples lists the samples since a time, oldest first.
-	Samples(ctx context.Context, t Table, since time.Time) ([]Sample, error)
 }

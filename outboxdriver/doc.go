@@ -1,20 +1,24 @@
-// Package outboxdriver is the seam between the outbox core and a database.
+// Package outboxdriver is the seam between the outbox core and a database:
+// what a driver implements, and the types that cross it.
 //
-// It is not a stable API: it serves the drivers of this module (outboxpgx,
-// outboxsql, outboxmysql, outboxsqlite) and may change in any release.
-// Applications use a driver's New and the root package outbox; only code
-// that writes a driver of its own imports this package.
+// It is experimental: it serves the drivers of this module (outboxpgx,
+// outboxsql, outboxmysql, outboxsqlite) and may change in any release
+// (docs/api.md). Applications use a driver's New, the root package outbox
+// (whose Table, SourceConfig and MigrateOptions name the types defined
+// here) and package relay; they never need to import this package.
 //
-// One driver object per database is all a program needs: it is the
-// Writer (inserting events inside the caller's transaction), the Store
-// (migrations, status, dead letters, audit) and it makes the relay's
-// Source (claiming unpublished events and recording what became of them).
-// The relay engine only ever talks to a Source, so it never imports a
-// database client.
+// A driver implements:
 //
-// What every driver shares lives here once: table names and their
-// validation, partition bounds, the source configuration's defaults, the
-// fence of a batch, the split of a batch's outcome into the statements it
-// needs, the bounded error text, and the header parsing. A driver keeps
-// only what its SQL dialect forces.
+//   - Writer, the write path inside the caller's transaction; Pooled,
+//     Migrate and Insert on a pool of its own; TxMigrator and Queuer where
+//     the database can.
+//   - Store, the database as the engine's tools see it: migrations,
+//     status, dead letters, pauses, the audit and requests; it makes the
+//     relay's Source.
+//   - Source and Batch: claiming unpublished events and recording what
+//     became of them. The relay engine only ever talks to a Source, so it
+//     never imports a database client.
+//
+// Every driver of this module passes one conformance suite
+// (outboxdriver/drivertest). The package imports nothing of the module.
 package outboxdriver

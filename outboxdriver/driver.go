@@ -2,12 +2,9 @@ package outboxdriver
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -33,28 +30,6 @@ type Row struct {
 	DeliverAt time.Time
 }
 
-// Delayed reports whether any of rows has a DeliverAt. Drivers insert such
-// rows with a statement that writes the deliver_at column, and a write
-// mode without a row (messages, insert+delete) refuses them with
-// ErrDelayedMode.
-func Delayed(rows []Row) bool {
-	for i := range rows {
-		if !rows[i].DeliverAt.IsZero() {
-			return true
-		}
-	}
-	return false
-}
-
-// DeliverAtCeil is t rounded up to a multiple of unit (the precision a
-// database stores), so that an event is never due before its time.
-func DeliverAtCeil(t time.Time, unit time.Duration) time.Time {
-	if u := t.Truncate(unit); !u.Equal(t) {
-		return u.Add(unit)
-	}
-	return t
-}
-
 // ErrDelayedMode is returned for a delayed event (Row.DeliverAt) written
 // in a mode that keeps no row to wait in the table; it wraps
 // ErrInvalidEvent.
@@ -65,43 +40,41 @@ var ErrDelayedMode = fmt.Errorf("%w: DeliverAt needs the table write mode (a row
 // outbox.ErrInvalidEvent).
 var ErrInvalidEvent = errors.New("invalid event")
 
-// Writer inserts events inside a transaction of type TTx owned by the caller.
+// Writer inserts events inside a transaction of type TTx owned by the
+// caller: the write path (outbox.Outbox.WriteTx). Every driver is one.
 type Writer[TTx any] interface {
 	// InsertTx inserts rows into table within tx, in one round trip.
 	InsertTx(ctx context.Context, tx TTx, table Table, rows []Row) error
+	// DefaultSchema is the schema of a table whose configuration names
+	// none: "public" on PostgreSQL, "main" on SQLite, "" (the
+	// connection's own database) on MySQL.
+	DefaultSchema() string
 }
 
-// Inserter is implemented by a driver that holds a connection pool: it
-// inserts rows in a transaction of its own (outbox.Outbox.Write).
-type Inserter interface {
-	Insert(ctx context.Context, table Table, rows []Row) error
+// Pooled is a driver that holds a connection pool of its own: it migrates
+// a table and inserts events in transactions of its own
+// (outbox.Outbox.Migrate and Write). Every Store is one.
+type Pooled interface {
+	// Migrate creates or upgrades t and returns the versions applied
+	// (none when it is current). It is idempotent and safe to run from
+	// several processes at once.
+	Migrate(ctx context.Context, t Table, opts *MigrateOptions) ([]int, error)
+	// Insert inserts rows into t in a transaction of its own.
+	Insert(ctx context.Context, t Table, rows []Row) error
 }
 
-// TxMigrator is implemented by a driver that can run migrations inside a
-// transaction of the caller's (outbox.Outbox.MigrateTx).
+// TxMigrator is a driver that can run migrations inside a transaction of
+// the caller's (outbox.Outbox.MigrateTx); a database that commits DDL at
+// once (MySQL) has none.
 type TxMigrator[TTx any] interface {
 	MigrateTx(ctx context.Context, tx TTx, t Table, opts *MigrateOptions) ([]int, error)
 }
 
-// Migrator is implemented by a driver that migrates through its own pool
-// (outbox.Outbox.Migrate). Every Store is one.
-type Migrator interface {
-	Migrate(ctx context.Context, t Table, opts *MigrateOptions) ([]int, error)
-}
-
-// Queuer is implemented by a driver whose client batches statements
-// (outboxpgx: *pgx.Batch): QueueInsert queues the INSERT of rows on batch,
-// which must be of the driver's batch type (outbox.Outbox.Queue).
+// Queuer is a driver whose client batches statements (outboxpgx:
+// *pgx.Batch): QueueInsert queues the INSERT of rows on batch, which must
+// be of the driver's batch type (outbox.Outbox.Queue).
 type Queuer interface {
 	QueueInsert(batch any, table Table, rows []Row) error
-}
-
-// SchemaDefaulter is implemented by a Writer whose database does not call
-// its default schema "public": outbox.New then uses DefaultSchema when the
-// configuration names none. An empty result means the connection's own
-// (MySQL's current database).
-type SchemaDefaulter interface {
-	DefaultSchema() string
 }
 
 // Record is one claimed event as the relay sees it.
@@ -126,79 +99,6 @@ type Record struct {
 	CreatedAt time.Time
 	// Attempts counts earlier failed publish attempts.
 	Attempts int
-}
-
-// NewRecords returns an empty slice to scan a claim of up to limit records
-// into. It starts small and grows as rows come: a relay keeping up with
-// light traffic claims a handful of events at a time, and a slice sized
-// for the whole limit at every claim cost such a relay a measurable share
-// of its CPU in allocation and GC (docs/benchmarks.md, Latency).
-func NewRecords(limit int) []Record {
-	return make([]Record, 0, max(0, min(limit, 16)))
-}
-
-// ParseHeaders reads a headers column (a JSON object) into a Record's
-// Headers, leniently: what DecodeHeaders refuses is dropped. Sources use
-// DecodeHeaders, so that the relay dead-letters such an event instead.
-func ParseHeaders[T string | []byte](col T) map[string]string {
-	h, _ := DecodeHeaders(col)
-	return h
-}
-
-// DecodeHeaders reads a headers column into a Record's Headers. An empty
-// column (SQL NULL), the JSON null and {} are no headers. Rows written by
-// plain SQL may hold any JSON object: a value that is not a string is kept
-// as its JSON text. A column that is not a JSON object, or a header whose
-// value is null, cannot be published as the writer meant it: DecodeHeaders
-// then returns the headers it could read and an error that names the
-// problem (never the values). The common empty cases skip the JSON decoder.
-func DecodeHeaders[T string | []byte](col T) (map[string]string, error) {
-	if len(col) == 0 || string(col) == "{}" || string(col) == "null" {
-		return nil, nil
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(col), &m); err != nil {
-		return nil, fmt.Errorf("the headers column holds %s, not a JSON object of header names to string values", jsonKind(col))
-	}
-	var null []string
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		var str string
-		switch {
-		case string(v) == "null": // json.Unmarshal would make it ""
-			null = append(null, k)
-		case json.Unmarshal(v, &str) == nil:
-			out[k] = str
-		default:
-			out[k] = string(v)
-		}
-	}
-	if len(out) == 0 {
-		out = nil
-	}
-	if len(null) > 0 {
-		slices.Sort(null)
-		return out, fmt.Errorf("the headers column gives header(s) %q the value null; give a string, or leave the header out", null)
-	}
-	return out, nil
-}
-
-// jsonKind names what a headers column holds, for messages that must not
-// show its value.
-func jsonKind[T string | []byte](col T) string {
-	if !json.Valid([]byte(col)) {
-		return "text that is not JSON"
-	}
-	switch strings.TrimSpace(string(col))[0] {
-	case '[':
-		return "a JSON array"
-	case '"':
-		return "a JSON string"
-	case 't', 'f':
-		return "a JSON boolean"
-	default:
-		return "a JSON number"
-	}
 }
 
 // CheckAggregateID reports why id cannot be an aggregate id, or nil. The
@@ -257,6 +157,11 @@ type Batch interface {
 	// Release gives the claim up without recording anything. It is safe to
 	// call after Finish.
 	Release(ctx context.Context)
+	// Pauses is Source.Pauses, read before the records are published: a
+	// batch that holds a connection reads on it, so that a relay whose
+	// lanes hold every connection of a small pool never waits for one
+	// more.
+	Pauses(ctx context.Context) ([]Pause, error)
 }
 
 // Lease is a partition a relay owns, and the epoch it acquired it at.
@@ -270,11 +175,15 @@ type Lease struct {
 // nothing is recorded.
 var ErrLeaseLost = errors.New("lease lost")
 
-// Source feeds the relay.
+// Source feeds the relay: it claims committed events of the partitions a
+// relay leases, records what became of them, and keeps the relay's
+// registration and leases. The relay engine talks to nothing else of the
+// database.
 type Source interface {
 	// Claim claims at most limit committed, unpublished, due records of the
 	// leased partitions in insertion order, skipping aggregates held back
-	// by an earlier failed event, and partitions another transaction is
+	// by an earlier failed event, aggregate types excluded by
+	// ExcludeAggregateTypes, and partitions another transaction is
 	// relaying (a stale owner). It returns an empty batch when there is
 	// nothing to do.
 	Claim(ctx context.Context, leases []Lease, limit int) (Batch, error)
@@ -296,35 +205,33 @@ type Source interface {
 	// Wait blocks until new events may be available (a wake-up), d has
 	// passed, or ctx is done. A spurious return is allowed.
 	Wait(ctx context.Context, d time.Duration) error
+	// WakesOnCommit reports whether Wait returns soon after a commit to
+	// the table (LISTEN/NOTIFY, a change counter), so that a relay that
+	// has caught up can wait the whole poll interval instead of looking
+	// again after growing waits.
+	WakesOnCommit() bool
 	// SetIdle tells the source that the relay is caught up and will wait
 	// for a wake-up during the next ttl (ttl > 0), or that it is draining
 	// (ttl == 0). Writers send wake-ups only while a relay is idle.
 	SetIdle(ctx context.Context, ttl time.Duration) error
+	// Pauses reads the pauses in force (one small query); the relay
+	// publishes no event a pause stops.
+	Pauses(ctx context.Context) ([]Pause, error)
+	// ExcludeAggregateTypes leaves whole aggregate types out of the
+	// following claims, so that a paused type's backlog does not fill
+	// every batch while other types wait behind it; nil excludes none.
+	// The relay sets the types it knows to be paused before it claims.
+	ExcludeAggregateTypes(types []string)
+	// MaintainTimePartitions makes the time partitions ahead of now and
+	// drops those past m's window (docs/retention.md); the relay calls it
+	// periodically. On a table that is not partitioned by time it does
+	// nothing and returns no changes.
+	MaintainTimePartitions(ctx context.Context, m TimePartitionMaintenance) ([]TimePartitionChange, error)
 	// RelayName is the name this source registers under.
 	RelayName() string
 	// Close releases the source's connections.
 	Close() error
 }
-
-// Waker is implemented by a Source whose Wait returns soon after a commit
-// to the table (LISTEN/NOTIFY, a change counter), so that a relay that has
-// caught up can wait the whole poll interval instead of looking again
-// after growing waits.
-type Waker interface {
-	WakesOnCommit() bool
-}
-
-// The wake-up protocol when writers, not a trigger, send the wake-up
-// (PostgreSQL's WakeupsWriters, docs/relay.md): a writer acts on its view
-// of whether a relay waits only until WakeViewMaxAge after it began to
-// read it, and wakes relays whenever its view is older; so a relay that
-// registers anew looks once more, WakeViewMaxAge and a margin later, for
-// the events of writers that did not know of it yet. A writer gives up a
-// read of the view after WakeViewReadTimeout.
-const (
-	WakeViewMaxAge      = 25 * time.Millisecond
-	WakeViewReadTimeout = time.Second
-)
 
 // Status summarises an outbox table.
 type Status struct {
@@ -358,7 +265,7 @@ type Status struct {
 	SchemaVersion, LatestSchemaVersion int
 	// Estimated says which counts are estimates (none, from Status).
 	Estimated Estimated
-	// Pauses lists the pauses in force (a Controller's; none elsewhere).
+	// Pauses lists the pauses in force.
 	Pauses []Pause
 	// Slots lists the replication slots that relay the table by log
 	// tailing (PostgreSQL only); none when it is polled.
@@ -371,19 +278,10 @@ type Status struct {
 	Wakeups string
 }
 
-// Estimated says which counts of a Status are estimates (StatusEstimator).
+// Estimated says which counts of a Status are estimates
+// (Store.EstimateStatus).
 type Estimated struct {
 	Backlog, Published, DeadLetters, Held, PartitionBacklog bool
-}
-
-// StatusEstimator is a Store that summarises a table without reading every
-// row: each count is exact up to a bound and estimated above it (from the
-// planner's statistics or a sample of the table), and Status.Estimated
-// says which are. The console's overview and samples use it, so that they
-// stay cheap on a backlog of millions.
-type StatusEstimator interface {
-	// EstimateStatus is Status with counts above exactUpTo estimated.
-	EstimateStatus(ctx context.Context, t Table, exactUpTo int64) (Status, error)
 }
 
 // SlotStatus is a log-tailing replication slot as the database sees it.
@@ -421,41 +319,3 @@ type PartitionStatus struct {
 // (the articles' eventVersion): the writer sets it from the event's
 // contract, the relay for rows written without it (package contract).
 const VersionHeader = "eventVersion"
-
-// ColumnProbe tells a Source whether its table has a column that a newer
-// schema version added (deliver_at), so that a relay of this build on a
-// table not migrated yet works as before: it looks when first asked, again
-// every Recheck while the column is missing, and never again once found.
-// The zero value looks at once; Recheck defaults to 5s.
-type ColumnProbe struct {
-	Recheck time.Duration
-	next    atomic.Int64 // when to look again (Unix ns)
-	present atomic.Bool
-}
-
-// Has reports whether the column is there; look asks the database. When
-// look fails the answer is true: the caller's statement that needs the
-// column then fails loudly rather than act as if the column were absent.
-// missing is called once, the first time the column is found missing.
-func (p *ColumnProbe) Has(look func() (bool, error), missing func()) bool {
-	if p.present.Load() {
-		return true
-	}
-	now := time.Now()
-	if now.UnixNano() < p.next.Load() {
-		return false
-	}
-	has, err := look()
-	if err != nil || has {
-		p.present.Store(err == nil)
-		return true
-	}
-	every := p.Recheck
-	if every <= 0 {
-		every = 5 * time.Second
-	}
-	if p.next.Swap(now.Add(every).UnixNano()) == 0 && missing != nil {
-		missing()
-	}
-	return false
-}

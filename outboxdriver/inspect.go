@@ -1,7 +1,6 @@
 package outboxdriver
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,12 +22,22 @@ type Acting struct {
 	Reason string
 }
 
-// AuditRecord is one row of the audit table in full: an AuditEntry with
-// its id (newer rows have larger ids), the actor's role and the reason
-// given.
+// AuditRecord is one row of the audit table: who did what, when, to which
+// event, under which role and why.
 type AuditRecord struct {
+	// ID orders the rows: newer rows have larger ids.
 	ID int64 `json:"id"`
-	AuditEntry
+	// At is when the row was written (database clock).
+	At time.Time `json:"at"`
+	// Actor is who acted; Action what was done (retry, discard, pause,
+	// request, login, denied, ...); EventID the event it is about, if any;
+	// Detail what the action changed, in words.
+	Actor   string `json:"actor"`
+	Action  string `json:"action"`
+	EventID string `json:"event_id"`
+	Detail  string `json:"detail"`
+	// Role is the role the action was allowed (or refused) under; Reason
+	// the reason given (may be empty).
 	Role   string `json:"role"`
 	Reason string `json:"reason,omitempty"`
 	// RequestID is the request (replay, repair) the row is about, if any;
@@ -63,7 +72,8 @@ type DeadLetterQuery struct {
 	// Destination matches the dead letters the relays' routing sends to
 	// this destination. The dead-letter table stores no destination:
 	// package ops resolves it through the routing into values of the
-	// routed column (DeadLetterRouter) and clears it; a Store ignores it.
+	// routed column (Store.DeadLetterValues, FindRoutedDeadLetters) and
+	// clears it; a Store ignores it.
 	Destination string
 	// Since and Until bound the time of dead-lettering: Since <= t < Until.
 	Since, Until time.Time
@@ -109,7 +119,7 @@ type DeadLetterDetail struct {
 	// Seq is its position in the outbox; CreatedAt when it was written.
 	Seq       int64
 	CreatedAt time.Time
-	// Headers are the event's own headers (as DecodeHeaders reads them).
+	// Headers are the event's own headers.
 	Headers map[string]string
 	// TraceContext is the stored tracingspancontext, or "".
 	TraceContext string
@@ -117,46 +127,4 @@ type DeadLetterDetail struct {
 	// PayloadRaw the payload when it is not.
 	Payload    []byte
 	PayloadRaw []byte
-}
-
-// Inspector is a Store that answers the operations console's queries over
-// dead letters.
-type Inspector interface {
-	// FindDeadLetters lists the dead letters of t that q selects.
-	FindDeadLetters(ctx context.Context, t Table, q DeadLetterQuery) (DeadLetterPage, error)
-	// DeadLetter returns one dead letter of t; it wraps ErrNotFound when
-	// there is none with that id.
-	DeadLetter(ctx context.Context, t Table, id string) (DeadLetterDetail, error)
-}
-
-// DeadLetterRouter is an Inspector that can select dead letters by the
-// values of the column the routing reads (aggregatetype, aggregateid, type
-// or id), which is how a destination filter is answered.
-type DeadLetterRouter interface {
-	// DeadLetterValues lists up to limit distinct values of column among
-	// the dead letters of t that q selects (q's After and Limit aside).
-	DeadLetterValues(ctx context.Context, t Table, q DeadLetterQuery, column string, limit int) ([]string, error)
-	// FindRoutedDeadLetters is FindDeadLetters keeping only dead letters
-	// whose column holds one of values (none: no dead letter).
-	FindRoutedDeadLetters(ctx context.Context, t Table, q DeadLetterQuery, column string, values []string) (DeadLetterPage, error)
-}
-
-// Auditor is a Store that keeps the full audit trail: rows with the
-// actor's role and reason, rows for things that are not dead-letter
-// actions (a login, a refused request), and queries over them.
-type Auditor interface {
-	// AppendAudit adds r to the audit table of t; its ID and At are set by
-	// the database.
-	AppendAudit(ctx context.Context, t Table, r AuditRecord) error
-	// FindAudit lists the audit rows of t that q selects, newest first.
-	FindAudit(ctx context.Context, t Table, q AuditQuery) ([]AuditRecord, error)
-}
-
-// DeadLetterActions is a Store whose dead-letter actions record the
-// actor's role and reason in the same transaction as the change.
-type DeadLetterActions interface {
-	// RetryDeadLettersAs is RetryDeadLetters, audited as by.
-	RetryDeadLettersAs(ctx context.Context, t Table, ids []string, by Acting) ([]string, error)
-	// DiscardDeadLettersAs is DiscardDeadLetters, audited as by.
-	DiscardDeadLettersAs(ctx context.Context, t Table, ids []string, by Acting) ([]string, error)
 }

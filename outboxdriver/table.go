@@ -96,30 +96,6 @@ func (t Table) Channel() string {
 // String returns schema.name.
 func (t Table) String() string { return t.Schema + "." + t.Name }
 
-// Names are the rendered SQL names of an outbox table and its companions,
-// as a driver's dialect quotes and qualifies them. Wakeup is PostgreSQL's
-// only, Claims MySQL's only.
-type Names struct {
-	Table, DeadLetter, Wakeup, Migrations, Leases, Claims, Relays, Held, Audit string
-}
-
-// NamesOf renders the names of t's tables with qualify, which turns a
-// suffix of the table's name ("", "_dead_letter", ...) into the quoted,
-// qualified name of that table.
-func NamesOf(qualify func(suffix string) string) Names {
-	return Names{
-		Table:      qualify(""),
-		DeadLetter: qualify("_dead_letter"),
-		Wakeup:     qualify("_wakeup"),
-		Migrations: qualify("_migrations"),
-		Leases:     qualify("_leases"),
-		Claims:     qualify("_claims"),
-		Relays:     qualify("_relays"),
-		Held:       qualify("_held"),
-		Audit:      qualify("_audit"),
-	}
-}
-
 // Partitioning bounds: aggregates hash into a fixed number of partitions,
 // set when the table is first migrated.
 const (
@@ -163,7 +139,7 @@ const (
 	WakeupsTrigger = "trigger"
 	// WakeupsWriters: no trigger; the library's PostgreSQL writers keep a
 	// view of whether a relay waits and add the NOTIFY to their own
-	// INSERT only while it says one does (WakeViewMaxAge). Inserts cost
+	// INSERT only while it says one does (a view at most 25 ms old). Inserts cost
 	// no check on the server; a plain-SQL writer's events wake no relay
 	// and are found at its next look.
 	WakeupsWriters = "writers"
@@ -182,42 +158,3 @@ const (
 	TimePartitionsDay  = "day"
 	TimePartitionsHour = "hour"
 )
-
-// Resolve returns opts (nil: none) with the defaults filled in, or an
-// error for a value out of bounds.
-func (opts *MigrateOptions) Resolve() (MigrateOptions, error) {
-	o := MigrateOptions{}
-	if opts != nil {
-		o = *opts
-	}
-	if o.Partitions == 0 {
-		o.Partitions = DefaultPartitions
-	}
-	if o.Partitions < 1 || o.Partitions > MaxPartitions {
-		return o, fmt.Errorf("partitions %d: use 1 to %d", o.Partitions, MaxPartitions)
-	}
-	switch o.TimePartitions {
-	case "":
-		if o.TimePartitionsAhead != 0 {
-			return o, fmt.Errorf("time partitions ahead %d: set only with time partitions", o.TimePartitionsAhead)
-		}
-	case TimePartitionsDay, TimePartitionsHour:
-		if o.TimePartitionsAhead == 0 {
-			o.TimePartitionsAhead = 7
-			if o.TimePartitions == TimePartitionsHour {
-				o.TimePartitionsAhead = 48
-			}
-		}
-		if o.TimePartitionsAhead < 1 || o.TimePartitionsAhead > 1000 {
-			return o, fmt.Errorf("time partitions ahead %d: use 1 to 1000", o.TimePartitionsAhead)
-		}
-	default:
-		return o, fmt.Errorf("time partitions %q: use %q or %q", o.TimePartitions, TimePartitionsDay, TimePartitionsHour)
-	}
-	switch o.Wakeups {
-	case "", WakeupsTrigger, WakeupsWriters:
-	default:
-		return o, fmt.Errorf("wake-ups %q: use %q or %q", o.Wakeups, WakeupsTrigger, WakeupsWriters)
-	}
-	return o, nil
-}

@@ -1,8 +1,6 @@
 package outboxdriver
 
 import (
-	"context"
-	"fmt"
 	"time"
 )
 
@@ -55,34 +53,6 @@ type TimePartitionMaintenance struct {
 
 // DefaultPartitionLockTimeout is TimePartitionMaintenance.LockTimeout's default.
 const DefaultPartitionLockTimeout = 500 * time.Millisecond
-
-// Resolve returns m with its defaults, or an error for a value out of bounds.
-func (m TimePartitionMaintenance) Resolve() (TimePartitionMaintenance, error) {
-	if m.Actor == "" {
-		m.Actor = "outbox"
-	}
-	if m.LockTimeout == 0 {
-		m.LockTimeout = DefaultPartitionLockTimeout
-	}
-	if m.LockTimeout < time.Millisecond || m.LockTimeout > time.Minute {
-		return m, fmt.Errorf("partition lock timeout %s: use 1ms to 1m", m.LockTimeout)
-	}
-	return m, nil
-}
-
-// TimePartitionMaintainer is a Store that maintains time-partitioned
-// outbox tables (outbox retention). On any other table it does nothing
-// and returns no changes.
-type TimePartitionMaintainer interface {
-	MaintainTimePartitions(ctx context.Context, t Table, m TimePartitionMaintenance) ([]TimePartitionChange, error)
-}
-
-// TimePartitionSource is a Source whose table may be partitioned by time;
-// the relay calls it periodically (relay.Config.PartitionsEvery). On any
-// other table it does nothing and returns no changes.
-type TimePartitionSource interface {
-	MaintainTimePartitions(ctx context.Context, m TimePartitionMaintenance) ([]TimePartitionChange, error)
-}
 
 // TimePartitionStatus describes a time-partitioned outbox table
 // (Status.TimePartitions).

@@ -12,22 +12,6 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// The Driver serves the operations console (package ops) from schema
-// version 3 on: filtered dead letters, the full audit, pauses, held
-// aggregates, failure groups, the overview's samples, and requests.
-var (
-	_ outboxdriver.Inspector         = (*Driver)(nil)
-	_ outboxdriver.Auditor           = (*Driver)(nil)
-	_ outboxdriver.DeadLetterActions = (*Driver)(nil)
-	_ outboxdriver.Controller        = (*Driver)(nil)
-	_ outboxdriver.FailureGrouper    = (*Driver)(nil)
-	_ outboxdriver.Observer          = (*Driver)(nil)
-	_ outboxdriver.Requests          = (*Driver)(nil)
-	_ outboxdriver.AuditPruner       = (*Driver)(nil)
-	_ outboxdriver.PauseReader       = (*Source)(nil)
-	_ outboxdriver.ClaimExcluder     = (*Source)(nil)
-)
-
 // console is the operators' side of the tables, shared with outboxsqlite.
 type console = sqlstore.Store
 

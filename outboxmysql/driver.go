@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -16,7 +17,7 @@ import (
 // Driver is the outbox on one MySQL or MariaDB server through
 // database/sql.
 type Driver struct {
-	outboxdriver.SQLPool
+	driverkit.SQLPool
 	console
 }
 
@@ -26,14 +27,13 @@ type Driver struct {
 // writes events inside its own transactions (WriteTx); every method that
 // needs a connection of its own then fails.
 func New(db *sql.DB) *Driver {
-	p := outboxdriver.NewSQLPool("outboxmysql", db)
+	p := driverkit.NewSQLPool("outboxmysql", db)
 	return &Driver{SQLPool: p, console: sqlstore.New(dialect, p.Need)}
 }
 
 var (
 	_ outboxdriver.Writer[*sql.Tx] = (*Driver)(nil)
 	_ outboxdriver.Store           = (*Driver)(nil)
-	_ outboxdriver.Inserter        = (*Driver)(nil)
 )
 
 // maxTextLen is the length, in characters, of the VARCHAR columns
@@ -90,7 +90,7 @@ func insert(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outbox
 // deliver_at column is written only when some row has a DeliverAt, so the
 // statement of undelayed rows stays as it was.
 func insertStatement(table string, rows []outboxdriver.Row) (string, []any) {
-	delayed := outboxdriver.Delayed(rows)
+	delayed := driverkit.Delayed(rows)
 	cols, tuple := 8, "(?, ?, ?, ?, ?, ?, ?, ?)"
 	var b strings.Builder
 	b.WriteString(`INSERT INTO `)
@@ -127,7 +127,7 @@ func deliverAt(t time.Time) any {
 	if t.IsZero() {
 		return nil
 	}
-	return outboxdriver.DeliverAtCeil(t, time.Microsecond).UTC().Format("2006-01-02 15:04:05.000000")
+	return driverkit.DeliverAtCeil(t, time.Microsecond).UTC().Format("2006-01-02 15:04:05.000000")
 }
 
 // nullText passes JSON and text as a string (MySQL refuses JSON from a

@@ -40,7 +40,6 @@ func TestConformance(t *testing.T) {
 		// binary JSON and gives back its own encoding.
 		NormalizesJSON: !isMariaDB(t, db),
 		Parallel:       true,
-		Pauses:         true,
 	})
 }
 

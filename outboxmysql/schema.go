@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -49,7 +50,7 @@ func validate(t outboxdriver.Table) error {
 
 // namesOf returns the quoted names of t's tables, qualified by the schema
 // (the MySQL database) unless it is empty.
-func namesOf(t outboxdriver.Table) outboxdriver.Names { return outboxdriver.NamesOf(qualifier(t)) }
+func namesOf(t outboxdriver.Table) driverkit.Names { return driverkit.NamesOf(qualifier(t)) }
 
 // qualifier returns the function that quotes the name of t's companion
 // table name+suffix, qualified by the schema unless it is empty.
@@ -97,7 +98,7 @@ func render(sqlText string, t outboxdriver.Table, partitions int) string {
 type migrator struct {
 	conn *sql.Conn
 	t    outboxdriver.Table
-	n    outboxdriver.Names
+	n    driverkit.Names
 }
 
 // lockName is the GET_LOCK name of t's migrations: at most 64 characters.
@@ -276,7 +277,7 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 	if err != nil {
 		return nil, err
 	}
-	o, err := opts.Resolve()
+	o, err := driverkit.ResolveMigrate(opts)
 	if err != nil {
 		return nil, fmt.Errorf("outboxmysql: %w", err)
 	}

@@ -12,18 +12,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // Source is the relay's view of an outbox table in MySQL or MariaDB.
 type Source struct {
-	outboxdriver.SourceBase
+	driverkit.SourceBase
 	db *sql.DB
-	n  outboxdriver.Names
+	n  driverkit.Names
 
 	idleVar atomic.Value             // string: the server variable that bounds a claim's idle time ("" until known)
 	exclude atomic.Pointer[[]string] // aggregate types the claims leave out (paused)
-	delays  outboxdriver.ColumnProbe // the deliver_at column (schema version 4)
+	delays  driverkit.ColumnProbe    // the deliver_at column (schema version 4)
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
@@ -133,7 +134,7 @@ func (s *Source) idleVariable(ctx context.Context, conn *sql.Conn) (string, erro
 // batch is a claim: an open transaction on its own connection holding the
 // claimed rows and the partitions' claim rows locked.
 type batch struct {
-	outboxdriver.BatchState
+	driverkit.BatchState
 	src     *Source
 	conn    *sql.Conn
 	tx      *sql.Tx
@@ -165,7 +166,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxmysql: claim limit %d must be positive", limit)
 	}
-	b := &batch{src: s, BatchState: outboxdriver.NewBatchState("outboxmysql", leases)}
+	b := &batch{src: s, BatchState: driverkit.NewBatchState("outboxmysql", leases)}
 	if len(leases) == 0 {
 		return b, nil
 	}
@@ -261,7 +262,7 @@ WHERE o.` + "`partition`" + ` IN (` + placeholders(len(locked)) + `)
                   WHERE h.aggregatetype = o.aggregatetype AND h.aggregateid = o.aggregateid AND h.seq < o.seq)` + excludeSQL + `
 ORDER BY o.seq
 LIMIT ?`
-	c := claimScan{limit: limit, out: outboxdriver.NewRecords(limit)}
+	c := claimScan{limit: limit, out: driverkit.NewRecords(limit)}
 	for page := limit; ; page = max(limit, min(2*page, maxClaimPage)) {
 		rows, err := tx.QueryContext(ctx, q, append(append(append(ints(locked), c.after), excludeArgs...), page)...)
 		if err != nil {
@@ -346,8 +347,8 @@ func (c *claimScan) scan(rows *sql.Rows) (int, error) {
 		if c.blocked[agg] {
 			continue
 		}
-		r.SetPayload(payload, payload != nil, raw)
-		r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders(headers)
+		driverkit.SetPayload(&r, payload, payload != nil, raw)
+		r.Headers, r.HeadersErr = driverkit.DecodeHeaders(headers)
 		r.CreatedAt = time.UnixMicro(micros).UTC()
 		c.out = append(c.out, r)
 	}
@@ -391,13 +392,13 @@ func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 		return err
 	}
 	if len(held) != len(fenced) {
-		return outboxdriver.LeaseLost(s.Cfg.RelayName)
+		return driverkit.LeaseLost(s.Cfg.RelayName)
 	}
 	exec := func(q string, args ...any) error {
 		_, err := tx.ExecContext(ctx, q, args...)
 		return err
 	}
-	plan := out.Plan()
+	plan := driverkit.PlanOf(out)
 	for ids := range chunks(plan.Published) {
 		args := strs(ids)
 		if s.Cfg.Retention == outboxdriver.RetentionKeep {
@@ -413,13 +414,13 @@ func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 		}
 	}
 	for fs := range chunks(plan.Retries) {
-		ids := outboxdriver.FailureIDs(fs)
+		ids := driverkit.FailureIDs(fs)
 		in := placeholders(len(ids))
 		var errCase, delayCase strings.Builder
 		args := strs(ids)
 		for _, f := range fs {
 			errCase.WriteString(" WHEN ? THEN ?")
-			args = append(args, f.ID, outboxdriver.ErrorText(f.Err))
+			args = append(args, f.ID, driverkit.ErrorText(f.Err))
 		}
 		for _, f := range fs {
 			delayCase.WriteString(" WHEN ? THEN ?")
@@ -437,13 +438,13 @@ ON DUPLICATE KEY UPDATE event_id = event_id`, strs(ids)...); err != nil {
 		}
 	}
 	for fs := range chunks(plan.DeadLetters) {
-		ids := outboxdriver.FailureIDs(fs)
+		ids := driverkit.FailureIDs(fs)
 		in := placeholders(len(ids))
 		var errCase, holdCase strings.Builder
 		var args []any
 		for _, f := range fs {
 			errCase.WriteString(" WHEN ? THEN ?")
-			args = append(args, f.ID, outboxdriver.ErrorText(f.Err))
+			args = append(args, f.ID, driverkit.ErrorText(f.Err))
 		}
 		for _, f := range fs {
 			holdCase.WriteString(" WHEN ? THEN ?")
@@ -548,6 +549,9 @@ func (s *Source) Wait(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// WakesOnCommit is false: Wait returns only when d has passed.
+func (s *Source) WakesOnCommit() bool { return false }
+
 // SetIdle does nothing: writers have no way to wake a MySQL relay.
 func (s *Source) SetIdle(context.Context, time.Duration) error { return nil }
 
@@ -629,7 +633,7 @@ func (s *Source) leaseRows(ctx context.Context, q querier, query string, args ..
 	if err != nil {
 		return nil, err
 	}
-	return outboxdriver.ScanLeases(rows)
+	return driverkit.ScanLeases(rows)
 }
 
 // leaseMatch returns the WHERE condition, and its arguments, that selects
@@ -691,7 +695,7 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 	if len(leases) == 0 || limit <= 0 {
 		return 0, nil
 	}
-	parts := outboxdriver.Partitions(leases)
+	parts := driverkit.Partitions(leases)
 	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.n.Table+`
 WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND `+"`partition`"+` IN (`+placeholders(len(parts))+`)
 ORDER BY published_at LIMIT ?`, append(append([]any{olderThan.Microseconds()}, ints(parts)...), limit)...)
@@ -700,4 +704,10 @@ ORDER BY published_at LIMIT ?`, append(append([]any{olderThan.Microseconds()}, i
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
+}
+
+// MaintainTimePartitions does nothing: no table here is partitioned by
+// time (outboxdriver.ErrNoTimePartitions).
+func (s *Source) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+	return nil, nil
 }

@@ -112,67 +112,9 @@ WHERE published_at IS NULL AND deliver_at > UTC_TIMESTAMP(6)`).Scan(&st.Delayed)
 	return st, nil
 }
 
-// DeadLetters lists up to limit dead letters of t, oldest first.
-func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
-	if err := validate(t); err != nil {
-		return nil, err
-	}
-	db, err := d.Need()
-	if err != nil {
-		return nil, err
-	}
-	rows, err := db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error,
-       TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', dead_lettered_at), held
-FROM `+namesOf(t).DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT ?`, limit)
-	if err != nil {
-		return nil, fmt.Errorf("outboxmysql: list dead letters of %s: %w", t, err)
-	}
-	defer rows.Close()
-	out := []outboxdriver.DeadLetter{}
-	for rows.Next() {
-		var dl outboxdriver.DeadLetter
-		var micros int64
-		if err := rows.Scan(&dl.ID, &dl.AggregateType, &dl.AggregateID, &dl.Type, &dl.Attempts, &dl.LastError, &micros, &dl.Held); err != nil {
-			return nil, fmt.Errorf("outboxmysql: list dead letters of %s: %w", t, err)
-		}
-		dl.DeadLetteredAt = time.UnixMicro(micros).UTC()
-		out = append(out, dl)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outboxmysql: list dead letters of %s: %w", t, err)
-	}
-	return out, nil
-}
-
-// Audit lists the newest limit operator actions on t, newest first.
-func (d *Driver) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.AuditEntry, error) {
-	if err := validate(t); err != nil {
-		return nil, err
-	}
-	db, err := d.Need()
-	if err != nil {
-		return nil, err
-	}
-	rows, err := db.QueryContext(ctx, `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', at), actor, action, COALESCE(event_id, ''), detail
-FROM `+namesOf(t).Audit+` ORDER BY id DESC LIMIT ?`, limit)
-	if err != nil {
-		return nil, fmt.Errorf("outboxmysql: audit of %s: %w", t, err)
-	}
-	defer rows.Close()
-	out := []outboxdriver.AuditEntry{}
-	for rows.Next() {
-		var a outboxdriver.AuditEntry
-		var micros int64
-		if err := rows.Scan(&micros, &a.Actor, &a.Action, &a.EventID, &a.Detail); err != nil {
-			return nil, fmt.Errorf("outboxmysql: audit of %s: %w", t, err)
-		}
-		a.At = time.UnixMicro(micros).UTC()
-		out = append(out, a)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outboxmysql: audit of %s: %w", t, err)
-	}
-	return out, nil
+// EstimateStatus is Status: its counts are exact.
+func (d *Driver) EstimateStatus(ctx context.Context, t outboxdriver.Table, _ int64) (outboxdriver.Status, error) {
+	return d.Status(ctx, t)
 }
 
 // isNoSuchTable reports MySQL's "table doesn't exist" (1146).

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -193,10 +194,10 @@ func (cfg *CDCConfig) resolve(t outboxdriver.Table) (CDCConfig, error) {
 // lease the database still judged valid; after a crash the stream resumes
 // from the confirmed LSN.
 type CDCSource struct {
-	outboxdriver.SourceBase
+	driverkit.SourceBase
 	pool   *pgxpool.Pool
 	cfg    CDCConfig
-	names  outboxdriver.Names
+	names  driverkit.Names
 	q      queries
 	cq     cdcQueries
 	prefix string
@@ -215,13 +216,10 @@ type CDCSource struct {
 
 	wake chan struct{} // signalled when something may have become claimable
 
-	delays outboxdriver.ColumnProbe // deliver_at of the parked table (schema version 14)
+	delays driverkit.ColumnProbe // deliver_at of the parked table (schema version 14)
 }
 
-var (
-	_ outboxdriver.Source = (*CDCSource)(nil)
-	_ outboxdriver.Waker  = (*CDCSource)(nil)
-)
+var _ outboxdriver.Source = (*CDCSource)(nil)
 
 type cdcQueries struct {
 	ensure, acquire, renew, release, fence, row   string
@@ -638,7 +636,7 @@ func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limi
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxpgx: claim limit %d must be positive", limit)
 	}
-	b := &cdcBatch{src: s, BatchState: outboxdriver.NewBatchState("outboxpgx", leases)}
+	b := &cdcBatch{src: s, BatchState: driverkit.NewBatchState("outboxpgx", leases)}
 	if len(leases) == 0 {
 		return b, nil
 	}
@@ -794,7 +792,7 @@ func (s *CDCSource) skipDeadLetters(ctx context.Context, gen int, evs, check []*
 // cdcBatch is a claim of a CDC source: events held in memory, marked
 // claimed until the outcome is recorded.
 type cdcBatch struct {
-	outboxdriver.BatchState
+	driverkit.BatchState
 	src    *CDCSource
 	events []*event
 	gen    int
@@ -816,7 +814,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	for _, e := range b.events {
 		byID[e.ID] = append(byID[e.ID], e)
 	}
-	plan := out.Plan()
+	plan := driverkit.PlanOf(out)
 	var finished []*event
 	var rowIDs []string
 	var rowXids, rowSeqs []int64
@@ -849,7 +847,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		for _, e := range byID[f.ID] {
 			finished = append(finished, e)
 			dead = append(dead, e)
-			deadErr = append(deadErr, outboxdriver.ErrorText(f.Err))
+			deadErr = append(deadErr, driverkit.ErrorText(f.Err))
 			deadHold = append(deadHold, f.Hold && !e.orphan)
 			if f.Hold && !e.orphan {
 				holdIDs = append(holdIDs, f.ID)

@@ -1002,7 +1002,7 @@ func TestCDCRetriesAndDeadLettersKeepAggregateOrder(t *testing.T) {
 		t.Fatalf("an event of the held aggregate was published: %v", got)
 	}
 	snk.cured.Store(true)
-	if ids, err := f.drv.RetryDeadLetters(f.ctx, f.tb, nil, "test"); err != nil || len(ids) != 1 {
+	if ids, err := f.drv.RetryDeadLetters(f.ctx, f.tb, nil, outboxdriver.Acting{Name: "test"}); err != nil || len(ids) != 1 {
 		t.Fatalf("retry dead letters = %v, %v", ids, err)
 	}
 	got = f.waitFor(p1.ID, p2.ID, p3.ID)

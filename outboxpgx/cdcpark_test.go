@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/relay"
 )
 
@@ -85,7 +86,7 @@ func TestCDCParksAHeldAggregateAndReleasesItInOrderOnRetry(t *testing.T) {
 				t.Fatalf("an event of the held aggregate was published: %v", got)
 			}
 			snk.cured.Store(true)
-			if ids, err := f.drv.RetryDeadLetters(f.ctx, f.tb, nil, "test"); err != nil || len(ids) != 1 {
+			if ids, err := f.drv.RetryDeadLetters(f.ctx, f.tb, nil, outboxdriver.Acting{Name: "test"}); err != nil || len(ids) != 1 {
 				t.Fatalf("retry dead letters = %v, %v", ids, err)
 			}
 			p5 := sayEvent("p", "5")
@@ -110,7 +111,7 @@ func TestCDCParkedEventsFlowInOrderAfterADiscard(t *testing.T) {
 	f.write(ob, p1)
 	f.write(ob, p2, p3)
 	f.eventually("p2, p3 are parked", func() bool { return f.count("_held") == 1 && f.count("_cdc_parked") == 2 })
-	if ids, err := f.drv.DiscardDeadLetters(f.ctx, f.tb, nil, "test"); err != nil || len(ids) != 1 {
+	if ids, err := f.drv.DiscardDeadLetters(f.ctx, f.tb, nil, outboxdriver.Acting{Name: "test"}); err != nil || len(ids) != 1 {
 		t.Fatalf("discard dead letters = %v, %v", ids, err)
 	}
 	p4 := sayEvent("p", "4")
@@ -169,7 +170,7 @@ func TestCDCParkedEventsSurviveKilledRelays(t *testing.T) {
 			f.confirmedPast("the slot confirms past p4", f.walNow())
 			// An operator repairs the dead letter and retries it.
 			f.exec(`UPDATE ` + f.tb.Qualified("_dead_letter") + ` SET payload = '{"say": "cured"}'`)
-			if ids, err := f.drv.RetryDeadLetters(f.ctx, f.tb, nil, "test"); err != nil || len(ids) != 1 {
+			if ids, err := f.drv.RetryDeadLetters(f.ctx, f.tb, nil, outboxdriver.Acting{Name: "test"}); err != nil || len(ids) != 1 {
 				t.Fatalf("retry dead letters = %v, %v", ids, err)
 			}
 			p = append(p, sayEvent("p", "5"))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -102,7 +103,7 @@ func (e *event) seal() {
 	case e.RawPayload != nil:
 		r.Payload = e.RawPayload
 	}
-	r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders([]byte(e.HeadersJSON))
+	r.Headers, r.HeadersErr = driverkit.DecodeHeaders([]byte(e.HeadersJSON))
 	if e.bad != nil {
 		// Routing refuses a record whose headers could not be read, and
 		// the relay dead-letters it: the same path serves a message that

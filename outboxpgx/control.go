@@ -17,15 +17,6 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Pauses and held aggregates (schema version 6).
-var (
-	_ outboxdriver.Controller    = (*Driver)(nil)
-	_ outboxdriver.PauseReader   = (*Source)(nil)
-	_ outboxdriver.PauseReader   = (*CDCSource)(nil)
-	_ outboxdriver.ClaimExcluder = (*Source)(nil)
-	_ outboxdriver.ClaimExcluder = (*CDCSource)(nil)
-)
-
 // Audit actions of pauses and releases.
 const (
 	actionPause   = "pause"
@@ -116,6 +107,12 @@ func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 // Pauses reads the pauses in force: one small query.
 func (s *CDCSource) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	return listPauses(ctx, s.pool, s.Table)
+}
+
+// Pauses reads the pauses in force through the batch's source: a batch
+// of log tailing holds no connection while its events are published.
+func (b *cdcBatch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return b.src.Pauses(ctx)
 }
 
 // ExcludeAggregateTypes leaves the events of types out of the next claims.
@@ -304,8 +301,6 @@ func pausesIn(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, ver
 	return listPauses(ctx, pool, t)
 }
 
-var _ outboxdriver.FailureGrouper = (*Driver)(nil)
-
 // errorClass is the SQL of a dead letter's error class: its last error
 // with UUIDs and numbers of four or more digits blanked, cut to 200
 // characters. A group of an event type and class is named by the column
@@ -369,8 +364,6 @@ func (d *Driver) FailureGroupIDs(ctx context.Context, t outboxdriver.Table, key 
 	}
 	return ids, nil
 }
-
-var _ outboxdriver.Observer = (*Driver)(nil)
 
 // ExactUpTo is the count up to which the console's numbers are exact
 // (EstimateStatus, Backlog, RecordSample, HeldAggregates' waiting events):

@@ -6,63 +6,60 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
-
-// DeadLetters lists up to limit dead letters of t, oldest first.
-func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
-	n, err := d.names(t)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := d.pool.Query(ctx, `SELECT id::text, aggregatetype, aggregateid, type, attempts, last_error, dead_lettered_at, held
-FROM `+n.DeadLetter+` ORDER BY dead_lettered_at, seq LIMIT $1`, limit)
-	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdriver.DeadLetter])
-	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
-	}
-	return out, nil
-}
 
 // RetryDeadLetters moves dead letters back into the outbox with their ids
 // and original positions, so they are relayed again first within their
 // aggregates (an aggregate held behind one of them stays held until it is
 // published). ids nil means every dead letter. Each move is recorded in the
-// audit table under actor. It returns the ids moved.
-func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return d.retryDeadLetters(ctx, t, ids, outboxdriver.Acting{Name: actor}, false)
+// audit table as by, in the same transaction. It returns the ids moved.
+func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
+	if _, err := d.names(t); err != nil {
+		return nil, err
+	}
+	return d.retryDeadLettersOn(ctx, d.pool, t, ids, by)
 }
 
 // DiscardDeadLetters deletes dead letters for good and releases the
 // aggregates held behind them. ids nil means every dead letter. Each
-// deletion is recorded in the audit table under actor. It returns the ids
-// deleted.
-func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return d.discardDeadLetters(ctx, t, ids, outboxdriver.Acting{Name: actor}, false)
+// deletion is recorded in the audit table as by, in the same transaction.
+// It returns the ids deleted.
+func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
+	n, err := d.names(t)
+	if err != nil {
+		return nil, err
+	}
+	cols, vals, audit := auditRow("g", "discard", 2, by)
+	rows, err := d.pool.Query(ctx, `WITH gone AS (
+    DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
+    RETURNING id, seq, aggregatetype, aggregateid, type, last_error
+), unheld AS (
+    DELETE FROM `+n.Held+` h USING gone g WHERE h.event_id = g.id
+), audit AS (
+    INSERT INTO `+n.Audit+` (`+cols+`)
+    SELECT `+vals+` FROM gone g
+)
+SELECT id::text FROM gone ORDER BY seq`, append([]any{ids}, audit...)...)
+	if err != nil {
+		return nil, auditErr(t, "discard dead letters of", err)
+	}
+	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, auditErr(t, "discard dead letters of", err)
+	}
+	return gone, nil
 }
 
 // auditRow returns the audit CTE's columns and values for action on the
-// rows of alias, and the arguments from the first one, $first: with
-// acting, also the role and reason of schema version 5.
-func auditRow(alias, action string, first int, by outboxdriver.Acting, acting bool) (cols, vals string, args []any) {
+// rows of alias, and the arguments from the first one, $first.
+func auditRow(alias, action string, first int, by outboxdriver.Acting) (cols, vals string, args []any) {
 	detail := alias + `.aggregatetype || '/' || ` + alias + `.aggregateid || ' ' || ` + alias + `.type || ' after: ' || ` + alias + `.last_error`
 	arg := func(k int) string { return fmt.Sprintf("$%d", first+k) }
-	if !acting {
-		return `actor, action, event_id, detail`, arg(0) + `, '` + action + `', ` + alias + `.id, ` + detail, []any{by.Name}
-	}
 	return `actor, role, action, event_id, detail, reason`,
 		arg(0) + `, ` + arg(1) + `, '` + action + `', ` + alias + `.id, ` + detail + `, ` + arg(2), []any{by.Name, by.Role, by.Reason}
-}
-
-func (d *Driver) retryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting, acting bool) ([]string, error) {
-	if _, err := d.names(t); err != nil {
-		return nil, err
-	}
-	return d.retryDeadLettersOn(ctx, d.pool, t, ids, by, acting)
 }
 
 // querier is a pool or a transaction.
@@ -70,11 +67,11 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// retryDeadLettersOn is retryDeadLetters on q: the pool, or a transaction
+// retryDeadLettersOn is RetryDeadLetters on q: the pool, or a transaction
 // that does more (a repair).
-func (d *Driver) retryDeadLettersOn(ctx context.Context, q querier, t outboxdriver.Table, ids []string, by outboxdriver.Acting, acting bool) ([]string, error) {
+func (d *Driver) retryDeadLettersOn(ctx context.Context, q querier, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
 	n := pgschema.NamesOf(t.WithDefaults())
-	cols, vals, audit := auditRow("m", "retry", 3, by, acting)
+	cols, vals, audit := auditRow("m", "retry", 3, by)
 	rows, err := q.Query(ctx, `WITH moved AS (
     DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[]) RETURNING *
 ), back AS (
@@ -100,54 +97,15 @@ ORDER BY b.seq`, append([]any{ids, t.WithDefaults().Channel()}, audit...)...)
 	return moved, nil
 }
 
-func (d *Driver) discardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting, acting bool) ([]string, error) {
-	n, err := d.names(t)
-	if err != nil {
-		return nil, err
-	}
-	cols, vals, audit := auditRow("g", "discard", 2, by, acting)
-	rows, err := d.pool.Query(ctx, `WITH gone AS (
-    DELETE FROM `+n.DeadLetter+` WHERE $1::uuid[] IS NULL OR id = ANY($1::uuid[])
-    RETURNING id, seq, aggregatetype, aggregateid, type, last_error
-), unheld AS (
-    DELETE FROM `+n.Held+` h USING gone g WHERE h.event_id = g.id
-), audit AS (
-    INSERT INTO `+n.Audit+` (`+cols+`)
-    SELECT `+vals+` FROM gone g
-)
-SELECT id::text FROM gone ORDER BY seq`, append([]any{ids}, audit...)...)
-	if err != nil {
-		return nil, auditErr(t, "discard dead letters of", err)
-	}
-	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, auditErr(t, "discard dead letters of", err)
-	}
-	return gone, nil
-}
-
-// Audit lists the newest limit operator actions on t, newest first.
-func (d *Driver) Audit(ctx context.Context, t outboxdriver.Table, limit int) ([]outboxdriver.AuditEntry, error) {
-	n, err := d.names(t)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := d.pool.Query(ctx, `SELECT at, actor, action, coalesce(event_id::text, ''), detail FROM `+n.Audit+` ORDER BY id DESC LIMIT $1`, limit)
-	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: audit of %s: %w", t, err)
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdriver.AuditEntry])
-}
-
 // names validates t and returns its names; it fails when the Driver has
 // no pool of its own.
-func (d *Driver) names(t outboxdriver.Table) (outboxdriver.Names, error) {
+func (d *Driver) names(t outboxdriver.Table) (driverkit.Names, error) {
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
-		return outboxdriver.Names{}, fmt.Errorf("outboxpgx: %w", err)
+		return driverkit.Names{}, fmt.Errorf("outboxpgx: %w", err)
 	}
 	if d.pool == nil {
-		return outboxdriver.Names{}, errNoPool
+		return driverkit.Names{}, errNoPool
 	}
 	return pgschema.NamesOf(t), nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -109,7 +110,6 @@ var (
 	_ outboxdriver.Writer[pgx.Tx]     = (*Driver)(nil)
 	_ outboxdriver.TxMigrator[pgx.Tx] = (*Driver)(nil)
 	_ outboxdriver.Store              = (*Driver)(nil)
-	_ outboxdriver.Inserter           = (*Driver)(nil)
 	_ outboxdriver.Queuer             = (*Driver)(nil)
 )
 
@@ -248,7 +248,7 @@ func (d *Driver) QueueInsert(batch any, t outboxdriver.Table, rows []outboxdrive
 // check refuses rows this Driver's write mode cannot write: a delayed
 // event needs a row that waits in the table.
 func (d *Driver) check(rows []outboxdriver.Row) error {
-	if (d.messages || d.insertDelete) && outboxdriver.Delayed(rows) {
+	if (d.messages || d.insertDelete) && driverkit.Delayed(rows) {
 		return outboxdriver.ErrDelayedMode
 	}
 	return nil
@@ -267,7 +267,7 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 		}
 		return sql, args
 	}
-	delayed := outboxdriver.Delayed(rows)
+	delayed := driverkit.Delayed(rows)
 	wake := d.wake != nil && d.wake.Wake(t)
 	if len(rows) == 1 && !delayed {
 		r := rows[0]
@@ -287,7 +287,7 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 	das := make([]*time.Time, n)
 	for i := range rows {
 		if !rows[i].DeliverAt.IsZero() {
-			at := outboxdriver.DeliverAtCeil(rows[i].DeliverAt, time.Microsecond)
+			at := driverkit.DeliverAtCeil(rows[i].DeliverAt, time.Microsecond)
 			das[i] = &at
 		}
 	}

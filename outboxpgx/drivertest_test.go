@@ -52,6 +52,5 @@ func TestDriverConformance(t *testing.T) {
 		},
 		DuplicateIDs: true,
 		Parallel:     true,
-		Pauses:       true,
 	})
 }

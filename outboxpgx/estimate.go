@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/internal/driverkit"
 )
 
 // Counting without reading every row, for the console (EstimateStatus,
@@ -37,7 +37,7 @@ const sampleBlocks = 256
 // letters of the tables n, each exact up to bound and estimated above.
 // The backlog's estimate is the planner's, at most the span of the
 // unpublished positions.
-func countTable(ctx context.Context, db *pgxpool.Pool, n outboxdriver.Names, bound int64) (counts, error) {
+func countTable(ctx context.Context, db *pgxpool.Pool, n driverkit.Names, bound int64) (counts, error) {
 	var c counts
 	var first, last *int64
 	err := db.QueryRow(ctx, `SELECT

@@ -339,7 +339,7 @@ func (r *floorRig) deadLetterBelowTheFloor() int64 {
 	if f := r.floor(); f <= poison {
 		r.t.Fatalf("floor %d not past the dead letter's seq %d; the test proves nothing", f, poison)
 	}
-	moved, err := New(r.pool).RetryDeadLetters(ctx, r.table, nil, "test")
+	moved, err := New(r.pool).RetryDeadLetters(ctx, r.table, nil, outboxdriver.Acting{Name: "test"})
 	if err != nil || len(moved) != 1 {
 		r.t.Fatalf("retry: %v, %v", moved, err)
 	}

@@ -12,14 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
-)
-
-// The Driver answers the operations console (package ops).
-var (
-	_ outboxdriver.Inspector         = (*Driver)(nil)
-	_ outboxdriver.Auditor           = (*Driver)(nil)
-	_ outboxdriver.DeadLetterActions = (*Driver)(nil)
 )
 
 // FindDeadLetters lists the dead letters of t that q selects, oldest
@@ -27,8 +21,6 @@ var (
 func (d *Driver) FindDeadLetters(ctx context.Context, t outboxdriver.Table, q outboxdriver.DeadLetterQuery) (outboxdriver.DeadLetterPage, error) {
 	return d.findDeadLetters(ctx, t, q, "", nil)
 }
-
-var _ outboxdriver.DeadLetterRouter = (*Driver)(nil)
 
 // FindRoutedDeadLetters is FindDeadLetters keeping only the dead letters
 // whose column holds one of values.
@@ -188,7 +180,7 @@ FROM `+n.DeadLetter+` WHERE id = $1`, u).Scan(&dl.ID, &dl.AggregateType, &dl.Agg
 		return dl, fmt.Errorf("outboxpgx: dead letter %s of %s: %w", id, t, err)
 	}
 	if headers != nil {
-		dl.Headers = outboxdriver.ParseHeaders(*headers)
+		dl.Headers = driverkit.ParseHeaders(*headers)
 	}
 	if payload != nil {
 		dl.Payload = []byte(*payload)
@@ -288,18 +280,6 @@ LIMIT `+fmt.Sprint(q.Limit), args...)
 		return nil, auditErr(t, "audit of", err)
 	}
 	return out, nil
-}
-
-// RetryDeadLettersAs is RetryDeadLetters with each audit row carrying
-// by's name, role and reason.
-func (d *Driver) RetryDeadLettersAs(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
-	return d.retryDeadLetters(ctx, t, ids, by, true)
-}
-
-// DiscardDeadLettersAs is DiscardDeadLetters with each audit row carrying
-// by's name, role and reason.
-func (d *Driver) DiscardDeadLettersAs(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
-	return d.discardDeadLetters(ctx, t, ids, by, true)
 }
 
 // auditErr wraps err; an audit table without the columns of schema

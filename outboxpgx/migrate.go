@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -46,7 +47,7 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 // caller's own schema changes, or not at all.
 func (d *Driver) MigrateTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
 	t = t.WithDefaults()
-	o, err := opts.Resolve()
+	o, err := driverkit.ResolveMigrate(opts)
 	if err == nil {
 		err = t.Validate()
 	}

@@ -10,10 +10,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
-
-var _ outboxdriver.Requests = (*Driver)(nil)
 
 // requestCols are the columns scanRequest reads, in its order.
 const requestCols = `id::text, kind, state, requester, requester_role, reason, params::text, created_at, expires_at,
@@ -80,7 +79,7 @@ func (d *Driver) CreateRequest(ctx context.Context, t outboxdriver.Table, r outb
 VALUES ($1, $2, $3, $4, $5, $6::json, $7)`, r.ID, r.Kind, r.Requester, r.RequesterRole, r.Reason, string(r.Params), r.ExpiresAt); err != nil {
 			return err
 		}
-		return d.requestAudit(ctx, tx, t, outboxdriver.CreatedAudit(r, by))
+		return d.requestAudit(ctx, tx, t, driverkit.CreatedAudit(r, by))
 	})
 }
 
@@ -163,8 +162,8 @@ RETURNING ` + requestCols
 		}
 		action := map[string]string{outboxdriver.StateApproved: "approve", outboxdriver.StateRejected: "reject", outboxdriver.StateCancelled: "cancel"}[to]
 		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: by.Name, Action: action, Detail: out.Kind + " requested by " + out.Requester},
-			Role:       by.Role, Reason: by.Reason, RequestID: id,
+			Actor: by.Name, Action: action, Detail: out.Kind + " requested by " + out.Requester,
+			Role: by.Role, Reason: by.Reason, RequestID: id,
 		})
 	})
 	return out, err
@@ -215,8 +214,8 @@ RETURNING `+requestCols, id, executor, stale.Milliseconds()))
 			detail = fmt.Sprintf("resumed by executor %s (epoch %d) after %d events", executor, out.Epoch, out.Done)
 		}
 		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: out.DecidedBy, Action: "execute", Detail: out.Kind + " " + detail},
-			Role:       out.DecidedRole, RequestID: id,
+			Actor: out.DecidedBy, Action: "execute", Detail: out.Kind + " " + detail,
+			Role: out.DecidedRole, RequestID: id,
 		})
 	})
 	return out, err
@@ -251,8 +250,8 @@ func (d *Driver) FinishRequest(ctx context.Context, t outboxdriver.Table, id, ex
 			action, detail = "fail", fmt.Sprintf("%s failed after %d events: %s", r.Kind, r.Done, msg)
 		}
 		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: r.DecidedBy, Action: action, Detail: detail},
-			Role:       r.DecidedRole, RequestID: id,
+			Actor: r.DecidedBy, Action: action, Detail: detail,
+			Role: r.DecidedRole, RequestID: id,
 		})
 	})
 }
@@ -467,13 +466,13 @@ WHERE id = $1 RETURNING coalesce(payload::text, 'null'), headers::text`, id, nul
 		bb, _ := json.Marshal(before)
 		ab, _ := json.Marshal(map[string]any{"payload": json.RawMessage(newPayload), "headers": json.RawMessage(newHeaders)})
 		if err := d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: r.Requester, Action: "repair", EventID: id,
-				Detail: "payload and headers replaced as approved by " + r.DecidedBy + "; retried with the same id"},
-			Role: r.RequesterRole, Reason: r.Reason, RequestID: req, Before: bb, After: ab,
+			Actor: r.Requester, Action: "repair", EventID: id,
+			Detail: "payload and headers replaced as approved by " + r.DecidedBy + "; retried with the same id",
+			Role:   r.RequesterRole, Reason: r.Reason, RequestID: req, Before: bb, After: ab,
 		}); err != nil {
 			return err
 		}
-		moved, err := d.retryDeadLettersOn(ctx, tx, t, []string{id}, by, true)
+		moved, err := d.retryDeadLettersOn(ctx, tx, t, []string{id}, by)
 		if err != nil {
 			return err
 		}
@@ -486,8 +485,8 @@ WHERE id = $1 RETURNING coalesce(payload::text, 'null'), headers::text`, id, nul
 			return err
 		}
 		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: r.DecidedBy, Action: "finish", EventID: id, Detail: "repair done: the dead letter is back in the outbox"},
-			Role:       r.DecidedRole, RequestID: req,
+			Actor: r.DecidedBy, Action: "finish", EventID: id, Detail: "repair done: the dead letter is back in the outbox",
+			Role: r.DecidedRole, RequestID: req,
 		})
 	})
 }
@@ -498,8 +497,6 @@ func rawOrNull(s *string) json.RawMessage {
 	}
 	return json.RawMessage(*s)
 }
-
-var _ outboxdriver.AuditPruner = (*Driver)(nil)
 
 // PruneAudit deletes the audit rows of t older than before, through the
 // one function the audit table's guard lets delete, and records it.

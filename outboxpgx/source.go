@@ -17,16 +17,17 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // Source is the relay's view of an outbox table in PostgreSQL.
 type Source struct {
-	outboxdriver.SourceBase
+	driverkit.SourceBase
 	pool  *pgxpool.Pool
 	q     queries
-	names outboxdriver.Names
+	names driverkit.Names
 
 	lockKey int32 // first key of the partitions' advisory locks
 
@@ -37,7 +38,7 @@ type Source struct {
 
 	exclude    atomic.Pointer[[]string] // aggregate types the claim leaves out (paused)
 	pauseTable atomic.Int32             // what the last read of the pauses found (pauseTable*)
-	delays     outboxdriver.ColumnProbe // the deliver_at column (schema version 12)
+	delays     driverkit.ColumnProbe    // the deliver_at column (schema version 12)
 	byTime     atomic.Int32             // whether the table is partitioned by time: 0 not known yet, 1 no, 2 yes
 }
 
@@ -89,7 +90,7 @@ type queries struct {
 // the row's own time has come, and no earlier pending row of its
 // aggregate is waiting (delayed, or a retry's next_attempt_at ahead),
 // found through the partial index of the rows that wait.
-func waitingSQL(n outboxdriver.Names) string {
+func waitingSQL(n driverkit.Names) string {
 	return `
   AND (o.deliver_at IS NULL OR o.deliver_at <= now())
   AND NOT EXISTS (SELECT 1 FROM ` + n.Table + ` w
@@ -282,7 +283,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 
 // batch is a claim: an open transaction holding row locks on its records.
 type batch struct {
-	outboxdriver.BatchState
+	driverkit.BatchState
 	src      *Source
 	conn     *pgxpool.Conn
 	listener bool // conn is the source's listener, s.mu held until the batch ends
@@ -346,7 +347,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxpgx: claim limit %d must be positive", limit)
 	}
-	b := &batch{src: s, BatchState: outboxdriver.NewBatchState("outboxpgx", leases)}
+	b := &batch{src: s, BatchState: driverkit.NewBatchState("outboxpgx", leases)}
 	if len(leases) == 0 {
 		return b, nil
 	}
@@ -407,7 +408,7 @@ func leaseArrays(leases []outboxdriver.Lease) ([]int32, []int64) {
 
 func scanRecords(rows pgx.Rows, limit int) ([]outboxdriver.Record, error) {
 	defer rows.Close()
-	out := outboxdriver.NewRecords(limit)
+	out := driverkit.NewRecords(limit)
 	for rows.Next() {
 		var (
 			r       outboxdriver.Record
@@ -418,8 +419,8 @@ func scanRecords(rows pgx.Rows, limit int) ([]outboxdriver.Record, error) {
 		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &r.CreatedAt, &r.Attempts); err != nil {
 			return nil, err
 		}
-		r.SetPayload(payload, payload != nil, raw)
-		r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders(headers)
+		driverkit.SetPayload(&r, payload, payload != nil, raw)
+		r.Headers, r.HeadersErr = driverkit.DecodeHeaders(headers)
 		out = append(out, r)
 	}
 	return out, rows.Err()
@@ -436,7 +437,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	var pb pgx.Batch
 	parts, epochs := leaseArrays(b.Fenced())
 	pb.Queue(q.fence, b.src.Cfg.RelayName, parts, epochs)
-	plan := out.Plan()
+	plan := driverkit.PlanOf(out)
 	// Rows are recorded by seq, through the pending index: the table has
 	// no index on id. An id names every row of the batch that carries it.
 	seqs := b.seqsByID()
@@ -460,7 +461,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		var msgs []string
 		for _, f := range fs {
 			for _, seq := range seqs[f.ID] {
-				rows, msgs, delays = append(rows, seq), append(msgs, outboxdriver.ErrorText(f.Err)), append(delays, f.RetryAfter.Milliseconds())
+				rows, msgs, delays = append(rows, seq), append(msgs, driverkit.ErrorText(f.Err)), append(delays, f.RetryAfter.Milliseconds())
 			}
 		}
 		pb.Queue(q.retry, rows, msgs, delays)
@@ -472,7 +473,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		var hold []bool
 		for _, f := range fs {
 			for _, seq := range seqs[f.ID] {
-				rows, msgs, hold = append(rows, seq), append(msgs, outboxdriver.ErrorText(f.Err)), append(hold, f.Hold)
+				rows, msgs, hold = append(rows, seq), append(msgs, driverkit.ErrorText(f.Err)), append(hold, f.Hold)
 			}
 		}
 		pb.Queue(q.deadLetter, rows, msgs, hold)
@@ -704,7 +705,7 @@ func (s *Source) leaseQuery(ctx context.Context, what, sql string, args ...any) 
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: %s leases: %w", what, err)
 	}
-	outboxdriver.SortLeases(out)
+	driverkit.SortLeases(out)
 	return out, nil
 }
 

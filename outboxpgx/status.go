@@ -20,8 +20,6 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	return d.status(ctx, t, 0)
 }
 
-var _ outboxdriver.StatusEstimator = (*Driver)(nil)
-
 // EstimateStatus is Status with the counts above exactUpTo estimated: the
 // backlog, the published rows kept, the dead letters and the held
 // aggregates are counted up to exactUpTo+1 rows and, past that, taken from
@@ -195,8 +193,6 @@ ORDER BY l.partition`, args...)
 	}
 	return st, nil
 }
-
-var _ outboxdriver.BacklogGrouper = (*Driver)(nil)
 
 // backlogColumns are the SQL expressions of the columns BacklogBy groups
 // by, each rendered as the route package renders the column.

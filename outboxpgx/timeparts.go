@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -21,13 +22,8 @@ import (
 // every relay, outbox retention and a scheduler running plain SQL do the
 // same thing; this file calls it and reads what it recorded.
 
-var (
-	_ outboxdriver.TimePartitionMaintainer = (*Driver)(nil)
-	_ outboxdriver.TimePartitionSource     = (*Source)(nil)
-)
-
-// MaintainTimePartitions implements outboxdriver.TimePartitionMaintainer:
-// it makes t's partitions ahead and drops the old ones m allows.
+// MaintainTimePartitions makes t's time partitions ahead and drops the
+// old ones m allows; on a table not partitioned by time it does nothing.
 func (d *Driver) MaintainTimePartitions(ctx context.Context, t outboxdriver.Table, m outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
 	if d.pool == nil {
 		return nil, errNoPool
@@ -39,13 +35,20 @@ func (d *Driver) MaintainTimePartitions(ctx context.Context, t outboxdriver.Tabl
 	return maintainTimePartitions(ctx, d.pool, t, m)
 }
 
-// MaintainTimePartitions implements outboxdriver.TimePartitionSource.
+// MaintainTimePartitions maintains the source's table as the Driver's
+// MaintainTimePartitions does.
 func (s *Source) MaintainTimePartitions(ctx context.Context, m outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
 	return maintainTimePartitions(ctx, s.pool, s.Table, m)
 }
 
+// MaintainTimePartitions does nothing: log tailing refuses a table
+// partitioned by time (docs/retention.md).
+func (s *CDCSource) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+	return nil, nil
+}
+
 func maintainTimePartitions(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, m outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
-	m, err := m.Resolve()
+	m, err := driverkit.ResolveMaintenance(m)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: %w", err)
 	}

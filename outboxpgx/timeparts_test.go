@@ -211,7 +211,7 @@ func TestTimePartitionsDropOnlyWhatIsPublishedAndPastTheWindow(t *testing.T) {
 		t.Fatalf("status: %+v", st.TimePartitions)
 	}
 	// The drop is audited.
-	audit, err := outboxpgx.New(pool).Audit(ctx, tb, 10)
+	audit, err := outboxpgx.New(pool).FindAudit(ctx, tb, outboxdriver.AuditQuery{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +409,7 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, perHour, aggs, at, map[bool]in
 	if left != 20 {
 		t.Fatalf("%d published rows kept, want the 20 of the current hour", left)
 	}
-	audit, err := drv.Audit(ctx, tb, 10)
+	audit, err := drv.FindAudit(ctx, tb, outboxdriver.AuditQuery{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -115,7 +116,7 @@ func (r *wakeRig) fresh() {
 // stale reads the view now and makes it WakeViewMaxAge old.
 func (r *wakeRig) stale() {
 	r.t.Helper()
-	if err := r.drv.wake.Hold(context.Background(), r.table, outboxdriver.WakeViewMaxAge); err != nil {
+	if err := r.drv.wake.Hold(context.Background(), r.table, driverkit.WakeViewMaxAge); err != nil {
 		r.t.Fatal(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -16,7 +17,7 @@ import (
 
 // Driver writes events to a PostgreSQL database through database/sql.
 type Driver struct {
-	outboxdriver.SQLPool
+	driverkit.SQLPool
 	// wake is the view of whether relays wait, for tables whose writers
 	// send the wake-up (outboxdriver.WakeupsWriters); nil without a db.
 	wake *pgschema.WakeView
@@ -32,7 +33,7 @@ type Driver struct {
 // whether a relay waits, and adds the wake-up to its INSERT while one
 // does; a Driver without a db sends none there.
 func New(db *sql.DB) *Driver {
-	d := &Driver{SQLPool: outboxdriver.NewSQLPool("outboxsql", db)}
+	d := &Driver{SQLPool: driverkit.NewSQLPool("outboxsql", db)}
 	if db != nil {
 		d.wake = pgschema.NewWakeView(func(ctx context.Context, t outboxdriver.Table) (awake, now int64, trigger bool, err error) {
 			err = db.QueryRowContext(ctx, pgschema.WakeViewSQL, pgschema.WakeViewArgs(t)...).Scan(&awake, &now, &trigger)
@@ -45,9 +46,12 @@ func New(db *sql.DB) *Driver {
 var (
 	_ outboxdriver.Writer[*sql.Tx]     = (*Driver)(nil)
 	_ outboxdriver.TxMigrator[*sql.Tx] = (*Driver)(nil)
-	_ outboxdriver.Migrator            = (*Driver)(nil)
-	_ outboxdriver.Inserter            = (*Driver)(nil)
+	_ outboxdriver.Pooled              = (*Driver)(nil)
 )
+
+// DefaultSchema is "public": the schema of a table whose configuration
+// names none.
+func (d *Driver) DefaultSchema() string { return outboxdriver.DefaultSchema }
 
 // InsertTx inserts rows within tx with one multi-row INSERT (one round trip).
 func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
@@ -82,7 +86,7 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 // statement of undelayed rows stays as it was; with wake, in the form that
 // also sends the table's wake-up (pgschema.WakeCTE).
 func statement(t outboxdriver.Table, rows []outboxdriver.Row, wake bool) (string, []any) {
-	delayed := outboxdriver.Delayed(rows)
+	delayed := driverkit.Delayed(rows)
 	cols := 8
 	var b strings.Builder
 	if wake {
@@ -113,7 +117,7 @@ func statement(t outboxdriver.Table, rows []outboxdriver.Row, wake bool) (string
 			b.WriteString(", " + p(9) + "::timestamptz")
 			var at any
 			if !r.DeliverAt.IsZero() {
-				at = outboxdriver.DeliverAtCeil(r.DeliverAt, time.Microsecond)
+				at = driverkit.DeliverAtCeil(r.DeliverAt, time.Microsecond)
 			}
 			args = append(args, at)
 		}
@@ -153,7 +157,7 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 // caller commits.
 func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
 	t = t.WithDefaults()
-	o, err := opts.Resolve()
+	o, err := driverkit.ResolveMigrate(opts)
 	if err == nil {
 		err = t.Validate()
 	}

@@ -9,6 +9,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -82,7 +83,7 @@ func TestWriteTxWakesRelaysWithoutTheTrigger(t *testing.T) {
 	late := ev("3")
 	late.DeliverAt = time.Now().Add(time.Hour)
 	for _, events := range [][]outbox.Event{{ev("1")}, {ev("1"), ev("2")}, {late, ev("4")}} {
-		view(outboxdriver.WakeViewMaxAge)
+		view(driverkit.WakeViewMaxAge)
 		write(events...)
 		if p, ok := next(10 * time.Second); !ok || p != "" {
 			t.Fatalf("a write of %d events with an old view: notification %v (payload %q), want the wake-up", len(events), ok, p)

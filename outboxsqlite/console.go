@@ -9,22 +9,6 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// The Driver serves the operations console (package ops) from schema
-// version 2 on: filtered dead letters, the full audit, pauses, held
-// aggregates, failure groups, the overview's samples, and requests.
-var (
-	_ outboxdriver.Inspector         = (*Driver)(nil)
-	_ outboxdriver.Auditor           = (*Driver)(nil)
-	_ outboxdriver.DeadLetterActions = (*Driver)(nil)
-	_ outboxdriver.Controller        = (*Driver)(nil)
-	_ outboxdriver.FailureGrouper    = (*Driver)(nil)
-	_ outboxdriver.Observer          = (*Driver)(nil)
-	_ outboxdriver.Requests          = (*Driver)(nil)
-	_ outboxdriver.AuditPruner       = (*Driver)(nil)
-	_ outboxdriver.PauseReader       = (*Source)(nil)
-	_ outboxdriver.ClaimExcluder     = (*Source)(nil)
-)
-
 // console is the operators' side of the tables, shared with outboxmysql.
 type console = sqlstore.Store
 
@@ -64,6 +48,12 @@ var dialect = sqlstore.Dialect{
 // Pauses reads the pauses in force: one small query.
 func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	return sqlstore.Pauses(ctx, dialect, s.db, s.Table)
+}
+
+// Pauses reads the pauses in force through the batch's source: a claim
+// on SQLite holds no connection while its events are published.
+func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return b.src.Pauses(ctx)
 }
 
 // ExcludeAggregateTypes leaves the events of types out of the next claims

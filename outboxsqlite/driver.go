@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -53,7 +54,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 // deliver_at column is written only when some row has a DeliverAt, so the
 // statement of undelayed rows stays as it was.
 func statement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
-	delayed := outboxdriver.Delayed(rows)
+	delayed := driverkit.Delayed(rows)
 	cols, cl, tuple := 8, insertCols, `(?, ?, ?, ?, ?, ?, coalesce(?, '{}'), ?)`
 	if delayed {
 		cols, cl, tuple = 9, insertColsDelayed, `(?, ?, ?, ?, ?, ?, coalesce(?, '{}'), ?, ?)`
@@ -83,7 +84,7 @@ func deliverAt(t time.Time) any {
 	if t.IsZero() {
 		return nil
 	}
-	return outboxdriver.DeliverAtCeil(t, time.Millisecond).UTC().Format(timeFormat)
+	return driverkit.DeliverAtCeil(t, time.Millisecond).UTC().Format(timeFormat)
 }
 
 // text maps nil or empty to SQL NULL, anything else to TEXT.

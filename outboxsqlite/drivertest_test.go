@@ -43,7 +43,6 @@ func TestDriverConformance(t *testing.T) {
 			return err
 		},
 		SingleRelay: true,
-		Pauses:      true,
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -58,7 +59,7 @@ func table(t outboxdriver.Table) (outboxdriver.Table, error) {
 	return t, nil
 }
 
-func namesOf(t outboxdriver.Table) outboxdriver.Names { return outboxdriver.NamesOf(t.Qualified) }
+func namesOf(t outboxdriver.Table) driverkit.Names { return driverkit.NamesOf(t.Qualified) }
 
 // The partition hash (see the trigger in the first migration): the
 // weighted sum of the code points of the first hashChars characters of
@@ -177,7 +178,7 @@ func (d *Driver) committed(ctx context.Context, t outboxdriver.Table, fn func(*s
 // caller commits (SQLite's DDL is transactional: the outbox tables come
 // into being with the rest of tx, or not at all).
 func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	o, err := opts.Resolve()
+	o, err := driverkit.ResolveMigrate(opts)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -31,14 +32,14 @@ const WatchInterval = 10 * time.Millisecond
 // outcome and clears the marks in a second short transaction. Between the
 // two, while the batch is published, no lock is held.
 type Source struct {
-	outboxdriver.SourceBase // its TTL: how long a claim's marks last
-	db                      *sql.DB
-	q                       queries
+	driverkit.SourceBase // its TTL: how long a claim's marks last
+	db                   *sql.DB
+	q                    queries
 
 	// seen is the data_version that Wait compares against: read before
 	// every claim, so a commit after it ends the next Wait at once.
 	exclude atomic.Pointer[[]string] // aggregate types the claims leave out (paused)
-	delays  outboxdriver.ColumnProbe // the deliver_at column (schema version 3)
+	delays  driverkit.ColumnProbe    // the deliver_at column (schema version 3)
 
 	seen   atomic.Int64
 	seenOK atomic.Bool
@@ -167,7 +168,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 
 // batch is a claim: records whose partitions carry the batch's token.
 type batch struct {
-	outboxdriver.BatchState
+	driverkit.BatchState
 	src   *Source
 	token string
 }
@@ -186,7 +187,7 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxsqlite: claim limit %d must be positive", limit)
 	}
-	b := &batch{src: s, BatchState: outboxdriver.NewBatchState("outboxsqlite", leases)}
+	b := &batch{src: s, BatchState: driverkit.NewBatchState("outboxsqlite", leases)}
 	if len(leases) == 0 {
 		return b, nil
 	}
@@ -285,7 +286,7 @@ func partitionsOf(recs []outboxdriver.Record) []int {
 
 func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 	defer rows.Close()
-	out := outboxdriver.NewRecords(limit)
+	out := driverkit.NewRecords(limit)
 	for rows.Next() {
 		var (
 			r       outboxdriver.Record
@@ -297,9 +298,9 @@ func scanRecords(rows *sql.Rows, limit int) ([]outboxdriver.Record, error) {
 		if err := rows.Scan(&r.ID, &r.Seq, &r.Partition, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &raw, &headers, &r.TraceContext, &created, &r.Attempts); err != nil {
 			return nil, err
 		}
-		r.SetPayload([]byte(payload.String), payload.Valid, raw)
+		driverkit.SetPayload(&r, []byte(payload.String), payload.Valid, raw)
 		if headers.Valid {
-			r.Headers, r.HeadersErr = outboxdriver.DecodeHeaders(headers.String)
+			r.Headers, r.HeadersErr = driverkit.DecodeHeaders(headers.String)
 		}
 		r.CreatedAt = parseTime(created)
 		out = append(out, r)
@@ -353,7 +354,7 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 		return err
 	}
 	if held != len(fenced) {
-		return outboxdriver.LeaseLost(s.Cfg.RelayName)
+		return driverkit.LeaseLost(s.Cfg.RelayName)
 	}
 	if err := tx.QueryRowContext(ctx, q.claimedByMe, b.token).Scan(&marked); err != nil {
 		return err
@@ -365,7 +366,7 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 		_, err := tx.ExecContext(ctx, query, args...)
 		return err
 	}
-	plan := out.Plan()
+	plan := driverkit.PlanOf(out)
 	if len(plan.Published) > 0 {
 		ids := stringsJSON(plan.Published)
 		if err := exec(q.markPublished, ids); err != nil {
@@ -376,7 +377,7 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 		}
 	}
 	for _, f := range plan.Retries {
-		if err := exec(q.retry, f.ID, outboxdriver.ErrorText(f.Err), f.RetryAfter.Milliseconds()); err != nil {
+		if err := exec(q.retry, f.ID, driverkit.ErrorText(f.Err), f.RetryAfter.Milliseconds()); err != nil {
 			return err
 		}
 		if err := exec(q.holdRetry, f.ID); err != nil {
@@ -384,7 +385,7 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 		}
 	}
 	for _, f := range plan.DeadLetters {
-		if err := exec(q.deadLetter, f.ID, outboxdriver.ErrorText(f.Err), f.Hold); err != nil {
+		if err := exec(q.deadLetter, f.ID, driverkit.ErrorText(f.Err), f.Hold); err != nil {
 			return err
 		}
 		if err := exec(q.deleteOne, f.ID); err != nil {
@@ -566,7 +567,7 @@ func (s *Source) leaseQuery(ctx context.Context, what, query string, args ...any
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %s leases: %s", what, oneLine(err))
 	}
-	out, err := outboxdriver.ScanLeases(rows)
+	out, err := driverkit.ScanLeases(rows)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %s leases: %s", what, oneLine(err))
 	}
@@ -595,7 +596,7 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 	if len(leases) == 0 || limit <= 0 {
 		return 0, nil
 	}
-	res, err := s.db.ExecContext(ctx, s.q.cleanup, intsJSON(outboxdriver.Partitions(leases)), -olderThan.Milliseconds(), limit)
+	res, err := s.db.ExecContext(ctx, s.q.cleanup, intsJSON(driverkit.Partitions(leases)), -olderThan.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("outboxsqlite: clean up published rows: %s", oneLine(err))
 	}
@@ -606,6 +607,12 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 	return int(n), nil
 }
 
-// WakesOnCommit implements outboxdriver.Waker: Wait watches PRAGMA
-// data_version, which changes with every commit to the file.
+// WakesOnCommit is true: Wait watches PRAGMA data_version, which changes
+// with every commit to the file.
 func (s *Source) WakesOnCommit() bool { return true }
+
+// MaintainTimePartitions does nothing: no table here is partitioned by
+// time (outboxdriver.ErrNoTimePartitions).
+func (s *Source) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+	return nil, nil
+}

@@ -107,3 +107,8 @@ WHERE published_at IS NULL AND (next_attempt_at IS NOT NULL OR deliver_at IS NOT
 	}
 	return st, nil
 }
+
+// EstimateStatus is Status: its counts are exact.
+func (d *Driver) EstimateStatus(ctx context.Context, t outboxdriver.Table, _ int64) (outboxdriver.Status, error) {
+	return d.Status(ctx, t)
+}

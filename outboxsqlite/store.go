@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -11,7 +12,7 @@ import (
 // Driver is the outbox on one SQLite database file through database/sql
 // on modernc.org/sqlite.
 type Driver struct {
-	outboxdriver.SQLPool
+	driverkit.SQLPool
 	console
 }
 
@@ -23,7 +24,7 @@ type Driver struct {
 //
 //	ob, err := outbox.New(outboxsqlite.New(db), nil) // main.outbox
 func New(db *sql.DB) *Driver {
-	p := outboxdriver.NewSQLPool("outboxsqlite", db)
+	p := driverkit.NewSQLPool("outboxsqlite", db)
 	return &Driver{SQLPool: p, console: sqlstore.New(dialect, p.Need)}
 }
 
@@ -31,7 +32,6 @@ var (
 	_ outboxdriver.Writer[*sql.Tx]     = (*Driver)(nil)
 	_ outboxdriver.TxMigrator[*sql.Tx] = (*Driver)(nil)
 	_ outboxdriver.Store               = (*Driver)(nil)
-	_ outboxdriver.Inserter            = (*Driver)(nil)
 )
 
 // Insert inserts rows in a transaction of its own on the Driver's pool.

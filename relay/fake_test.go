@@ -33,7 +33,7 @@ type fakeSource struct {
 	stop      context.CancelFunc
 }
 
-var _ outboxdriver.Waker = (*fakeSource)(nil)
+var _ outboxdriver.Source = (*fakeSource)(nil)
 
 func (s *fakeSource) logf(format string, args ...any) {
 	s.log = append(s.log, fmt.Sprintf(format, args...))
@@ -106,6 +106,14 @@ func (s *fakeSource) Cleanup(context.Context, []outboxdriver.Lease, time.Duratio
 	return 0, nil
 }
 
+// Pauses, ExcludeAggregateTypes and MaintainTimePartitions: nothing is
+// ever paused, and the table has no time partitions.
+func (s *fakeSource) Pauses(context.Context) ([]outboxdriver.Pause, error) { return nil, nil }
+func (s *fakeSource) ExcludeAggregateTypes([]string)                       {}
+func (s *fakeSource) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+	return nil, nil
+}
+
 func (s *fakeSource) RelayName() string { return "fake" }
 func (s *fakeSource) Close() error      { return nil }
 
@@ -116,6 +124,10 @@ type fakeBatch struct {
 }
 
 func (b *fakeBatch) Records() []outboxdriver.Record { return b.recs }
+
+func (b *fakeBatch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return b.src.Pauses(ctx)
+}
 
 func (b *fakeBatch) Finish(_ context.Context, out outboxdriver.Outcome) error {
 	b.src.mu.Lock()

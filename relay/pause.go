@@ -14,8 +14,7 @@ import (
 )
 
 // pauses is the relay's view of the pauses in force (outbox pause): read
-// from a Source that is an outboxdriver.PauseReader about once per poll
-// interval. A relay honours a pause within one poll interval of it: every
+// from the Source about once per poll interval. A relay honours a pause within one poll interval of it: every
 // claim that starts later sees it. A claim that
 // finds the view older than half a poll interval starts a read in the
 // background and goes on with the view it has, so that a relay claiming
@@ -25,21 +24,19 @@ import (
 // A paused event is never touched: the relay blocks its aggregate for the
 // rest of the batch (as for a broker outage, spending no attempt) and
 // leaves the event to be claimed again. So that a paused backlog does not
-// fill every batch while other events wait behind it, the relay asks a
-// Source that is an outboxdriver.ClaimExcluder to leave the paused
-// aggregate types out of its claims, and, when the router picks the
+// fill every batch while other events wait behind it, the relay asks the
+// Source to leave the paused aggregate types out of its claims, and, when the router picks the
 // destination by aggregate type alone, the types it saw routed to a
 // paused destination. A batch with paused events the source could not
 // leave out makes the relay wait a poll interval before it claims again.
 type pauses struct {
-	reader   outboxdriver.PauseReader // nil: the source knows no pauses
-	excluder outboxdriver.ClaimExcluder
-	every    time.Duration
+	src    outboxdriver.Source
+	every  time.Duration
 	byType   bool // the destination depends on the aggregate type alone
 	log      *slog.Logger
 
 	mu      sync.Mutex
-	set     outboxdriver.Pauses
+	set     pauseSet
 	readAt  time.Time
 	learned map[string]string // aggregate type -> its paused destination
 	reading bool              // a read ahead runs
@@ -51,8 +48,7 @@ type pauses struct {
 
 func newPauses(src outboxdriver.Source, every time.Duration, byType bool, log *slog.Logger) *pauses {
 	p := &pauses{every: every, byType: byType, log: log, learned: map[string]string{}}
-	p.reader, _ = src.(outboxdriver.PauseReader)
-	p.excluder, _ = src.(outboxdriver.ClaimExcluder)
+	p.src = src
 	return p
 }
 
@@ -60,19 +56,21 @@ func newPauses(src outboxdriver.Source, every time.Duration, byType bool, log *s
 // and reports whether everything is paused. A failed read keeps the last
 // set (the claim that follows meets the same database).
 func (p *pauses) refresh(ctx context.Context) (all bool) {
-	return p.refreshFrom(ctx, p.reader)
+	return p.refreshFrom(ctx, p.src)
 }
 
-// refreshBefore is refresh before the records of batch b are published:
-// through b when b is a PauseReader (it reads on the claim's own
-// connection), so that a relay whose lanes hold every connection of a
-// small pool never waits for one more while it holds one.
+// refreshBefore is refresh before the records of batch b are published,
+// read through b (on the claim's own connection, where it holds one), so
+// that a relay whose lanes hold every connection of a small pool never
+// waits for one more while it holds one.
 func (p *pauses) refreshBefore(ctx context.Context, b outboxdriver.Batch) {
-	if r, ok := b.(outboxdriver.PauseReader); ok && p.reader != nil {
-		p.refreshFrom(ctx, r)
-		return
-	}
-	p.refresh(ctx)
+	p.refreshFrom(ctx, b)
+}
+
+// pauseReader reads the pauses in force: a Source, or a Batch on its
+// claim's connection.
+type pauseReader interface {
+	Pauses(ctx context.Context) ([]outboxdriver.Pause, error)
 }
 
 // refreshFrom reads the pauses through r when due, and starts a read
@@ -80,10 +78,7 @@ func (p *pauses) refreshBefore(ctx context.Context, b outboxdriver.Batch) {
 // without p.mu held: lanes that find the set stale at the same time each
 // read (one small query), and the newest read wins; none waits on
 // another's connection.
-func (p *pauses) refreshFrom(ctx context.Context, r outboxdriver.PauseReader) (all bool) {
-	if r == nil {
-		return false
-	}
+func (p *pauses) refreshFrom(ctx context.Context, r pauseReader) (all bool) {
 	p.mu.Lock()
 	if age := time.Since(p.readAt); age < p.every {
 		all = p.set.All
@@ -113,7 +108,7 @@ func (p *pauses) readAhead() {
 	}()
 	rctx, cancel := context.WithTimeout(p.bg, p.every)
 	defer cancel()
-	_, _ = p.read(rctx, p.reader)
+	_, _ = p.read(rctx, p.src)
 }
 
 // start lets claims read ahead within ctx, the relay's claims' context;
@@ -125,7 +120,7 @@ func (p *pauses) wait() { p.ahead.Wait() }
 
 // read reads the pauses through r and applies them unless a read that
 // started later was applied first. A failed read keeps the last set.
-func (p *pauses) read(ctx context.Context, r outboxdriver.PauseReader) (all bool, err error) {
+func (p *pauses) read(ctx context.Context, r pauseReader) (all bool, err error) {
 	start := time.Now()
 	ps, err := r.Pauses(ctx)
 	p.mu.Lock()
@@ -137,7 +132,7 @@ func (p *pauses) read(ctx context.Context, r outboxdriver.PauseReader) (all bool
 		return p.set.All, nil // a read that started later was applied
 	}
 	p.readAt = start
-	set := outboxdriver.NewPauses(ps)
+	set := newPauseSet(ps)
 	if !set.All && !p.set.All && maps.Equal(set.Destinations, p.set.Destinations) && maps.Equal(set.AggregateTypes, p.set.AggregateTypes) {
 		return false, nil
 	}
@@ -154,9 +149,6 @@ func (p *pauses) read(ctx context.Context, r outboxdriver.PauseReader) (all bool
 // exclude tells the source which aggregate types to leave out; p.mu is
 // held.
 func (p *pauses) exclude() {
-	if p.excluder == nil {
-		return
-	}
 	types := slices.Collect(maps.Keys(p.set.AggregateTypes))
 	for t := range p.learned {
 		if !p.set.AggregateTypes[t] {
@@ -164,14 +156,14 @@ func (p *pauses) exclude() {
 		}
 	}
 	slices.Sort(types)
-	p.excluder.ExcludeAggregateTypes(types)
+	p.src.ExcludeAggregateTypes(types)
 }
 
 // destPausedRec reports whether rec routes to a paused destination, for
 // an event whose message could not be made (its contract refused it): a
 // paused event is left untouched even when it would be dead-lettered.
 func (p *pauses) destPausedRec(rec *outboxdriver.Record, router *route.Router) bool {
-	if p.reader == nil || router == nil {
+	if router == nil {
 		return false
 	}
 	p.mu.Lock()
@@ -186,15 +178,12 @@ func (p *pauses) destPausedRec(rec *outboxdriver.Record, router *route.Router) b
 
 // typePaused reports whether aggregateType is paused, before routing.
 func (p *pauses) typePaused(aggregateType string) bool {
-	if p.reader == nil {
-		return false
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.set.All && !p.set.AggregateTypes[aggregateType] {
 		return false
 	}
-	if p.set.All || p.excluder == nil {
+	if p.set.All {
 		p.stalled.Store(true)
 	}
 	return true
@@ -203,15 +192,12 @@ func (p *pauses) typePaused(aggregateType string) bool {
 // destPaused reports whether destination is paused; an event of
 // aggregateType routed there is left for later.
 func (p *pauses) destPaused(aggregateType, destination string) bool {
-	if p.reader == nil {
-		return false
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.set.Destinations[destination] {
 		return false
 	}
-	if p.byType && p.excluder != nil {
+	if p.byType {
 		if _, ok := p.learned[aggregateType]; !ok {
 			p.learned[aggregateType] = destination
 			p.exclude()
@@ -225,3 +211,37 @@ func (p *pauses) destPaused(aggregateType, destination string) bool {
 // stall reports (once) that a batch held paused events the source could
 // not leave out of its claims.
 func (p *pauses) stall() bool { return p.stalled.Swap(false) }
+
+// pauseSet is the set of pauses in force, as a relay consults it.
+type pauseSet struct {
+	All            bool
+	Destinations   map[string]bool
+	AggregateTypes map[string]bool
+}
+
+// newPauseSet returns the set of ps.
+func newPauseSet(ps []outboxdriver.Pause) pauseSet {
+	var s pauseSet
+	for _, p := range ps {
+		switch p.Kind {
+		case outboxdriver.PauseAll:
+			s.All = true
+		case outboxdriver.PauseDestination:
+			if s.Destinations == nil {
+				s.Destinations = map[string]bool{}
+			}
+			s.Destinations[p.Value] = true
+		case outboxdriver.PauseAggregateType:
+			if s.AggregateTypes == nil {
+				s.AggregateTypes = map[string]bool{}
+			}
+			s.AggregateTypes[p.Value] = true
+		}
+	}
+	return s
+}
+
+// Empty reports whether nothing is paused.
+func (s pauseSet) Empty() bool {
+	return !s.All && len(s.Destinations) == 0 && len(s.AggregateTypes) == 0
+}

@@ -116,8 +116,7 @@ type Config struct {
 	// none. Partitions ahead are made whatever it is.
 	DropPartitionsAfter time.Duration
 	// PartitionsEvery is how often the relay maintains a time-partitioned
-	// table's partitions (a source that is an
-	// outboxdriver.TimePartitionSource). Defaults to 1m.
+	// table's partitions (Source.MaintainTimePartitions). Defaults to 1m.
 	PartitionsEvery time.Duration
 	// PartitionLockTimeout bounds each wait of that maintenance for its
 	// exclusive lock on the table. Defaults to
@@ -343,9 +342,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.manageLeases(claimCtx) })
 	wg.Go(func() { r.loop(claimCtx, pubCtx) })
-	if tp, ok := r.src.(outboxdriver.TimePartitionSource); ok {
-		wg.Go(func() { r.maintainPartitions(claimCtx, tp) })
-	}
+	wg.Go(func() { r.maintainPartitions(claimCtx) })
 	go func() {
 		wg.Wait()
 		r.pauses.wait()

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -688,7 +689,7 @@ func TestWritersWakeTheRelayWithoutTheTrigger(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	testenv.WaitStreamMsgs(t, e.stream, 1+n, 10*time.Second)
-	time.Sleep(2 * outboxdriver.WakeViewMaxAge)
+	time.Sleep(2 * driverkit.WakeViewMaxAge)
 	e.write(t, true, event("after-a-pause", 0))
 	testenv.WaitStreamMsgs(t, e.stream, 2+n, 10*time.Second)
 }

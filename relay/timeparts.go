@@ -11,11 +11,11 @@ import (
 // are fully published. On any other table each round is one cheap query.
 // It runs beside the lease upkeep, whose timing a wait for a lock must not
 // delay.
-func (r *Relay) maintainPartitions(ctx context.Context, tp outboxdriver.TimePartitionSource) {
+func (r *Relay) maintainPartitions(ctx context.Context) {
 	m := outboxdriver.TimePartitionMaintenance{KeepFor: max(r.cfg.DropPartitionsAfter, 0), LockTimeout: r.cfg.PartitionLockTimeout, Actor: "relay:" + r.src.RelayName()}
 	kept := map[string]bool{} // logged already
 	for {
-		changes, err := tp.MaintainTimePartitions(ctx, m)
+		changes, err := r.src.MaintainTimePartitions(ctx, m)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay: time partition maintenance failed; retried next round", "err", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -35,7 +36,7 @@ const (
 //
 // Having caught up, the relay registers and looks once more, then waits:
 // minWait doubling up to the poll interval, or the whole poll interval
-// when the source wakes it on commit (an outboxdriver.Waker). A
+// when the source wakes it on commit (Source.WakesOnCommit). A
 // registration lasts three poll intervals and is renewed once one has
 // passed. A full batch (a backlog) or a steady flow (see leaveFlow) takes
 // the relay out of the registry.
@@ -60,8 +61,7 @@ type wakeups struct {
 }
 
 func newWakeups(src outboxdriver.Source, poll time.Duration, log *slog.Logger) *wakeups {
-	w, ok := src.(outboxdriver.Waker)
-	return &wakeups{src: src, log: log, poll: poll, wakes: ok && w.WakesOnCommit(), wait: minWait}
+	return &wakeups{src: src, log: log, poll: poll, wakes: src.WakesOnCommit(), wait: minWait}
 }
 
 // step is what the main loop does after a clean batch short of full.
@@ -80,10 +80,10 @@ func (s *wakeups) observe(n int) {
 
 // relook is the wait after a new registration and the look that follows
 // it: writers that send the wake-up themselves act on a view of the
-// registry up to outboxdriver.WakeViewMaxAge old, so an event they
+// registry up to driverkit.WakeViewMaxAge old, so an event they
 // committed meanwhile sent none; one more look, that long and a margin
 // later, finds it (a writer whose view is older wakes the relay).
-const relook = outboxdriver.WakeViewMaxAge + 5*time.Millisecond
+const relook = driverkit.WakeViewMaxAge + 5*time.Millisecond
 
 // register (re)registers the relay for wake-ups for three poll intervals;
 // it is renewed after one.

@@ -311,31 +311,28 @@ func (r *Relay) RelayName() string { return r.src.RelayName() }
 const destinationGroups = 1000
 
 // newMetrics registers the relay's metrics on reg: the engine's counters,
-// the table's status and, where the store can group its backlog, the
-// backlog by destination as router routes it.
+// the table's status and the backlog by destination as router routes it.
 func newMetrics(reg prometheus.Registerer, store outboxdriver.Store, t outboxdriver.Table, router *route.Router, name string) (*outboxprom.Metrics, error) {
 	cfg := &outboxprom.Config{
 		Status:    func(ctx context.Context) (outboxdriver.Status, error) { return store.Status(ctx, t) },
 		RelayName: name,
 	}
-	if g, ok := store.(outboxdriver.BacklogGrouper); ok {
-		cfg.Destinations = func(ctx context.Context) ([]outboxprom.DestinationBacklog, error) {
-			groups, err := g.BacklogBy(ctx, t, router.RouteBy(), destinationGroups)
-			if err != nil {
-				return nil, err
-			}
-			out := make([]outboxprom.DestinationBacklog, 0, len(groups))
-			for _, gr := range groups {
-				d := outboxprom.Other
-				if !gr.Rest {
-					if dest, err := router.DestinationOf(gr.Value); err == nil {
-						d = dest
-					}
-				}
-				out = append(out, outboxprom.DestinationBacklog{Destination: d, Events: gr.Events, OldestAge: gr.OldestAge})
-			}
-			return out, nil
+	cfg.Destinations = func(ctx context.Context) ([]outboxprom.DestinationBacklog, error) {
+		groups, err := store.BacklogBy(ctx, t, router.RouteBy(), destinationGroups)
+		if err != nil {
+			return nil, err
 		}
+		out := make([]outboxprom.DestinationBacklog, 0, len(groups))
+		for _, gr := range groups {
+			d := outboxprom.Other
+			if !gr.Rest {
+				if dest, err := router.DestinationOf(gr.Value); err == nil {
+					d = dest
+				}
+			}
+			out = append(out, outboxprom.DestinationBacklog{Destination: d, Events: gr.Events, OldestAge: gr.OldestAge})
+		}
+		return out, nil
 	}
 	return outboxprom.NewWithConfig(reg, cfg)
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
-	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
@@ -58,7 +58,7 @@ func TestTwoPhaseCommitWritersWorkWhileARelayIsIdle(t *testing.T) {
 	}
 	t.Cleanup(func() { rl.Stop(context.Background()) })
 
-	table := outboxdriver.NamesOf(tb.Qualified)
+	table := driverkit.NamesOf(tb.Qualified)
 	gid := func(name string) string {
 		g := "outbox_test_" + testenv.Hex(t) + "_" + name
 		t.Cleanup(func() {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/sink"
 )
@@ -144,7 +145,7 @@ func TestRecordThatCannotBeCarriedUnchangedIsAnError(t *testing.T) {
 		"CR LF":              {func(rec *outboxdriver.Record) { rec.AggregateID = "4\r\n2" }, "line break"},
 		"LF":                 {func(rec *outboxdriver.Record) { rec.AggregateID = "4\n2" }, "line break"},
 		"unreadable headers": {func(rec *outboxdriver.Record) {
-			rec.Headers, rec.HeadersErr = outboxdriver.DecodeHeaders(`[1]`)
+			rec.Headers, rec.HeadersErr = driverkit.DecodeHeaders(`[1]`)
 		}, "JSON array"},
 	} {
 		rc := rec()

@@ -103,11 +103,8 @@ func consoleCall(t *testing.T, base, method, path, token string, body any, want 
 // test reads and fills it.
 type crashTarget struct {
 	flags []string
-	store interface {
-		outboxdriver.Requests
-		outboxdriver.Auditor
-	}
-	tb outboxdriver.Table
+	store outboxdriver.Store
+	tb    outboxdriver.Table
 	// addPublished inserts published events n of 1..events, of aggregate
 	// agg-(n % aggregates), in that order, with payload {"n": n}.
 	addPublished func(events, aggregates int)
@@ -162,10 +159,7 @@ FROM generate_series(1, $1) AS i ORDER BY i`, events, aggregates); err != nil {
 	}
 }
 
-func sqlCrashTarget(t *testing.T, ctx context.Context, flags []string, store interface {
-	outboxdriver.Requests
-	outboxdriver.Auditor
-}, db *sql.DB, tb outboxdriver.Table, layout string) crashTarget {
+func sqlCrashTarget(t *testing.T, ctx context.Context, flags []string, store outboxdriver.Store, db *sql.DB, tb outboxdriver.Table, layout string) crashTarget {
 	name := "`" + tb.Schema + "`.`" + tb.Name + "`"
 	return crashTarget{flags: flags, store: store, tb: tb,
 		addPublished: func(events, aggregates int) {

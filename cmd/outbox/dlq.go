@@ -133,11 +133,7 @@ func newDLQAudit() *cobra.Command {
 				}
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				for _, r := range records {
-					var line any = r
-					if r.ID == 0 { // a database without the full audit trail
-						line = r.AuditEntry
-					}
-					if err := enc.Encode(line); err != nil {
+					if err := enc.Encode(r); err != nil {
 						return err
 					}
 				}

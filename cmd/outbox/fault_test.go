@@ -415,7 +415,8 @@ func testFaultPoisonEvent(t *testing.T, src string) {
 	first := dls[0].DeadLetteredAt
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		dls, _ = outboxpgx.New(pool).DeadLetters(ctx, s.tb, 10)
+		page, _ := outboxpgx.New(pool).FindDeadLetters(ctx, s.tb, outboxdriver.DeadLetterQuery{Limit: 10})
+		dls = page.DeadLetters
 		// A retried event starts with fresh attempts; a permanent refusal
 		// dead-letters it again at its first.
 		if len(dls) == 1 && dls[0].DeadLetteredAt.After(first) && dls[0].Attempts == 1 {
@@ -433,7 +434,7 @@ func testFaultPoisonEvent(t *testing.T, src string) {
 	if poison := versionsOf(t, s.stream, "poison"); fmt.Sprint(poison) != "[1 3 4]" {
 		t.Fatalf("poison aggregate delivered %v after discard, want [1 3 4]", poison)
 	}
-	audit, err := outboxpgx.New(pool).Audit(ctx, s.tb, 10)
+	audit, err := outboxpgx.New(pool).FindAudit(ctx, s.tb, outboxdriver.AuditQuery{Limit: 10})
 	if err != nil || len(audit) != 2 || audit[0].Actor != "bob" || audit[0].Action != "discard" || audit[1].Actor != "alice" || audit[1].Action != "retry" {
 		t.Fatalf("audit = %+v, %v", audit, err)
 	}

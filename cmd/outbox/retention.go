@@ -42,11 +42,7 @@ time (docs/retention.md).`,
 			}
 			m.Actor = cliActor(actor).Name
 			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
-				if cs, wrapped := st.(closingStore); wrapped {
-					st = cs.Store
-				}
-				tm, ok := st.(outboxdriver.TimePartitionMaintainer)
-				if !ok {
+				if cs, wrapped := st.(closingStore); wrapped && cs.db.Scheme != "postgres" {
 					return fmt.Errorf("%s: %w", t, outboxdriver.ErrNoTimePartitions)
 				}
 				s, err := st.Status(ctx, t)
@@ -56,7 +52,7 @@ time (docs/retention.md).`,
 				if s.TimePartitions == nil {
 					return fmt.Errorf("%s is not partitioned by time: nothing to maintain (a table is partitioned when it is created: outbox migrate --time-partitions day|hour)", t)
 				}
-				changes, err := tm.MaintainTimePartitions(ctx, t, m)
+				changes, err := st.MaintainTimePartitions(ctx, t, m)
 				if err != nil {
 					return err
 				}

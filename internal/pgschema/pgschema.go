@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -29,8 +30,8 @@ func QuoteLiteral(s string) string {
 }
 
 // NamesOf returns the qualified, quoted names of t's tables.
-func NamesOf(t outboxdriver.Table) outboxdriver.Names {
-	return outboxdriver.NamesOf(t.Qualified)
+func NamesOf(t outboxdriver.Table) driverkit.Names {
+	return driverkit.NamesOf(t.Qualified)
 }
 
 // PartitionOf returns the SQL of the partition of the outbox row that
@@ -179,7 +180,7 @@ func applied(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, er
 // the versions it applied (none on a second run). The caller commits.
 // Options matter only for the migrations that run now.
 func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, error) {
-	o, err := o.Resolve()
+	o, err := driverkit.ResolveMigrate(&o)
 	if err != nil {
 		return nil, err
 	}

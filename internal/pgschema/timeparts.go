@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -79,7 +80,7 @@ func setUpTimePartitions(ctx context.Context, tx Tx, t outboxdriver.Table, o Opt
 ON CONFLICT (unit) DO UPDATE SET ahead = EXCLUDED.ahead`, o.TimePartitions, o.TimePartitionsAhead); err != nil {
 		return fmt.Errorf("time partitions: record settings: %w", err)
 	}
-	m, err := outboxdriver.TimePartitionMaintenance{LockTimeout: 10 * time.Second, Actor: "migrate"}.Resolve()
+	m, err := driverkit.ResolveMaintenance(outboxdriver.TimePartitionMaintenance{LockTimeout: 10 * time.Second, Actor: "migrate"})
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -59,7 +60,7 @@ func WakeCTE(t outboxdriver.Table) string {
 // WakeView is a writer's view of whether relays wait for a wake-up on its
 // tables, for tables without the notify trigger (outboxdriver.WakeupsWriters). Reads
 // run in the background, one at a time per table, when a write finds the
-// view half of outboxdriver.WakeViewMaxAge old; a write never waits for
+// view half of driverkit.WakeViewMaxAge old; a write never waits for
 // one. A WakeView is safe for concurrent use.
 type WakeView struct {
 	read func(ctx context.Context, t outboxdriver.Table) (awakeMs, nowMs int64, trigger bool, err error)
@@ -103,7 +104,7 @@ func (v *WakeView) Wake(t outboxdriver.Table) bool {
 	defer v.mu.Unlock()
 	now := v.now()
 	s := v.state(t)
-	due := outboxdriver.WakeViewMaxAge / 2
+	due := driverkit.WakeViewMaxAge / 2
 	if s.trigger {
 		// The trigger wakes relays; only whether it is still there is
 		// worth asking, and seldom.
@@ -118,7 +119,7 @@ func (v *WakeView) Wake(t outboxdriver.Table) bool {
 	switch {
 	case !s.known, s.trigger:
 		return false
-	case now.Sub(s.started) >= outboxdriver.WakeViewMaxAge:
+	case now.Sub(s.started) >= driverkit.WakeViewMaxAge:
 		return true
 	default:
 		return now.Before(s.until)
@@ -190,7 +191,7 @@ func (v *WakeView) SetClock(t outboxdriver.Table, now func() time.Time) time.Tim
 // the table had the trigger or no read ever succeeded; the next read is
 // due as after one that came back.
 func (v *WakeView) refresh(t outboxdriver.Table, s *wakeState) {
-	ctx, cancel := context.WithTimeout(context.Background(), outboxdriver.WakeViewReadTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), driverkit.WakeViewReadTimeout)
 	defer cancel()
 	_ = v.refreshWith(ctx, t, s)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -44,7 +45,7 @@ func TestWakeViewRetriesAFailingReadAtItsPace(t *testing.T) {
 	}
 	waitReads(1)
 	// It failed; writes just short of the pace start none.
-	clock = clock.Add(outboxdriver.WakeViewMaxAge/2 - time.Microsecond)
+	clock = clock.Add(driverkit.WakeViewMaxAge/2 - time.Microsecond)
 	v.SetClock(tb, func() time.Time { return clock })
 	for range 1000 {
 		v.Wake(tb)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -218,8 +219,8 @@ func (s Store) grouped(ctx context.Context, t outboxdriver.Table) ([]groupedDead
 		if err := rows.Scan(&g.id, &g.typ, &last, timeCol{&g.at}); err != nil {
 			return nil, s.fail(t, "failure groups of", err)
 		}
-		g.class = outboxdriver.ErrorClass(last)
-		g.key = outboxdriver.FailureGroupKey(g.typ, g.class)
+		g.class = driverkit.ErrorClass(last)
+		g.key = driverkit.FailureGroupKey(g.typ, g.class)
 		out = append(out, g)
 	}
 	if err := rows.Err(); err != nil {
@@ -304,6 +305,64 @@ GROUP BY aggregatetype, type ORDER BY 3 DESC, 1, 2 LIMIT ?`, limit)
 	return out, nil
 }
 
+// backlogColumns are the columns BacklogBy groups by, as SQL; created_at
+// is rendered by the Dialect's TimeText and turned into RFC 3339 in Go.
+var backlogColumns = map[string]string{"aggregatetype": "aggregatetype", "aggregateid": "aggregateid", "type": "type", "id": "id", "created_at": ""}
+
+// BacklogBy groups t's unpublished events by column (aggregatetype,
+// aggregateid, type, id or created_at, the latter as RFC 3339 with
+// microseconds in UTC, as package route renders it) and returns at most
+// limit groups, the largest first, and one more with Rest set holding the
+// others when there are more. It reads every unpublished row.
+func (s Store) BacklogBy(ctx context.Context, t outboxdriver.Table, column string, limit int) ([]outboxdriver.BacklogGroup, error) {
+	expr, ok := backlogColumns[column]
+	if !ok {
+		return nil, fmt.Errorf("%s: cannot group the backlog by %q", s.d.Driver, column)
+	}
+	if expr == "" {
+		expr = s.d.TimeText("created_at")
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("%s: backlog groups limit %d: use at least 1", s.d.Driver, limit)
+	}
+	db, n, err := s.open(t)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, `WITH g AS (
+    SELECT `+expr+` AS v, count(*) AS n, min(created_at) AS oldest
+    FROM `+n.table+` WHERE published_at IS NULL GROUP BY `+expr+`
+), r AS (SELECT v, n, oldest, row_number() OVER (ORDER BY n DESC, v) AS rn FROM g)
+SELECT CASE WHEN rn <= ? THEN v END AS value, rn > ? AS rest, sum(n), `+s.d.AgeSeconds("min(oldest)")+`
+FROM r GROUP BY CASE WHEN rn <= ? THEN v END, rn > ? ORDER BY 2, 3 DESC, 1`, limit, limit, limit, limit)
+	if err != nil {
+		return nil, s.fail(t, "backlog by "+column+" of", err)
+	}
+	defer rows.Close()
+	var out []outboxdriver.BacklogGroup
+	for rows.Next() {
+		var g outboxdriver.BacklogGroup
+		var v sql.NullString
+		var age float64
+		if err := rows.Scan(&v, &g.Rest, &g.Events, &age); err != nil {
+			return nil, s.fail(t, "backlog by "+column+" of", err)
+		}
+		g.Value, g.OldestAge = v.String, time.Duration(max(age, 0)*float64(time.Second))
+		if column == "created_at" && !g.Rest {
+			at, err := time.Parse("2006-01-02 15:04:05.999999", g.Value)
+			if err != nil {
+				return nil, s.fail(t, "backlog by "+column+" of", err)
+			}
+			g.Value = at.UTC().Format("2006-01-02T15:04:05.000000Z")
+		}
+		out = append(out, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.fail(t, "backlog by "+column+" of", err)
+	}
+	return out, nil
+}
+
 // Relays lists the relays registered on t (alive or not yet cleaned up).
 func (s Store) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriver.RelayStatus, error) {
 	db, n, err := s.open(t)
@@ -380,4 +439,11 @@ func (s Store) Samples(ctx context.Context, t outboxdriver.Table, since time.Tim
 		return nil, s.fail(t, "samples of", err)
 	}
 	return out, nil
+}
+
+// MaintainTimePartitions does nothing: time partitions are made on
+// PostgreSQL only (outboxdriver.ErrNoTimePartitions), so no table here has
+// any.
+func (s Store) MaintainTimePartitions(context.Context, outboxdriver.Table, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+	return nil, nil
 }

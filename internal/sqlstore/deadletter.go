@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -157,7 +158,7 @@ FROM `+n.dead+` WHERE id = ?`, u).Scan(&dl.ID, &dl.AggregateType, &dl.AggregateI
 		return dl, s.fail(t, "dead letter of", err)
 	}
 	if headers.Valid {
-		dl.Headers = outboxdriver.ParseHeaders(headers.String)
+		dl.Headers = driverkit.ParseHeaders(headers.String)
 	}
 	if payload.Valid {
 		dl.Payload = []byte(payload.String)
@@ -267,33 +268,21 @@ FROM `+n.audit+` WHERE `+w.sql()+` ORDER BY id DESC LIMIT ?`, append(w.args, q.L
 // and original positions (seq), so they are relayed again first within
 // their aggregates (an aggregate held behind one of them stays held until
 // it is published). ids nil means every dead letter. Each move is recorded
-// in the audit table under actor, in the same transaction. It returns the
-// ids moved, in seq order.
-func (s Store) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return s.move(ctx, t, ids, outboxdriver.Acting{Name: actor}, "retry", false)
+// in the audit table as by, in the same transaction. It returns the ids
+// moved, in seq order.
+func (s Store) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
+	return s.move(ctx, t, ids, by, "retry")
 }
 
 // DiscardDeadLetters deletes dead letters for good and releases the
 // aggregates held behind them. ids nil means every dead letter. Each
-// deletion is recorded in the audit table under actor, in the same
-// transaction. It returns the ids deleted, in seq order.
-func (s Store) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, actor string) ([]string, error) {
-	return s.move(ctx, t, ids, outboxdriver.Acting{Name: actor}, "discard", false)
+// deletion is recorded in the audit table as by, in the same transaction.
+// It returns the ids deleted, in seq order.
+func (s Store) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
+	return s.move(ctx, t, ids, by, "discard")
 }
 
-// RetryDeadLettersAs is RetryDeadLetters with each audit row carrying
-// by's name, role and reason.
-func (s Store) RetryDeadLettersAs(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
-	return s.move(ctx, t, ids, by, "retry", true)
-}
-
-// DiscardDeadLettersAs is DiscardDeadLetters with each audit row carrying
-// by's name, role and reason.
-func (s Store) DiscardDeadLettersAs(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
-	return s.move(ctx, t, ids, by, "discard", true)
-}
-
-func (s Store) move(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting, action string, acting bool) ([]string, error) {
+func (s Store) move(ctx context.Context, t outboxdriver.Table, ids []string, by outboxdriver.Acting, action string) ([]string, error) {
 	db, n, err := s.open(t)
 	if err != nil {
 		return nil, err
@@ -304,7 +293,7 @@ func (s Store) move(ctx context.Context, t outboxdriver.Table, ids []string, by 
 	var moved []string
 	err = s.inTx(ctx, db, func(tx *sql.Tx) error {
 		var err error
-		moved, err = s.moveIn(ctx, tx, n, ids, by, action, acting)
+		moved, err = s.moveIn(ctx, tx, n, ids, by, action)
 		return err
 	})
 	if err != nil {
@@ -315,7 +304,7 @@ func (s Store) move(ctx context.Context, t outboxdriver.Table, ids []string, by 
 
 // moveIn retries or discards the dead letters ids (nil: all) inside tx,
 // auditing each, and returns the ids moved in seq order.
-func (s Store) moveIn(ctx context.Context, tx *sql.Tx, n tables, ids []string, by outboxdriver.Acting, action string, acting bool) ([]string, error) {
+func (s Store) moveIn(ctx context.Context, tx *sql.Tx, n tables, ids []string, by outboxdriver.Acting, action string) ([]string, error) {
 	type dead struct{ id, detail string }
 	var found []dead
 	lock := func(cond string, args []any) error {
@@ -378,14 +367,8 @@ FROM `+n.dead+` WHERE `+in+` ORDER BY seq`, args...); err != nil {
 		}
 	}
 	for _, d := range found {
-		var err error
-		if acting {
-			_, err = tx.ExecContext(ctx, `INSERT INTO `+n.audit+` (actor, role, action, event_id, detail, reason) VALUES (?, ?, ?, ?, ?, ?)`,
-				by.Name, by.Role, action, d.id, d.detail, by.Reason)
-		} else {
-			_, err = tx.ExecContext(ctx, `INSERT INTO `+n.audit+` (actor, action, event_id, detail) VALUES (?, ?, ?, ?)`, by.Name, action, d.id, d.detail)
-		}
-		if err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+n.audit+` (actor, role, action, event_id, detail, reason) VALUES (?, ?, ?, ?, ?, ?)`,
+			by.Name, by.Role, action, d.id, d.detail, by.Reason); err != nil {
 			return nil, err
 		}
 	}

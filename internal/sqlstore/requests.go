@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -93,7 +94,7 @@ func (s Store) CreateRequest(ctx context.Context, t outboxdriver.Table, r outbox
 VALUES (?, ?, ?, ?, ?, ?, `+s.d.Now+`, ?)`, r.ID, r.Kind, r.Requester, r.RequesterRole, r.Reason, string(r.Params), s.d.TimeArg(r.ExpiresAt)); err != nil {
 			return err
 		}
-		return s.audit(ctx, tx, n, outboxdriver.CreatedAudit(r, by))
+		return s.audit(ctx, tx, n, driverkit.CreatedAudit(r, by))
 	})
 }
 
@@ -177,8 +178,8 @@ func (s Store) DecideRequest(ctx context.Context, t outboxdriver.Table, id, to s
 		}
 		out = r.Request
 		return s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: by.Name, Action: action, Detail: out.Kind + " requested by " + out.Requester},
-			Role:       by.Role, Reason: by.Reason, RequestID: out.ID,
+			Actor: by.Name, Action: action, Detail: out.Kind + " requested by " + out.Requester,
+			Role: by.Role, Reason: by.Reason, RequestID: out.ID,
 		})
 	})
 	return out, err
@@ -215,9 +216,9 @@ WHERE state IN ('pending', 'approved') AND expires_at <= `+s.d.Now+` ORDER BY cr
 				return err
 			}
 			if err := s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-				AuditEntry: outboxdriver.AuditEntry{Actor: by.Name, Action: "expire",
-					Detail: g.kind + " requested by " + g.requester + " was not carried out by " + g.at.Format(time.RFC3339)},
-				Role: by.Role, RequestID: g.id,
+				Actor: by.Name, Action: "expire",
+				Detail: g.kind + " requested by " + g.requester + " was not carried out by " + g.at.Format(time.RFC3339),
+				Role:   by.Role, RequestID: g.id,
 			}); err != nil {
 				return err
 			}
@@ -258,8 +259,8 @@ func (s Store) ClaimRequest(ctx context.Context, t outboxdriver.Table, id, execu
 			detail = fmt.Sprintf("resumed by executor %s (epoch %d) after %d events", executor, out.Epoch, out.Done)
 		}
 		return s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: out.DecidedBy, Action: "execute", Detail: out.Kind + " " + detail},
-			Role:       out.DecidedRole, RequestID: out.ID,
+			Actor: out.DecidedBy, Action: "execute", Detail: out.Kind + " " + detail,
+			Role: out.DecidedRole, RequestID: out.ID,
 		})
 	})
 	return out, err
@@ -295,8 +296,8 @@ func (s Store) FinishRequest(ctx context.Context, t outboxdriver.Table, id, exec
 			action, detail = "fail", fmt.Sprintf("%s failed after %d events: %s", r.Kind, r.Done, msg)
 		}
 		return s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: r.DecidedBy, Action: action, Detail: detail},
-			Role:       r.DecidedRole, RequestID: r.ID,
+			Actor: r.DecidedBy, Action: action, Detail: detail,
+			Role: r.DecidedRole, RequestID: r.ID,
 		})
 	})
 }
@@ -598,13 +599,13 @@ func (s Store) RepairDeadLetter(ctx context.Context, t outboxdriver.Table, req, 
 		bb, _ := json.Marshal(before)
 		ab, _ := json.Marshal(map[string]any{"payload": rawOrNull(newPayload), "headers": rawOrNull(newHeaders)})
 		if err := s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: r.Requester, Action: "repair", EventID: u,
-				Detail: "payload and headers replaced as approved by " + r.DecidedBy + "; retried with the same id"},
-			Role: r.RequesterRole, Reason: r.Reason, RequestID: r.ID, Before: bb, After: ab,
+			Actor: r.Requester, Action: "repair", EventID: u,
+			Detail: "payload and headers replaced as approved by " + r.DecidedBy + "; retried with the same id",
+			Role:   r.RequesterRole, Reason: r.Reason, RequestID: r.ID, Before: bb, After: ab,
 		}); err != nil {
 			return err
 		}
-		moved, err := s.moveIn(ctx, tx, n, []string{u}, by, "retry", true)
+		moved, err := s.moveIn(ctx, tx, n, []string{u}, by, "retry")
 		if err != nil {
 			return err
 		}
@@ -615,8 +616,8 @@ func (s Store) RepairDeadLetter(ctx context.Context, t outboxdriver.Table, req, 
 			return err
 		}
 		return s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			AuditEntry: outboxdriver.AuditEntry{Actor: r.DecidedBy, Action: "finish", EventID: u, Detail: "repair done: the dead letter is back in the outbox"},
-			Role:       r.DecidedRole, RequestID: r.ID,
+			Actor: r.DecidedBy, Action: "finish", EventID: u, Detail: "repair done: the dead letter is back in the outbox",
+			Role: r.DecidedRole, RequestID: r.ID,
 		})
 	})
 }

@@ -11,7 +11,7 @@
 // RETURNING, no common table expressions that change rows. Where
 // PostgreSQL's driver does a step in SQL (the error class of a failure
 // group, the headers of a replayed copy), this package does it in Go, the
-// same way (outboxdriver.ErrorClass).
+// same way (driverkit.ErrorClass).
 package sqlstore
 
 import (

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -32,7 +33,7 @@ func AddDeadLetters(t testing.TB, pool *pgxpool.Pool, tb outboxdriver.Table, row
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n := outboxdriver.NamesOf(tb.WithDefaults().Qualified)
+	n := driverkit.NamesOf(tb.WithDefaults().Qualified)
 	var ids []string
 	for _, r := range rows {
 		id := uuid.Must(uuid.NewV7()).String()

@@ -71,12 +71,6 @@ type Harness struct {
 	// expects such a row to be claimed like any other: a copy with the
 	// same id, which consumers drop (G5).
 	DuplicateIDs bool
-	// Pauses is set for a driver whose Store keeps pauses (an
-	// outboxdriver.Controller) and whose Source reads them (an
-	// outboxdriver.PauseReader): the suite then checks that a relay
-	// honours a pause within one poll interval and that resume delivers
-	// everything.
-	Pauses bool
 	// Parallel runs the suite's cases in parallel with each other (each on
 	// its own table). Leave it unset for a database that serialises
 	// writers (SQLite); the cases then run one after another.
@@ -94,10 +88,7 @@ type testCase struct {
 	// multiRelay marks a case that needs several relays competing for
 	// partitions; it is left out for a SingleRelay driver.
 	multiRelay bool
-	// pauses marks a case that needs a driver that keeps pauses; it is
-	// left out for one whose Harness.Pauses is not set.
-	pauses bool
-	why    string // what the case checks, logged when it is left out
+	why        string // what the case checks, logged when it is left out
 }
 
 // cases lists the suite.
@@ -122,10 +113,10 @@ var cases = []testCase{
 	{name: "ClaimBeforeDeliverAt", run: (*suite).testClaimBeforeDeliverAt},
 	{name: "Cleanup", run: (*suite).testCleanup},
 	{name: "Status", run: (*suite).testStatus},
+	{name: "BacklogBy", run: (*suite).testBacklogBy},
 	{name: "Wait", run: (*suite).testWait},
 	{name: "RelayEndToEnd", run: (*suite).testRelayEndToEnd},
-	{name: "PauseResume", run: (*suite).testPauseResume, pauses: true,
-		why: "a relay honours a pause of an aggregate type or destination within one poll interval; resume delivers everything in order"},
+	{name: "PauseResume", run: (*suite).testPauseResume},
 	{name: "TwoRelaysEndToEnd", run: (*suite).testTwoRelaysEndToEnd, multiRelay: true,
 		why: "two relays at once on one table while writers commit, one stopped mid-stream"},
 }
@@ -145,10 +136,6 @@ func Run(t *testing.T, h Harness) {
 	for _, c := range cases {
 		if c.multiRelay && h.SingleRelay {
 			t.Logf("drivertest: %s serves one relay per table: case %s left out (%s)", h.Name, c.name, c.why)
-			continue
-		}
-		if c.pauses && !h.Pauses {
-			t.Logf("drivertest: %s keeps no pauses: case %s left out (%s)", h.Name, c.name, c.why)
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {

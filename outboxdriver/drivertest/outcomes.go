@@ -49,7 +49,7 @@ func (s *suite) testFinishOutcomes(t *testing.T) {
 			if got := e.claim(src, leases, 10); !sameIDs(ids(got), []string{r[3].ID}) {
 				t.Fatalf("claim after finish = %v; want only d/0 (a published, b not due for an hour, c dead-lettered, d untouched)", describe(got))
 			}
-			dls, err := s.h.Store.DeadLetters(e.ctx, e.table, 10)
+			dls, err := deadLetters(e.ctx, s.h.Store, e.table, 10)
 			if err != nil {
 				t.Fatalf("dead letters: %v", err)
 			}
@@ -90,7 +90,7 @@ func (s *suite) testRetryAttempts(t *testing.T) {
 		}
 		e.finish(b, outboxdriver.Outcome{Failed: []outboxdriver.Failure{f}})
 	}
-	dls, err := s.h.Store.DeadLetters(e.ctx, e.table, 10)
+	dls, err := deadLetters(e.ctx, s.h.Store, e.table, 10)
 	if err != nil {
 		t.Fatalf("dead letters: %v", err)
 	}
@@ -184,7 +184,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 			{ID: y0.ID, Err: errors.New("poison y"), DeadLetter: true},
 		},
 	})
-	dls, err := st.DeadLetters(e.ctx, e.table, 100)
+	dls, err := deadLetters(e.ctx, st, e.table, 100)
 	if err != nil {
 		t.Fatalf("dead letters: %v", err)
 	}
@@ -205,8 +205,8 @@ func (s *suite) testDeadLetters(t *testing.T) {
 	if len(dls) != 3 {
 		t.Fatalf("%d dead letters, want 3: %+v", len(dls), dls)
 	}
-	if one, err := st.DeadLetters(e.ctx, e.table, 1); err != nil || len(one) != 1 {
-		t.Fatalf("DeadLetters limit 1 listed %d (err %v)", len(one), err)
+	if one, err := deadLetters(e.ctx, st, e.table, 1); err != nil || len(one) != 1 {
+		t.Fatalf("FindDeadLetters limit 1 listed %d (err %v)", len(one), err)
 	}
 	if status := e.status(); status.DeadLetters != 3 || status.Held != 2 || status.Backlog != 4 {
 		t.Fatalf("status %+v; want 3 dead letters, 2 held aggregates (a, x), backlog 4", status)
@@ -221,11 +221,11 @@ func (s *suite) testDeadLetters(t *testing.T) {
 
 	// Retry a/0: it comes back first, and a/1 a/2 follow only once it is
 	// published.
-	moved, err := st.RetryDeadLetters(e.ctx, e.table, []string{a0.ID}, "alice")
+	moved, err := st.RetryDeadLetters(e.ctx, e.table, []string{a0.ID}, outboxdriver.Acting{Name: "alice"})
 	if err != nil || !sameIDs(moved, []string{a0.ID}) {
 		t.Fatalf("RetryDeadLetters(a/0) = %v (err %v); want [a/0]", moved, err)
 	}
-	if none, err := st.RetryDeadLetters(e.ctx, e.table, []string{newID()}, "alice"); err != nil || len(none) != 0 {
+	if none, err := st.RetryDeadLetters(e.ctx, e.table, []string{newID()}, outboxdriver.Acting{Name: "alice"}); err != nil || len(none) != 0 {
 		t.Fatalf("RetryDeadLetters of an unknown id = %v (err %v); want nothing", none, err)
 	}
 	b := e.open(src, leases, 100)
@@ -238,7 +238,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 	}
 
 	// Discard all (x/0 and y/0): x/1 is released.
-	gone, err := st.DiscardDeadLetters(e.ctx, e.table, nil, "bob")
+	gone, err := st.DiscardDeadLetters(e.ctx, e.table, nil, outboxdriver.Acting{Name: "bob"})
 	if err != nil || !sameSet(gone, []string{x0.ID, y0.ID}) {
 		t.Fatalf("DiscardDeadLetters(nil) = %v (err %v); want x/0 and y/0", gone, err)
 	}
@@ -260,7 +260,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 		{ID: p0.ID, Err: errors.New("poison p"), DeadLetter: true, Hold: true},
 		{ID: q0.ID, Err: errors.New("poison q"), DeadLetter: true},
 	}})
-	moved, err = st.RetryDeadLetters(e.ctx, e.table, nil, "carol")
+	moved, err = st.RetryDeadLetters(e.ctx, e.table, nil, outboxdriver.Acting{Name: "carol"})
 	if err != nil || !sameSet(moved, []string{p0.ID, q0.ID}) {
 		t.Fatalf("RetryDeadLetters(nil) = %v (err %v); want p/0 and q/0", moved, err)
 	}
@@ -269,7 +269,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 	}
 
 	// The audit lists every action, newest first, with its actor.
-	audit, err := st.Audit(e.ctx, e.table, 100)
+	audit, err := st.FindAudit(e.ctx, e.table, outboxdriver.AuditQuery{Limit: 100})
 	if err != nil {
 		t.Fatalf("audit: %v", err)
 	}
@@ -285,7 +285,7 @@ func (s *suite) testDeadLetters(t *testing.T) {
 	if len(got) != len(want) || !samePair(got[:2], want[:2]) || !samePair(got[2:4], want[2:4]) || got[4] != want[4] {
 		t.Fatalf("audit %+v; want, newest first, %+v (actions named retry and discard)", got, want)
 	}
-	if one, err := st.Audit(e.ctx, e.table, 1); err != nil || len(one) != 1 {
+	if one, err := st.FindAudit(e.ctx, e.table, outboxdriver.AuditQuery{Limit: 1}); err != nil || len(one) != 1 {
 		t.Fatalf("Audit limit 1 listed %d (err %v)", len(one), err)
 	}
 }
@@ -385,4 +385,10 @@ func (s *suite) testWait(t *testing.T) {
 	if src.RelayName() == "" {
 		t.Fatal("RelayName is empty")
 	}
+}
+
+// deadLetters lists up to limit dead letters of t, oldest first.
+func deadLetters(ctx context.Context, st outboxdriver.Store, t outboxdriver.Table, limit int) ([]outboxdriver.DeadLetter, error) {
+	p, err := st.FindDeadLetters(ctx, t, outboxdriver.DeadLetterQuery{Limit: limit})
+	return p.DeadLetters, err
 }

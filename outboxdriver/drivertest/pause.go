@@ -87,10 +87,7 @@ func (w *pauseWriter) count() int {
 // published, the other aggregate type flows meanwhile, the status shows
 // the pause; after resume every event arrives, each aggregate in order.
 func (s *suite) testPauseResume(t *testing.T) {
-	ctl, ok := s.h.Store.(outboxdriver.Controller)
-	if !ok {
-		t.Fatalf("%s: the Store is not an outboxdriver.Controller", s.h.Name)
-	}
+	ctl := s.h.Store
 	for _, scope := range []outboxdriver.PauseScope{
 		{Kind: outboxdriver.PauseAggregateType, Value: "order"},
 		{Kind: outboxdriver.PauseDestination, Value: destPrefix + ".order"},

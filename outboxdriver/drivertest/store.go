@@ -3,6 +3,7 @@ package drivertest
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -125,14 +126,14 @@ func (s *suite) testHostileNames(t *testing.T) {
 		check("MigrateDown", err)
 		_, err = st.Status(e.ctx, tb)
 		check("Status", err)
-		_, err = st.DeadLetters(e.ctx, tb, 10)
-		check("DeadLetters", err)
-		_, err = st.RetryDeadLetters(e.ctx, tb, nil, "drivertest")
+		_, err = st.FindDeadLetters(e.ctx, tb, outboxdriver.DeadLetterQuery{Limit: 10})
+		check("FindDeadLetters", err)
+		_, err = st.RetryDeadLetters(e.ctx, tb, nil, outboxdriver.Acting{Name: "drivertest"})
 		check("RetryDeadLetters", err)
-		_, err = st.DiscardDeadLetters(e.ctx, tb, nil, "drivertest")
+		_, err = st.DiscardDeadLetters(e.ctx, tb, nil, outboxdriver.Acting{Name: "drivertest"})
 		check("DiscardDeadLetters", err)
-		_, err = st.Audit(e.ctx, tb, 10)
-		check("Audit", err)
+		_, err = st.FindAudit(e.ctx, tb, outboxdriver.AuditQuery{Limit: 10})
+		check("FindAudit", err)
 		src, err := st.NewSource(tb, nil)
 		check("NewSource", err)
 		if err == nil {
@@ -216,5 +217,68 @@ func (s *suite) testStatus(t *testing.T) {
 		if p.Owner != "" {
 			t.Fatalf("partition %+v still owned after Release", p)
 		}
+	}
+}
+
+// testBacklogBy: the backlog grouped by a routed column, the largest
+// groups first and the rest in one more group; by created_at in RFC 3339;
+// an unknown column refused. EstimateStatus counts as Status does below
+// its bound, and time partition maintenance does nothing on a table that
+// is not partitioned by time.
+func (s *suite) testBacklogBy(t *testing.T) {
+	e := s.newEnv(t, partitions)
+	st := s.h.Store
+	e.write(ev("a", 0), ev("a", 1), ev("a", 2), ev("b", 0), ev("b", 1), ev("c", 0))
+	groups, err := st.BacklogBy(e.ctx, e.table, "aggregateid", 2)
+	if err != nil {
+		t.Fatalf("BacklogBy: %v", err)
+	}
+	type group struct {
+		value  string
+		rest   bool
+		events int64
+	}
+	var got []group
+	for _, g := range groups {
+		got = append(got, group{g.Value, g.Rest, g.Events})
+		if g.OldestAge < 0 || g.OldestAge > time.Hour {
+			t.Fatalf("group %+v: oldest age %s for events written a moment ago", g, g.OldestAge)
+		}
+	}
+	if want := []group{{"a", false, 3}, {"b", false, 2}, {"", true, 1}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("BacklogBy(aggregateid, 2) = %+v; want %+v", got, want)
+	}
+	groups, err = st.BacklogBy(e.ctx, e.table, "aggregateid", 10)
+	if err != nil || len(groups) != 3 || groups[2].Value != "c" || groups[2].Rest {
+		t.Fatalf("BacklogBy(aggregateid, 10) = %+v, %v; want a, b and c, no rest", groups, err)
+	}
+	groups, err = st.BacklogBy(e.ctx, e.table, "created_at", 100)
+	if err != nil || len(groups) == 0 {
+		t.Fatalf("BacklogBy(created_at) = %+v, %v", groups, err)
+	}
+	var sum int64
+	for _, g := range groups {
+		at, perr := time.Parse(time.RFC3339Nano, g.Value)
+		if perr != nil || g.Rest || !strings.HasSuffix(g.Value, "Z") || time.Since(at) > time.Hour || time.Until(at) > time.Hour {
+			t.Fatalf("a created_at group %+v: want a time of the last hour in RFC 3339, UTC", g)
+		}
+		sum += g.Events
+	}
+	if sum != 6 {
+		t.Fatalf("the created_at groups hold %d events, want 6", sum)
+	}
+	if _, err := st.BacklogBy(e.ctx, e.table, "payload", 10); err == nil {
+		t.Fatal("BacklogBy(payload) was not refused")
+	}
+	est, err := st.EstimateStatus(e.ctx, e.table, 1000)
+	if err != nil || est.Backlog != 6 || est.Estimated.Backlog {
+		t.Fatalf("EstimateStatus = backlog %d (estimated %v), %v; want exactly 6", est.Backlog, est.Estimated.Backlog, err)
+	}
+	if changes, err := st.MaintainTimePartitions(e.ctx, e.table, outboxdriver.TimePartitionMaintenance{KeepFor: time.Hour}); err != nil || len(changes) != 0 {
+		t.Fatalf("Store.MaintainTimePartitions of a table without time partitions = %+v, %v; want nothing", changes, err)
+	}
+	src := e.source(outboxdriver.SourceConfig{})
+	if changes, err := src.MaintainTimePartitions(e.ctx, outboxdriver.TimePartitionMaintenance{KeepFor: time.Hour}); err != nil || len(changes) != 0 {
+		t.Fatalf("Source.MaintainTimePartitions of a table without time partitions = %+v, %v; want nothing", changes, err)
 	}
 }

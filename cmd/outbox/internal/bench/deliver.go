@@ -28,15 +28,17 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Cases of the drain scenario.
@@ -123,7 +125,7 @@ const DrainAggregates = 1000
 type deliverSetup struct {
 	pool   *pgxpool.Pool
 	table  outboxdriver.Table
-	names  outboxdriver.Names
+	names  driverkit.Names
 	broker broker
 	router *route.Router
 	env    *Env

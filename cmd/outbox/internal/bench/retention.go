@@ -508,7 +508,7 @@ ORDER BY g`, rb.events, int64(RetentionAggregates))
 	}
 	t0 = time.Now()
 	if m.byTime {
-		changes, err := src.(outboxdriver.TimePartitionSource).MaintainTimePartitions(ctx, outboxdriver.TimePartitionMaintenance{KeepFor: time.Millisecond})
+		changes, err := src.MaintainTimePartitions(ctx, outboxdriver.TimePartitionMaintenance{KeepFor: time.Millisecond})
 		if err != nil {
 			return rr, err
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -260,7 +261,7 @@ func WritePath(ctx context.Context, cfg Config) (results []Result, err error) {
 type writeBench struct {
 	pool   *pgxpool.Pool
 	table  outboxdriver.Table
-	names  outboxdriver.Names
+	names  driverkit.Names
 	orders string // qualified orders table
 	plain  string // qualified table of CasePlainInsert
 	drv    *outboxpgx.Driver
