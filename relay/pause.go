@@ -32,8 +32,8 @@ import (
 type pauses struct {
 	src    outboxdriver.Source
 	every  time.Duration
-	byType   bool // the destination depends on the aggregate type alone
-	log      *slog.Logger
+	byType bool // the destination depends on the aggregate type alone
+	log    *slog.Logger
 
 	mu      sync.Mutex
 	set     pauseSet
