@@ -1,0 +1,3 @@
+module example.com/collide
+
+go 1.24

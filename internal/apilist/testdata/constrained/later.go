@@ -1,0 +1,6 @@
+//go:build someday
+
+package constrained
+
+// Someday is only in builds with the tag someday.
+func Someday() {}

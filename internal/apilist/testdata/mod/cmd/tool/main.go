@@ -1,0 +1,4 @@
+// Command tool is a command: it has no listing.
+package main
+
+func main() {}

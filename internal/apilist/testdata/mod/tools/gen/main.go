@@ -1,0 +1,4 @@
+// Command gen is a main package outside cmd/: it has no listing.
+package main
+
+func main() {}
