@@ -246,7 +246,8 @@ type Relay struct {
 }
 
 // New returns a Relay; it does no I/O. The caller keeps ownership of src
-// and snk and closes them after Stop.
+// and snk and closes them after Stop. A cfg field out of its range
+// (Config.Validate, after Config.WithDefaults) fails with a *ConfigError.
 func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if src == nil {
 		return nil, errors.New("relay: source is nil")
@@ -258,53 +259,9 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Lanes == 0 {
-		c.Lanes = DefaultLanes
-	}
-	def(&c.PollInterval, 500*time.Millisecond)
-	def(&c.LeaseTTL, 10*time.Second)
-	def(&c.RetryBase, time.Second)
-	def(&c.RetryMax, 5*time.Minute)
-	def(&c.FinishTimeout, 10*time.Second)
-	def(&c.PartitionsEvery, time.Minute)
-	def(&c.DropPartitionsAfter, c.CleanupAfter)
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 20
-	}
-	if c.CleanupBatch == 0 {
-		c.CleanupBatch = 1000
-	}
-	switch {
-	case c.BatchSize < 0 || c.BatchSize > 100_000:
-		return nil, fmt.Errorf("relay: batch size %d must be between 1 and 100000", c.BatchSize)
-	case c.Linger < 0 || c.Linger > time.Second:
-		return nil, fmt.Errorf("relay: linger %s must be between 0 and 1s", c.Linger)
-	case c.Lanes < 1 || c.Lanes > 64:
-		return nil, fmt.Errorf("relay: lanes %d must be between 1 and 64", c.Lanes)
-	case c.PollInterval < minWait:
-		return nil, fmt.Errorf("relay: poll interval %s must be at least %s", c.PollInterval, minWait)
-	case c.LeaseTTL < 300*time.Millisecond:
-		return nil, fmt.Errorf("relay: lease TTL %s must be at least 300ms", c.LeaseTTL)
-	case c.RetryBase <= 0 || c.RetryMax < c.RetryBase:
-		return nil, fmt.Errorf("relay: retry backoff base %s and max %s must satisfy 0 < base <= max", c.RetryBase, c.RetryMax)
-	case c.CleanupAfter < 0 || c.CleanupBatch < 1:
-		return nil, fmt.Errorf("relay: cleanup after %s in batches of %d: use a duration >= 0 and a batch >= 1", c.CleanupAfter, c.CleanupBatch)
-	case c.PartitionsEvery < 10*time.Millisecond:
-		return nil, fmt.Errorf("relay: partitions every %s must be at least 10ms", c.PartitionsEvery)
-	case c.PartitionLockTimeout < 0 || c.PartitionLockTimeout > time.Minute:
-		return nil, fmt.Errorf("relay: partition lock timeout %s must be between 0 (the default) and 1m", c.PartitionLockTimeout)
-	case c.MaxAttempts < 1:
-		return nil, fmt.Errorf("relay: max attempts %d must be at least 1", c.MaxAttempts)
-	case c.Poison != Hold && c.Poison != Continue:
-		return nil, fmt.Errorf("relay: unknown poison policy %d", c.Poison)
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
 	}
 	if c.Router == nil {
 		r, err := route.New(nil)

@@ -124,7 +124,8 @@ func NewFleet(opts *FleetOptions) (*Fleet, error) {
 // CheckSources checks a set of sources as Start and Reload do: between 1
 // and MaxFleetSources, unique valid names, weights within 0 to
 // MaxFleetWeight, a database and a sink URL each, no two on the same
-// table of the same database.
+// table of the same database, and each one's Options.Relay as relay.New
+// does (a *relay.ConfigError).
 func CheckSources(srcs []FleetSource) error {
 	if len(srcs) == 0 {
 		return errors.New("no sources")
@@ -152,6 +153,9 @@ func CheckSources(srcs []FleetSource) error {
 			return fmt.Errorf("source %q: no sink URL", s.Name)
 		}
 		if err := checkNames(outboxdriver.Table{Schema: s.Options.Schema, Name: s.Options.Table}); err != nil {
+			return fmt.Errorf("source %q: %w", s.Name, err)
+		}
+		if err := s.Options.Relay.WithDefaults().Validate(); err != nil {
 			return fmt.Errorf("source %q: %w", s.Name, err)
 		}
 		key := s.DB + "\x00" + s.Options.Schema + "\x00" + s.Options.Table

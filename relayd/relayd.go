@@ -101,12 +101,10 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	if opts != nil {
 		o = *opts
 	}
-	cfg := o.Relay
-	if cfg.Lanes == 0 {
-		cfg.Lanes = relay.DefaultLanes
-	}
-	if cfg.Lanes < 1 || cfg.Lanes > 64 {
-		return nil, fmt.Errorf("relayd: lanes %d: use 1 to 64", cfg.Lanes)
+	// The relay's own check, before anything is opened.
+	cfg := o.Relay.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	log := confval.Logger(cfg.Logger)
 	cfg.Logger = log
@@ -156,18 +154,13 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	if err != nil {
 		return nil, err
 	}
-	if cfg.DropPartitionsAfter == 0 {
-		cfg.DropPartitionsAfter = cfg.CleanupAfter // one window for rows and time partitions
-	}
 	if o.Retention == outboxdriver.RetentionDelete {
-		cfg.CleanupAfter = 0 // no row is kept
+		// No row is kept. DropPartitionsAfter took CleanupAfter above
+		// (WithDefaults): one window for rows and time partitions.
+		cfg.CleanupAfter = 0
 	}
 	if o.OneCPUWhileIdle {
-		batch := cfg.BatchSize
-		if batch == 0 {
-			batch = relay.DefaultBatchSize
-		}
-		cfg.OnStage = newProcs(batch, log).onStage(cfg.OnStage)
+		cfg.OnStage = newProcs(cfg.BatchSize, log).onStage(cfg.OnStage)
 	}
 	if o.Registerer != nil {
 		if cfg.Router == nil {

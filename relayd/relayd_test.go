@@ -111,7 +111,7 @@ func TestOpenRefusesBadInput(t *testing.T) {
 		{"hostile table", testenv.DatabaseURL(), "stdout:", &relayd.Options{Table: `x"; DROP TABLE y; --`}, "not a valid identifier"},
 		{"unknown database", "oracle://x", "stdout:", nil, `unknown scheme "oracle"`},
 		{"unknown sink", testenv.DatabaseURL(), "ftp://x", &relayd.Options{Schema: tb.Schema, Table: tb.Name}, `unknown scheme "ftp"`},
-		{"lanes", testenv.DatabaseURL(), "stdout:", &relayd.Options{Relay: relay.Config{Lanes: 65}}, "lanes 65"},
+		{"lanes", testenv.DatabaseURL(), "stdout:", &relayd.Options{Relay: relay.Config{Lanes: 65}}, "relay: Config.Lanes 65: use 1 to 64"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := goroutinesOnly()
@@ -123,6 +123,22 @@ func TestOpenRefusesBadInput(t *testing.T) {
 				t.Fatalf("a failed Open left goroutines behind: %v", err)
 			}
 		})
+	}
+}
+
+// A fleet's sources are checked as relay.New checks its Config, before
+// anything is opened: the error names the source and the field.
+func TestCheckSourcesChecksEachRelayConfig(t *testing.T) {
+	t.Parallel()
+	ok := relayd.FleetSource{Name: "a", DB: "postgres://db-a", Sink: "stdout:"}
+	bad := relayd.FleetSource{Name: "b", DB: "postgres://db-b", Sink: "stdout:", Options: relayd.Options{Relay: relay.Config{LeaseTTL: time.Millisecond}}}
+	if err := relayd.CheckSources([]relayd.FleetSource{ok}); err != nil {
+		t.Fatalf("CheckSources with the relay's defaults: %v", err)
+	}
+	err := relayd.CheckSources([]relayd.FleetSource{ok, bad})
+	var ce *relay.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "LeaseTTL" || !strings.HasPrefix(err.Error(), `source "b": `) {
+		t.Fatalf("CheckSources: %v, want source \"b\" named and a *relay.ConfigError for LeaseTTL", err)
 	}
 }
 

@@ -126,10 +126,10 @@ Scenarios:
 			if batch < 1 || batch > bench.MaxBatch {
 				return fmt.Errorf("--batch %d: use 1 to %d", batch, bench.MaxBatch)
 			}
-			if err := intIn("lanes", lanes, 1, 64); err != nil {
-				return err
-			}
-			if err := durationIn("linger", linger, 0, time.Second); err != nil {
+			// The relay's own check of the settings the bench gives it.
+			rcfg := relay.Config{}.WithDefaults()
+			rcfg.Lanes, rcfg.Linger = lanes, linger
+			if err := (relayFlags{"Lanes": {name: "lanes"}, "Linger": {name: "linger"}}).check(rcfg); err != nil {
 				return err
 			}
 			if len(writers) == 0 {

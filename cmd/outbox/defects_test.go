@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxsqlite"
+	"github.com/outboxkit/outbox/relay"
 )
 
 func TestVersionNamesModuleCommitAndGo(t *testing.T) {
@@ -39,6 +40,9 @@ func TestZeroValuesAreRefusedNotDefaults(t *testing.T) {
 	}{
 		{append([]string{"migrate", "--partitions", "0"}, db...), "--partitions 0: use 1 to 4096"},
 		{append([]string{"migrate", "--partitions", "5000"}, db...), "--partitions 5000: use 1 to 4096"},
+		{append(relay, "--batch", "0"), "--batch 0: use 1 to 100000"},
+		{append(relay, "--lanes", "0"), "--lanes 0: use 1 to 64"},
+		{append(relay, "--poll-interval", "0"), "--poll-interval 0s: use at least 1ms"},
 		{append(relay, "--lease-ttl", "0"), "--lease-ttl 0s: use at least 300ms"},
 		{append(relay, "--max-attempts", "0"), "--max-attempts 0: use at least 1"},
 		{append(relay, "--retry-base", "0"), "--retry-base 0s: use at least 1ms"},
@@ -58,6 +62,44 @@ func TestZeroValuesAreRefusedNotDefaults(t *testing.T) {
 		t.Run(c.want, func(t *testing.T) {
 			t.Parallel()
 			failsWithOneLine(t, []string{"OUTBOX_DB=", "OUTBOX_SINK="}, c.want, c.args...)
+		})
+	}
+}
+
+// The relay's bounds are checked by the relay (relay.Config.Validate)
+// and its error names the flag, in the words the command has always
+// used: each line here is what `outbox relay` prints after "outbox: ".
+func TestRelayBoundsNameTheFlag(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		set  func(*relay.Config)
+		want string
+	}{
+		{func(c *relay.Config) { c.BatchSize = 100_001 }, "--batch 100001: use 1 to 100000"},
+		{func(c *relay.Config) { c.Lanes = 65 }, "--lanes 65: use 1 to 64"},
+		{func(c *relay.Config) { c.PollInterval = time.Microsecond }, "--poll-interval 1µs: use at least 1ms"},
+		{func(c *relay.Config) { c.Linger = -time.Millisecond }, "--linger -1ms: must not be negative"},
+		{func(c *relay.Config) { c.Linger = 2 * time.Second }, "--linger 2s: use at most 1s"},
+		{func(c *relay.Config) { c.LeaseTTL = 299 * time.Millisecond }, "--lease-ttl 299ms: use at least 300ms (leave the flag out for its default)"},
+		{func(c *relay.Config) { c.RetryBase = 0 }, "--retry-base 0s: use at least 1ms (leave the flag out for its default)"},
+		{func(c *relay.Config) { c.RetryBase, c.RetryMax = 20*time.Millisecond, 10*time.Millisecond }, "--retry-max 10ms: use at least --retry-base (20ms)"},
+		{func(c *relay.Config) { c.MaxAttempts = -3 }, "--max-attempts -3: use at least 1 (leave the flag out for its default)"},
+		{func(c *relay.Config) { c.CleanupAfter = -time.Second }, "--keep-for -1s: must not be negative"},
+		{func(c *relay.Config) { c.PartitionLockTimeout = 500 * time.Microsecond }, "--partition-lock-timeout 500µs: use at least 1ms (leave the flag out for its default)"},
+		{func(c *relay.Config) { c.PartitionLockTimeout = 2 * time.Minute }, "--partition-lock-timeout 2m0s: use at most 1m0s"},
+		// A field without a flag keeps the relay's wording.
+		{func(c *relay.Config) { c.CleanupBatch = 0 }, "relay: Config.CleanupBatch 0: use at least 1"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			t.Parallel()
+			cfg := relay.Config{}.WithDefaults()
+			if err := relayConfigFlags().check(cfg); err != nil {
+				t.Fatalf("the relay's defaults: %v", err)
+			}
+			c.set(&cfg)
+			if err := relayConfigFlags().check(cfg); err == nil || err.Error() != c.want {
+				t.Fatalf("check: %v, want %q", err, c.want)
+			}
 		})
 	}
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/outboxkit/outbox/relay"
 )
 
 // The rule for numbers and durations on the command line (docs/cli.md): a
@@ -50,4 +53,62 @@ func firstError(errs ...error) error {
 		}
 	}
 	return nil
+}
+
+// relayFlag is the flag that sets a relay.Config field.
+type relayFlag struct {
+	name string
+	// bare phrases a value out of range as "use LO to HI" (or "use at
+	// least LO"), whichever side it is on; otherwise as intIn,
+	// intAtLeast and durationIn do.
+	bare bool
+}
+
+// relayFlags maps relay.Config field names to the flags that set them.
+type relayFlags map[string]relayFlag
+
+// check runs the relay's own check of cfg (relay.Config.Validate; the
+// bounds are the relay's) and names the flag of the field it refuses. cfg
+// holds the relay's defaults in the fields no flag sets. An error about a
+// field without a flag is returned as the relay words it.
+func (fs relayFlags) check(cfg relay.Config) error {
+	err := cfg.Validate()
+	var ce *relay.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	f, ok := fs[ce.Field]
+	if !ok {
+		return err
+	}
+	if ce.MinField != "" {
+		if lo, ok := fs[ce.MinField]; ok {
+			return fmt.Errorf("--%s %v: use at least --%s (%v)", f.name, ce.Value, lo.name, ce.Min)
+		}
+		return fmt.Errorf("--%s: %w", f.name, err)
+	}
+	if f.bare {
+		if ce.Max == nil {
+			return fmt.Errorf("--%s %v: use at least %v", f.name, ce.Value, ce.Min)
+		}
+		return fmt.Errorf("--%s %v: use %v to %v", f.name, ce.Value, ce.Min, ce.Max)
+	}
+	var phrased error
+	switch v := ce.Value.(type) {
+	case int:
+		lo, _ := ce.Min.(int)
+		if hi, ok := ce.Max.(int); ok {
+			phrased = intIn(f.name, v, lo, hi)
+		} else {
+			phrased = intAtLeast(f.name, v, lo)
+		}
+	case time.Duration:
+		lo, _ := ce.Min.(time.Duration)
+		hi, _ := ce.Max.(time.Duration) // nil: no upper bound, as 0 is to durationIn
+		phrased = durationIn(f.name, v, lo, hi)
+	}
+	if phrased != nil {
+		return phrased
+	}
+	return fmt.Errorf("--%s: %w", f.name, err)
 }

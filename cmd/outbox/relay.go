@@ -33,15 +33,17 @@ func newRelay() *cobra.Command {
 		retention   string
 		logLevel    string
 		poison      string
-		rcfg        relay.Config
-		source      string
-		cdc         outboxpgx.CDCConfig
-		cdcCreate   bool
-		cdcMode     string
-		contracts   contractFlags
-		ce          cloudEventsFlags
-		rec         relayReconcile
-		fl          fleetFlags
+		// The relay's defaults for the fields no flag sets: a flag's
+		// value is used as given, zero included (docs/cli.md).
+		rcfg      = relay.Config{}.WithDefaults()
+		source    string
+		cdc       outboxpgx.CDCConfig
+		cdcCreate bool
+		cdcMode   string
+		contracts contractFlags
+		ce        cloudEventsFlags
+		rec       relayReconcile
+		fl        fleetFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -133,26 +135,17 @@ Sinks (--sink):
 			if err != nil {
 				return fmt.Errorf("routing: %w", err)
 			}
-			if batch < 1 || batch > 100_000 {
-				return fmt.Errorf("--batch %d: use 1 to 100000", batch)
-			}
-			if poll < time.Millisecond {
-				return fmt.Errorf("--poll-interval %s: use at least 1ms", poll)
+			rcfg.BatchSize, rcfg.PollInterval = batch, poll
+			// The relay's own check of its settings, before anything is
+			// opened; its errors name the flag.
+			if err := relayConfigFlags().check(rcfg); err != nil {
+				return err
 			}
 			if err := firstError(
-				durationIn("linger", rcfg.Linger, 0, time.Second),
 				durationIn("shutdown-grace", grace, 0, 0),
-				durationIn("keep-for", rcfg.CleanupAfter, 0, 0),
-				durationIn("partition-lock-timeout", rcfg.PartitionLockTimeout, time.Millisecond, time.Minute),
-				durationIn("lease-ttl", rcfg.LeaseTTL, 300*time.Millisecond, 0),
-				intAtLeast("max-attempts", rcfg.MaxAttempts, 1),
-				durationIn("retry-base", rcfg.RetryBase, time.Millisecond, 0),
 				durationIn("webhook-timeout", sf.webhookTimeout, time.Millisecond, 0),
 			); err != nil {
 				return err
-			}
-			if rcfg.RetryMax < rcfg.RetryBase {
-				return fmt.Errorf("--retry-max %s: use at least --retry-base (%s)", rcfg.RetryMax, rcfg.RetryBase)
 			}
 			if sf.redisMaxLen < 0 {
 				return fmt.Errorf("--redis-maxlen %d: must not be negative (0 never trims)", sf.redisMaxLen)
@@ -173,9 +166,6 @@ Sinks (--sink):
 				defer ln.Close()
 			}
 			ctx := cmd.Context()
-			if rcfg.Lanes < 1 || rcfg.Lanes > 64 {
-				return fmt.Errorf("--lanes %d: use 1 to 64", rcfg.Lanes)
-			}
 			sinkOpts, err := sf.options()
 			if err != nil {
 				return err
@@ -183,7 +173,7 @@ Sinks (--sink):
 			if registry != nil {
 				rcfg.Contracts = registry
 			}
-			rcfg.BatchSize, rcfg.PollInterval, rcfg.Router, rcfg.Logger, rcfg.OnStage = batch, poll, router, log, onStage
+			rcfg.Router, rcfg.Logger, rcfg.OnStage = router, log, onStage
 			tp, shutdownTracing, err := tracerFromEnv(ctx, log)
 			if err != nil {
 				return err
@@ -284,6 +274,23 @@ Sinks (--sink):
 	rec.register(cmd)
 	contracts.register(cmd, "check every event against its contract before publishing; a violation is dead-lettered with cause contract")
 	return cmd
+}
+
+// relayConfigFlags returns the flags of `outbox relay` that set
+// relay.Config fields.
+func relayConfigFlags() relayFlags {
+	return relayFlags{
+		"BatchSize":            {name: "batch", bare: true},
+		"Lanes":                {name: "lanes", bare: true},
+		"PollInterval":         {name: "poll-interval", bare: true},
+		"Linger":               {name: "linger"},
+		"LeaseTTL":             {name: "lease-ttl"},
+		"RetryBase":            {name: "retry-base"},
+		"RetryMax":             {name: "retry-max"},
+		"MaxAttempts":          {name: "max-attempts"},
+		"CleanupAfter":         {name: "keep-for"},
+		"PartitionLockTimeout": {name: "partition-lock-timeout"},
+	}
 }
 
 // cdcOptions checks the --source and --cdc-* flags.
