@@ -74,21 +74,22 @@ func New(pool *pgxpool.Pool, opts ...Option) *Driver {
 type Option func(*Driver)
 
 // WithMessages makes the Driver write events as transactional logical
-// decoding messages instead of rows (docs/cdc.md, Message mode): WriteTx,
-// Write, Queue and a Tx from Begin emit one pg_logical_emit_message(true,
-// MessagePrefix(table), content) per event, with the content format of
-// MessageVersion. Nothing is inserted, so nothing is left to delete or
-// vacuum; only a relay with --source cdc (a CDCSource) reads such events,
-// and only what is written while its replication slot exists: create the
-// slot first (`outbox migrate --cdc`, or start the relay).
+// decoding messages instead of rows (message mode,
+// docs/cdc.md#the-three-write-modes): WriteTx, Write, Queue and a Tx from
+// Begin emit one pg_logical_emit_message(true, MessagePrefix(table),
+// content) per event, with the content format of MessageVersion. Nothing
+// is inserted, so nothing is left to delete or vacuum; only a relay with
+// --source cdc (a CDCSource) reads such events, and only what is written
+// while its replication slot exists: create the slot first
+// (`outbox migrate --cdc`, or start the relay).
 func WithMessages() Option { return func(d *Driver) { d.messages, d.insertDelete = true, false } }
 
 // WithInsertDelete makes the Driver write each event as a row and delete
-// it again in the same statement (docs/cdc.md, Insert+delete mode;
-// Debezium's recommended pattern): the INSERT reaches the WAL, so a relay
-// with --source cdc publishes it, and the table stays empty. The polling
-// relay never sees such events: use it only with log tailing. It needs the
-// table migrated to version 4.
+// it again in the same statement (insert + delete mode,
+// docs/cdc.md#the-three-write-modes; Debezium's recommended pattern): the
+// INSERT reaches the WAL, so a relay with --source cdc publishes it, and
+// the table stays empty. The polling relay never sees such events: use it
+// only with log tailing. It needs the table migrated to version 4.
 func WithInsertDelete() Option { return func(d *Driver) { d.insertDelete, d.messages = true, false } }
 
 // WithoutWakeups makes the Driver's inserts send no wake-up to an idle

@@ -16,7 +16,8 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Events as logical decoding messages (docs/cdc.md, Message mode).
+// Events as logical decoding messages (message mode,
+// docs/cdc.md#the-three-write-modes).
 //
 // A writer in message mode adds no row: each event is one transactional
 // logical decoding message,

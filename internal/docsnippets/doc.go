@@ -1,10 +1,14 @@
-// Package docsnippets checks that the Go code in the documentation compiles.
+// Package docsnippets checks the documentation: that its Go code compiles
+// and that its links lead somewhere.
 //
-// It has no code of its own: its test reads README.md and docs/*.md, takes
-// every fenced code block opened with ```go, and builds them all with one
-// `go build` run from the module root, so that a snippet that no longer
-// matches the API fails the test suite with the file and the line of the
-// block.
+// It has no code of its own. Its tests read README.md and docs/*.md.
+//
+// # Snippets
+//
+// The snippet test takes every fenced code block opened with ```go and
+// builds them all with one `go build` run from the module root, so that a
+// snippet that no longer matches the API fails the test suite with the
+// file and the line of the block.
 //
 // The rule a snippet follows:
 //
@@ -46,4 +50,18 @@
 // removes at the end; its name starts with an underscore, so that ./...
 // never matches it. Compiler errors carry the Markdown file's name and
 // line (through //line directives), not the generated file's.
+//
+// # Links
+//
+// The link test checks every relative link of README.md and docs/*.md
+// (inline links, images and reference definitions, outside code blocks and
+// code spans): its target file or folder exists in the repository, and an
+// #anchor names a heading or an explicit <a id="..."> or <a name="...">
+// of the target Markdown file. A heading's anchor is GitHub's: the text as
+// rendered, lowercased, every character but letters, marks, numbers, _, -
+// and spaces removed, each space turned into -; a second heading with the
+// same anchor gets -1, the third -2. A link into another kind of file may
+// only name a line (#L12). It also checks every docs/<file>.md#<anchor>
+// and README.md#<anchor> written in the module's Go files (comments and
+// strings). Links with a scheme (https:, mailto:) are not followed.
 package docsnippets

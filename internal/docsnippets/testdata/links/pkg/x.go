@@ -1,0 +1,3 @@
+package pkg
+
+// See docs/a.md#notes and docs/a.md#gone.
