@@ -20,5 +20,5 @@
 //     never imports a database client.
 //
 // Every driver of this module passes one conformance suite
-// (outboxdriver/drivertest). The package imports nothing of the module.
+// (outboxdrivertest). The package imports nothing of the module.
 package outboxdriver

@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxdriver/drivertest"
+	"github.com/outboxkit/outbox/outboxdrivertest"
 	"github.com/outboxkit/outbox/outboxmysql"
 )
 
@@ -18,7 +18,7 @@ import (
 // database.
 func TestConformance(t *testing.T) {
 	db := openDB(t, "")
-	drivertest.Run(t, drivertest.Harness{
+	outboxdrivertest.Run(t, outboxdrivertest.Harness{
 		Name:  "mysql",
 		Store: outboxmysql.New(db),
 		NewTable: func(t testing.TB) outboxdriver.Table {

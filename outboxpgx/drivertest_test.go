@@ -8,7 +8,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxdriver/drivertest"
+	"github.com/outboxkit/outbox/outboxdrivertest"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
@@ -17,7 +17,7 @@ import (
 func TestDriverConformance(t *testing.T) {
 	t.Parallel()
 	pool := testenv.PoolMax(t, 40) // the cases run in parallel, each holding open batches, a listener and relays
-	drivertest.Run(t, drivertest.Harness{
+	outboxdrivertest.Run(t, outboxdrivertest.Harness{
 		Name:     "pgx",
 		Store:    outboxpgx.New(pool),
 		NewTable: func(t testing.TB) outboxdriver.Table { return testenv.Table(t, pool) },

@@ -9,7 +9,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxdriver/drivertest"
+	"github.com/outboxkit/outbox/outboxdrivertest"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxsql"
 )
@@ -25,7 +25,7 @@ func TestDriverConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	drivertest.Run(t, drivertest.Harness{
+	outboxdrivertest.Run(t, outboxdrivertest.Harness{
 		Name:     "database/sql",
 		Store:    outboxpgx.New(pool),
 		NewTable: func(t testing.TB) outboxdriver.Table { return testenv.Table(t, pool) },

@@ -13,7 +13,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxdriver/drivertest"
+	"github.com/outboxkit/outbox/outboxdrivertest"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
 
@@ -22,7 +22,7 @@ import (
 // relays competing are left out, and the cases run one after another.
 func TestDriverConformance(t *testing.T) {
 	db := openDB(t)
-	drivertest.Run(t, drivertest.Harness{
+	outboxdrivertest.Run(t, outboxdrivertest.Harness{
 		Name:  "sqlite",
 		Store: outboxsqlite.New(db),
 		NewTable: func(t testing.TB) outboxdriver.Table {

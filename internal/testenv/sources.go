@@ -22,7 +22,7 @@ import "testing"
 //
 // Left to the polling source, because they check what log tailing does
 // not have:
-//   - outboxdriver/drivertest: its cases test a Store's own Source (claim
+//   - outboxdrivertest: its cases test a Store's own Source (claim
 //     SQL, partition leases in the table, SKIP LOCKED over busy
 //     partitions, cleanup, LISTEN/NOTIFY waits); a CDC source claims from
 //     memory under one slot lease, and drivers other than pgx have none;

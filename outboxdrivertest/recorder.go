@@ -1,4 +1,4 @@
-package drivertest
+package outboxdrivertest
 
 import (
 	"bytes"
@@ -105,7 +105,7 @@ type recordingSink struct {
 
 var _ sink.Sink = (*recordingSink)(nil)
 
-var errSinkClosed = errors.New("drivertest: sink closed")
+var errSinkClosed = errors.New("outboxdrivertest: sink closed")
 
 // Publish records msgs and acknowledges each of them.
 func (s *recordingSink) Publish(ctx context.Context, msgs []sink.Message) []error {
@@ -113,7 +113,7 @@ func (s *recordingSink) Publish(ctx context.Context, msgs []sink.Message) []erro
 		return sink.Results(len(msgs), errSinkClosed)
 	}
 	if err := ctx.Err(); err != nil {
-		return sink.Results(len(msgs), fmt.Errorf("drivertest: publish: %w", err))
+		return sink.Results(len(msgs), fmt.Errorf("outboxdrivertest: publish: %w", err))
 	}
 	s.rec.record(msgs)
 	return make([]error, len(msgs))

@@ -1,7 +1,10 @@
-// Package drivertest is the conformance suite every outbox driver passes:
-// the PostgreSQL drivers (pgx, database/sql), MySQL/MariaDB and SQLite run
-// the same tests against their real database. A driver's test calls Run
-// with a Harness.
+// Package outboxdrivertest is the conformance suite every outbox driver
+// passes: the PostgreSQL drivers (pgx, database/sql, log tailing),
+// MySQL/MariaDB and SQLite run the same tests against their real
+// database. A driver's test calls Run with a Harness. It is experimental,
+// as the seam it checks (package outboxdriver) is; it stands beside the
+// seam as a package of its own so that a driver written outside this
+// module can run the same suite.
 //
 // The suite works only through outboxdriver.Store, Source and Batch, the
 // harness's Write and ExecInsert, and the relay engine, so what it checks
@@ -11,7 +14,7 @@
 // acknowledges, and the suite checks what it recorded (no loss, no event
 // of a rolled-back transaction, each aggregate in commit order,
 // duplicates only by id).
-package drivertest
+package outboxdrivertest
 
 import (
 	"cmp"
@@ -130,12 +133,12 @@ type suite struct {
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Store == nil || h.NewTable == nil || h.Write == nil || h.ExecInsert == nil || h.ExecDelay == nil || h.DeliverAtVersion < 2 {
-		t.Fatalf("drivertest: harness %q needs Store, NewTable, Write, ExecInsert, ExecDelay and DeliverAtVersion", h.Name)
+		t.Fatalf("outboxdrivertest: harness %q needs Store, NewTable, Write, ExecInsert, ExecDelay and DeliverAtVersion", h.Name)
 	}
 	s := &suite{h: h}
 	for _, c := range cases {
 		if c.multiRelay && h.SingleRelay {
-			t.Logf("drivertest: %s serves one relay per table: case %s left out (%s)", h.Name, c.name, c.why)
+			t.Logf("outboxdrivertest: %s serves one relay per table: case %s left out (%s)", h.Name, c.name, c.why)
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {
