@@ -12,7 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/inboxpgx"
-	"github.com/outboxkit/outbox/internal/tracing/tracingtest"
+	"github.com/outboxkit/outbox/inbox/internal/tracingtest"
 	"github.com/outboxkit/outbox/sink/kafkasink"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/inboxpgx"
-	"github.com/outboxkit/outbox/internal/tracing/tracingtest"
+	"github.com/outboxkit/outbox/inbox/internal/tracingtest"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink/natssink"
 )
