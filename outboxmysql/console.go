@@ -51,7 +51,7 @@ var dialect = sqlstore.Dialect{
 }
 
 // Pauses reads the pauses in force: one small query.
-func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+func (s *source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	return sqlstore.Pauses(ctx, dialect, s.db, s.Table)
 }
 
@@ -68,4 +68,4 @@ func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 // ExcludeAggregateTypes leaves the events of types out of the next claims
 // (the relay sets the paused ones), so that a paused backlog does not fill
 // every batch while other events wait behind it.
-func (s *Source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }
+func (s *source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }

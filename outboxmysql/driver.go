@@ -17,7 +17,7 @@ import (
 // Driver is the outbox on one MySQL or MariaDB server through
 // database/sql.
 type Driver struct {
-	driverkit.SQLPool
+	pool driverkit.SQLPool
 	console
 }
 
@@ -28,7 +28,7 @@ type Driver struct {
 // needs a connection of its own then fails.
 func New(db *sql.DB) *Driver {
 	p := driverkit.NewSQLPool("outboxmysql", db)
-	return &Driver{SQLPool: p, console: sqlstore.New(dialect, p.Need)}
+	return &Driver{pool: p, console: sqlstore.New(dialect, p.Need)}
 }
 
 var (
@@ -60,7 +60,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 // Insert inserts rows in a transaction of its own on the Driver's
 // database.
 func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
-	return d.InTx(ctx, func(tx *sql.Tx) error { return insert(ctx, tx, t, rows) })
+	return d.pool.InTx(ctx, func(tx *sql.Tx) error { return insert(ctx, tx, t, rows) })
 }
 
 func insert(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
@@ -149,3 +149,6 @@ func nullBytes(b []byte) any {
 // DefaultSchema implements outboxdriver.SchemaDefaulter: with no schema
 // configured, the outbox table is in the connection's current database.
 func (d *Driver) DefaultSchema() string { return "" }
+
+// Close does nothing: the pool is the caller's.
+func (d *Driver) Close() error { return nil }

@@ -42,13 +42,13 @@ func newFixture(t *testing.T, partitions int) *fixture {
 
 // source returns a Source named name that leases every partition for a
 // minute.
-func (f *fixture) source(t *testing.T, name string, ttl time.Duration) (*outboxmysql.Source, []outboxdriver.Lease) {
+func (f *fixture) source(t *testing.T, name string, ttl time.Duration) (outboxdriver.Source, []outboxdriver.Lease) {
 	t.Helper()
 	s0, err := outboxmysql.New(f.db).NewSource(f.tb, &outboxdriver.SourceConfig{RelayName: name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := s0.(*outboxmysql.Source)
+	src := s0
 	_, n, err := src.Heartbeat(f.ctx, ttl)
 	if err != nil {
 		t.Fatal(err)

@@ -273,7 +273,7 @@ func (m *migrator) down(ctx context.Context, target int) ([]int, error) {
 // transaction: instead every step is idempotent, and a migration cut short
 // (a crash, a lost connection) is completed by running Migrate again.
 func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +294,7 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 // the outbox tables and everything in them. Like Migrate, it runs under
 // the migration lock and can be repeated if it was cut short.
 func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target int) ([]int, error) {
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	if err != nil {
 		return nil, err
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Source is the relay's view of an outbox table in MySQL or MariaDB.
-type Source struct {
+// source is the relay's view of an outbox table in MySQL or MariaDB.
+type source struct {
 	driverkit.SourceBase
 	db *sql.DB
 	n  driverkit.Names
@@ -27,20 +27,20 @@ type Source struct {
 	delays  driverkit.ColumnProbe    // the deliver_at column (schema version 4)
 }
 
-var _ outboxdriver.Source = (*Source)(nil)
+var _ outboxdriver.Source = (*source)(nil)
 
 // NewSource returns the relay's view of table t, using the Driver's
 // database for every query. It does no I/O. t.Schema is the MySQL
 // database; empty means the connection's current one.
 func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	if err != nil {
 		return nil, err
 	}
 	if err := validate(t); err != nil {
 		return nil, err
 	}
-	s := &Source{db: db, n: namesOf(t)}
+	s := &source{db: db, n: namesOf(t)}
 	if err := s.Init(t, cfg); err != nil {
 		return nil, fmt.Errorf("outboxmysql: %w", err)
 	}
@@ -81,7 +81,7 @@ type querier interface {
 
 // heldLeases returns the partitions of leases that the relay still holds,
 // by the database clock, at the epoch it acquired them.
-func (s *Source) heldLeases(ctx context.Context, q querier, leases []outboxdriver.Lease) (map[int]bool, error) {
+func (s *source) heldLeases(ctx context.Context, q querier, leases []outboxdriver.Lease) (map[int]bool, error) {
 	out := map[int]bool{}
 	if len(leases) == 0 {
 		return out, nil
@@ -115,7 +115,7 @@ WHERE owner = ? AND expires_at > UTC_TIMESTAMP(6) AND `+"`partition`"+` IN (`+pl
 // claim's transaction left idle: idle_transaction_timeout on MariaDB, and
 // wait_timeout (which ends the idle connection) on MySQL, which has no
 // transaction-level one.
-func (s *Source) idleVariable(ctx context.Context, conn *sql.Conn) (string, error) {
+func (s *source) idleVariable(ctx context.Context, conn *sql.Conn) (string, error) {
 	if v, ok := s.idleVar.Load().(string); ok && v != "" {
 		return v, nil
 	}
@@ -135,7 +135,7 @@ func (s *Source) idleVariable(ctx context.Context, conn *sql.Conn) (string, erro
 // claimed rows and the partitions' claim rows locked.
 type batch struct {
 	driverkit.BatchState
-	src     *Source
+	src     *source
 	conn    *sql.Conn
 	tx      *sql.Tx
 	idleVar string
@@ -162,7 +162,7 @@ type batch struct {
 // lease TTL: on MariaDB the server then ends it (idle_transaction_timeout);
 // on MySQL it closes the idle connection (wait_timeout). Either releases a
 // paused relay's claim.
-func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
+func (s *source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxmysql: claim limit %d must be positive", limit)
 	}
@@ -538,7 +538,7 @@ func (b *batch) closeConn(ctx context.Context, bad bool) {
 // Wait sleeps until d has passed or ctx is done: MySQL has no
 // LISTEN/NOTIFY, so the poll interval is the latency floor of an idle
 // relay.
-func (s *Source) Wait(ctx context.Context, d time.Duration) error {
+func (s *source) Wait(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -550,17 +550,17 @@ func (s *Source) Wait(ctx context.Context, d time.Duration) error {
 }
 
 // WakesOnCommit is false: Wait returns only when d has passed.
-func (s *Source) WakesOnCommit() bool { return false }
+func (s *source) WakesOnCommit() bool { return false }
 
 // SetIdle does nothing: writers have no way to wake a MySQL relay.
-func (s *Source) SetIdle(context.Context, time.Duration) error { return nil }
+func (s *source) SetIdle(context.Context, time.Duration) error { return nil }
 
 // Close does nothing: db belongs to the caller.
-func (s *Source) Close() error { return nil }
+func (s *source) Close() error { return nil }
 
 // Heartbeat registers the relay as alive for ttl and counts the live relays
 // and the partitions.
-func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
+func (s *source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
 	s.NoteTTL(ttl)
 	if _, err := s.db.ExecContext(ctx, `INSERT INTO `+s.n.Relays+` (relay, expires_at)
 VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
@@ -577,7 +577,7 @@ ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`, s.Cfg.RelayName, ttl.M
 
 // Acquire takes up to n free or expired partitions, lowest first, each
 // with a new epoch.
-func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
+func (s *source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if n <= 0 {
 		return nil, nil
 	}
@@ -615,7 +615,7 @@ WHERE `+"`partition`"+` IN (`+in+`)`, append([]any{s.Cfg.RelayName, ttl.Microsec
 }
 
 // inTx runs fn in a READ COMMITTED transaction.
-func (s *Source) inTx(ctx context.Context, fn func(tx *sql.Tx) ([]outboxdriver.Lease, error)) ([]outboxdriver.Lease, error) {
+func (s *source) inTx(ctx context.Context, fn func(tx *sql.Tx) ([]outboxdriver.Lease, error)) ([]outboxdriver.Lease, error) {
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, err
@@ -628,7 +628,7 @@ func (s *Source) inTx(ctx context.Context, fn func(tx *sql.Tx) ([]outboxdriver.L
 	return out, tx.Commit()
 }
 
-func (s *Source) leaseRows(ctx context.Context, q querier, query string, args ...any) ([]outboxdriver.Lease, error) {
+func (s *source) leaseRows(ctx context.Context, q querier, query string, args ...any) ([]outboxdriver.Lease, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -638,7 +638,7 @@ func (s *Source) leaseRows(ctx context.Context, q querier, query string, args ..
 
 // leaseMatch returns the WHERE condition, and its arguments, that selects
 // the relay's rows of leases at their epochs.
-func (s *Source) leaseMatch(leases []outboxdriver.Lease) (string, []any) {
+func (s *source) leaseMatch(leases []outboxdriver.Lease) (string, []any) {
 	var b strings.Builder
 	args := []any{s.Cfg.RelayName}
 	parts := make([]any, len(leases))
@@ -656,7 +656,7 @@ func (s *Source) leaseMatch(leases []outboxdriver.Lease) (string, []any) {
 }
 
 // Renew extends leases by ttl and returns those the relay still holds.
-func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
+func (s *source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if len(leases) == 0 {
 		return nil, nil
 	}
@@ -673,7 +673,7 @@ func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl tim
 }
 
 // Release gives leases up; with all, it also unregisters the relay.
-func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
+func (s *source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
 	if len(leases) > 0 {
 		where, args := s.leaseMatch(leases)
 		if _, err := s.db.ExecContext(ctx, `UPDATE `+s.n.Leases+` SET owner = NULL, expires_at = '1970-01-01 00:00:00' WHERE `+where, args...); err != nil {
@@ -691,7 +691,7 @@ func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all b
 // Cleanup deletes up to limit published rows of the leased partitions that
 // are older than olderThan, oldest first, in one short statement. Call it
 // repeatedly: one giant DELETE would hold locks for long.
-func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
+func (s *source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
 	if len(leases) == 0 || limit <= 0 {
 		return 0, nil
 	}
@@ -708,6 +708,6 @@ ORDER BY published_at LIMIT ?`, append(append([]any{olderThan.Microseconds()}, i
 
 // MaintainTimePartitions does nothing: no table here is partitioned by
 // time (outboxdriver.ErrNoTimePartitions).
-func (s *Source) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+func (s *source) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
 	return nil, nil
 }

@@ -34,7 +34,7 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	fail := func(err error) (outboxdriver.Status, error) {
 		return st, fmt.Errorf("outboxmysql: status of %s: %w", t, err)
 	}
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	if err != nil {
 		return st, err
 	}

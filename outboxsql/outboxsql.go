@@ -17,7 +17,7 @@ import (
 
 // Driver writes events to a PostgreSQL database through database/sql.
 type Driver struct {
-	driverkit.SQLPool
+	pool driverkit.SQLPool
 	// wake is the view of whether relays wait, for tables whose writers
 	// send the wake-up (outboxdriver.WakeupsWriters); nil without a db.
 	wake *pgschema.WakeView
@@ -33,7 +33,7 @@ type Driver struct {
 // whether a relay waits, and adds the wake-up to its INSERT while one
 // does; a Driver without a db sends none there.
 func New(db *sql.DB) *Driver {
-	d := &Driver{SQLPool: driverkit.NewSQLPool("outboxsql", db)}
+	d := &Driver{pool: driverkit.NewSQLPool("outboxsql", db)}
 	if db != nil {
 		d.wake = pgschema.NewWakeView(func(ctx context.Context, t outboxdriver.Table) (awake, now int64, trigger bool, err error) {
 			err = db.QueryRowContext(ctx, pgschema.WakeViewSQL, pgschema.WakeViewArgs(t)...).Scan(&awake, &now, &trigger)
@@ -69,7 +69,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 // Insert inserts rows with one statement (one transaction) on the
 // Driver's database.
 func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	if err != nil {
 		return err
 	}
@@ -184,7 +184,7 @@ func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target i
 }
 
 func (d *Driver) inTx(ctx context.Context, t outboxdriver.Table, what string, fn func(*sql.Tx, outboxdriver.Table) ([]int, error)) ([]int, error) {
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	if err != nil {
 		return nil, err
 	}
@@ -206,3 +206,6 @@ func (d *Driver) inTx(ctx context.Context, t outboxdriver.Table, what string, fn
 	}
 	return vs, nil
 }
+
+// Close does nothing: the pool is the caller's.
+func (d *Driver) Close() error { return nil }

@@ -13,6 +13,6 @@ func (d *Driver) table(t outboxdriver.Table) (outboxdriver.Table, *sql.DB, error
 	if err != nil {
 		return t, nil, err
 	}
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	return t, db, err
 }

@@ -106,3 +106,6 @@ func blob(b []byte) any {
 // DefaultSchema implements outboxdriver.SchemaDefaulter: with no schema
 // configured, the outbox table is in SQLite's main database.
 func (d *Driver) DefaultSchema() string { return Schema }
+
+// Close does nothing: the pool is the caller's.
+func (d *Driver) Close() error { return nil }

@@ -49,14 +49,14 @@ func migrated(t testing.TB, n int) (*sql.DB, string, outboxdriver.Table) {
 	return db, path, tb
 }
 
-func source(t testing.TB, db *sql.DB, tb outboxdriver.Table, name string) *outboxsqlite.Source {
+func source(t testing.TB, db *sql.DB, tb outboxdriver.Table, name string) outboxdriver.Source {
 	t.Helper()
 	s, err := outboxsqlite.New(db).NewSource(tb, &outboxdriver.SourceConfig{RelayName: name})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s.(*outboxsqlite.Source)
+	return s
 }
 
 func ev(agg string, n int) outbox.Event {
@@ -227,7 +227,7 @@ func TestTwoSourcesInOneProcess(t *testing.T) {
 	// a's leases run 400ms, but its claims (which last one heartbeat TTL)
 	// a minute: a stale batch outlives the lease it was claimed under.
 	const ttl = 400 * time.Millisecond
-	for _, s := range []*outboxsqlite.Source{a, b} {
+	for _, s := range []outboxdriver.Source{a, b} {
 		if relays, _, err := s.Heartbeat(ctx, time.Minute); err != nil || relays < 1 {
 			t.Fatalf("heartbeat: %d, %v", relays, err)
 		}

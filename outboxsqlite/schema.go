@@ -155,7 +155,7 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 // committed runs fn in a write transaction of the Driver's pool and
 // commits it.
 func (d *Driver) committed(ctx context.Context, t outboxdriver.Table, fn func(*sql.Tx) ([]int, error)) ([]int, error) {
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,7 @@ import (
 // data_version for a commit by another connection.
 const WatchInterval = 10 * time.Millisecond
 
-// Source is the relay's view of an outbox table in SQLite.
+// source is the relay's view of an outbox table in SQLite.
 //
 // A claim is one short write transaction: it selects the due records of
 // the leased partitions that no batch holds, and marks their partitions
@@ -31,7 +31,7 @@ const WatchInterval = 10 * time.Millisecond
 // TTL. Finish checks the leases and the marks (the fence), records the
 // outcome and clears the marks in a second short transaction. Between the
 // two, while the batch is published, no lock is held.
-type Source struct {
+type source struct {
 	driverkit.SourceBase // its TTL: how long a claim's marks last
 	db                   *sql.DB
 	q                    queries
@@ -50,7 +50,7 @@ type Source struct {
 	closed bool
 }
 
-var _ outboxdriver.Source = (*Source)(nil)
+var _ outboxdriver.Source = (*source)(nil)
 
 type queries struct {
 	claim, mark, unclaim, fence, claimedByMe                                 string
@@ -158,7 +158,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{db: db}
+	s := &source{db: db}
 	if err := s.Init(t, cfg); err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %w", err)
 	}
@@ -169,7 +169,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 // batch is a claim: records whose partitions carry the batch's token.
 type batch struct {
 	driverkit.BatchState
-	src   *Source
+	src   *source
 	token string
 }
 
@@ -183,7 +183,7 @@ type batch struct {
 // which holds only unpublished rows with either column set. Marks last one
 // lease TTL: a relay that died with a batch in flight blocks its
 // partitions no longer than that.
-func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
+func (s *source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxsqlite: claim limit %d must be positive", limit)
 	}
@@ -429,7 +429,7 @@ func (b *batch) unclaim(ctx context.Context) {
 
 // noteVersion records the current data_version as the one Wait compares
 // against. It is best effort: without it, Wait reads its own.
-func (s *Source) noteVersion(ctx context.Context) {
+func (s *source) noteVersion(ctx context.Context) {
 	if v, err := s.dataVersion(ctx); err == nil {
 		s.seen.Store(v)
 		s.seenOK.Store(true)
@@ -439,7 +439,7 @@ func (s *Source) noteVersion(ctx context.Context) {
 // dataVersion reads PRAGMA data_version on the Source's own connection: it
 // changes whenever another connection (of this process or another)
 // commits to the file.
-func (s *Source) dataVersion(ctx context.Context) (int64, error) {
+func (s *source) dataVersion(ctx context.Context) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if s.closed {
@@ -465,7 +465,7 @@ func (s *Source) dataVersion(ctx context.Context) (int64, error) {
 	return v, nil
 }
 
-func (s *Source) dropWatcher() {
+func (s *source) dropWatcher() {
 	if s.wconn == nil {
 		return
 	}
@@ -478,7 +478,7 @@ func (s *Source) dropWatcher() {
 // the last claim (a wake-up: the relay looks again), after d, or when ctx
 // is done. It looks at PRAGMA data_version every WatchInterval; a commit
 // that touched no outbox row makes a spurious return, which is allowed.
-func (s *Source) Wait(ctx context.Context, d time.Duration) error {
+func (s *source) Wait(ctx context.Context, d time.Duration) error {
 	base, ok := s.seen.Load(), s.seenOK.Load()
 	if !ok {
 		v, err := s.dataVersion(ctx)
@@ -520,11 +520,11 @@ func (s *Source) Wait(ctx context.Context, d time.Duration) error {
 
 // SetIdle does nothing: writers send no wake-ups to SQLite relays; Wait
 // watches data_version instead, which costs the writers nothing.
-func (s *Source) SetIdle(ctx context.Context, ttl time.Duration) error { return nil }
+func (s *source) SetIdle(ctx context.Context, ttl time.Duration) error { return nil }
 
 // Close returns the Source's watcher connection to the pool. The pool
 // stays open: it belongs to the caller.
-func (s *Source) Close() error {
+func (s *source) Close() error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	s.dropWatcher()
@@ -534,7 +534,7 @@ func (s *Source) Close() error {
 
 // Heartbeat registers the relay as alive for ttl and counts the live relays
 // and the partitions. ttl also becomes the life of a claim's marks.
-func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
+func (s *source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
 	s.NoteTTL(ttl)
 	if _, err := s.db.ExecContext(ctx, s.q.heartbeat, s.Cfg.RelayName, ttl.Milliseconds()); err != nil {
 		return 0, 0, fmt.Errorf("outboxsqlite: heartbeat: %s", oneLine(err))
@@ -547,7 +547,7 @@ func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, part
 
 // Acquire takes up to n free or expired partitions, lowest first, each
 // with a new epoch, in one statement: two Sources never get the same one.
-func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
+func (s *source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if n <= 0 {
 		return nil, nil
 	}
@@ -555,14 +555,14 @@ func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outbo
 }
 
 // Renew extends leases by ttl and returns those the relay still holds.
-func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
+func (s *source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if len(leases) == 0 {
 		return nil, nil
 	}
 	return s.leaseQuery(ctx, "renew", s.q.renew, s.Cfg.RelayName, leasesJSON(leases), ttl.Milliseconds())
 }
 
-func (s *Source) leaseQuery(ctx context.Context, what, query string, args ...any) ([]outboxdriver.Lease, error) {
+func (s *source) leaseQuery(ctx context.Context, what, query string, args ...any) ([]outboxdriver.Lease, error) {
 	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %s leases: %s", what, oneLine(err))
@@ -576,7 +576,7 @@ func (s *Source) leaseQuery(ctx context.Context, what, query string, args ...any
 
 // Release gives leases up; with all, it also unregisters the relay. A
 // batch still in flight keeps its partitions marked until it ends.
-func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
+func (s *source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
 	if len(leases) > 0 {
 		if _, err := s.db.ExecContext(ctx, s.q.release, s.Cfg.RelayName, leasesJSON(leases)); err != nil {
 			return fmt.Errorf("outboxsqlite: release leases: %s", oneLine(err))
@@ -592,7 +592,7 @@ func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all b
 
 // Cleanup deletes up to limit published rows of the leased partitions that
 // are older than olderThan, oldest first, in one short statement.
-func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
+func (s *source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
 	if len(leases) == 0 || limit <= 0 {
 		return 0, nil
 	}
@@ -609,10 +609,10 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 
 // WakesOnCommit is true: Wait watches PRAGMA data_version, which changes
 // with every commit to the file.
-func (s *Source) WakesOnCommit() bool { return true }
+func (s *source) WakesOnCommit() bool { return true }
 
 // MaintainTimePartitions does nothing: no table here is partitioned by
 // time (outboxdriver.ErrNoTimePartitions).
-func (s *Source) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+func (s *source) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
 	return nil, nil
 }

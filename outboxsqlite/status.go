@@ -20,7 +20,7 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if err != nil {
 		return st, err
 	}
-	db, err := d.Need()
+	db, err := d.pool.Need()
 	if err != nil {
 		return st, err
 	}

@@ -12,7 +12,7 @@ import (
 // Driver is the outbox on one SQLite database file through database/sql
 // on modernc.org/sqlite.
 type Driver struct {
-	driverkit.SQLPool
+	pool driverkit.SQLPool
 	console
 }
 
@@ -25,7 +25,7 @@ type Driver struct {
 //	ob, err := outbox.New(outboxsqlite.New(db), nil) // main.outbox
 func New(db *sql.DB) *Driver {
 	p := driverkit.NewSQLPool("outboxsqlite", db)
-	return &Driver{SQLPool: p, console: sqlstore.New(dialect, p.Need)}
+	return &Driver{pool: p, console: sqlstore.New(dialect, p.Need)}
 }
 
 var (
@@ -36,5 +36,5 @@ var (
 
 // Insert inserts rows in a transaction of its own on the Driver's pool.
 func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outboxdriver.Row) error {
-	return d.InTx(ctx, func(tx *sql.Tx) error { return d.InsertTx(ctx, tx, t, rows) })
+	return d.pool.InTx(ctx, func(tx *sql.Tx) error { return d.InsertTx(ctx, tx, t, rows) })
 }
