@@ -77,8 +77,7 @@ type Config struct {
 	// committed meanwhile gather into the next batch instead of costing a
 	// claim, a publish and a record each. It adds up to Linger to their
 	// latency. Zero (the default) means none: latency first. What a linger
-	// saves in CPU and costs in latency is measured under Latency in
-	// docs/benchmarks.md.
+	// saves in CPU and costs in latency: docs/benchmarks.md#latency.
 	Linger time.Duration
 	// PollInterval is the longest the relay waits for a wake-up before it
 	// looks again. Defaults to 500ms.

@@ -20,8 +20,8 @@ const minWait = time.Millisecond
 // claims, empty ones counting 0). Out of it, an empty claim is followed
 // by waits of minWait doubling up to maxSteadyWait and further claims;
 // it rejoins when a wait would be longer, or once the average fell below
-// rejoinFlow. docs/benchmarks.md (Latency: out of the wake-up registry
-// during a steady flow) has the measurements behind these values.
+// rejoinFlow. docs/benchmarks.md#latency has the measurements behind
+// these values.
 const (
 	flowWeight    = 0.2
 	leaveFlow     = 3

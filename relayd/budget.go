@@ -58,11 +58,9 @@ type Budget struct {
 }
 
 // DefaultBudgetTurns, DefaultBudgetQuantum, DefaultBudgetDuty and
-// DefaultBudgetWindow are NewBudget's defaults. With them, on the 2-core
-// machine of docs/benchmarks.md (One relay for many databases), a flood
-// drained at about a sixth of its unpaced speed while nine other sources
-// had a trickle, whose p99 commit to publish grew 1.6–1.9× over its
-// figure without the flood (about 10× unpaced).
+// DefaultBudgetWindow are NewBudget's defaults: what they cost a flooded
+// source and spare the others is measured in
+// docs/benchmarks.md#one-relay-for-many-databases.
 const (
 	DefaultBudgetTurns   = 4
 	DefaultBudgetQuantum = 25

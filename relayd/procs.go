@@ -20,7 +20,8 @@ const narrowAfter = time.Second
 // and every hand-off between its goroutines (the relay's, the broker
 // client's reader and flusher) would wake a second OS thread to run the
 // woken goroutine on the idle P and put it back to sleep afterwards, a
-// sizeable share of the relay's CPU at light load (docs/benchmarks.md).
+// sizeable share of the relay's CPU at light load
+// (docs/benchmarks.md#latency).
 // With one P the
 // woken goroutine runs on the same thread once the current one blocks. A
 // full batch means a backlog, which the lanes work off in parallel: then

@@ -26,10 +26,9 @@ const (
 	// so there is nothing to wait for; records produced while a request is
 	// in flight (up to five per broker) still gather into the next one. A
 	// linger would hold every batch's last records back for its whole
-	// length, as franz-go's own default (10ms) does; without it the
-	// relay's commit-to-ack median fell tenfold and a backlog drained no
-	// slower (docs/benchmarks.md, Latency). To batch harder, append
-	// kgo.ProducerLinger to Options.
+	// length, as franz-go's own default (10ms) does; without it latency
+	// falls and a backlog drains no slower (docs/benchmarks.md#latency).
+	// To batch harder, append kgo.ProducerLinger to Options.
 	Linger time.Duration = 0
 	// MaxBufferedRecords bounds the records the client buffers; Publish
 	// blocks (until its context ends) while the buffer is full.
