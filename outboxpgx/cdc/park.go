@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -31,7 +32,7 @@ import (
 // park writes the stream's parkable events to the parked table under the
 // slot's lease (epoch), and marks them done: the slot may then confirm past
 // them. gen is the stream the caller saw.
-func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
+func (s *Source) park(ctx context.Context, gen int, epoch int64) error {
 	s.mu.Lock()
 	if gen != s.gen {
 		s.mu.Unlock()
@@ -48,7 +49,7 @@ func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
 	}
 	s.mu.Unlock()
 	var pb pgx.Batch
-	pb.Queue(s.cq.fence, s.cfg.Slot, s.Cfg.RelayName, epoch, lsnArg(lsn), lsnArg(parkedLSN(evs)))
+	pb.Queue(s.q.fence, s.cfg.Slot, s.base.Cfg.RelayName, epoch, lsnArg(lsn), lsnArg(parkedLSN(evs)))
 	s.queuePark(ctx, &pb, evs)
 	err := s.pool.SendBatch(ctx, &pb).Close()
 	s.mu.Lock()
@@ -66,7 +67,7 @@ func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
 }
 
 // parkedLocked records in memory that evs were parked. s.mu is held.
-func (s *CDCSource) parkedLocked(gen int, evs []*event) {
+func (s *Source) parkedLocked(gen int, evs []*event) {
 	// The database holds them whatever stream this is: never count fewer.
 	s.queue.parks++
 	for _, e := range evs {
@@ -99,7 +100,7 @@ func (s *CDCSource) parkedLocked(gen int, evs []*event) {
 // unpark reads back the first parked events of the aggregates that have
 // some and are no longer held, unless some of theirs are in memory
 // already, and queues them ahead of the stream's.
-func (s *CDCSource) unpark(ctx context.Context, gen int) error {
+func (s *Source) unpark(ctx context.Context, gen int) error {
 	s.mu.Lock()
 	if gen != s.gen {
 		s.mu.Unlock()
@@ -121,9 +122,9 @@ func (s *CDCSource) unpark(ctx context.Context, gen int) error {
 		return nil
 	}
 	per := max(1, min(drainPage, room/len(typs)))
-	sql := s.cq.unparkNoDelay
+	sql := s.q.unparkNoDelay
 	if s.parksDelays(ctx) {
-		sql = s.cq.unpark
+		sql = s.q.unpark
 	}
 	rows, err := s.pool.Query(ctx, sql, typs, ids, per)
 	if err != nil {
@@ -213,13 +214,13 @@ func parkedLSN(evs []*event) pglogrepl.LSN {
 
 // queuePark queues the park insert of evs on pb: with their deliver_at
 // when the parked table has it (schema version 14).
-func (s *CDCSource) queuePark(ctx context.Context, pb *pgx.Batch, evs []*event) {
+func (s *Source) queuePark(ctx context.Context, pb *pgx.Batch, evs []*event) {
 	args := parkArgs(evs)
 	if !s.parksDelays(ctx) {
-		pb.Queue(s.cq.parkNoDelay, args[:len(args)-1]...)
+		pb.Queue(s.q.parkNoDelay, args[:len(args)-1]...)
 		return
 	}
-	pb.Queue(s.cq.park, args...)
+	pb.Queue(s.q.park, args...)
 }
 
 // parkArgs are the arguments of the park insert, deliver_at last.
@@ -238,14 +239,14 @@ func parkArgs(evs []*event) []any {
 		ids[i], ats[i], aids[i], tys[i] = e.ID, pgText(e.AggregateType), pgText(e.AggregateID), pgText(e.Type)
 		switch {
 		case e.Payload != nil && storable(e.Payload):
-			ps[i] = text(e.Payload)
+			ps[i] = pgschema.NullText(e.Payload)
 		case e.Payload != nil:
 			raws[i] = e.Payload // published the same; only a dead letter would tell
 		default:
 			raws[i] = e.RawPayload
 		}
 		if len(e.HeadersJSON) > 0 && storable(e.HeadersJSON) {
-			hs[i] = text(e.HeadersJSON)
+			hs[i] = pgschema.NullText(e.HeadersJSON)
 		}
 		tcs[i] = pgText(e.TraceContext)
 		if e.bad != nil {
@@ -254,7 +255,7 @@ func parkArgs(evs []*event) []any {
 		seqs[i], cas[i], rows[i], xids[i] = e.Seq, e.CreatedAt, e.row, e.xid()
 		lsns[i] = e.tx.lsn.String()
 	}
-	return []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs, seqs, cas, bads, rows, xids, lsns, dues}
+	return []any{pgschema.UUIDArray(ids), ats, aids, tys, ps, raws, hs, tcs, seqs, cas, bads, rows, xids, lsns, dues}
 }
 
 // storable reports whether b can be stored as PostgreSQL text as it is.

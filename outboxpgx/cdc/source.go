@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"context"
@@ -20,56 +20,58 @@ import (
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
 )
 
-// CDCMode says which writes a CDC source expects, which decides what it
+// Mode says which writes a CDC source expects, which decides what it
 // does when its replication slot was lost (dropped or invalidated). It
 // reads every kind of write whatever the mode: rows (plain inserts, and
 // insert+delete) and logical decoding messages.
-type CDCMode int
+type Mode int
 
 const (
-	// CDCTable: events are rows of the outbox table. A lost slot is
+	// ModeTable: events are rows of the outbox table. A lost slot is
 	// reported and made again, and the rows still in the table are relayed
 	// (drained) before the new slot's stream: nothing is lost. The default.
-	CDCTable CDCMode = iota
-	// CDCMessages: events are logical decoding messages (WithMessages),
-	// which exist only in the WAL. A lost slot stops the relay with an
-	// error that names the LSN range in which messages may be lost.
-	CDCMessages
-	// CDCInsertDelete: events are rows deleted again in their own
-	// transaction (WithInsertDelete), which exist only in the WAL too. A
-	// lost slot stops the relay as in CDCMessages.
-	CDCInsertDelete
+	ModeTable Mode = iota
+	// ModeMessages: events are logical decoding messages
+	// (outboxpgx.WithMessages), which exist only in the WAL. A lost slot
+	// stops the relay with an error that names the LSN range in which
+	// messages may be lost.
+	ModeMessages
+	// ModeInsertDelete: events are rows deleted again in their own
+	// transaction (outboxpgx.WithInsertDelete), which exist only in the
+	// WAL too. A lost slot stops the relay as in ModeMessages.
+	ModeInsertDelete
 )
 
 // String returns "table", "message" or "insert-delete".
-func (m CDCMode) String() string {
+func (m Mode) String() string {
 	switch m {
-	case CDCMessages:
+	case ModeMessages:
 		return "message"
-	case CDCInsertDelete:
+	case ModeInsertDelete:
 		return "insert-delete"
 	}
 	return "table"
 }
 
-// ParseCDCMode parses "table", "message" or "insert-delete".
-func ParseCDCMode(s string) (CDCMode, error) {
+// ParseMode parses "table", "message" or "insert-delete".
+func ParseMode(s string) (Mode, error) {
 	switch s {
 	case "table":
-		return CDCTable, nil
+		return ModeTable, nil
 	case "message", "messages":
-		return CDCMessages, nil
+		return ModeMessages, nil
 	case "insert-delete", "insert+delete":
-		return CDCInsertDelete, nil
+		return ModeInsertDelete, nil
 	}
 	return 0, fmt.Errorf("unknown CDC mode %q: use table, message or insert-delete", s)
 }
 
-// CDCConfig configures a CDC source. The zero value relays the table's
+// Config configures a Source. The zero value relays the table's
 // default slot and publication, creating them when missing.
-type CDCConfig struct {
+type Config struct {
 	outboxdriver.SourceConfig
 	// Slot is the logical replication slot. Defaults to DefaultSlot(t):
 	// derived from schema and table, so two outbox tables never share one.
@@ -81,8 +83,8 @@ type CDCConfig struct {
 	// NoCreate makes a missing slot or publication an error instead of
 	// creating it.
 	NoCreate bool
-	// Mode says what a lost slot means (CDCMode). Defaults to CDCTable.
-	Mode CDCMode
+	// Mode says what a lost slot means. Defaults to ModeTable.
+	Mode Mode
 	// MaxPending bounds the events decoded and not yet published that
 	// the source keeps in memory: it stops reading the stream while it
 	// holds that many. A larger transaction is handed on in parts (of at
@@ -106,22 +108,22 @@ const (
 	drainPage             = 1000
 )
 
-// cdcPartitions is how many partitions a CDC source presents its slot as
+// numPartitions is how many partitions a CDC source presents its slot as
 // (the most lanes a relay may have). One lease, the slot's, covers them
 // all: whoever holds it holds every one, with the same epoch. Each
 // aggregate hashes into one of them, so that the relay's lanes
 // (relay.Config.Lanes) keep batches of different aggregates in flight at
 // once while it works off a backlog, as they do for polling, and an
 // aggregate's events never are in two batches at once.
-const cdcPartitions = 64
+const numPartitions = 64
 
-// cdcPartition is the partition of aggregate k.
-func cdcPartition(k aggKey) int {
+// partitionOf is the partition of aggregate k.
+func partitionOf(k aggKey) int {
 	h := fnv.New32a()
 	h.Write([]byte(k.typ))
 	h.Write([]byte{0})
 	h.Write([]byte(k.id))
-	return int(h.Sum32() % cdcPartitions)
+	return int(h.Sum32() % numPartitions)
 }
 
 var slotRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -143,8 +145,8 @@ func DefaultSlot(t outboxdriver.Table) string {
 }
 
 // resolve fills the defaults of cfg (nil: none) for table t.
-func (cfg *CDCConfig) resolve(t outboxdriver.Table) (CDCConfig, error) {
-	c := CDCConfig{}
+func (cfg *Config) resolve(t outboxdriver.Table) (Config, error) {
+	c := Config{}
 	if cfg != nil {
 		c = *cfg
 	}
@@ -160,7 +162,7 @@ func (cfg *CDCConfig) resolve(t outboxdriver.Table) (CDCConfig, error) {
 	if err := outboxdriver.ValidateIdent("publication", c.Publication); err != nil {
 		return c, err
 	}
-	if c.Mode != CDCTable && c.Mode != CDCMessages && c.Mode != CDCInsertDelete {
+	if c.Mode != ModeTable && c.Mode != ModeMessages && c.Mode != ModeInsertDelete {
 		return c, fmt.Errorf("unknown CDC mode %d", c.Mode)
 	}
 	if c.MaxPending == 0 {
@@ -178,11 +180,12 @@ func (cfg *CDCConfig) resolve(t outboxdriver.Table) (CDCConfig, error) {
 	return c, nil
 }
 
-// CDCSource is the relay's view of an outbox table through PostgreSQL's
+// Source is the relay's view of an outbox table through PostgreSQL's
 // logical replication (docs/cdc.md): it streams the table's inserts and
 // the table's logical decoding messages from a replication slot with the
 // pgoutput plugin, and hands them to the relay in commit order, through
-// the same outboxdriver.Source seam as the polling Source, so routing,
+// the same outboxdriver.Source seam as the polling source
+// (outboxpgx.Driver.NewSource), so routing,
 // sinks, retries, dead letters and metrics are the same.
 //
 // One relay streams a slot at a time: the source presents the slot as a
@@ -193,13 +196,14 @@ func (cfg *CDCConfig) resolve(t outboxdriver.Table) (CDCConfig, error) {
 // dead-lettered, and only after a batch's outcome was recorded under a
 // lease the database still judged valid; after a crash the stream resumes
 // from the confirmed LSN.
-type CDCSource struct {
-	driverkit.SourceBase
+type Source struct {
+	base   driverkit.SourceBase // the table, the resolved SourceConfig, the logger
 	pool   *pgxpool.Pool
-	cfg    CDCConfig
+	drv    *outboxpgx.Driver // on pool: the pauses
+	cfg    Config
 	names  driverkit.Names
+	cn     pgschema.CDCNames
 	q      queries
-	cq     cdcQueries
 	prefix string
 
 	mu         sync.Mutex
@@ -219,11 +223,15 @@ type CDCSource struct {
 	delays driverkit.ColumnProbe // deliver_at of the parked table (schema version 14)
 }
 
-var _ outboxdriver.Source = (*CDCSource)(nil)
+var _ outboxdriver.Source = (*Source)(nil)
 
-type cdcQueries struct {
+type queries struct {
 	ensure, acquire, renew, release, fence, row   string
 	deadLetter, mark, isDeadLetter, held, cleanup string
+	// unhold releases the aggregates held behind events ($1); holdDead
+	// holds aggregates behind their dead letters ($1), as the polling
+	// source does.
+	unhold, holdDead string
 	// setState records a change of the slot's state: under the lease ($2
 	// relay, $3 epoch), or, with both NULL, unfenced (Setup).
 	setState [5]string
@@ -290,11 +298,12 @@ const (
 	slotListed                   // the rows to drain are listed ($4 the slot's consistent point, $5 none: drained)
 )
 
-func newCDCQueries(t outboxdriver.Table) cdcQueries {
-	n := pgschema.NamesOf(t)
-	cdc := t.Qualified("_cdc")
-	parked := t.Qualified("_cdc_parked")
-	q := cdcQueries{
+func newQueries(t outboxdriver.Table) queries {
+	n, c := pgschema.NamesOf(t), pgschema.CDCNamesOf(t)
+	cdc, parked := c.State, c.Parked
+	q := queries{
+		unhold:        pgschema.UnholdSQL(n),
+		holdDead:      pgschema.HoldDeadSQL(n),
 		park:          parkSQL(parked, true),
 		parkNoDelay:   parkSQL(parked, false),
 		parkedCounts:  `SELECT aggregatetype, aggregateid, count(*) FROM ` + parked + ` GROUP BY 1, 2`,
@@ -311,7 +320,7 @@ RETURNING epoch`,
 WHERE slot = $1 AND owner = $2 AND epoch = $3
 RETURNING epoch`,
 		release: `UPDATE ` + cdc + ` SET owner = NULL, expires_at = '-infinity' WHERE slot = $1 AND owner = $2 AND epoch = $3`,
-		fence:   `SELECT ` + t.Qualified("_cdc_fence") + `($1, $2, $3, $4::pg_lsn, $5::pg_lsn)`,
+		fence:   `SELECT ` + c.Fence + `($1, $2, $3, $4::pg_lsn, $5::pg_lsn)`,
 		row:     `SELECT drained, dead_lsn::text, coalesce(drain_lsn::text, '') FROM ` + cdc + ` WHERE slot = $1`,
 		setState: [5]string{
 			slotDrained: `UPDATE ` + cdc + ` SET drained = true WHERE slot = $1`,
@@ -320,9 +329,9 @@ RETURNING epoch`,
 			slotOwned:   `UPDATE ` + cdc + ` SET updated_at = now() WHERE slot = $1`,
 			slotListed:  `UPDATE ` + cdc + ` SET slot_created = true, drain_lsn = $4::pg_lsn, drained = $5 WHERE slot = $1`,
 		},
-		drainList: `INSERT INTO ` + t.Qualified("_cdc_drain") + ` (slot, lsn, id)
+		drainList: `INSERT INTO ` + c.Drain + ` (slot, lsn, id)
 SELECT $1, $2::pg_lsn, id FROM ` + n.Table + ` WHERE published_at IS NULL`,
-		dropLists: `DELETE FROM ` + t.Qualified("_cdc_drain") + ` d WHERE d.slot = $1 AND NOT EXISTS (
+		dropLists: `DELETE FROM ` + c.Drain + ` d WHERE d.slot = $1 AND NOT EXISTS (
     SELECT 1 FROM ` + cdc + ` c WHERE c.slot = d.slot AND NOT c.drained AND c.drain_lsn = d.lsn)`,
 		deadLetter: `INSERT INTO ` + n.DeadLetter + ` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
     headers, tracingspancontext, payload_raw, attempts, last_error, held)
@@ -331,7 +340,7 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigi
             $8::text[], $9::text[], $10::bytea[], $11::integer[], $12::text[], $13::boolean[])
   AS u(id, at, aid, ty, p, seq, ca, h, tc, raw, att, err, hold)
 ON CONFLICT (id) DO NOTHING`,
-		mark: `SELECT ` + t.Qualified("_cdc_mark") + `($1::uuid[], $2::bigint[], $3, $4::bigint[])`,
+		mark: `SELECT ` + c.Mark + `($1::uuid[], $2::bigint[], $3, $4::bigint[])`,
 		// Whether each event ($1, inserted by transaction $2, 32 bits) is
 		// in the dead-letter table, and whether its transaction is visible
 		// yet: PostgreSQL sends a transaction a moment before other
@@ -346,7 +355,7 @@ SELECT c.id::text,
            ELSE (((t.top >> 32) - 1) << 32) | c.x END)::text::xid8, t.snap)
 FROM unnest($1::uuid[], $2::bigint[]) AS c(id, x), t`,
 		held:    `SELECT aggregatetype, aggregateid, event_id::text FROM ` + n.Held + ` WHERE reason = 'dead-lettered'`,
-		cleanup: cleanupSQL(n.Table, `published_at < clock_timestamp() - $1 * interval '1 millisecond'`, "$2"),
+		cleanup: pgschema.CleanupSQL(n.Table, `published_at < clock_timestamp() - $1 * interval '1 millisecond'`, "$2"),
 	}
 	for i, sql := range q.setState {
 		// A stale streamer changes nothing.
@@ -355,13 +364,14 @@ FROM unnest($1::uuid[], $2::bigint[]) AS c(id, x), t`,
 	return q
 }
 
-// NewCDCSource returns the relay's view of table t through logical
-// replication. It does no I/O: the relay's first claim under the slot's
-// lease creates what is missing (publication, slot) and starts streaming.
-// Close it after the relay stopped.
-func (d *Driver) NewCDCSource(t outboxdriver.Table, cfg *CDCConfig) (*CDCSource, error) {
-	if d.pool == nil {
-		return nil, errNoPool
+// NewSource returns the relay's view of table t through logical
+// replication, on pool (which stays the caller's); cfg nil takes the
+// defaults. It does no I/O: the relay's first claim under the slot's lease
+// creates what is missing (publication, slot) and starts streaming. Close
+// it after the relay stopped.
+func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *Config) (*Source, error) {
+	if pool == nil {
+		return nil, errors.New("outboxpgx: log tailing needs a pool: pass the *pgxpool.Pool the relay reads with")
 	}
 	t = t.WithDefaults()
 	if err := t.Validate(); err != nil {
@@ -371,25 +381,50 @@ func (d *Driver) NewCDCSource(t outboxdriver.Table, cfg *CDCConfig) (*CDCSource,
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: %w", err)
 	}
-	src := &CDCSource{
-		pool: d.pool, cfg: c, names: pgschema.NamesOf(t), cq: newCDCQueries(t),
-		prefix: MessagePrefix(t), queue: newQueue(), wake: make(chan struct{}, 1),
+	src := &Source{
+		pool: pool, drv: outboxpgx.New(pool), cfg: c, names: pgschema.NamesOf(t), cn: pgschema.CDCNamesOf(t), q: newQueries(t),
+		prefix: pgschema.MessagePrefix(t), queue: newQueue(), wake: make(chan struct{}, 1),
 	}
-	if err := src.Init(t, &c.SourceConfig); err != nil {
+	if err := src.base.Init(t, &c.SourceConfig); err != nil {
 		return nil, fmt.Errorf("outboxpgx: %w", err)
 	}
-	src.q = newQueries(t, src.Cfg.Retention)
 	return src, nil
 }
 
+// RelayName is the name the source leases the slot under
+// (SourceConfig.RelayName).
+func (s *Source) RelayName() string { return s.base.RelayName() }
+
+// Pauses reads the pauses in force: one small query.
+func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return s.drv.ListPauses(ctx, s.base.Table)
+}
+
+// ExcludeAggregateTypes leaves the events of types out of the next claims.
+func (s *Source) ExcludeAggregateTypes(types []string) {
+	m := make(map[string]bool, len(types))
+	for _, t := range types {
+		m[t] = true
+	}
+	s.mu.Lock()
+	s.queue.skip = m
+	s.mu.Unlock()
+}
+
+// MaintainTimePartitions does nothing: log tailing refuses a table
+// partitioned by time (docs/retention.md).
+func (s *Source) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+	return nil, nil
+}
+
 // Slot is the replication slot the source streams.
-func (s *CDCSource) Slot() string { return s.cfg.Slot }
+func (s *Source) Slot() string { return s.cfg.Slot }
 
 // Publication is the publication the slot streams.
-func (s *CDCSource) Publication() string { return s.cfg.Publication }
+func (s *Source) Publication() string { return s.cfg.Publication }
 
 // signal wakes a Wait.
-func (s *CDCSource) signal() {
+func (s *Source) signal() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -400,14 +435,14 @@ func (s *CDCSource) signal() {
 // cannot serve log tailing: wal_level is not logical, the role may not
 // replicate, or the table is not migrated for it. It warns when the
 // server keeps WAL for slots without bound (max_slot_wal_keep_size).
-func (s *CDCSource) Check(ctx context.Context) error {
+func (s *Source) Check(ctx context.Context) error {
 	var walLevel, keep string
 	var replication, migrated, byTime bool
 	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
        coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
        to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL,
        coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($3)), false)`,
-		s.Table.Qualified("_cdc"), s.Table.Qualified("_cdc_parked"), s.Table.Qualified("")).Scan(&walLevel, &keep, &replication, &migrated, &byTime)
+		s.cn.State, s.cn.Parked, s.base.Table.Qualified("")).Scan(&walLevel, &keep, &replication, &migrated, &byTime)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: check log tailing: %w", err)
 	}
@@ -419,12 +454,12 @@ func (s *CDCSource) Check(ctx context.Context) error {
 	case byTime:
 		// Its rows reach the WAL as rows of its partitions, which the
 		// publication would have to name (publish_via_partition_root).
-		return fmt.Errorf("outboxpgx: %s is partitioned by time, and log tailing does not read partitioned tables: relay it with --source poll (docs/retention.md)", s.Table)
+		return fmt.Errorf("outboxpgx: %s is partitioned by time, and log tailing does not read partitioned tables: relay it with --source poll (docs/retention.md)", s.base.Table)
 	case !migrated:
-		return fmt.Errorf("outboxpgx: %s is not migrated for log tailing (no %s_cdc or %s_cdc_parked table): run `outbox migrate`", s.Table, s.Table.Name, s.Table.Name)
+		return fmt.Errorf("outboxpgx: %s is not migrated for log tailing (no %s_cdc or %s_cdc_parked table): run `outbox migrate`", s.base.Table, s.base.Table.Name, s.base.Table.Name)
 	}
 	if keep == "-1" {
-		s.Log.Warn("outboxpgx: max_slot_wal_keep_size is unbounded: a slot that stops moving (a relay down for long) keeps WAL until the disk is full; set it, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'",
+		s.base.Log.Warn("outboxpgx: max_slot_wal_keep_size is unbounded: a slot that stops moving (a relay down for long) keeps WAL until the disk is full; set it, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'",
 			"slot", s.cfg.Slot)
 	}
 	return nil
@@ -437,18 +472,18 @@ func (s *CDCSource) Check(ctx context.Context) error {
 // creation on: set it up before writers switch to messages. A slot that
 // existed and is gone is handled as the streamer does (Mode). Setup
 // ignores NoCreate.
-func (s *CDCSource) Setup(ctx context.Context) error {
+func (s *Source) Setup(ctx context.Context) error {
 	if err := s.Check(ctx); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, s.cq.ensure, s.cfg.Slot, s.cfg.Publication); err != nil {
-		return fmt.Errorf("outboxpgx: set up log tailing of %s: %w", s.Table, migrateHint(err, s.Table))
+	if _, err := s.pool.Exec(ctx, s.q.ensure, s.cfg.Slot, s.cfg.Publication); err != nil {
+		return fmt.Errorf("outboxpgx: set up log tailing of %s: %w", s.base.Table, migrateHint(err, s.base.Table))
 	}
 	if err := s.ensurePublication(ctx, true); err != nil {
 		return err
 	}
 	return s.ensureSlot(ctx, true, func(ctx context.Context, st slotState, args ...any) error {
-		_, err := s.pool.Exec(ctx, s.cq.setState[st], append([]any{s.cfg.Slot, nil, nil}, args...)...) // not under a lease
+		_, err := s.pool.Exec(ctx, s.q.setState[st], append([]any{s.cfg.Slot, nil, nil}, args...)...) // not under a lease
 		return err
 	})
 }
@@ -457,14 +492,14 @@ func (s *CDCSource) Setup(ctx context.Context) error {
 // dead letters an operator discarded. The slot's lease covers all of the
 // source's partitions: every relay's fair share is all of them, and the
 // first to lease the slot streams.
-func (s *CDCSource) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
-	s.NoteTTL(ttl)
+func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
+	s.base.NoteTTL(ttl)
 	// Only holds older than the query may be released: one recorded
 	// meanwhile may be missing from its answer.
 	s.mu.Lock()
 	before := maps.Clone(s.queue.held)
 	s.mu.Unlock()
-	rows, err := s.pool.Query(ctx, s.cq.held)
+	rows, err := s.pool.Query(ctx, s.q.held)
 	if err != nil {
 		return 0, 0, fmt.Errorf("outboxpgx: heartbeat: %w", err)
 	}
@@ -487,28 +522,28 @@ func (s *CDCSource) Heartbeat(ctx context.Context, ttl time.Duration) (relays, p
 	if released {
 		s.signal()
 	}
-	return 1, cdcPartitions, nil
+	return 1, numPartitions, nil
 }
 
 // Acquire takes the slot's lease when nobody holds it (free, or
 // expired), with a new epoch: the relay's next claim streams under it. It
 // returns the first n of the source's partitions (at most all), each
 // with the lease's epoch.
-func (s *CDCSource) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
+func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if n <= 0 {
 		return nil, nil
 	}
 	started := time.Now()
 	var pb pgx.Batch
-	pb.Queue(s.cq.ensure, s.cfg.Slot, s.cfg.Publication)
+	pb.Queue(s.q.ensure, s.cfg.Slot, s.cfg.Publication)
 	var epochs []int64
-	pb.Queue(s.cq.acquire, s.cfg.Slot, s.Cfg.RelayName, ttl.Milliseconds()).Query(func(rows pgx.Rows) error {
+	pb.Queue(s.q.acquire, s.cfg.Slot, s.base.Cfg.RelayName, ttl.Milliseconds()).Query(func(rows pgx.Rows) error {
 		var err error
 		epochs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 		return err
 	})
 	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
-		return nil, fmt.Errorf("outboxpgx: acquire the lease of slot %s: %w", s.cfg.Slot, migrateHint(err, s.Table))
+		return nil, fmt.Errorf("outboxpgx: acquire the lease of slot %s: %w", s.cfg.Slot, migrateHint(err, s.base.Table))
 	}
 	if len(epochs) == 0 {
 		return nil, nil
@@ -517,8 +552,8 @@ func (s *CDCSource) Acquire(ctx context.Context, n int, ttl time.Duration) ([]ou
 	s.mu.Lock()
 	s.lease, s.leased, s.leaseUntil = l, true, started.Add(ttl)
 	s.mu.Unlock()
-	s.Log.Info("outboxpgx: leased replication slot; streaming", "slot", s.cfg.Slot, "epoch", l.Epoch)
-	leases := make([]outboxdriver.Lease, min(n, cdcPartitions))
+	s.base.Log.Info("outboxpgx: leased replication slot; streaming", "slot", s.cfg.Slot, "epoch", l.Epoch)
+	leases := make([]outboxdriver.Lease, min(n, numPartitions))
 	for i := range leases {
 		leases[i] = outboxdriver.Lease{Partition: i, Epoch: l.Epoch}
 	}
@@ -528,13 +563,13 @@ func (s *CDCSource) Acquire(ctx context.Context, n int, ttl time.Duration) ([]ou
 // Renew extends the slot's lease. Once it is lost, the stream stops at
 // once: the slot is free for the new owner, and nothing of this relay's is
 // confirmed any more.
-func (s *CDCSource) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
+func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if len(leases) == 0 {
 		return nil, nil
 	}
 	started := time.Now()
 	l := leases[0]
-	rows, err := s.pool.Query(ctx, s.cq.renew, s.cfg.Slot, s.Cfg.RelayName, l.Epoch, ttl.Milliseconds())
+	rows, err := s.pool.Query(ctx, s.q.renew, s.cfg.Slot, s.base.Cfg.RelayName, l.Epoch, ttl.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: renew the lease of slot %s: %w", s.cfg.Slot, err)
 	}
@@ -543,7 +578,7 @@ func (s *CDCSource) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl 
 		return nil, fmt.Errorf("outboxpgx: renew the lease of slot %s: %w", s.cfg.Slot, err)
 	}
 	if len(got) == 0 {
-		s.Log.Warn("outboxpgx: lost the lease of the replication slot; stopping the stream", "slot", s.cfg.Slot, "epoch", l.Epoch)
+		s.base.Log.Warn("outboxpgx: lost the lease of the replication slot; stopping the stream", "slot", s.cfg.Slot, "epoch", l.Epoch)
 		s.mu.Lock()
 		s.leased = false
 		s.mu.Unlock()
@@ -560,7 +595,7 @@ func (s *CDCSource) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl 
 
 // Release stops the stream and gives the slot's lease up, so that a
 // standby takes over at once.
-func (s *CDCSource) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
+func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
 	if len(leases) == 0 {
 		return nil
 	}
@@ -568,7 +603,7 @@ func (s *CDCSource) Release(ctx context.Context, leases []outboxdriver.Lease, al
 	s.leased = false
 	s.mu.Unlock()
 	s.stopStream()
-	if _, err := s.pool.Exec(ctx, s.cq.release, s.cfg.Slot, s.Cfg.RelayName, leases[0].Epoch); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q.release, s.cfg.Slot, s.base.Cfg.RelayName, leases[0].Epoch); err != nil {
 		return fmt.Errorf("outboxpgx: release the lease of slot %s: %w", s.cfg.Slot, err)
 	}
 	return nil
@@ -576,11 +611,11 @@ func (s *CDCSource) Release(ctx context.Context, leases []outboxdriver.Lease, al
 
 // Cleanup deletes up to limit rows published (and kept) longer than
 // olderThan ago.
-func (s *CDCSource) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
+func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
 	if len(leases) == 0 || limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, s.cq.cleanup, olderThan.Milliseconds(), limit)
+	tag, err := s.pool.Exec(ctx, s.q.cleanup, olderThan.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("outboxpgx: clean up published rows: %w", err)
 	}
@@ -589,7 +624,7 @@ func (s *CDCSource) Cleanup(ctx context.Context, leases []outboxdriver.Lease, ol
 
 // Wait blocks until events may be claimable (a transaction was decoded, a
 // retry is due, an aggregate was released), d has passed, or ctx ends.
-func (s *CDCSource) Wait(ctx context.Context, d time.Duration) error {
+func (s *Source) Wait(ctx context.Context, d time.Duration) error {
 	s.mu.Lock()
 	for _, at := range []time.Time{s.queue.nextRetry(), s.queue.nextDue(time.Now())} {
 		if !at.IsZero() {
@@ -610,13 +645,13 @@ func (s *CDCSource) Wait(ctx context.Context, d time.Duration) error {
 }
 
 // SetIdle does nothing: the stream wakes the relay.
-func (s *CDCSource) SetIdle(context.Context, time.Duration) error { return nil }
+func (s *Source) SetIdle(context.Context, time.Duration) error { return nil }
 
 // WakesOnCommit reports true: a decoded commit ends Wait.
-func (s *CDCSource) WakesOnCommit() bool { return true }
+func (s *Source) WakesOnCommit() bool { return true }
 
 // Close stops the stream. The pool stays open: it belongs to the caller.
-func (s *CDCSource) Close() error {
+func (s *Source) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
@@ -632,11 +667,11 @@ func (s *CDCSource) Close() error {
 // is missing) and returns what is decoded so far, often nothing. It
 // returns the error that ended the stream before, once, and streams again
 // at the next claim.
-func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
+func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxpgx: claim limit %d must be positive", limit)
 	}
-	b := &cdcBatch{src: s, BatchState: driverkit.NewBatchState("outboxpgx", leases)}
+	b := &batch{src: s, BatchState: driverkit.NewBatchState("outboxpgx", leases)}
 	if len(leases) == 0 {
 		return b, nil
 	}
@@ -708,13 +743,13 @@ func (s *CDCSource) Claim(ctx context.Context, leases []outboxdriver.Lease, limi
 
 // partitionsOf returns which partitions leases name; nil when they name
 // all.
-func partitionsOf(leases []outboxdriver.Lease) *[cdcPartitions]bool {
-	if len(leases) >= cdcPartitions {
+func partitionsOf(leases []outboxdriver.Lease) *[numPartitions]bool {
+	if len(leases) >= numPartitions {
 		return nil
 	}
-	var in [cdcPartitions]bool
+	var in [numPartitions]bool
 	for _, l := range leases {
-		if l.Partition >= 0 && l.Partition < cdcPartitions {
+		if l.Partition >= 0 && l.Partition < numPartitions {
 			in[l.Partition] = true
 		}
 	}
@@ -724,7 +759,7 @@ func partitionsOf(leases []outboxdriver.Lease) *[cdcPartitions]bool {
 // needsCheck returns the events of evs that may be in the dead-letter
 // table already: replayed after a restart from before the last dead
 // letter, or the dead letter an aggregate is held behind. s.mu is held.
-func (s *CDCSource) needsCheck(evs []*event) []*event {
+func (s *Source) needsCheck(evs []*event) []*event {
 	var out []*event
 	for _, e := range evs {
 		if (e.tx.lsn != 0 && e.tx.lsn <= s.deadLSN) || s.queue.held[e.key()] == e.ID {
@@ -741,12 +776,12 @@ func (s *CDCSource) needsCheck(evs []*event) []*event {
 // yet cannot be told (an operator's retry moves the dead letter back in
 // that transaction): it goes back to the queue with the later events of
 // its aggregate in evs, to be claimed again.
-func (s *CDCSource) skipDeadLetters(ctx context.Context, gen int, evs, check []*event) ([]*event, error) {
+func (s *Source) skipDeadLetters(ctx context.Context, gen int, evs, check []*event) ([]*event, error) {
 	ids, xids := make([]string, len(check)), make([]int64, len(check))
 	for i, e := range check {
 		ids[i], xids[i] = e.ID, e.xid()
 	}
-	rows, err := s.pool.Query(ctx, s.cq.isDeadLetter, uuidArray(ids), xids)
+	rows, err := s.pool.Query(ctx, s.q.isDeadLetter, pgschema.UUIDArray(ids), xids)
 	if err != nil {
 		return evs, fmt.Errorf("outboxpgx: claim: look up dead letters: %w", err)
 	}
@@ -789,11 +824,11 @@ func (s *CDCSource) skipDeadLetters(ctx context.Context, gen int, evs, check []*
 	return kept, nil
 }
 
-// cdcBatch is a claim of a CDC source: events held in memory, marked
+// batch is a claim of a CDC source: events held in memory, marked
 // claimed until the outcome is recorded.
-type cdcBatch struct {
+type batch struct {
 	driverkit.BatchState
-	src    *CDCSource
+	src    *Source
 	events []*event
 	gen    int
 	epoch  int64
@@ -805,7 +840,7 @@ type cdcBatch struct {
 // removed), and the LSN the slot may confirm is recorded. Only once that
 // committed does the stream confirm it. Retries wait in memory. If the
 // lease was lost, nothing is recorded and Finish wraps ErrLeaseLost.
-func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
+func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	if ok, err := b.StartFinish(); !ok {
 		return err
 	}
@@ -879,26 +914,26 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	s.mu.Unlock()
 
 	var pb pgx.Batch
-	pb.Queue(s.cq.fence, s.cfg.Slot, s.Cfg.RelayName, b.epoch, lsnArg(lsn), lsnArg(deadLSN))
+	pb.Queue(s.q.fence, s.cfg.Slot, s.base.Cfg.RelayName, b.epoch, lsnArg(lsn), lsnArg(deadLSN))
 	if len(unparked) > 0 {
-		pb.Queue(s.cq.unparked, uuidArray(unparked))
+		pb.Queue(s.q.unparked, pgschema.UUIDArray(unparked))
 	}
 	if len(rowIDs) > 0 {
-		pb.Queue(s.cq.mark, uuidArray(rowIDs), rowXids, s.Cfg.Retention == outboxdriver.RetentionKeep, rowSeqs)
+		pb.Queue(s.q.mark, pgschema.UUIDArray(rowIDs), rowXids, s.base.Cfg.Retention == outboxdriver.RetentionKeep, rowSeqs)
 	}
 	if len(unhold) > 0 {
-		pb.Queue(s.q.unhold, uuidArray(unhold))
+		pb.Queue(s.q.unhold, pgschema.UUIDArray(unhold))
 	}
 	if len(dead) > 0 {
-		pb.Queue(s.cq.deadLetter, deadArgs(dead, deadErr, deadHold)...)
+		pb.Queue(s.q.deadLetter, deadArgs(dead, deadErr, deadHold)...)
 		if len(deadRows) > 0 {
-			pb.Queue(s.cq.mark, uuidArray(deadRows), deadXids, false, deadSeqs)
+			pb.Queue(s.q.mark, pgschema.UUIDArray(deadRows), deadXids, false, deadSeqs)
 		}
 		if len(holdIDs) > 0 {
-			pb.Queue(s.q.holdDead, uuidArray(holdIDs))
+			pb.Queue(s.q.holdDead, pgschema.UUIDArray(holdIDs))
 		}
 		if len(plan.Flow) > 0 {
-			pb.Queue(s.q.unhold, uuidArray(plan.Flow))
+			pb.Queue(s.q.unhold, pgschema.UUIDArray(plan.Flow))
 		}
 	}
 	if len(park) > 0 {
@@ -987,7 +1022,7 @@ func (b *cdcBatch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 }
 
 // Release makes the batch's events claimable again, untouched.
-func (b *cdcBatch) Release(context.Context) {
+func (b *batch) Release(context.Context) {
 	if !b.StartRelease() {
 		return
 	}
@@ -1000,6 +1035,12 @@ func (b *cdcBatch) Release(context.Context) {
 	}
 	s.mu.Unlock()
 	s.signal()
+}
+
+// Pauses reads the pauses in force through the batch's source: a batch
+// of log tailing holds no connection while its events are published.
+func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+	return b.src.Pauses(ctx)
 }
 
 // notVisible reports whether err says that rows of a transaction the
@@ -1027,13 +1068,13 @@ func deadArgs(evs []*event, errs []string, hold []bool) []any {
 	raws := make([][]byte, n)
 	for i, e := range evs {
 		ids[i], ats[i], aids[i], tys[i] = e.ID, pgText(e.AggregateType), pgText(e.AggregateID), pgText(e.Type)
-		ps[i], raws[i], tcs[i] = text(e.Payload), e.RawPayload, text([]byte(pgText(e.TraceContext)))
+		ps[i], raws[i], tcs[i] = pgschema.NullText(e.Payload), e.RawPayload, pgschema.NullText([]byte(pgText(e.TraceContext)))
 		if len(e.HeadersJSON) > 0 && e.bad == nil {
-			hs[i] = text(e.HeadersJSON)
+			hs[i] = pgschema.NullText(e.HeadersJSON)
 		}
 		seqs[i], atts[i], cas[i] = e.Seq, int32(e.attempts+1), e.CreatedAt
 	}
-	return []any{uuidArray(ids), ats, aids, tys, ps, seqs, cas, hs, tcs, raws, atts, errs, hold}
+	return []any{pgschema.UUIDArray(ids), ats, aids, tys, ps, seqs, cas, hs, tcs, raws, atts, errs, hold}
 }
 
 // pgText makes s storable as PostgreSQL text: valid UTF-8, no NUL.

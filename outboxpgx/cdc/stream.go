@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ import (
 // does not hold, then reads the slot's stream into the queue and confirms
 // what the source says it may.
 type stream struct {
-	src    *CDCSource
+	src    *Source
 	epoch  int64
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -101,10 +101,10 @@ func (st *stream) received() {
 
 // resetLocked forgets the queued events: the stream they came from is
 // gone. Batches claimed before record nothing in memory. s.mu is held.
-func (s *CDCSource) resetLocked() {
+func (s *Source) resetLocked() {
 	if n := s.queue.reset(); n > 0 {
 		s.republish += n
-		s.Log.Info("outboxpgx: the stream starts again from the slot's confirmed LSN; events published past it will be published again",
+		s.base.Log.Info("outboxpgx: the stream starts again from the slot's confirmed LSN; events published past it will be published again",
 			"slot", s.cfg.Slot, "republish", n)
 	}
 	s.gen++
@@ -112,7 +112,7 @@ func (s *CDCSource) resetLocked() {
 }
 
 // startStream starts streaming under lease l. s.mu is held.
-func (s *CDCSource) startStream(l outboxdriver.Lease) {
+func (s *Source) startStream(l outboxdriver.Lease) {
 	ctx, cancel := context.WithCancel(context.Background())
 	st := &stream{src: s, epoch: l.Epoch, cancel: cancel, done: make(chan struct{}), room: make(chan struct{}, 1)}
 	s.resetLocked()
@@ -125,7 +125,7 @@ func (s *CDCSource) startStream(l outboxdriver.Lease) {
 			err = errors.New("outboxpgx: the replication stream ended")
 		}
 		if err != nil {
-			s.Log.Error("outboxpgx: log tailing stopped", "slot", s.cfg.Slot, "err", err)
+			s.base.Log.Error("outboxpgx: log tailing stopped", "slot", s.cfg.Slot, "err", err)
 		}
 		st.err = err
 		close(st.done)
@@ -134,7 +134,7 @@ func (s *CDCSource) startStream(l outboxdriver.Lease) {
 }
 
 // stopStream stops the stream, if any, and waits for it.
-func (s *CDCSource) stopStream() {
+func (s *Source) stopStream() {
 	s.mu.Lock()
 	st := s.st
 	s.st = nil
@@ -164,7 +164,7 @@ func (st *stream) run(ctx context.Context) error {
 	}
 	var drained bool
 	var dead, listed string
-	if err := s.pool.QueryRow(ctx, s.cq.row, s.cfg.Slot).Scan(&drained, &dead, &listed); err != nil {
+	if err := s.pool.QueryRow(ctx, s.q.row, s.cfg.Slot).Scan(&drained, &dead, &listed); err != nil {
 		return fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
 	}
 	deadLSN, err := pglogrepl.ParseLSN(dead)
@@ -195,7 +195,7 @@ func (st *stream) run(ctx context.Context) error {
 			// of transactions in progress: the server sends the transaction
 			// again, whole, at its commit, with its subtransactions'
 			// rollbacks applied.
-			s.Log.Info("outboxpgx: a streamed transaction with messages had a subtransaction rolled back; reading it again, whole", "slot", s.cfg.Slot, "commit_lsn", unstream.end.String())
+			s.base.Log.Info("outboxpgx: a streamed transaction with messages had a subtransaction rolled back; reading it again, whole", "slot", s.cfg.Slot, "commit_lsn", unstream.end.String())
 			if err := st.settle(ctx); err != nil {
 				return nil
 			}
@@ -282,7 +282,7 @@ func (st *stream) close(conn *pgconn.PgConn) {
 // be dead letters or parked already.
 func (st *stream) loadHeld(ctx context.Context, deadLSN pglogrepl.LSN) error {
 	s := st.src
-	rows, err := s.pool.Query(ctx, s.cq.held)
+	rows, err := s.pool.Query(ctx, s.q.held)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: read held aggregates: %w", err)
 	}
@@ -292,7 +292,7 @@ func (st *stream) loadHeld(ctx context.Context, deadLSN pglogrepl.LSN) error {
 	if _, err := pgx.ForEachRow(rows, []any{&k.typ, &k.id, &id}, func() error { held[k] = id; return nil }); err != nil {
 		return fmt.Errorf("outboxpgx: read held aggregates: %w", err)
 	}
-	if rows, err = s.pool.Query(ctx, s.cq.parkedCounts); err != nil {
+	if rows, err = s.pool.Query(ctx, s.q.parkedCounts); err != nil {
 		return fmt.Errorf("outboxpgx: count parked events: %w", err)
 	}
 	parked := map[aggKey]int{}
@@ -313,12 +313,12 @@ func (st *stream) loadHeld(ctx context.Context, deadLSN pglogrepl.LSN) error {
 // ensurePublication makes the publication of the table's inserts (and
 // truncates, which are logged) when it is missing, and fails when it
 // exists without the table.
-func (s *CDCSource) ensurePublication(ctx context.Context, create bool) error {
+func (s *Source) ensurePublication(ctx context.Context, create bool) error {
 	var exists, hasTable, truncates bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
        EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3),
        coalesce((SELECT pubtruncate FROM pg_publication WHERE pubname = $1), false)`,
-		s.cfg.Publication, s.Table.Schema, s.Table.Name).Scan(&exists, &hasTable, &truncates)
+		s.cfg.Publication, s.base.Table.Schema, s.base.Table.Name).Scan(&exists, &hasTable, &truncates)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: look up publication %s: %w", s.cfg.Publication, err)
 	}
@@ -334,12 +334,12 @@ func (s *CDCSource) ensurePublication(ctx context.Context, create bool) error {
 		return nil
 	case exists:
 		return fmt.Errorf("outboxpgx: publication %s does not publish %s: run ALTER PUBLICATION %s ADD TABLE %s, or name another publication",
-			s.cfg.Publication, s.Table, outboxdriver.QuoteIdent(s.cfg.Publication), s.Table.Qualified(""))
+			s.cfg.Publication, s.base.Table, outboxdriver.QuoteIdent(s.cfg.Publication), s.base.Table.Qualified(""))
 	case !create:
 		return fmt.Errorf("outboxpgx: publication %s does not exist: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, truncate'), or let the relay create it",
-			s.cfg.Publication, outboxdriver.QuoteIdent(s.cfg.Publication), s.Table.Qualified(""))
+			s.cfg.Publication, outboxdriver.QuoteIdent(s.cfg.Publication), s.base.Table.Qualified(""))
 	}
-	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` FOR TABLE `+s.Table.Qualified("")+` WITH (publish = 'insert, truncate')`)
+	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` FOR TABLE `+s.base.Table.Qualified("")+` WITH (publish = 'insert, truncate')`)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
 		return nil // made meanwhile
@@ -347,7 +347,7 @@ func (s *CDCSource) ensurePublication(ctx context.Context, create bool) error {
 	if err != nil {
 		return fmt.Errorf("outboxpgx: create publication %s: %w", s.cfg.Publication, err)
 	}
-	s.Log.Info("outboxpgx: created publication", "publication", s.cfg.Publication, "table", s.Table.String())
+	s.base.Log.Info("outboxpgx: created publication", "publication", s.cfg.Publication, "table", s.base.Table.String())
 	return nil
 }
 
@@ -357,7 +357,7 @@ func (s *CDCSource) ensurePublication(ctx context.Context, create bool) error {
 // first; in message mode that is an error naming the LSN from which
 // messages were not relayed. mark records the slot's state (the
 // streamer's marks are fenced by its lease).
-func (s *CDCSource) ensureSlot(ctx context.Context, create bool, mark func(context.Context, slotState, ...any) error) error {
+func (s *Source) ensureSlot(ctx context.Context, create bool, mark func(context.Context, slotState, ...any) error) error {
 	var plugin, walStatus string
 	var sameDB, found bool
 	err := s.pool.QueryRow(ctx, `SELECT coalesce(plugin, ''), database = current_database(), coalesce(wal_status, '')
@@ -374,7 +374,7 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 	}
 	var created bool
 	var confirmed string
-	if err := s.pool.QueryRow(ctx, `SELECT slot_created, coalesce(confirmed_lsn::text, '') FROM `+s.Table.Qualified("_cdc")+` WHERE slot = $1`, s.cfg.Slot).Scan(&created, &confirmed); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT slot_created, coalesce(confirmed_lsn::text, '') FROM `+s.cn.State+` WHERE slot = $1`, s.cfg.Slot).Scan(&created, &confirmed); err != nil {
 		return fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
 	}
 	if found && walStatus != "lost" {
@@ -392,19 +392,19 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 		if from == "" {
 			from = "its creation"
 		}
-		if s.cfg.Mode != CDCTable {
+		if s.cfg.Mode != ModeTable {
 			var now string
 			if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&now); err != nil {
 				now = "?"
 			}
 			events := "logical decoding messages"
-			if s.cfg.Mode == CDCInsertDelete {
+			if s.cfg.Mode == ModeInsertDelete {
 				events = "rows inserted and deleted in their transaction"
 			}
 			return fmt.Errorf("outboxpgx: replication slot %s %s: events written as %s after LSN %s, up to the start of a new slot (the WAL is at %s now), were not relayed and cannot be; to stream again from then on, accept the loss with UPDATE %s SET slot_created = false WHERE slot = '%s'",
-				s.cfg.Slot, what, events, from, now, s.Table.Qualified("_cdc"), s.cfg.Slot)
+				s.cfg.Slot, what, events, from, now, s.cn.State, s.cfg.Slot)
 		}
-		s.Log.Error("outboxpgx: replication slot lost; making it again and relaying the rows still in the table first (no row is lost; logical decoding messages and insert+delete rows written meanwhile are)",
+		s.base.Log.Error("outboxpgx: replication slot lost; making it again and relaying the rows still in the table first (no row is lost; logical decoding messages and insert+delete rows written meanwhile are)",
 			"slot", s.cfg.Slot, "lost", what, "confirmed_lsn", from)
 		if found {
 			if _, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
@@ -420,14 +420,14 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 	if err := mark(ctx, slotNew); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, s.cq.dropLists, s.cfg.Slot); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q.dropLists, s.cfg.Slot); err != nil {
 		return fmt.Errorf("outboxpgx: slot %s: drop old drain lists: %w", s.cfg.Slot, err)
 	}
 	lsn, listed, err := s.createSlot(ctx)
 	if err != nil {
 		return err
 	}
-	s.Log.Info("outboxpgx: created replication slot", "slot", s.cfg.Slot, "lsn", lsn, "rows_to_drain", listed)
+	s.base.Log.Info("outboxpgx: created replication slot", "slot", s.cfg.Slot, "lsn", lsn, "rows_to_drain", listed)
 	return mark(ctx, slotListed, lsn, listed == 0)
 }
 
@@ -437,7 +437,7 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 // lists the unpublished rows, which are exactly the rows the stream does
 // not hold (stream.drain relays them). It returns the slot's consistent
 // point and how many rows it listed.
-func (s *CDCSource) createSlot(ctx context.Context) (string, int64, error) {
+func (s *Source) createSlot(ctx context.Context) (string, int64, error) {
 	conn, err := pgconn.ConnectConfig(ctx, s.replConfig())
 	if err != nil {
 		return "", 0, fmt.Errorf("outboxpgx: create replication slot %s: %w", s.cfg.Slot, replConnError(err))
@@ -453,7 +453,7 @@ func (s *CDCSource) createSlot(ctx context.Context) (string, int64, error) {
 		if _, err := tx.Exec(ctx, `SET TRANSACTION SNAPSHOT `+pgschema.QuoteLiteral(res.SnapshotName)); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, s.cq.drainList, s.cfg.Slot, res.ConsistentPoint)
+		tag, err := tx.Exec(ctx, s.q.drainList, s.cfg.Slot, res.ConsistentPoint)
 		listed = tag.RowsAffected()
 		return err
 	})
@@ -469,7 +469,7 @@ func (s *CDCSource) createSlot(ctx context.Context) (string, int64, error) {
 // with ErrLeaseLost when the lease is gone.
 func (st *stream) fenced(ctx context.Context, state slotState, args ...any) error {
 	s := st.src
-	tag, err := s.pool.Exec(ctx, s.cq.setState[state], append([]any{s.cfg.Slot, s.Cfg.RelayName, st.epoch}, args...)...)
+	tag, err := s.pool.Exec(ctx, s.q.setState[state], append([]any{s.cfg.Slot, s.base.Cfg.RelayName, st.epoch}, args...)...)
 	if err != nil {
 		return fmt.Errorf("outboxpgx: slot %s: %w", s.cfg.Slot, err)
 	}
@@ -521,12 +521,12 @@ func slotError(err error, slot string) error {
 // every row was published or dead-lettered (markDrained).
 func (st *stream) drain(ctx context.Context, listed string) error {
 	s := st.src
-	s.Log.Info("outboxpgx: relaying the rows already in the table before streaming", "slot", s.cfg.Slot, "listed", listed != "")
+	s.base.Log.Info("outboxpgx: relaying the rows already in the table before streaming", "slot", s.cfg.Slot, "listed", listed != "")
 	sql := `SELECT id::text, aggregatetype, aggregateid, type, payload::text, payload_raw, headers::text,
        coalesce(tracingspancontext, ''), created_at, seq,
        (to_jsonb(o) ->> 'deliver_at')::timestamptz
 FROM ` + s.names.Table + ` o WHERE published_at IS NULL AND seq > $1
-  AND ($3::pg_lsn IS NULL OR EXISTS (SELECT 1 FROM ` + s.Table.Qualified("_cdc_drain") + ` d
+  AND ($3::pg_lsn IS NULL OR EXISTS (SELECT 1 FROM ` + s.cn.Drain + ` d
                                      WHERE d.slot = $4 AND d.lsn = $3::pg_lsn AND d.id = o.id))
 ORDER BY seq LIMIT $2`
 	var list *string
@@ -535,7 +535,7 @@ ORDER BY seq LIMIT $2`
 	}
 	snap, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+		return fmt.Errorf("outboxpgx: drain %s: %w", s.base.Table, err)
 	}
 	defer snap.Rollback(context.WithoutCancel(ctx))
 	var last int64 = -1 << 63
@@ -547,7 +547,7 @@ ORDER BY seq LIMIT $2`
 		t := &txn{drain: true}
 		rows, err := snap.Query(ctx, sql, last, min(drainPage, room), list, s.cfg.Slot)
 		if err != nil {
-			return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+			return fmt.Errorf("outboxpgx: drain %s: %w", s.base.Table, err)
 		}
 		for rows.Next() {
 			e := &event{row: true}
@@ -555,7 +555,7 @@ ORDER BY seq LIMIT $2`
 			var deliverAt *time.Time
 			if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &e.RawPayload, &headers, &e.TraceContext, &e.CreatedAt, &e.Seq, &deliverAt); err != nil {
 				rows.Close()
-				return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+				return fmt.Errorf("outboxpgx: drain %s: %w", s.base.Table, err)
 			}
 			if deliverAt != nil {
 				s.delay(ctx, e, *deliverAt)
@@ -571,7 +571,7 @@ ORDER BY seq LIMIT $2`
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+			return fmt.Errorf("outboxpgx: drain %s: %w", s.base.Table, err)
 		}
 		if len(t.events) > 0 {
 			if err := st.push(t); err != nil {
@@ -583,7 +583,7 @@ ORDER BY seq LIMIT $2`
 		}
 	}
 	if err := snap.Rollback(ctx); err != nil {
-		return fmt.Errorf("outboxpgx: drain %s: %w", s.Table, err)
+		return fmt.Errorf("outboxpgx: drain %s: %w", s.base.Table, err)
 	}
 	return st.markDrained(ctx)
 }
@@ -604,11 +604,11 @@ func (st *stream) markDrained(ctx context.Context) error {
 	if err := st.fenced(ctx, slotDrained); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, s.cq.dropLists, s.cfg.Slot); err != nil {
-		s.Log.Warn("outboxpgx: could not drop the drained slot's list of rows (dropped at its next drain)", "slot", s.cfg.Slot, "err", err)
+	if _, err := s.pool.Exec(ctx, s.q.dropLists, s.cfg.Slot); err != nil {
+		s.base.Log.Warn("outboxpgx: could not drop the drained slot's list of rows (dropped at its next drain)", "slot", s.cfg.Slot, "err", err)
 	}
 	st.drained = true
-	s.Log.Info("outboxpgx: relayed the rows that were in the table before the slot", "slot", s.cfg.Slot)
+	s.base.Log.Info("outboxpgx: relayed the rows that were in the table before the slot", "slot", s.cfg.Slot)
 	return nil
 }
 
@@ -657,7 +657,7 @@ func (st *stream) push(t *txn) error {
 }
 
 // replConfig is the configuration of a replication connection.
-func (s *CDCSource) replConfig() *pgconn.Config {
+func (s *Source) replConfig() *pgconn.Config {
 	cfg := s.pool.Config().ConnConfig.Config.Copy()
 	cfg.RuntimeParams["replication"] = "database"
 	if cfg.RuntimeParams["application_name"] == "" {
@@ -707,7 +707,7 @@ func (st *stream) connect(ctx context.Context, streaming bool) (*pgconn.PgConn, 
 	// it), and what is recorded is done; the server starts from the later
 	// of the two.
 	var from string
-	if err := s.pool.QueryRow(ctx, `SELECT coalesce(confirmed_lsn, '0/0')::text FROM `+s.Table.Qualified("_cdc")+` WHERE slot = $1`, s.cfg.Slot).Scan(&from); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT coalesce(confirmed_lsn, '0/0')::text FROM `+s.cn.State+` WHERE slot = $1`, s.cfg.Slot).Scan(&from); err != nil {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
 	}
@@ -751,7 +751,7 @@ func (st *stream) takeOver(ctx context.Context) error {
 			return fmt.Errorf("outboxpgx: replication slot %s is busy: process %d streams from it and could not be stopped", s.cfg.Slot, pid)
 		}
 		if !warned {
-			s.Log.Warn("outboxpgx: replication slot is streamed by another process; this relay holds its lease and stops it", "slot", s.cfg.Slot, "pid", pid)
+			s.base.Log.Warn("outboxpgx: replication slot is streamed by another process; this relay holds its lease and stops it", "slot", s.cfg.Slot, "pid", pid)
 			warned = true
 			if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 				return fmt.Errorf("outboxpgx: replication slot %s is busy: process %d streams from it: %w", s.cfg.Slot, pid, err)
@@ -953,7 +953,7 @@ const partSize = 1000
 // transactions of events, handed to emit in commit order.
 type decoder struct {
 	ctx   context.Context // the stream's
-	src   *CDCSource
+	src   *Source
 	rels  map[uint32]*relation
 	types *pgtype.Map
 	// emit queues a committed transaction, or a part of one (part true:
@@ -1023,7 +1023,7 @@ func (d *decoder) decode(data []byte) error {
 	case *pglogrepl.LogicalDecodingMessageV2:
 		if !m.Transactional || m.Prefix != s.prefix {
 			if m.Prefix == s.prefix && !m.Transactional {
-				s.Log.Warn("outboxpgx: ignored a non-transactional message with the outbox's prefix: write events with pg_logical_emit_message(true, ...)", "lsn", m.LSN.String())
+				s.base.Log.Warn("outboxpgx: ignored a non-transactional message with the outbox's prefix: write events with pg_logical_emit_message(true, ...)", "lsn", m.LSN.String())
 			}
 			return nil
 		}
@@ -1063,7 +1063,7 @@ func (d *decoder) decode(data []byte) error {
 	case *pglogrepl.TruncateMessageV2:
 		for _, id := range m.RelationIDs {
 			if r := d.rels[id]; r != nil && r.ours {
-				s.Log.Warn("outboxpgx: ignored a TRUNCATE of the outbox table: truncated rows that were not relayed yet are gone", "table", s.Table.String())
+				s.base.Log.Warn("outboxpgx: ignored a TRUNCATE of the outbox table: truncated rows that were not relayed yet are gone", "table", s.base.Table.String())
 				break
 			}
 		}
@@ -1076,7 +1076,7 @@ func (d *decoder) decode(data []byte) error {
 // name.
 func (d *decoder) relation(m *pglogrepl.RelationMessage) {
 	s := d.src
-	r := &relation{ours: m.Namespace == s.Table.Schema && m.RelationName == s.Table.Name, col: map[string]int{}}
+	r := &relation{ours: m.Namespace == s.base.Table.Schema && m.RelationName == s.base.Table.Name, col: map[string]int{}}
 	names := make([]string, len(m.Columns))
 	for i, c := range m.Columns {
 		r.col[c.Name] = i
@@ -1087,8 +1087,8 @@ func (d *decoder) relation(m *pglogrepl.RelationMessage) {
 		return
 	}
 	if d.seen != nil && !slices.Equal(d.seen, names) {
-		s.Log.Warn("outboxpgx: the outbox table's columns changed (DDL); ignored, events are read by column name",
-			"table", s.Table.String(), "columns", strings.Join(names, ","))
+		s.base.Log.Warn("outboxpgx: the outbox table's columns changed (DDL); ignored, events are read by column name",
+			"table", s.base.Table.String(), "columns", strings.Join(names, ","))
 	}
 	d.seen = names
 }
@@ -1162,7 +1162,7 @@ var errDelayedCDC = errors.New("deliver_at is still ahead and the log-tailing re
 // delay sets e to wait for at when that is ahead (docs/delayed.md): it is
 // parked until then with its aggregate's later events (queue.parkable).
 // Before schema version 14 it is dead-lettered instead (errDelayedCDC).
-func (s *CDCSource) delay(ctx context.Context, e *event, at time.Time) {
+func (s *Source) delay(ctx context.Context, e *event, at time.Time) {
 	switch {
 	case !at.After(time.Now()):
 	case s.parksDelays(ctx):
@@ -1174,11 +1174,13 @@ func (s *CDCSource) delay(ctx context.Context, e *event, at time.Time) {
 
 // parksDelays reports whether the parked table has deliver_at (schema
 // version 14), so that delayed events can be parked until due.
-func (s *CDCSource) parksDelays(ctx context.Context) bool {
+func (s *Source) parksDelays(ctx context.Context) bool {
 	return s.delays.Has(func() (bool, error) {
-		return hasColumn(ctx, s.pool, s.Table.Qualified("_cdc_parked"), "deliver_at")
+		var has bool
+		err := s.pool.QueryRow(ctx, pgschema.HasColumnSQL, s.cn.Parked, "deliver_at").Scan(&has)
+		return has, err
 	}, func() {
-		s.Log.Warn("outboxpgx: the parked table has no deliver_at column (schema before version 14): delayed events are dead-lettered until `outbox migrate` adds it", "table", s.Table.String())
+		s.base.Log.Warn("outboxpgx: the parked table has no deliver_at column (schema before version 14): delayed events are dead-lettered until `outbox migrate` adds it", "table", s.base.Table.String())
 	})
 }
 
