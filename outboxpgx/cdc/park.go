@@ -280,3 +280,35 @@ func finishError(what string, n int, err error) error {
 	}
 	return fmt.Errorf("outboxpgx: %s %d events: %w", what, n, err)
 }
+
+// errDelayedCDC dead-letters a row whose deliver_at is still ahead when
+// the log-tailing relay reads it and the table's parked events have no
+// deliver_at to wait on (a schema before version 14). The dead letter
+// keeps the event; under the poison policy hold its aggregate's later
+// events wait behind it, so its order holds until an operator retries it.
+var errDelayedCDC = errors.New("deliver_at is still ahead and the log-tailing relay cannot park it (the table's schema is before version 14: run outbox migrate); retry this one when it is due")
+
+// delay sets e to wait for at when that is ahead (docs/delayed.md): it is
+// parked until then with its aggregate's later events (queue.parkable).
+// Before schema version 14 it is dead-lettered instead (errDelayedCDC).
+func (s *Source) delay(ctx context.Context, e *event, at time.Time) {
+	switch {
+	case !at.After(time.Now()):
+	case s.parksDelays(ctx):
+		e.deliverAt = at
+	default:
+		e.bad = errDelayedCDC
+	}
+}
+
+// parksDelays reports whether the parked table has deliver_at (schema
+// version 14), so that delayed events can be parked until due.
+func (s *Source) parksDelays(ctx context.Context) bool {
+	return s.delays.Has(func() (bool, error) {
+		var has bool
+		err := s.pool.QueryRow(ctx, pgschema.HasColumnSQL, s.cn.Parked, "deliver_at").Scan(&has)
+		return has, err
+	}, func() {
+		s.base.Log.Warn("outboxpgx: the parked table has no deliver_at column (schema before version 14): delayed events are dead-lettered until `outbox migrate` adds it", "table", s.base.Table.String())
+	})
+}
