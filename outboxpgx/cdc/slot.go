@@ -14,6 +14,72 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
+// Check fails, with a one-line reason and what to do, when the database
+// cannot serve log tailing: wal_level is not logical, the role may not
+// replicate, or the table is not migrated for it. It warns when the
+// server keeps WAL for slots without bound (max_slot_wal_keep_size).
+func (s *Source) Check(ctx context.Context) error {
+	var walLevel, keep string
+	var replication, migrated, byTime bool
+	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
+       coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
+       to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL,
+       coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($3)), false)`,
+		s.cn.State, s.cn.Parked, s.base.Table.Qualified("")).Scan(&walLevel, &keep, &replication, &migrated, &byTime)
+	if err != nil {
+		return fmt.Errorf("outboxpgx: check log tailing: %w", err)
+	}
+	switch {
+	case walLevel != "logical":
+		return fmt.Errorf("outboxpgx: log tailing needs wal_level = logical, and the server runs with %s: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL", walLevel)
+	case !replication:
+		return errors.New("outboxpgx: log tailing needs a role with the REPLICATION attribute: run ALTER ROLE <the relay's role> REPLICATION")
+	case byTime:
+		// Its rows reach the WAL as rows of its partitions, which the
+		// publication would have to name (publish_via_partition_root).
+		return fmt.Errorf("outboxpgx: %s is partitioned by time, and log tailing does not read partitioned tables: relay it with --source poll (docs/retention.md)", s.base.Table)
+	case !migrated:
+		return fmt.Errorf("outboxpgx: %s is not migrated for log tailing (no %s_cdc or %s_cdc_parked table): run `outbox migrate`", s.base.Table, s.base.Table.Name, s.base.Table.Name)
+	}
+	if keep == "-1" {
+		s.base.Log.Warn("outboxpgx: max_slot_wal_keep_size is unbounded: a slot that stops moving (a relay down for long) keeps WAL until the disk is full; set it, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'",
+			"slot", s.cfg.Slot)
+	}
+	return nil
+}
+
+// Setup creates what the source streams from when it is missing: the
+// table's row in its _cdc companion, the publication and the replication
+// slot (`outbox migrate --cdc`). It does not stream. Events written as
+// logical decoding messages exist for the relay only from the slot's
+// creation on: set it up before writers switch to messages. A slot that
+// existed and is gone is handled as the streamer does (Mode). Setup
+// ignores NoCreate.
+func (s *Source) Setup(ctx context.Context) error {
+	if err := s.Check(ctx); err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, s.q.ensure, s.cfg.Slot, s.cfg.Publication); err != nil {
+		return fmt.Errorf("outboxpgx: set up log tailing of %s: %w", s.base.Table, migrateHint(err, s.base.Table))
+	}
+	if err := s.ensurePublication(ctx, true); err != nil {
+		return err
+	}
+	return s.ensureSlot(ctx, true, func(ctx context.Context, st slotState, args ...any) error {
+		_, err := s.pool.Exec(ctx, s.q.setState[st], append([]any{s.cfg.Slot, nil, nil}, args...)...) // not under a lease
+		return err
+	})
+}
+
+// migrateHint adds what to do to an error about a missing _cdc table.
+func migrateHint(err error, t outboxdriver.Table) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("%w: %s is not migrated for log tailing: run `outbox migrate`", outboxdriver.ErrNotMigrated, t)
+	}
+	return err
+}
+
 // ensurePublication makes the publication of the table's inserts (and
 // truncates, which are logged) when it is missing, and fails when it
 // exists without the table.
