@@ -1,6 +1,10 @@
 // Package pgschema holds the PostgreSQL schema of the outbox: embedded,
 // numbered migrations rendered for a validated schema and table name, and
-// the runner both PostgreSQL drivers share.
+// the runner both PostgreSQL drivers share. It also holds, once, what the
+// pgx driver (package outboxpgx) and log tailing (package outboxpgx/cdc)
+// both use: the format of events written as logical decoding messages,
+// the names of the log-tailing companions and the replication slots'
+// status, and the statements and arguments both sources run.
 package pgschema
 
 import (
