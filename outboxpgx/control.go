@@ -104,30 +104,8 @@ func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	return nil, errors.New("outboxpgx: no read of the pauses has succeeded yet")
 }
 
-// Pauses reads the pauses in force: one small query.
-func (s *CDCSource) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
-	return listPauses(ctx, s.pool, s.Table)
-}
-
-// Pauses reads the pauses in force through the batch's source: a batch
-// of log tailing holds no connection while its events are published.
-func (b *cdcBatch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
-	return b.src.Pauses(ctx)
-}
-
 // ExcludeAggregateTypes leaves the events of types out of the next claims.
 func (s *Source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }
-
-// ExcludeAggregateTypes leaves the events of types out of the next claims.
-func (s *CDCSource) ExcludeAggregateTypes(types []string) {
-	m := make(map[string]bool, len(types))
-	for _, t := range types {
-		m[t] = true
-	}
-	s.mu.Lock()
-	s.queue.skip = m
-	s.mu.Unlock()
-}
 
 // excluded returns the aggregate types the claim leaves out (never nil:
 // the claim compares with every element of the array).

@@ -5,10 +5,10 @@
 // pgx.Tx, Write in a transaction of its own, Queue on a pgx.Batch, Begin
 // for a transaction whose events travel with its COMMIT), the Store of the
 // command line (migrations, status, dead letters, audit) and the maker of
-// the relay's sources: Source (claims with FOR UPDATE SKIP LOCKED, wake-ups
-// by LISTEN/NOTIFY) and CDCSource (log tailing through logical
-// replication, docs/cdc.md). WithMessages and WithInsertDelete make a
-// writer for log tailing's other write modes.
+// the relay's polling source (NewSource: claims with FOR UPDATE SKIP
+// LOCKED, wake-ups by LISTEN/NOTIFY). Log tailing through logical
+// replication is package outboxpgx/cdc (docs/cdc.md); WithMessages and
+// WithInsertDelete make a writer for its other write modes.
 package outboxpgx
 
 import (
@@ -79,8 +79,8 @@ type Option func(*Driver)
 // Begin emit one pg_logical_emit_message(true, MessagePrefix(table),
 // content) per event, with the content format of MessageVersion. Nothing
 // is inserted, so nothing is left to delete or vacuum; only a relay with
-// --source cdc (a CDCSource) reads such events, and only what is written
-// while its replication slot exists: create the slot first
+// --source cdc (package outboxpgx/cdc) reads such events, and only what is
+// written while its replication slot exists: create the slot first
 // (`outbox migrate --cdc`, or start the relay).
 func WithMessages() Option { return func(d *Driver) { d.messages, d.insertDelete = true, false } }
 
@@ -272,7 +272,7 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 	wake := d.wake != nil && d.wake.Wake(t)
 	if len(rows) == 1 && !delayed {
 		r := rows[0]
-		return d.sql(t, 1, wake), []any{r.ID, r.AggregateType, r.AggregateID, r.Type, text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))}
+		return d.sql(t, 1, wake), []any{r.ID, r.AggregateType, r.AggregateID, r.Type, pgschema.NullText(r.Payload), r.RawPayload, pgschema.NullText(r.Headers), pgschema.NullText([]byte(r.TraceContext))}
 	}
 	n := len(rows)
 	ids, ats, aids, tys := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -280,10 +280,10 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 	raws := make([][]byte, n)
 	for i, r := range rows {
 		ids[i], ats[i], aids[i], tys[i] = r.ID, r.AggregateType, r.AggregateID, r.Type
-		ps[i], raws[i], hs[i], tcs[i] = text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))
+		ps[i], raws[i], hs[i], tcs[i] = pgschema.NullText(r.Payload), r.RawPayload, pgschema.NullText(r.Headers), pgschema.NullText([]byte(r.TraceContext))
 	}
 	if !delayed {
-		return d.sql(t, n, wake), []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs}
+		return d.sql(t, n, wake), []any{pgschema.UUIDArray(ids), ats, aids, tys, ps, raws, hs, tcs}
 	}
 	das := make([]*time.Time, n)
 	for i := range rows {
@@ -292,14 +292,5 @@ func (d *Driver) statement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 			das[i] = &at
 		}
 	}
-	return d.sql(t, -1, wake), []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs, das}
-}
-
-// text maps nil or empty to SQL NULL.
-func text(b []byte) *string {
-	if len(b) == 0 {
-		return nil
-	}
-	s := string(b)
-	return &s
+	return d.sql(t, -1, wake), []any{pgschema.UUIDArray(ids), ats, aids, tys, ps, raws, hs, tcs, das}
 }

@@ -1,6 +1,9 @@
 package outboxpgx
 
-import "github.com/outboxkit/outbox/outboxdriver"
+import (
+	"github.com/outboxkit/outbox/internal/pgschema"
+	"github.com/outboxkit/outbox/outboxdriver"
+)
 
 // Events as rows deleted again at once (insert + delete mode,
 // docs/cdc.md#the-three-write-modes): the INSERT reaches the WAL, where log
@@ -19,8 +22,8 @@ func insertDeleteStatement(t outboxdriver.Table, rows []outboxdriver.Row) (strin
 	raws := make([][]byte, n)
 	for i, r := range rows {
 		ids[i], ats[i], aids[i], tys[i] = r.ID, r.AggregateType, r.AggregateID, r.Type
-		ps[i], raws[i], hs[i], tcs[i] = text(r.Payload), r.RawPayload, text(r.Headers), text([]byte(r.TraceContext))
+		ps[i], raws[i], hs[i], tcs[i] = pgschema.NullText(r.Payload), r.RawPayload, pgschema.NullText(r.Headers), pgschema.NullText([]byte(r.TraceContext))
 	}
-	return `SELECT ` + t.WithDefaults().Qualified("_cdc_write") + `($1::uuid[], $2, $3, $4, $5, $6, $7, $8)`,
-		[]any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs}
+	return `SELECT ` + pgschema.CDCNamesOf(t.WithDefaults()).Write + `($1::uuid[], $2, $3, $4, $5, $6, $7, $8)`,
+		[]any{pgschema.UUIDArray(ids), ats, aids, tys, ps, raws, hs, tcs}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -401,7 +402,7 @@ SELECT u.new_id, o.aggregatetype, o.aggregateid, o.type, o.payload,
 FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS u(id, new_id, ord)
 JOIN `+src+` o ON o.id = u.id
 `+where+`
-ORDER BY u.ord`, uuidArray(ids), uuidArray(newIDs), !b.NewIDs, b.Request, ctids, seqs)
+ORDER BY u.ord`, pgschema.UUIDArray(ids), pgschema.UUIDArray(newIDs), !b.NewIDs, b.Request, ctids, seqs)
 			if err != nil {
 				return err
 			}

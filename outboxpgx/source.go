@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,8 +63,7 @@ func hasColumn(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, table, column string) (bool, error) {
 	var has bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)`, table, column).Scan(&has)
+	err := db.QueryRow(ctx, pgschema.HasColumnSQL, table, column).Scan(&has)
 	return has, err
 }
 
@@ -102,21 +100,6 @@ func waitingSQL(n driverkit.Names) string {
 // cleanupWhere is the Source's cleanup condition on table t.
 func cleanupWhere(t outboxdriver.Table) string {
 	return `published_at < clock_timestamp() - $2 * interval '1 millisecond' AND ` + pgschema.PartitionOf("", t) + ` = ANY($1::integer[])`
-}
-
-// cleanupSQL deletes, from table, the oldest limit published rows that
-// match where. They are found by ctid (a TID scan), which names a row
-// only within one table: table must not be partitioned (on a table
-// partitioned by time the Source cleans up the default partition, a
-// plain table). Checking where again on the rows found would make it safe
-// there, but lets the planner read the published_at index instead of
-// the TIDs, every call from the start: 2,500 rows/s instead of 230,000.
-func cleanupSQL(table, where, limit string) string {
-	return `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM ` + table + `
-    WHERE ` + where + `
-    ORDER BY published_at
-    LIMIT ` + limit + `))`
 }
 
 // newQueries returns the Source's statements for t.
@@ -166,7 +149,7 @@ WHERE ` + part + ` = ANY (ARRAY(SELECT partition FROM locked))
 ORDER BY o.seq
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`,
-		unhold: `DELETE FROM ` + n.Held + ` WHERE event_id = ANY($1::uuid[])`,
+		unhold: pgschema.UnholdSQL(n),
 		// The first pending rows from the lowest floor up to the final
 		// seq $3, at most floorScan of them, through the pending index. A
 		// partition that has none among them has none below the last one
@@ -209,10 +192,7 @@ SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at,
     headers, tracingspancontext, payload_raw, attempts + 1, err, hold
 FROM moved
 ON CONFLICT (id) DO NOTHING`,
-		holdDead: `INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
-SELECT aggregatetype, aggregateid, seq, id, 'dead-lettered' FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])
-ON CONFLICT (aggregatetype, aggregateid) DO UPDATE SET reason = excluded.reason, held_at = now()
-WHERE ` + n.Held + `.event_id = excluded.event_id`,
+		holdDead: pgschema.HoldDeadSQL(n),
 		idle: `INSERT INTO ` + n.Wakeup + ` (relay, expires_at)
 VALUES ($1, now() + $2 * interval '1 millisecond')
 ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at`,
@@ -244,8 +224,8 @@ FROM unnest($2::integer[], $3::bigint[]) AS m(partition, epoch)
 WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
 		unregister:     `DELETE FROM ` + n.Relays + ` WHERE relay = $1`,
 		fence:          `SELECT ` + t.Qualified("_fence") + `($1, $2::integer[], $3::bigint[])`,
-		cleanup:        cleanupSQL(n.Table, cleanupWhere(t), "$3"),
-		cleanupDefault: cleanupSQL(pgschema.DefaultPartition(t), cleanupWhere(t), "$3"),
+		cleanup:        pgschema.CleanupSQL(n.Table, cleanupWhere(t), "$3"),
+		cleanupDefault: pgschema.CleanupSQL(pgschema.DefaultPartition(t), cleanupWhere(t), "$3"),
 	}
 	if r == outboxdriver.RetentionKeep {
 		q.markPublished = `UPDATE ` + n.Table + ` SET published_at = clock_timestamp(), last_error = NULL, next_attempt_at = NULL WHERE seq = ANY($1::bigint[]) AND published_at IS NULL`
@@ -454,7 +434,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		} else {
 			pb.Queue(q.markPublished, rows)
 		}
-		pb.Queue(q.unhold, uuidArray(plan.Published))
+		pb.Queue(q.unhold, pgschema.UUIDArray(plan.Published))
 	}
 	if fs := plan.Retries; len(fs) > 0 {
 		var rows, delays []int64
@@ -519,21 +499,6 @@ func (b *batch) seqsByID() map[string][]int64 {
 		m[r.ID] = append(m[r.ID], r.Seq)
 	}
 	return m
-}
-
-// uuidArray returns ids as binary UUIDs, which pgx sends as a uuid[]
-// without first trying (and failing) other encodings of a string; ids
-// that do not parse are passed on as text for the server to judge.
-func uuidArray(ids []string) any {
-	out := make([][16]byte, len(ids))
-	for i, id := range ids {
-		u, err := uuid.Parse(id)
-		if err != nil {
-			return ids
-		}
-		out[i] = u
-	}
-	return out
 }
 
 // Release rolls the claim back.

@@ -107,7 +107,7 @@ func (d *Driver) status(ctx context.Context, t outboxdriver.Table, exactUpTo int
 		st.OldestHeldAge = time.Duration(heldSeconds * float64(time.Second))
 	}
 	if st.SchemaVersion >= 9 {
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+t.Qualified("_cdc_parked")).Scan(&st.Parked); err != nil {
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+pgschema.CDCNamesOf(t).Parked).Scan(&st.Parked); err != nil {
 			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 		}
 	}
@@ -127,7 +127,7 @@ WHERE published_at IS NULL AND (deliver_at IS NOT NULL OR next_attempt_at IS NOT
 		// Delayed events log tailing parked that are not unpublished rows
 		// of the table, counted above: messages and deleted rows.
 		var parked int64
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+t.Qualified("_cdc_parked")+` p
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+pgschema.CDCNamesOf(t).Parked+` p
 WHERE p.deliver_at > now() AND NOT EXISTS (SELECT 1 FROM `+n.Table+` o WHERE o.published_at IS NULL AND o.seq = p.seq AND o.id = p.id)`).Scan(&parked); err != nil {
 			return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 		}
@@ -187,7 +187,13 @@ ORDER BY l.partition`, args...)
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
 	if st.SchemaVersion >= 4 {
-		if st.Slots, err = slotStatuses(ctx, db, t, ""); err != nil {
+		rows, err := db.Query(ctx, pgschema.SlotStatusSQL(t), nil) // every slot
+		if err == nil {
+			st.Slots, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxdriver.SlotStatus, error) {
+				return pgschema.ScanSlotStatus(row.Scan)
+			})
+		}
+		if err != nil {
 			return st, fmt.Errorf("outboxpgx: status of %s: replication slots: %w", t, err)
 		}
 	}

@@ -41,12 +41,6 @@ func (s *Source) MaintainTimePartitions(ctx context.Context, m outboxdriver.Time
 	return maintainTimePartitions(ctx, s.pool, s.Table, m)
 }
 
-// MaintainTimePartitions does nothing: log tailing refuses a table
-// partitioned by time (docs/retention.md).
-func (s *CDCSource) MaintainTimePartitions(context.Context, outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
-	return nil, nil
-}
-
 func maintainTimePartitions(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, m outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
 	m, err := driverkit.ResolveMaintenance(m)
 	if err != nil {

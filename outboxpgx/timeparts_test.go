@@ -418,29 +418,6 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, perHour, aggs, at, map[bool]in
 	}
 }
 
-// Log tailing refuses a table partitioned by time: its rows reach the WAL
-// as rows of the partitions, which the publication does not name.
-func TestLogTailingRefusesATablePartitionedByTime(t *testing.T) {
-	ctx := context.Background()
-	pool := testenv.CDCPool(t)
-	tb := testenv.Table(t, pool)
-	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, &outboxdriver.MigrateOptions{TimePartitions: outboxdriver.TimePartitionsDay}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := outboxpgx.New(pool).NewCDCSource(tb, &outboxpgx.CDCConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	if err := src.Setup(ctx); err == nil || !strings.Contains(err.Error(), "partitioned by time, and log tailing does not read partitioned tables") {
-		t.Fatalf("setting up log tailing of a table partitioned by time: %v", err)
-	}
-	var slots int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, src.Slot()).Scan(&slots); err != nil || slots != 0 {
-		t.Fatalf("a slot was made: %d, %v", slots, err)
-	}
-}
-
 // Insert + delete finds the rows it inserted by ctid, which is unique
 // only within one partition: on a table partitioned by time it deletes its
 // own rows and never a row at the same ctid of another partition, for one

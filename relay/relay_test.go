@@ -22,6 +22,7 @@ import (
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
@@ -73,7 +74,7 @@ func newEnvFor(t *testing.T, source string) *env {
 	if source == "cdc" {
 		testenv.CDCTurn(t, pool, func() {
 			migrate()
-			src, err := drv.NewCDCSource(tb, nil)
+			src, err := cdc.NewSource(pool, tb, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -118,7 +119,7 @@ func (e *env) startOn(t *testing.T, pool *pgxpool.Pool, wrap func(sink.Sink) sin
 	var src outboxdriver.Source
 	var err error
 	if e.source == "cdc" {
-		src, err = outboxpgx.New(pool).NewCDCSource(e.table, nil)
+		src, err = cdc.NewSource(pool, e.table, nil)
 	} else {
 		src, err = outboxpgx.New(pool).NewSource(e.table, nil)
 	}

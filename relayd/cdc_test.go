@@ -13,6 +13,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
@@ -51,7 +52,7 @@ func TestOpenWithLogTailing(t *testing.T) {
 		for {
 			var streaming bool
 			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
-				WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming'))`, outboxpgx.DefaultSlot(tb)).Scan(&streaming)
+				WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming'))`, cdc.DefaultSlot(tb)).Scan(&streaming)
 			if err == nil && streaming {
 				break
 			}

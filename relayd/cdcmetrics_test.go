@@ -14,6 +14,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
@@ -50,7 +51,7 @@ func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		rl, err := relayd.Open(ctx, url, testenv.NATSURL(), &relayd.Options{
 			Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceCDC, Registerer: reg,
-			CDC:   outboxpgx.CDCConfig{StatusInterval: 100 * time.Millisecond},
+			CDC:   cdc.Config{StatusInterval: 100 * time.Millisecond},
 			Relay: relay.Config{Router: router, LeaseTTL: time.Second},
 			Sink:  relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
 		})

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
@@ -42,7 +43,7 @@ func TestLogTailingSurvivesAnImmediateRestart(t *testing.T) {
 	if _, err := drv.Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
-	setup, err := drv.NewCDCSource(tb, nil)
+	setup, err := cdc.NewSource(pool, tb, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
 
@@ -190,11 +191,11 @@ func oneLine(err error) string {
 // checking that the database can serve it (wal_level, the REPLICATION
 // attribute, the table's migration): a one-line error says what to do
 // when it cannot. Log tailing is PostgreSQL's only.
-func cdcSource(ctx context.Context, db *DB, t outboxdriver.Table, cfg *outboxpgx.CDCConfig) (outboxdriver.Source, error) {
+func cdcSource(ctx context.Context, db *DB, t outboxdriver.Table, cfg *cdc.Config) (outboxdriver.Source, error) {
 	if db.Pool == nil {
 		return nil, fmt.Errorf("log tailing (--source cdc) needs PostgreSQL; %s relays with --source poll", db.Scheme)
 	}
-	src, err := outboxpgx.New(db.Pool).NewCDCSource(t, cfg)
+	src, err := cdc.NewSource(db.Pool, t, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/outboxprom"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
@@ -44,7 +44,7 @@ type Options struct {
 	// CDC configures log tailing (Source SourceCDC): slot, publication,
 	// mode, whether to create what is missing. Its SourceConfig is taken
 	// from Retention, RelayName and Relay.Logger above.
-	CDC outboxpgx.CDCConfig
+	CDC cdc.Config
 	// MaxConns bounds the database pool; defaults to the relay's lanes
 	// plus three (one for LISTEN, one for lease upkeep, one to spare).
 	MaxConns int32
@@ -145,9 +145,9 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	case "", SourcePoll:
 		rl.src, err = rl.db.Store.NewSource(t, &srcCfg)
 	case SourceCDC:
-		cdc := o.CDC
-		cdc.SourceConfig = srcCfg
-		rl.src, err = cdcSource(ctx, rl.db, t, &cdc)
+		c := o.CDC
+		c.SourceConfig = srcCfg
+		rl.src, err = cdcSource(ctx, rl.db, t, &c)
 	default:
 		err = fmt.Errorf("relayd: unknown source %q: use %s or %s", o.Source, SourcePoll, SourceCDC)
 	}
@@ -176,9 +176,9 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 				return nil, err
 			}
 		}
-		if cdc, ok := rl.src.(*outboxpgx.CDCSource); ok {
-			err := outboxprom.RegisterCDC(o.Registerer, cdc.Slot(), func(ctx context.Context) (outboxdriver.SlotStatus, time.Duration, error) {
-				st, err := cdc.Stats(ctx)
+		if src, ok := rl.src.(*cdc.Source); ok {
+			err := outboxprom.RegisterCDC(o.Registerer, src.Slot(), func(ctx context.Context) (outboxdriver.SlotStatus, time.Duration, error) {
+				st, err := src.Stats(ctx)
 				return st.SlotStatus, st.Lag, err
 			})
 			if err != nil {

@@ -9,13 +9,14 @@ import (
 
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 )
 
 // cdcSetupFlags are migrate's --cdc flags: create the publication and the
 // replication slot that `outbox relay --source cdc` streams from.
 type cdcSetupFlags struct {
 	on   bool
-	cfg  outboxpgx.CDCConfig
+	cfg  cdc.Config
 	mode string
 }
 
@@ -36,10 +37,10 @@ func (c *cdcSetupFlags) setup(ctx context.Context, out io.Writer, t outboxdriver
 		return fmt.Errorf("--cdc: log tailing needs PostgreSQL")
 	}
 	var err error
-	if c.cfg.Mode, err = outboxpgx.ParseCDCMode(c.mode); err != nil {
+	if c.cfg.Mode, err = cdc.ParseMode(c.mode); err != nil {
 		return fmt.Errorf("--cdc-mode: %w", err)
 	}
-	src, err := drv.NewCDCSource(t, &c.cfg)
+	src, err := cdc.NewSource(drv.Pool(), t, &c.cfg)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
@@ -37,7 +37,7 @@ func newRelay() *cobra.Command {
 		// value is used as given, zero included (docs/cli.md).
 		rcfg      = relay.Config{}.WithDefaults()
 		source    string
-		cdc       outboxpgx.CDCConfig
+		cdcCfg    cdc.Config
 		cdcCreate bool
 		cdcMode   string
 		contracts contractFlags
@@ -191,7 +191,7 @@ Sinks (--sink):
 				rcfg.TracerProvider = tp
 			}
 			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
-			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdc, cdcCreate, cdcMode); err != nil {
+			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdcCfg, cdcCreate, cdcMode); err != nil {
 				return err
 			}
 			if fleet {
@@ -242,8 +242,8 @@ Sinks (--sink):
 	cmd.Flags().IntVar(&rcfg.Lanes, "lanes", relay.DefaultLanes, "batches kept in flight at once while working off a backlog (1 turns pipelining off)")
 	cmd.Flags().DurationVar(&poll, "poll-interval", 500*time.Millisecond, "longest wait for a wake-up before looking again")
 	cmd.Flags().StringVar(&source, "source", relayd.SourcePoll, "how committed events are found: poll (claim rows) or cdc (tail PostgreSQL's WAL; docs/cdc.md)")
-	cmd.Flags().StringVar(&cdc.Slot, "cdc-slot", "", "with --source cdc: replication slot (default outbox_<schema>_<table>)")
-	cmd.Flags().StringVar(&cdc.Publication, "cdc-publication", "", "with --source cdc: publication of the table's inserts (default: the slot's name)")
+	cmd.Flags().StringVar(&cdcCfg.Slot, "cdc-slot", "", "with --source cdc: replication slot (default outbox_<schema>_<table>)")
+	cmd.Flags().StringVar(&cdcCfg.Publication, "cdc-publication", "", "with --source cdc: publication of the table's inserts (default: the slot's name)")
 	cmd.Flags().BoolVar(&cdcCreate, "cdc-create", true, "with --source cdc: create the publication and the slot when missing")
 	cmd.Flags().StringVar(&cdcMode, "cdc-mode", "table", "with --source cdc: how writers write events, table (rows), message (logical decoding messages) or insert-delete (rows deleted again at once); decides what a lost slot means")
 	cmd.Flags().DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long the batch in flight may take to finish")
@@ -294,25 +294,25 @@ func relayConfigFlags() relayFlags {
 }
 
 // cdcOptions checks the --source and --cdc-* flags.
-func cdcOptions(cmd *cobra.Command, source string, cdc outboxpgx.CDCConfig, create bool, mode string) (string, outboxpgx.CDCConfig, error) {
+func cdcOptions(cmd *cobra.Command, source string, c cdc.Config, create bool, mode string) (string, cdc.Config, error) {
 	switch source {
 	case relayd.SourcePoll:
 		for _, name := range []string{"cdc-slot", "cdc-publication", "cdc-create", "cdc-mode"} {
 			if cmd.Flags().Changed(name) {
-				return "", cdc, fmt.Errorf("--%s goes with --source cdc", name)
+				return "", c, fmt.Errorf("--%s goes with --source cdc", name)
 			}
 		}
-		return source, cdc, nil
+		return source, c, nil
 	case relayd.SourceCDC:
 	default:
-		return "", cdc, fmt.Errorf("--source %q: use poll or cdc", source)
+		return "", c, fmt.Errorf("--source %q: use poll or cdc", source)
 	}
 	var err error
-	if cdc.Mode, err = outboxpgx.ParseCDCMode(mode); err != nil {
-		return "", cdc, fmt.Errorf("--cdc-mode: %w", err)
+	if c.Mode, err = cdc.ParseMode(mode); err != nil {
+		return "", c, fmt.Errorf("--cdc-mode: %w", err)
 	}
-	cdc.NoCreate = !create
-	return source, cdc, nil
+	c.NoCreate = !create
+	return source, c, nil
 }
 
 func parseRetention(s string) (outboxdriver.Retention, error) {

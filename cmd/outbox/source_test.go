@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 )
 
 // sources are the relay's sources the shared correctness tests run
@@ -63,7 +64,7 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 	for {
 		var streamed bool
 		err := pool.QueryRow(context.Background(), `SELECT drained AND EXISTS (SELECT 1 FROM pg_replication_slots s
-			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming')) FROM `+tb.Qualified("_cdc"), outboxpgx.DefaultSlot(tb)).Scan(&streamed)
+			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming')) FROM `+tb.Qualified("_cdc"), cdc.DefaultSlot(tb)).Scan(&streamed)
 		if err == nil && streamed {
 			break
 		}
@@ -98,7 +99,7 @@ func TestStatusShowsTheCDCSlot(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &js); err != nil {
 		t.Fatalf("status --json = %s: %v", stdout, err)
 	}
-	slot := outboxpgx.DefaultSlot(tb)
+	slot := cdc.DefaultSlot(tb)
 	if len(js.CDCSlots) != 1 || js.CDCSlots[0].Slot != slot || !js.CDCSlots[0].Exists || js.CDCSlots[0].Active ||
 		js.CDCSlots[0].ConfirmedLSN == "" || js.CDCSlots[0].LagBytes <= 0 {
 		t.Fatalf("cdc_slots = %+v, want slot %s, existing, inactive (no relay runs), with a confirmed LSN and retained WAL", js.CDCSlots, slot)

@@ -1,6 +1,10 @@
 // Package pgschema holds the PostgreSQL schema of the outbox: embedded,
 // numbered migrations rendered for a validated schema and table name, and
-// the runner both PostgreSQL drivers share.
+// the runner both PostgreSQL drivers share. It also holds, once, what the
+// pgx driver (package outboxpgx) and log tailing (package outboxpgx/cdc)
+// both use: the format of events written as logical decoding messages,
+// the names of the log-tailing companions and the replication slots'
+// status, and the statements and arguments both sources run.
 package pgschema
 
 import (
@@ -50,7 +54,7 @@ type Options = outboxdriver.MigrateOptions
 // Render replaces the {{...}} placeholders of a migration with t's quoted
 // names. t must be valid.
 func Render(sql string, t outboxdriver.Table, o Options) string {
-	n := NamesOf(t)
+	n, c := NamesOf(t), CDCNamesOf(t)
 	q := outboxdriver.QuoteIdent
 	idKey, partitioning := "PRIMARY KEY", ""
 	if o.TimePartitions != "" {
@@ -97,12 +101,12 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{notify_trg}}", q(t.Name+"_notify"),
 		"{{partition_fn}}", t.Qualified("_partition"),
 		"{{partition_trg}}", q(t.Name+"_partition"),
-		"{{cdc}}", t.Qualified("_cdc"),
-		"{{cdc_fence_fn}}", t.Qualified("_cdc_fence"),
-		"{{cdc_write_fn}}", t.Qualified("_cdc_write"),
-		"{{cdc_mark_fn}}", t.Qualified("_cdc_mark"),
-		"{{cdc_drain}}", t.Qualified("_cdc_drain"),
-		"{{cdc_parked}}", t.Qualified("_cdc_parked"),
+		"{{cdc}}", c.State,
+		"{{cdc_fence_fn}}", c.Fence,
+		"{{cdc_write_fn}}", c.Write,
+		"{{cdc_mark_fn}}", c.Mark,
+		"{{cdc_drain}}", c.Drain,
+		"{{cdc_parked}}", c.Parked,
 		"{{requests}}", t.Qualified("_requests"),
 		"{{requests_idx}}", q(t.Name+"_requests_at"),
 		"{{audit_guard_fn}}", t.Qualified("_audit_ro"),

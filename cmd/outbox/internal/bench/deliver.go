@@ -36,6 +36,7 @@ import (
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
@@ -212,7 +213,7 @@ func (s *deliverSetup) newTracedRelay(ctx context.Context, batch int, poll time.
 	var src outboxdriver.Source
 	var err error
 	if source == SourceCDC {
-		src, err = outboxpgx.New(s.pool).NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: srcCfg})
+		src, err = cdc.NewSource(s.pool, s.table, &cdc.Config{SourceConfig: srcCfg})
 	} else {
 		src, err = outboxpgx.New(s.pool).NewSource(s.table, &srcCfg)
 	}
@@ -610,7 +611,7 @@ func (s *deliverSetup) drainWAL(ctx context.Context, cfg Config, n int, messages
 		// other's events as not done yet).
 		var done bool
 		err := s.pool.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $1`,
-			outboxpgx.DefaultSlot(s.table), last).Scan(&done)
+			cdc.DefaultSlot(s.table), last).Scan(&done)
 		return err == nil && done
 	})
 	if run != nil {
@@ -647,7 +648,7 @@ func (s *deliverSetup) noneUnpublished(ctx context.Context) bool {
 // returned func drops them again, so that no slot keeps WAL.
 func (s *deliverSetup) makeSlot(ctx context.Context) (drop func() error, err error) {
 	drv := outboxpgx.New(s.pool)
-	src, err := drv.NewCDCSource(s.table, &outboxpgx.CDCConfig{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
+	src, err := cdc.NewSource(s.pool, s.table, &cdc.Config{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,6 @@
 //go:build race
 
-package outboxpgx_test
+package cdc_test
 
 // largeTxEvents is the size of TestCDCMillionEventTransaction's
 // transaction. Under the race detector the relay runs several times

@@ -1,4 +1,4 @@
-package outboxpgx_test
+package cdc_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/outboxdriver"
-	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/sink"
 )
@@ -145,7 +145,7 @@ func TestCDCDrainsExactlyTheRowsTheSlotDoesNotHold(t *testing.T) {
 		defer wg.Done()
 		write("a", 100)
 	}()
-	snk := f.countingRelay(f.source("r1", &outboxpgx.CDCConfig{MaxPending: 100}), relay.Config{BatchSize: 50})
+	snk := f.countingRelay(f.source("r1", &cdc.Config{MaxPending: 100}), relay.Config{BatchSize: 50})
 	wg.Wait()
 	f.waitFor(all...)
 	f.caughtUp()

@@ -1,6 +1,6 @@
 //go:build !race
 
-package outboxpgx_test
+package cdc_test
 
 // largeTxEvents is the size of TestCDCMillionEventTransaction's
 // transaction (see race_test.go for the race detector's).

@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"slices"
@@ -115,13 +115,13 @@ func TestQueueClaimsByPartition(t *testing.T) {
 	// Two aggregates in different partitions.
 	a := "a"
 	b := "b"
-	for i := 0; cdcPartition(aggKey{"order", a}) == cdcPartition(aggKey{"order", b}); i++ {
+	for i := 0; partitionOf(aggKey{"order", a}) == partitionOf(aggKey{"order", b}); i++ {
 		b = "b" + string(rune('0'+i))
 	}
-	pa, pb := cdcPartition(aggKey{"order", a}), cdcPartition(aggKey{"order", b})
+	pa, pb := partitionOf(aggKey{"order", a}), partitionOf(aggKey{"order", b})
 	q.push(&txn{end: 100, events: []*event{qev(a, "a1"), qev(b, "b1")}})
 	q.push(&txn{end: 200, events: []*event{qev(b, "b2"), qev(a, "a2")}})
-	var laneA, laneB [cdcPartitions]bool
+	var laneA, laneB [numPartitions]bool
 	laneA[pa], laneB[pb] = true, true
 	got := q.claim(10, now, &laneA)
 	if !slices.Equal(qids(got), []string{"a1", "a2"}) || got[0].record().Partition != pa {

@@ -1,11 +1,13 @@
-package outboxpgx
+package cdc
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/outboxpgx"
 )
 
 // PostgreSQL sends a transaction to the stream a moment before other
@@ -19,15 +21,15 @@ func TestDeadLetterLookupSaysWhenTheEventsTransactionIsNotVisibleYet(t *testing.
 	ctx := testenv.Context(t, time.Minute)
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	if _, err := New(pool).Migrate(ctx, tb, nil); err != nil {
+	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
 	id := testenv.AddDeadLetters(t, pool, tb, testenv.DeadLetterRow{AggregateType: "order", AggregateID: "p", Type: "T", Payload: "{}", LastError: "poison", Attempts: 1, Held: true})[0]
-	q := newCDCQueries(tb).isDeadLetter
+	q := newQueries(tb).isDeadLetter
 	lookup := func(xid int64) (dead, visible bool) {
 		t.Helper()
 		var got string
-		if err := pool.QueryRow(ctx, q, uuidArray([]string{id}), []int64{xid}).Scan(&got, &dead, &visible); err != nil {
+		if err := pool.QueryRow(ctx, q, pgschema.UUIDArray([]string{id}), []int64{xid}).Scan(&got, &dead, &visible); err != nil {
 			t.Fatal(err)
 		}
 		return dead, visible

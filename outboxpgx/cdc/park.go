@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -31,7 +32,7 @@ import (
 // park writes the stream's parkable events to the parked table under the
 // slot's lease (epoch), and marks them done: the slot may then confirm past
 // them. gen is the stream the caller saw.
-func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
+func (s *Source) park(ctx context.Context, gen int, epoch int64) error {
 	s.mu.Lock()
 	if gen != s.gen {
 		s.mu.Unlock()
@@ -48,7 +49,7 @@ func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
 	}
 	s.mu.Unlock()
 	var pb pgx.Batch
-	pb.Queue(s.cq.fence, s.cfg.Slot, s.Cfg.RelayName, epoch, lsnArg(lsn), lsnArg(parkedLSN(evs)))
+	pb.Queue(s.q.fence, s.cfg.Slot, s.base.Cfg.RelayName, epoch, lsnArg(lsn), lsnArg(parkedLSN(evs)))
 	s.queuePark(ctx, &pb, evs)
 	err := s.pool.SendBatch(ctx, &pb).Close()
 	s.mu.Lock()
@@ -66,7 +67,7 @@ func (s *CDCSource) park(ctx context.Context, gen int, epoch int64) error {
 }
 
 // parkedLocked records in memory that evs were parked. s.mu is held.
-func (s *CDCSource) parkedLocked(gen int, evs []*event) {
+func (s *Source) parkedLocked(gen int, evs []*event) {
 	// The database holds them whatever stream this is: never count fewer.
 	s.queue.parks++
 	for _, e := range evs {
@@ -99,7 +100,7 @@ func (s *CDCSource) parkedLocked(gen int, evs []*event) {
 // unpark reads back the first parked events of the aggregates that have
 // some and are no longer held, unless some of theirs are in memory
 // already, and queues them ahead of the stream's.
-func (s *CDCSource) unpark(ctx context.Context, gen int) error {
+func (s *Source) unpark(ctx context.Context, gen int) error {
 	s.mu.Lock()
 	if gen != s.gen {
 		s.mu.Unlock()
@@ -121,9 +122,9 @@ func (s *CDCSource) unpark(ctx context.Context, gen int) error {
 		return nil
 	}
 	per := max(1, min(drainPage, room/len(typs)))
-	sql := s.cq.unparkNoDelay
+	sql := s.q.unparkNoDelay
 	if s.parksDelays(ctx) {
-		sql = s.cq.unpark
+		sql = s.q.unpark
 	}
 	rows, err := s.pool.Query(ctx, sql, typs, ids, per)
 	if err != nil {
@@ -213,13 +214,13 @@ func parkedLSN(evs []*event) pglogrepl.LSN {
 
 // queuePark queues the park insert of evs on pb: with their deliver_at
 // when the parked table has it (schema version 14).
-func (s *CDCSource) queuePark(ctx context.Context, pb *pgx.Batch, evs []*event) {
+func (s *Source) queuePark(ctx context.Context, pb *pgx.Batch, evs []*event) {
 	args := parkArgs(evs)
 	if !s.parksDelays(ctx) {
-		pb.Queue(s.cq.parkNoDelay, args[:len(args)-1]...)
+		pb.Queue(s.q.parkNoDelay, args[:len(args)-1]...)
 		return
 	}
-	pb.Queue(s.cq.park, args...)
+	pb.Queue(s.q.park, args...)
 }
 
 // parkArgs are the arguments of the park insert, deliver_at last.
@@ -238,14 +239,14 @@ func parkArgs(evs []*event) []any {
 		ids[i], ats[i], aids[i], tys[i] = e.ID, pgText(e.AggregateType), pgText(e.AggregateID), pgText(e.Type)
 		switch {
 		case e.Payload != nil && storable(e.Payload):
-			ps[i] = text(e.Payload)
+			ps[i] = pgschema.NullText(e.Payload)
 		case e.Payload != nil:
 			raws[i] = e.Payload // published the same; only a dead letter would tell
 		default:
 			raws[i] = e.RawPayload
 		}
 		if len(e.HeadersJSON) > 0 && storable(e.HeadersJSON) {
-			hs[i] = text(e.HeadersJSON)
+			hs[i] = pgschema.NullText(e.HeadersJSON)
 		}
 		tcs[i] = pgText(e.TraceContext)
 		if e.bad != nil {
@@ -254,7 +255,7 @@ func parkArgs(evs []*event) []any {
 		seqs[i], cas[i], rows[i], xids[i] = e.Seq, e.CreatedAt, e.row, e.xid()
 		lsns[i] = e.tx.lsn.String()
 	}
-	return []any{uuidArray(ids), ats, aids, tys, ps, raws, hs, tcs, seqs, cas, bads, rows, xids, lsns, dues}
+	return []any{pgschema.UUIDArray(ids), ats, aids, tys, ps, raws, hs, tcs, seqs, cas, bads, rows, xids, lsns, dues}
 }
 
 // storable reports whether b can be stored as PostgreSQL text as it is.
@@ -278,4 +279,36 @@ func finishError(what string, n int, err error) error {
 		return fmt.Errorf("outboxpgx: %s %d events: %w: %s", what, n, outboxdriver.ErrLeaseLost, pgErr.Message)
 	}
 	return fmt.Errorf("outboxpgx: %s %d events: %w", what, n, err)
+}
+
+// errDelayedCDC dead-letters a row whose deliver_at is still ahead when
+// the log-tailing relay reads it and the table's parked events have no
+// deliver_at to wait on (a schema before version 14). The dead letter
+// keeps the event; under the poison policy hold its aggregate's later
+// events wait behind it, so its order holds until an operator retries it.
+var errDelayedCDC = errors.New("deliver_at is still ahead and the log-tailing relay cannot park it (the table's schema is before version 14: run outbox migrate); retry this one when it is due")
+
+// delay sets e to wait for at when that is ahead (docs/delayed.md): it is
+// parked until then with its aggregate's later events (queue.parkable).
+// Before schema version 14 it is dead-lettered instead (errDelayedCDC).
+func (s *Source) delay(ctx context.Context, e *event, at time.Time) {
+	switch {
+	case !at.After(time.Now()):
+	case s.parksDelays(ctx):
+		e.deliverAt = at
+	default:
+		e.bad = errDelayedCDC
+	}
+}
+
+// parksDelays reports whether the parked table has deliver_at (schema
+// version 14), so that delayed events can be parked until due.
+func (s *Source) parksDelays(ctx context.Context) bool {
+	return s.delays.Has(func() (bool, error) {
+		var has bool
+		err := s.pool.QueryRow(ctx, pgschema.HasColumnSQL, s.cn.Parked, "deliver_at").Scan(&has)
+		return has, err
+	}, func() {
+		s.base.Log.Warn("outboxpgx: the parked table has no deliver_at column (schema before version 14): delayed events are dead-lettered until `outbox migrate` adds it", "table", s.base.Table.String())
+	})
 }

@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"errors"

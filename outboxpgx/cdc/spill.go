@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"bufio"
@@ -69,7 +69,7 @@ func (sp *spill) add(xid uint32, e *event) error {
 		at = e.CreatedAt.UnixNano()
 	}
 	b = binary.AppendVarint(b, at)
-	var due int64 // deliver_at still ahead when read (CDCSource.delay)
+	var due int64 // deliver_at still ahead when read (Source.delay)
 	if !e.deliverAt.IsZero() {
 		due = e.deliverAt.UnixNano()
 	}

@@ -1,4 +1,4 @@
-package outboxpgx_test
+package cdc_test
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink/stdoutsink"
@@ -117,7 +118,7 @@ func heapPeak() (stop func() uint64) {
 
 // stdoutRelay starts a relay over src into a stdoutsink writing to w,
 // routed by aggregate type.
-func (f *cdcFixture) stdoutRelay(src *outboxpgx.CDCSource, w *orderCheck, cfg relay.Config) func() {
+func (f *cdcFixture) stdoutRelay(src *cdc.Source, w *orderCheck, cfg relay.Config) func() {
 	f.t.Helper()
 	router, err := route.New(&route.Config{})
 	if err != nil {
@@ -239,7 +240,7 @@ func TestCDCMillionEventTransaction(t *testing.T) {
 // smallWorkMem returns a CDC source whose replication connection sets
 // logical_decoding_work_mem to its minimum (64kB): PostgreSQL streams
 // every transaction larger than that before its commit.
-func (f *cdcFixture) smallWorkMemSource(name, spillDir string) *outboxpgx.CDCSource {
+func (f *cdcFixture) smallWorkMemSource(name, spillDir string) *cdc.Source {
 	f.t.Helper()
 	cfg := f.pool.Config().Copy()
 	cfg.ConnConfig.RuntimeParams["logical_decoding_work_mem"] = "64kB"
@@ -248,9 +249,9 @@ func (f *cdcFixture) smallWorkMemSource(name, spillDir string) *outboxpgx.CDCSou
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(pool.Close)
-	c := outboxpgx.CDCConfig{SpillDir: spillDir}
+	c := cdc.Config{SpillDir: spillDir}
 	c.RelayName, c.Logger = name, f.log
-	src, err := outboxpgx.New(pool).NewCDCSource(f.tb, &c)
+	src, err := cdc.NewSource(pool, f.tb, &c)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -518,10 +519,10 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 			logged := &lockedLog{t: t}
 			f.log = slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			f.setup()
-			cdcMode := map[string]outboxpgx.CDCMode{modeTable: outboxpgx.CDCTable, modeMessage: outboxpgx.CDCMessages,
-				modeInsertDelete: outboxpgx.CDCInsertDelete}[mode]
+			cdcMode := map[string]cdc.Mode{modeTable: cdc.ModeTable, modeMessage: cdc.ModeMessages,
+				modeInsertDelete: cdc.ModeInsertDelete}[mode]
 			f.ddl(func() { // the relay may make the slot again
-				f.relay(f.source("r1", &outboxpgx.CDCConfig{Mode: cdcMode}), relay.Config{})
+				f.relay(f.source("r1", &cdc.Config{Mode: cdcMode}), relay.Config{})
 				f.streaming()
 			})
 			ob := f.writer(mode)

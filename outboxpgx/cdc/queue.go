@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"encoding/json"
@@ -41,10 +41,10 @@ type event struct {
 
 	// deliverAt is the row's deliver_at when it was still ahead as the
 	// event was decoded: the event is parked until then, its aggregate's
-	// later events behind it (queue.parkable, CDCSource.unpark).
+	// later events behind it (queue.parkable, Source.unpark).
 	deliverAt time.Time
 
-	part int // the partition of its aggregate (cdcPartition)
+	part int // the partition of its aggregate (partitionOf)
 	// pxid is the transaction that inserted a row released from the
 	// parked table (txn.front), for the mark.
 	pxid uint32
@@ -92,7 +92,7 @@ func (e *event) record() outboxdriver.Record {
 
 // seal fills the record the relay is handed.
 func (e *event) seal() {
-	e.part = cdcPartition(e.key())
+	e.part = partitionOf(e.key())
 	r := outboxdriver.Record{
 		ID: e.ID, Seq: e.Seq, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Type: e.Type,
 		TraceContext: e.TraceContext, CreatedAt: e.CreatedAt, Partition: e.part,
@@ -131,7 +131,7 @@ type txn struct {
 	// drain says the events are rows read from the table (stream.drain).
 	drain bool
 	// front says the events were released from the parked table
-	// (CDCSource.unpark): they go before the stream's events of their
+	// (Source.unpark): they go before the stream's events of their
 	// aggregates, and the slot's position does not wait for them.
 	front bool
 	// commit is the transaction's commit time (zero for drained rows).
@@ -167,11 +167,11 @@ type queue struct {
 	frontLeft int
 	unparking map[aggKey]int
 	// parked counts, per aggregate, the events in the parked table, as
-	// far as known: never fewer than there are (CDCSource.unpark). While
+	// far as known: never fewer than there are (Source.unpark). While
 	// it is not 0, or the aggregate is held, the stream's events of the
 	// aggregate are parked behind them (parkable) instead of claimed.
 	parked map[aggKey]int
-	// parks counts the parking writes that committed (CDCSource.unpark).
+	// parks counts the parking writes that committed (Source.unpark).
 	parks int
 	// parkedUntil maps an aggregate whose first parked event is delayed
 	// to when that one is due: unpark does not look for the aggregate's
@@ -314,7 +314,7 @@ func (q *queue) nextDue(now time.Time) time.Time {
 // (nil: all): first those released from the parked table, then the
 // stream's, in commit order. An aggregate lives in one partition, so what
 // it leaves out never orders what it takes.
-func (q *queue) claim(limit int, now time.Time, parts *[cdcPartitions]bool) []*event {
+func (q *queue) claim(limit int, now time.Time, parts *[numPartitions]bool) []*event {
 	var out []*event
 	blocked := map[aggKey]bool{}
 	for _, t := range q.front {

@@ -1,4 +1,4 @@
-package outboxpgx_test
+package cdc_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/sink"
 )
@@ -133,7 +133,7 @@ func TestCDCRowsReadFromTheTableKeepCommitOrderWithLateCommits(t *testing.T) {
 	f.setup()
 	gateB := &gatedSink{Sink: f.natsSink(), key: "b", open: make(chan struct{}), waiting: make(chan struct{})}
 	gateZ := &gatedSink{Sink: gateB, key: "z", open: make(chan struct{}), waiting: make(chan struct{})}
-	f.relayInto(f.source("r1", &outboxpgx.CDCConfig{MaxPending: 1}), gateZ, relay.Config{LeaseTTL: 20 * time.Second})
+	f.relayInto(f.source("r1", &cdc.Config{MaxPending: 1}), gateZ, relay.Config{LeaseTTL: 20 * time.Second})
 	wait := func(g *gatedSink) {
 		t.Helper()
 		select {

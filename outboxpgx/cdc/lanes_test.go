@@ -1,4 +1,4 @@
-package outboxpgx_test
+package cdc_test
 
 import (
 	"context"

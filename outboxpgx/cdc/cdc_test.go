@@ -1,4 +1,4 @@
-package outboxpgx_test
+package cdc_test
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
@@ -67,7 +68,7 @@ func newCDC(t *testing.T) *cdcFixture {
 
 // acquire leases the slot for src as the relay does: every partition the
 // source's Heartbeat names, all under the slot's one lease.
-func (f *cdcFixture) acquire(src *outboxpgx.CDCSource, ttl time.Duration) []outboxdriver.Lease {
+func (f *cdcFixture) acquire(src *cdc.Source, ttl time.Duration) []outboxdriver.Lease {
 	f.t.Helper()
 	_, n, err := src.Heartbeat(f.ctx, ttl)
 	if err != nil {
@@ -108,7 +109,7 @@ func (w testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (f *cdcFixture) slot() string { return outboxpgx.DefaultSlot(f.tb) }
+func (f *cdcFixture) slot() string { return cdc.DefaultSlot(f.tb) }
 
 // drop reverts the table's migrations, which drops its slot and
 // publication (should that fail, it drops them by name), and drops the
@@ -140,14 +141,14 @@ func (f *cdcFixture) dropNow() {
 }
 
 // source returns a CDC source of the table under relay name name.
-func (f *cdcFixture) source(name string, cfg *outboxpgx.CDCConfig) *outboxpgx.CDCSource {
+func (f *cdcFixture) source(name string, cfg *cdc.Config) *cdc.Source {
 	f.t.Helper()
-	c := outboxpgx.CDCConfig{}
+	c := cdc.Config{}
 	if cfg != nil {
 		c = *cfg
 	}
 	c.RelayName, c.Logger = name, f.log
-	src, err := f.drv.NewCDCSource(f.tb, &c)
+	src, err := cdc.NewSource(f.pool, f.tb, &c)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -595,8 +596,8 @@ func TestCDCResumesFromTheConfirmedLSN(t *testing.T) {
 	// Nothing renews the lease: it must outlast a slow claim on a loaded
 	// machine. The test ends it itself for the second relay.
 	ttl := 30 * time.Second
-	leased := map[*outboxpgx.CDCSource][]outboxdriver.Lease{}
-	claimAll := func(src *outboxpgx.CDCSource, want int) (outboxdriver.Batch, []string) {
+	leased := map[*cdc.Source][]outboxdriver.Lease{}
+	claimAll := func(src *cdc.Source, want int) (outboxdriver.Batch, []string) {
 		t.Helper()
 		leases, err := leased[src], error(nil)
 		if leases == nil {
@@ -738,7 +739,7 @@ func TestCDCHelperRelay(t *testing.T) {
 	_, js := testenv.JetStream(t)
 	tb := outboxdriver.Table{Schema: spec[0], Name: spec[1]}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	src, err := outboxpgx.New(pool).NewCDCSource(tb, &outboxpgx.CDCConfig{SourceConfig: outboxdriver.SourceConfig{RelayName: spec[3], Logger: log}})
+	src, err := cdc.NewSource(pool, tb, &cdc.Config{SourceConfig: outboxdriver.SourceConfig{RelayName: spec[3], Logger: log}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1037,7 +1038,7 @@ func TestCDCLostSlot(t *testing.T) {
 	f.write(f.writer(modeTable), meanwhile)
 	f.exec(`SELECT pg_drop_replication_slot($1)`, f.slot())
 
-	src := f.source("r2", &outboxpgx.CDCConfig{Mode: outboxpgx.CDCMessages})
+	src := f.source("r2", &cdc.Config{Mode: cdc.ModeMessages})
 	leases := f.acquire(src, time.Second)
 	f.eventually("message mode refuses the lost slot", func() bool {
 		b, err := src.Claim(f.ctx, leases, 10)

@@ -1,4 +1,4 @@
-package outboxpgx
+package cdc
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -21,7 +22,7 @@ func TestMessageRoundTrip(t *testing.T) {
 		{ID: "0190a5a4-1111-7000-8000-000000000003", AggregateType: "x", AggregateID: "y", Type: "Empty"},
 	}
 	for _, r := range rows {
-		ev, err := decodeMessage(appendMessage(nil, &r))
+		ev, err := decodeMessage(pgschema.AppendMessage(nil, &r))
 		if err != nil {
 			t.Fatalf("decode %s: %v", r.ID, err)
 		}
@@ -70,7 +71,7 @@ func FuzzDecodeMessage(f *testing.F) {
 	f.Add([]byte(`{"\u0076":99999999999999999999,"v":null,"id":"x","id":"0190a5a4-1111-7000-8000-000000000001","payload":1e400,"headers":-0}`))
 	f.Add([]byte(`{"v":1,"payload":"\u0000\ud83d\ude00\\","tracingspancontext":"a\nb","payload_base64":null}`))
 	f.Fuzz(func(t *testing.T, content []byte) {
-		var fast wireMessage
+		var fast pgschema.Message
 		if utf8.Valid(content) && wireDecoder.Unmarshal(content, &fast) == nil {
 			std, err := decodeWire(content)
 			if err != nil {
@@ -137,7 +138,7 @@ func TestSlotErrorsSayWhatToDo(t *testing.T) {
 func BenchmarkDecodeMessage(b *testing.B) {
 	r := outboxdriver.Row{ID: "0190f5a2-7c4e-7b3a-9d2e-5f6a7b8c9d0e", AggregateType: "order", AggregateID: "order-17", Type: "OrderPlaced",
 		Payload: []byte(`{"sku": "sku-1234", "total": 42.5, "customer": "customer-17", "order_id": 198001, "quantity": 1}`)}
-	content := appendMessage(nil, &r)
+	content := pgschema.AppendMessage(nil, &r)
 	b.Run("fast", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
