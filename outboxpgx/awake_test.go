@@ -22,7 +22,7 @@ func TestWakeupsLastWhileAnyRelayIsIdle(t *testing.T) {
 	ctx := context.Background()
 	conn := listen(t, pool, tb)
 	a, b := newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{RelayName: "relay-a"}), newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{RelayName: "relay-b"})
-	for _, s := range []*outboxpgx.Source{a, b} {
+	for _, s := range []outboxdriver.Source{a, b} {
 		if err := s.SetIdle(ctx, time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestWakeupsLastWhileAnyRelayIsIdle(t *testing.T) {
 	// relay-3 is registered. The writers' value must then be relay-3's
 	// expiry, not a departed relay's or nothing.
 	const relays, rounds = 8, 40
-	srcs := make([]*outboxpgx.Source, relays)
+	srcs := make([]outboxdriver.Source, relays)
 	for i := range srcs {
 		srcs[i] = newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{RelayName: fmt.Sprintf("relay-%d", i)})
 	}

@@ -66,7 +66,7 @@ func controlErr(t outboxdriver.Table, what string, err error) error {
 }
 
 // Pauses reads the pauses in force: one small query.
-func (s *Source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
+func (s *source) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 	ps, err := listPauses(ctx, s.pool, s.Table)
 	switch {
 	case err != nil:
@@ -105,11 +105,11 @@ func (b *batch) Pauses(ctx context.Context) ([]outboxdriver.Pause, error) {
 }
 
 // ExcludeAggregateTypes leaves the events of types out of the next claims.
-func (s *Source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }
+func (s *source) ExcludeAggregateTypes(types []string) { s.exclude.Store(&types) }
 
 // excluded returns the aggregate types the claim leaves out (never nil:
 // the claim compares with every element of the array).
-func (s *Source) excluded() []string {
+func (s *source) excluded() []string {
 	if p := s.exclude.Load(); p != nil && *p != nil {
 		return *p
 	}

@@ -178,7 +178,7 @@ func (f *floors) observe(p probe) {
 // wake-up on a new event by 1–8 ms every floorTick (docs/benchmarks.md,
 // Floors off the claim's path). Probes run one at a time; Close waits for
 // the one running.
-func (s *Source) tickFloors(leases []outboxdriver.Lease) {
+func (s *source) tickFloors(leases []outboxdriver.Lease) {
 	f := &s.floors
 	if !f.tick.TryLock() {
 		return // a probe runs
@@ -225,7 +225,7 @@ func (s *Source) tickFloors(leases []outboxdriver.Lease) {
 // was begun. A failure leaves the floors as they are; an error of the
 // server (a missing privilege, say) turns floors off for this source, as
 // claims from zero are always correct.
-func (s *Source) probeFloors(ctx context.Context, gen int, final int64, parts []int32, at []int64) {
+func (s *source) probeFloors(ctx context.Context, gen int, final int64, parts []int32, at []int64) {
 	f := &s.floors
 	var pb pgx.Batch
 	// One transaction, read committed: each statement still sees what

@@ -19,7 +19,7 @@ type floorRig struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	table  outboxdriver.Table
-	src    *Source
+	src    *source
 	leases []outboxdriver.Lease
 }
 
@@ -35,7 +35,7 @@ func newFloorRig(t *testing.T) *floorRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := s0.(*Source)
+	src := s0.(*source)
 	t.Cleanup(func() { src.Close() })
 	if _, _, err := src.Heartbeat(ctx, time.Minute); err != nil {
 		t.Fatal(err)
@@ -402,7 +402,7 @@ func TestFloorsAreOffWithoutPrivilegeOnTheSequence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := s0.(*Source)
+	src := s0.(*source)
 	defer src.Close()
 	r.src.Release(ctx, r.leases, true) // the rig's source steps aside
 	if _, _, err := src.Heartbeat(ctx, time.Minute); err != nil {

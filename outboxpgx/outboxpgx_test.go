@@ -193,20 +193,20 @@ func TestInvalidEventsAreRefusedBeforeSQL(t *testing.T) {
 	}
 }
 
-func newSource(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, r outboxdriver.Retention) *outboxpgx.Source {
+func newSource(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, r outboxdriver.Retention) outboxdriver.Source {
 	t.Helper()
 	return newSourceWith(t, pool, tb, &outboxdriver.SourceConfig{Retention: r})
 }
 
 // newSourceWith is newSource with a configuration of the test's own.
-func newSourceWith(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, cfg *outboxdriver.SourceConfig) *outboxpgx.Source {
+func newSourceWith(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, cfg *outboxdriver.SourceConfig) outboxdriver.Source {
 	t.Helper()
 	s, err := outboxpgx.New(pool).NewSource(tb, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s.(*outboxpgx.Source)
+	return s
 }
 
 func TestWaitIsWokenByInsertWhileIdle(t *testing.T) {
@@ -248,7 +248,7 @@ func listen(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table) *pgxpool.Co
 }
 
 // waitInBackground starts src.Wait and returns where its result goes.
-func waitInBackground(src *outboxpgx.Source) <-chan error {
+func waitInBackground(src outboxdriver.Source) <-chan error {
 	woke := make(chan error, 1)
 	go func() { woke <- src.Wait(context.Background(), time.Minute) }()
 	return woke
@@ -320,7 +320,7 @@ func TestWaitAnswersQueuedNotificationsAtOnce(t *testing.T) {
 }
 
 // leaseAll registers src for a minute and leases every partition.
-func leaseAll(t *testing.T, src *outboxpgx.Source) []outboxdriver.Lease {
+func leaseAll(t *testing.T, src outboxdriver.Source) []outboxdriver.Lease {
 	t.Helper()
 	ctx := context.Background()
 	_, n, err := src.Heartbeat(ctx, time.Minute)

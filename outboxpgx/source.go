@@ -21,8 +21,8 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// Source is the relay's view of an outbox table in PostgreSQL.
-type Source struct {
+// source is the relay's view of an outbox table in PostgreSQL.
+type source struct {
 	driverkit.SourceBase
 	pool  *pgxpool.Pool
 	q     queries
@@ -44,7 +44,7 @@ type Source struct {
 // claimSQL returns the claim for the table's schema: with the deliver_at
 // conditions once the column exists (schema version 12). A table not
 // migrated yet holds no delayed events and is claimed as before.
-func (s *Source) claimSQL(ctx context.Context, conn *pgxpool.Conn) string {
+func (s *source) claimSQL(ctx context.Context, conn *pgxpool.Conn) string {
 	has := s.delays.Has(func() (bool, error) {
 		return hasColumn(ctx, conn, s.names.Table, "deliver_at")
 	}, func() {
@@ -56,7 +56,7 @@ func (s *Source) claimSQL(ctx context.Context, conn *pgxpool.Conn) string {
 	return s.q.claimNoDelays
 }
 
-var _ outboxdriver.Source = (*Source)(nil)
+var _ outboxdriver.Source = (*source)(nil)
 
 // hasColumn reports whether table (qualified and quoted) has column.
 func hasColumn(ctx context.Context, db interface {
@@ -239,7 +239,7 @@ WHERE l.partition = m.partition AND l.epoch = m.epoch AND l.owner = $1`,
 
 // NewSource returns the relay's view of table t, using the Driver's pool
 // for every query and one pooled connection for LISTEN. It does no I/O.
-// The returned Source is a *Source; Close it after the relay stopped.
+// The returned Source is a *source; Close it after the relay stopped.
 func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig) (outboxdriver.Source, error) {
 	if d.pool == nil {
 		return nil, errNoPool
@@ -250,7 +250,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 	}
 	h := fnv.New32a()
 	h.Write([]byte("outbox.partition:" + t.String()))
-	src := &Source{pool: d.pool, names: pgschema.NamesOf(t), lockKey: int32(h.Sum32())}
+	src := &source{pool: d.pool, names: pgschema.NamesOf(t), lockKey: int32(h.Sum32())}
 	if err := src.Init(t, cfg); err != nil {
 		return nil, fmt.Errorf("outboxpgx: %w", err)
 	}
@@ -264,7 +264,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 // batch is a claim: an open transaction holding row locks on its records.
 type batch struct {
 	driverkit.BatchState
-	src      *Source
+	src      *source
 	conn     *pgxpool.Conn
 	listener bool // conn is the source's listener, s.mu held until the batch ends
 	byTime   bool // the table is partitioned by time (Source.timePartitioned)
@@ -285,7 +285,7 @@ type batch struct {
 // may not Wait for a long time, so the claim reads them first: a rewind
 // among them drops the floors before this claim, and none pile up. The
 // claim sees every commit that sent one.
-func (s *Source) claimConn(ctx context.Context) (conn *pgxpool.Conn, listener bool, err error) {
+func (s *source) claimConn(ctx context.Context) (conn *pgxpool.Conn, listener bool, err error) {
 	if s.mu.TryLock() {
 		if s.listener != nil {
 			s.coalesce()
@@ -323,7 +323,7 @@ func (b *batch) end(ctx context.Context, broken bool) {
 // and the SELECT go in one round trip. The transaction
 // may stay idle (while the batch is published) at most one lease TTL: a
 // paused relay's claim is then ended by the server, releasing its locks.
-func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
+func (s *source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxpgx: claim limit %d must be positive", limit)
 	}
@@ -513,7 +513,7 @@ func (b *batch) Release(ctx context.Context) {
 // Wait blocks on LISTEN until a notification, d, or ctx. It (re)connects
 // the listener when needed; after a reconnect it returns at once, because
 // notifications sent meanwhile are lost.
-func (s *Source) Wait(ctx context.Context, d time.Duration) error {
+func (s *source) Wait(ctx context.Context, d time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.listener == nil {
@@ -559,7 +559,7 @@ func (s *Source) Wait(ctx context.Context, d time.Duration) error {
 // more fails at once, with no system call and no timer. A timer would not
 // do: the Go runtime sleeps at least a millisecond for one shorter than
 // that, which measured as a millisecond more median latency.
-func (s *Source) coalesce() {
+func (s *source) coalesce() {
 	conn := s.listener.Conn()
 	nc := conn.PgConn().Conn()
 	if err := nc.SetReadDeadline(time.Unix(1, 0)); err != nil {
@@ -584,13 +584,13 @@ func (s *Source) coalesce() {
 
 // notified acts on a notification's payload: commits send none; a retry of
 // dead letters sends rewindPayload.
-func (s *Source) notified(n *pgconn.Notification) {
+func (s *source) notified(n *pgconn.Notification) {
 	if n != nil && n.Payload == rewindPayload {
 		s.floors.rewind()
 	}
 }
 
-func (s *Source) dropListener() {
+func (s *source) dropListener() {
 	if s.listener == nil {
 		return
 	}
@@ -601,7 +601,7 @@ func (s *Source) dropListener() {
 
 // SetIdle registers this relay as idle for ttl (writers then send a
 // NOTIFY), or removes it when ttl is 0.
-func (s *Source) SetIdle(ctx context.Context, ttl time.Duration) error {
+func (s *source) SetIdle(ctx context.Context, ttl time.Duration) error {
 	var err error
 	if ttl > 0 {
 		_, err = s.pool.Exec(ctx, s.q.idle, s.Cfg.RelayName, ttl.Milliseconds())
@@ -616,7 +616,7 @@ func (s *Source) SetIdle(ctx context.Context, ttl time.Duration) error {
 
 // Close ends the floors' running probe, and drops the listener and the
 // wake-up registration. The pool stays open: it belongs to the caller.
-func (s *Source) Close() error {
+func (s *source) Close() error {
 	s.floors.close()
 	s.mu.Lock()
 	s.dropListener()
@@ -629,7 +629,7 @@ func (s *Source) Close() error {
 
 // Heartbeat registers the relay as alive for ttl and counts the live relays
 // and the partitions, in one round trip.
-func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
+func (s *source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
 	s.NoteTTL(ttl)
 	var pb pgx.Batch
 	pb.Queue(s.q.heartbeat, s.Cfg.RelayName, ttl.Milliseconds())
@@ -641,7 +641,7 @@ func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, part
 }
 
 // Acquire takes up to n free or expired partitions, lowest first.
-func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
+func (s *source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if n <= 0 {
 		return nil, nil
 	}
@@ -649,7 +649,7 @@ func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outbo
 }
 
 // Renew extends leases by ttl and returns those the relay still holds.
-func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
+func (s *source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	if len(leases) == 0 {
 		return nil, nil
 	}
@@ -657,7 +657,7 @@ func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl tim
 	return s.leaseQuery(ctx, "renew", s.q.renew, s.Cfg.RelayName, parts, epochs, ttl.Milliseconds())
 }
 
-func (s *Source) leaseQuery(ctx context.Context, what, sql string, args ...any) ([]outboxdriver.Lease, error) {
+func (s *source) leaseQuery(ctx context.Context, what, sql string, args ...any) ([]outboxdriver.Lease, error) {
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: %s leases: %w", what, err)
@@ -675,7 +675,7 @@ func (s *Source) leaseQuery(ctx context.Context, what, sql string, args ...any) 
 }
 
 // Release gives leases up; with all, it also unregisters the relay.
-func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
+func (s *source) Release(ctx context.Context, leases []outboxdriver.Lease, all bool) error {
 	var pb pgx.Batch
 	if len(leases) > 0 {
 		parts, epochs := leaseArrays(leases)
@@ -698,7 +698,7 @@ func (s *Source) Release(ctx context.Context, leases []outboxdriver.Lease, all b
 // repeatedly: one giant DELETE would hold locks and bloat the table at once.
 // On a table partitioned by time it deletes rows of the default partition
 // only: the others are dropped whole (MaintainTimePartitions).
-func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
+func (s *source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, olderThan time.Duration, limit int) (int, error) {
 	if len(leases) == 0 || limit <= 0 {
 		return 0, nil
 	}
@@ -725,7 +725,7 @@ func (s *Source) Cleanup(ctx context.Context, leases []outboxdriver.Lease, older
 // timePartitioned reports whether the table is partitioned (by time,
 // docs/retention.md), asking the database the first time only: a table
 // does not become partitioned but by being made anew.
-func (s *Source) timePartitioned(ctx context.Context, db interface {
+func (s *source) timePartitioned(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }) (bool, error) {
 	if k := s.byTime.Load(); k != 0 {
@@ -741,4 +741,4 @@ func (s *Source) timePartitioned(ctx context.Context, db interface {
 
 // WakesOnCommit implements outboxdriver.Waker: a commit while the relay is
 // registered idle sends a NOTIFY that ends Wait.
-func (s *Source) WakesOnCommit() bool { return true }
+func (s *source) WakesOnCommit() bool { return true }

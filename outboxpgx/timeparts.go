@@ -37,7 +37,7 @@ func (d *Driver) MaintainTimePartitions(ctx context.Context, t outboxdriver.Tabl
 
 // MaintainTimePartitions maintains the source's table as the Driver's
 // MaintainTimePartitions does.
-func (s *Source) MaintainTimePartitions(ctx context.Context, m outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
+func (s *source) MaintainTimePartitions(ctx context.Context, m outboxdriver.TimePartitionMaintenance) ([]outboxdriver.TimePartitionChange, error) {
 	return maintainTimePartitions(ctx, s.pool, s.Table, m)
 }
 

@@ -22,7 +22,7 @@ type wakeRig struct {
 	pool   *pgxpool.Pool
 	table  outboxdriver.Table
 	drv    *Driver
-	src    *Source
+	src    *source
 	listen *pgxpool.Conn
 }
 
@@ -38,7 +38,7 @@ func newWakeRig(t *testing.T, wakeups string) *wakeRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := s.(*Source)
+	src := s.(*source)
 	t.Cleanup(func() { src.Close() })
 	conn, err := pool.Acquire(ctx)
 	if err != nil {

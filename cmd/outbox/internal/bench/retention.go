@@ -180,7 +180,7 @@ func (c Config) retentionDefaults() (Config, error) {
 }
 
 // RetentionModes measures the trade-off between the relay's two retention
-// modes on its SQL path alone, with no broker: one outboxpgx.Source, having
+// modes on its SQL path alone, with no broker: one polling Source of outboxpgx, having
 // leased every partition, claims cfg.Batch events at a time and finishes
 // each batch as published, until a claim comes back empty.
 //
