@@ -191,9 +191,11 @@ type Source interface {
 	// number of live relays and of partitions.
 	Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error)
 	// Acquire takes up to n partitions that nobody holds (free, or whose
-	// lease expired) for ttl, each with a new epoch.
+	// lease expired) for ttl, each with a new epoch. The relay asks for
+	// n > 0 only.
 	Acquire(ctx context.Context, n int, ttl time.Duration) ([]Lease, error)
 	// Renew extends the given leases by ttl and returns those still held.
+	// The relay renews only when it holds a lease.
 	Renew(ctx context.Context, leases []Lease, ttl time.Duration) ([]Lease, error)
 	// Release gives leases up at once. With all set, it also removes the
 	// relay's registration (a clean stop).

@@ -578,9 +578,6 @@ ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`, s.Cfg.RelayName, ttl.M
 // Acquire takes up to n free or expired partitions, lowest first, each
 // with a new epoch.
 func (s *source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
-	if n <= 0 {
-		return nil, nil
-	}
 	out, err := s.inTx(ctx, func(tx *sql.Tx) ([]outboxdriver.Lease, error) {
 		rows, err := tx.QueryContext(ctx, `SELECT `+"`partition`"+` FROM `+s.n.Leases+`
 WHERE owner IS NULL OR expires_at <= UTC_TIMESTAMP(6)
@@ -657,9 +654,6 @@ func (s *source) leaseMatch(leases []outboxdriver.Lease) (string, []any) {
 
 // Renew extends leases by ttl and returns those the relay still holds.
 func (s *source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
-	if len(leases) == 0 {
-		return nil, nil
-	}
 	where, args := s.leaseMatch(leases)
 	if _, err := s.db.ExecContext(ctx, `UPDATE `+s.n.Leases+` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE `+where,
 		append([]any{ttl.Microseconds()}, args...)...); err != nil {

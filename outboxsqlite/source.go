@@ -548,17 +548,11 @@ func (s *source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, part
 // Acquire takes up to n free or expired partitions, lowest first, each
 // with a new epoch, in one statement: two Sources never get the same one.
 func (s *source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
-	if n <= 0 {
-		return nil, nil
-	}
 	return s.leaseQuery(ctx, "acquire", s.q.acquire, s.Cfg.RelayName, n, ttl.Milliseconds())
 }
 
 // Renew extends leases by ttl and returns those the relay still holds.
 func (s *source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
-	if len(leases) == 0 {
-		return nil, nil
-	}
 	return s.leaseQuery(ctx, "renew", s.q.renew, s.Cfg.RelayName, leasesJSON(leases), ttl.Milliseconds())
 }
 

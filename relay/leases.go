@@ -128,12 +128,14 @@ func (r *Relay) upkeep(ctx context.Context) bool {
 		return false
 	}
 	owned := r.leases.owns()
-	kept, err := r.src.Renew(ctx, owned, ttl)
-	if err != nil {
-		if ctx.Err() == nil {
-			r.log.Warn("relay: renewing leases failed", "err", err)
+	var kept []outboxdriver.Lease
+	if len(owned) > 0 {
+		if kept, err = r.src.Renew(ctx, owned, ttl); err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("relay: renewing leases failed", "err", err)
+			}
+			return false
 		}
-		return false
 	}
 	if lost := len(owned) - len(kept); lost > 0 {
 		r.log.Warn("relay: leases lost to another relay", "lost", lost)

@@ -172,9 +172,6 @@ func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, part
 // returns the first n of the source's partitions (at most all), each
 // with the lease's epoch.
 func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
-	if n <= 0 {
-		return nil, nil
-	}
 	started := time.Now()
 	var pb pgx.Batch
 	pb.Queue(s.q.ensure, s.cfg.Slot, s.cfg.Publication)
@@ -206,9 +203,6 @@ func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outbo
 // once: the slot is free for the new owner, and nothing of this relay's is
 // confirmed any more.
 func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
-	if len(leases) == 0 {
-		return nil, nil
-	}
 	started := time.Now()
 	l := leases[0]
 	rows, err := s.pool.Query(ctx, s.q.renew, s.cfg.Slot, s.base.Cfg.RelayName, l.Epoch, ttl.Milliseconds())
