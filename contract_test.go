@@ -67,6 +67,7 @@ func TestWriteTxChecksContracts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx)
 	if err := ob.WriteTx(ctx, tx, good, v1); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 // Package deploy_test checks the shipped alert rules and dashboard against
 // the metrics a real relay exports. promtool (Debian's prometheus package)
-// checks and unit-tests the rules themselves: .ci/run runs it.
+// checks and unit-tests the rules themselves: .ci/test runs it.
 package deploy_test
 
 import (

@@ -201,6 +201,7 @@ func TestOpenBatchDoesNotBlockWriters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback()
 	ob, _ := outbox.New(outboxmysql.New(f.db), &outbox.Config{Schema: f.tb.Schema})
 	if err := ob.WriteTx(f.ctx, tx, event("a", 1), event("c", 0)); err != nil {
 		t.Fatalf("insert while a batch is open: %v", err)
@@ -368,6 +369,7 @@ func TestEmptySchemaIsTheCurrentDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback()
 	if err := outboxmysql.New(db).InsertTx(ctx, tx, tb, []outboxdriver.Row{{ID: uuid.NewString(), AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}

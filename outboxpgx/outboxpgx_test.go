@@ -106,6 +106,7 @@ func TestWriteTxStoresEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx)
 	given := "0190a5a4-1111-7000-8000-000000000001"
 	err = ob.WriteTx(ctx, tx,
 		outbox.Event{ID: given, AggregateType: "order", AggregateID: "42", Type: "OrderPlaced", Payload: []byte(`{"total": 9.5}`), Headers: map[string]string{"tenant": "acme"}},

@@ -225,6 +225,8 @@ func TestWritersAddNoWakeupToATableWithTheTrigger(t *testing.T) {
 		t.Fatal(err)
 	}
 	gid := testenv.Name("gid")
+	// Before PREPARE: it may prepare on the server and still fail here.
+	t.Cleanup(func() { r.pool.Exec(context.Background(), `ROLLBACK PREPARED '`+gid+`'`) })
 	if _, err := conn.Exec(ctx, `PREPARE TRANSACTION '`+gid+`'`); err != nil {
 		t.Fatalf("prepare: %v", err)
 	}

@@ -39,6 +39,7 @@ func TestWriteTxThroughDatabaseSQL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer tx.Rollback()
 		if err := ob.WriteTx(ctx, tx, events...); err != nil {
 			t.Fatal(err)
 		}

@@ -61,6 +61,7 @@ func TestWriteTxWakesRelaysWithoutTheTrigger(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer tx.Rollback()
 		if err := ob.WriteTx(ctx, tx, events...); err != nil {
 			t.Fatal(err)
 		}

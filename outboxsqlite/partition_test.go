@@ -38,6 +38,7 @@ func TestPartitionColumn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback()
 	ins, err := tx.PrepareContext(ctx, `INSERT INTO "main"."outbox" (id, aggregatetype, aggregateid, type) VALUES (?, 'a', ?, 't')`)
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,9 @@ func (e *env) startPauseWriter(t *testing.T) *pauseWriter {
 				err = tx.Commit(ctx)
 			}
 			if err != nil {
+				if tx != nil {
+					tx.Rollback(ctx)
+				}
 				t.Errorf("write: %v", err)
 				return
 			}

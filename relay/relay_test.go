@@ -83,17 +83,18 @@ func newEnvFor(t *testing.T, source string) *env {
 				t.Fatal(err)
 			}
 		})
+		// Right after the slot is made, and before the relays, so that it
+		// runs after they stopped (cleanups run last-in first-out).
+		testenv.DropSlotAtEnd(t, pool, func(ctx context.Context) error {
+			_, err := drv.MigrateDown(ctx, tb, 0)
+			return err
+		})
 		// A new slot's first stream relays the rows in the table first; the
 		// table is empty, so there is nothing to relay: the slot starts
 		// drained, as after a first relay's run.
 		if _, err := pool.Exec(context.Background(), `UPDATE `+tb.Qualified("_cdc")+` SET drained = true`); err != nil {
 			t.Fatal(err)
 		}
-		// Runs after the relays stopped (cleanups run last-in first-out).
-		testenv.DropSlotAtEnd(t, pool, func(ctx context.Context) error {
-			_, err := drv.MigrateDown(ctx, tb, 0)
-			return err
-		})
 	} else {
 		migrate()
 	}
@@ -179,6 +180,7 @@ func (e *env) write(t *testing.T, commit bool, events ...outbox.Event) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx)
 	if err := e.ob.WriteTx(ctx, tx, events...); err != nil {
 		t.Fatal(err)
 	}
@@ -305,6 +307,7 @@ func testLateCommitIsPublished(t *testing.T, source string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { late.Rollback(ctx) }) // held across waits: ended even when the test fails
 	if err := e.ob.WriteTx(ctx, late, event("late", 0)); err != nil {
 		t.Fatal(err)
 	}

@@ -78,6 +78,7 @@ VALUES (gen_random_uuid(), 'order', $1, 'Placed', '{}')`
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer tx.Rollback(ctx)
 		if _, err := tx.Exec(ctx, insert, "baseline"); err != nil {
 			t.Fatal(err)
 		}

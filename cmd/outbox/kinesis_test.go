@@ -18,14 +18,14 @@ import (
 )
 
 // TestEndToEndKinesis runs the relay against kinesalite (started by
-// .ci/run on 127.0.0.1:4567) with the SDK's endpoint override: every
+// .ci/test on 127.0.0.1:4567) with the SDK's endpoint override: every
 // committed event arrives, each aggregate's events in commit order on its
 // shard, the partition key being the aggregate id.
 func TestEndToEndKinesis(t *testing.T) {
 	t.Parallel()
 	const addr = "127.0.0.1:4567"
 	if c, err := net.DialTimeout("tcp", addr, 2*time.Second); err != nil {
-		t.Fatalf("kinesalite is not reachable at %s: %v; start it with: npm install --prefix .ci/node kinesalite && node .ci/node/node_modules/kinesalite/cli.js --port 4567 --createStreamMs 0 --shardLimit 1000 & (.ci/run does)", addr, err)
+		t.Fatalf("kinesalite is not reachable at %s: %v; start it with: npm install --prefix .ci/node kinesalite && node .ci/node/node_modules/kinesalite/cli.js --port 4567 --createStreamMs 0 --shardLimit 1000 & (bash .ci/test --setup-only does)", addr, err)
 	} else {
 		c.Close()
 	}

@@ -53,6 +53,13 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 		if _, stderr, code := run(t, nil, append([]string{"migrate", "--cdc"}, flags...)...); code != 0 {
 			t.Fatalf("migrate --cdc failed: %s", stderr)
 		}
+		// The slot is made: dropped at the end even when the test fails
+		// from here on, after the relays were killed (registered before
+		// them; cleanups run last-in first-out).
+		testenv.DropSlotAtEnd(t, pool, func(ctx context.Context) error {
+			_, err := drv.MigrateDown(ctx, tb, 0)
+			return err
+		})
 		if _, err := workload.Run(context.Background(), pool, tb, workload.Config{}); err != nil {
 			t.Fatal(err)
 		}
@@ -79,11 +86,6 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 	if code := first.wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("the first relay exited with %d; stderr:\n%s", code, first.stderr.String())
 	}
-	// Runs after the relays were killed (cleanups run last-in first-out).
-	testenv.DropSlotAtEnd(t, pool, func(ctx context.Context) error {
-		_, err := drv.MigrateDown(ctx, tb, 0)
-		return err
-	})
 	return tb, testDB{pool: pool, flags: flags, relayFlags: []string{"--source", "cdc"}}
 }
 

@@ -424,6 +424,7 @@ func TestCDCWritePathsOfEveryMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { tx.Rollback(context.Background()) })
 		var b pgx.Batch
 		b.Queue(`SELECT 1`)
 		if err := ob.Queue(f.ctx, &b, queued); err != nil {
@@ -438,6 +439,7 @@ func TestCDCWritePathsOfEveryMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { otx.Rollback(context.Background()) })
 		if err := ob.WriteTx(f.ctx, otx, withCommit); err != nil {
 			t.Fatal(err)
 		}
@@ -491,6 +493,9 @@ func TestCDCPreparedTransactions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Released with its transaction open, a connection is closed,
+			// which ends the transaction.
+			t.Cleanup(conn.Release)
 			tx, err := conn.Begin(f.ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -498,12 +503,13 @@ func TestCDCPreparedTransactions(t *testing.T) {
 			if err := ob.WriteTx(f.ctx, tx, e); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := conn.Exec(f.ctx, `PREPARE TRANSACTION '`+gids[i]+`'`); err != nil {
+			// Before PREPARE: it may prepare on the server and still fail here.
+			gid := gids[i]
+			t.Cleanup(func() { f.pool.Exec(context.Background(), `ROLLBACK PREPARED '`+gid+`'`) })
+			if _, err := conn.Exec(f.ctx, `PREPARE TRANSACTION '`+gid+`'`); err != nil {
 				t.Fatalf("prepare: %v (max_prepared_transactions must be > 0)", err)
 			}
 			conn.Release()
-			gid := gids[i]
-			t.Cleanup(func() { f.pool.Exec(context.Background(), `ROLLBACK PREPARED '`+gid+`'`) })
 		}
 		marker := cdcEvent("m", 1)
 		f.write(ob, marker)

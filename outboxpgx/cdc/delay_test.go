@@ -1,6 +1,7 @@
 package cdc_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -60,6 +61,7 @@ func TestCDCDelayedEventsAreParkedAndPublishedInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
 	for i, id := range []string{c1, c2} {
 		var at *time.Time
 		if i == 0 {

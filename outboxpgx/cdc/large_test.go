@@ -320,18 +320,19 @@ func TestCDCStreamedRollbacks(t *testing.T) {
 	for _, mode := range modes {
 		// Rolled back as a whole.
 		before := f.streamedTxns()
-		tx, err := f.pool.Begin(f.ctx)
+		whole, err := f.pool.Begin(f.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		write(tx, mode, "rolledback-"+mode, 1)
+		t.Cleanup(func() { whole.Rollback(context.Background()) })
+		write(whole, mode, "rolledback-"+mode, 1)
 		streamed(before)
-		if err := tx.Rollback(f.ctx); err != nil {
+		if err := whole.Rollback(f.ctx); err != nil {
 			t.Fatal(err)
 		}
 		// A subtransaction rolled back in one that commits.
 		before = f.streamedTxns()
-		tx, err = f.pool.Begin(f.ctx)
+		tx, err := f.pool.Begin(f.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -555,6 +556,9 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 						err = tx.Commit(f.ctx)
 					}
 					if err != nil {
+						if tx != nil {
+							tx.Rollback(context.Background())
+						}
 						t.Errorf("write: %v", err)
 						return
 					}

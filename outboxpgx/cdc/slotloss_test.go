@@ -15,14 +15,18 @@ import (
 )
 
 // gatedSink holds the publishes of one aggregate (key) until open is
-// closed, and says when the first one waits.
+// closed (release), and says when the first one waits.
 type gatedSink struct {
 	sink.Sink
-	key     string
-	open    chan struct{}
-	waiting chan struct{}
-	once    sync.Once
+	key      string
+	open     chan struct{}
+	waiting  chan struct{}
+	once     sync.Once
+	openOnce sync.Once
 }
+
+// release lets the held publishes go; it may be called again.
+func (s *gatedSink) release() { s.openOnce.Do(func() { close(s.open) }) }
 
 func (s *gatedSink) Publish(ctx context.Context, msgs []sink.Message) []error {
 	if slices.ContainsFunc(msgs, func(m sink.Message) bool { return string(m.Key) == s.key }) {
@@ -54,6 +58,7 @@ func TestCDCSlotLostWithAnEventInFlightAndATransactionOpen(t *testing.T) {
 		f.relayInto(f.source("r1", nil), snk, relay.Config{LeaseTTL: 20 * time.Second})
 		f.streaming()
 	})
+	t.Cleanup(snk.release) // before the relay stops (cleanups run last-in first-out), even when the test fails
 	ob := f.writer(modeTable)
 	var written []outbox.Event
 	write := func(evs ...outbox.Event) {
@@ -78,7 +83,7 @@ func TestCDCSlotLostWithAnEventInFlightAndATransactionOpen(t *testing.T) {
 		// open transaction, and this one must not wait for that turn.
 		tx := f.begin(ob, open...)
 		f.dropSlotWhileStreamed()
-		close(snk.open) // the held publish completes after the loss
+		snk.release() // the held publish completes after the loss
 		f.eventually("the relay makes a new slot (it waits for the open transaction)", func() bool {
 			var n int
 			err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, f.slot()).Scan(&n)
@@ -134,6 +139,8 @@ func TestCDCRowsReadFromTheTableKeepCommitOrderWithLateCommits(t *testing.T) {
 	gateB := &gatedSink{Sink: f.natsSink(), key: "b", open: make(chan struct{}), waiting: make(chan struct{})}
 	gateZ := &gatedSink{Sink: gateB, key: "z", open: make(chan struct{}), waiting: make(chan struct{})}
 	f.relayInto(f.source("r1", &cdc.Config{MaxPending: 1}), gateZ, relay.Config{LeaseTTL: 20 * time.Second})
+	t.Cleanup(gateZ.release) // before the relay stops, even when the test fails
+	t.Cleanup(gateB.release)
 	wait := func(g *gatedSink) {
 		t.Helper()
 		select {
@@ -146,11 +153,11 @@ func TestCDCRowsReadFromTheTableKeepCommitOrderWithLateCommits(t *testing.T) {
 	a1, b1, a2 := cdcEvent("a", 1), cdcEvent("b", 1), cdcEvent("a", 2)
 	tx := f.begin(ob, a1) // a1 takes its seq now and commits late
 	f.write(ob, b1)
-	close(gateZ.open)
+	gateZ.release()
 	wait(gateB) // the next page: b1 (a1 is not committed yet)
 	f.commit(tx)
 	f.write(ob, a2) // after a1
-	close(gateB.open)
+	gateB.release()
 	got := f.waitFor(z1.ID, a1.ID, b1.ID, a2.ID)
 	if first := slices.Index(got, a1.ID); first > slices.Index(got, a2.ID) {
 		t.Fatalf("published %v: a2 before a1, which committed first", got)

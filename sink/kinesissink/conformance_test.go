@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// kinesaliteAddr is where .ci/run starts kinesalite.
+// kinesaliteAddr is where .ci/test starts kinesalite.
 const kinesaliteAddr = "127.0.0.1:4567"
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -52,7 +52,7 @@ func reachable(t *testing.T) {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", kinesaliteAddr, 2*time.Second)
 	if err != nil {
-		t.Fatalf("kinesalite is not reachable at %s: %v; start it with: npm install --prefix .ci/node kinesalite && node .ci/node/node_modules/kinesalite/cli.js --port 4567 --createStreamMs 0 --shardLimit 1000 & (.ci/run does)", kinesaliteAddr, err)
+		t.Fatalf("kinesalite is not reachable at %s: %v; start it with: npm install --prefix .ci/node kinesalite && node .ci/node/node_modules/kinesalite/cli.js --port 4567 --createStreamMs 0 --shardLimit 1000 & (bash .ci/test --setup-only does)", kinesaliteAddr, err)
 	}
 	c.Close()
 }

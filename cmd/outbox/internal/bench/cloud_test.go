@@ -10,7 +10,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testenv"
 )
 
-// kinesaliteURL is the bench's sink URL for kinesalite, where .ci/run
+// kinesaliteURL is the bench's sink URL for kinesalite, where .ci/test
 // starts it.
 const kinesaliteURL = "kinesis://?region=us-east-1&endpoint=http://127.0.0.1:4567"
 
@@ -26,7 +26,7 @@ func TestDrainCloudBrokers(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			if name == "kinesis" {
 				if c, err := net.DialTimeout("tcp", "127.0.0.1:4567", 2*time.Second); err != nil {
-					t.Fatalf("kinesalite is not reachable at 127.0.0.1:4567: %v; start it with: npm ci --prefix .ci/node && node .ci/node/node_modules/kinesalite/cli.js --port 4567 --createStreamMs 0 --deleteStreamMs 0 --shardLimit 1000 & (.ci/run does)", err)
+					t.Fatalf("kinesalite is not reachable at 127.0.0.1:4567: %v; start it with: npm ci --prefix .ci/node && node .ci/node/node_modules/kinesalite/cli.js --port 4567 --createStreamMs 0 --deleteStreamMs 0 --shardLimit 1000 & (bash .ci/test --setup-only does)", err)
 				} else {
 					c.Close()
 				}
