@@ -599,3 +599,29 @@ func TestDeliverAtFormat(t *testing.T) {
 		t.Errorf("deliver_at of the undelayed event = %q; want NULL", b.String)
 	}
 }
+
+// Status reads everything, the pauses in force included, in its one
+// read-only transaction: on a pool of one connection it answers rather
+// than wait for a second connection until its context ends.
+func TestStatusOnAPoolOfOneConnection(t *testing.T) {
+	db := openDB(t)
+	db.SetMaxOpenConns(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	drv := outboxsqlite.New(db)
+	tb := outboxdriver.Table{Schema: outboxsqlite.Schema, Name: newTableName()}
+	if _, err := drv.Migrate(ctx, tb, nil); err != nil {
+		t.Fatal(err)
+	}
+	scope := outboxdriver.PauseScope{Kind: outboxdriver.PauseAggregateType, Value: "order"}
+	if _, err := drv.SetPause(ctx, tb, scope, outboxdriver.Acting{Name: "ops", Role: "operator", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := drv.Status(ctx, tb)
+	if err != nil {
+		t.Fatalf("Status on a pool of one connection: %v", err)
+	}
+	if len(st.Pauses) != 1 || st.Pauses[0].PauseScope != scope {
+		t.Fatalf("Status lists the pauses %+v; want the one set", st.Pauses)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -101,7 +102,9 @@ WHERE published_at IS NULL AND (next_attempt_at IS NOT NULL OR deliver_at IS NOT
 		}
 	}
 	if st.SchemaVersion >= consoleVersion {
-		if st.Pauses, err = d.ListPauses(ctx, t); err != nil {
+		// In the same transaction: a second connection may be one the pool
+		// does not have.
+		if st.Pauses, err = sqlstore.Pauses(ctx, dialect, tx, t); err != nil {
 			return st, err
 		}
 	}
