@@ -175,9 +175,9 @@ func (f *floors) observe(p probe) {
 // claim starts from the floors known so far, and the probe raises them for
 // the claims after it. On the claim's path the probe (five statements in
 // one round trip, one of them a read of pg_locks) delayed the relay's
-// wake-up on a new event by 1–8 ms every floorTick (docs/benchmarks.md,
-// Floors off the claim's path). Probes run one at a time; Close waits for
-// the one running.
+// wake-up on a new event every floorTick
+// (docs/benchmarks.md#long-transactions). Probes run one at a time; Close
+// waits for the one running.
 func (s *source) tickFloors(leases []outboxdriver.Lease) {
 	f := &s.floors
 	if !f.tick.TryLock() {

@@ -118,7 +118,7 @@ func newQueries(t outboxdriver.Table, r outboxdriver.Retention) queries {
 		// No sequential scans: a plan cached while the table looked tiny
 		// (Finish's DELETE by id as a sequential scan) read the whole
 		// table for every batch, dead rows a long transaction kept
-		// included (docs/benchmarks.md, Long transactions).
+		// included (docs/benchmarks.md#long-transactions).
 		//
 		// No sorts: with statistics from when the table held a hundred
 		// rows (or none, never analyzed), the claim read every pending row
@@ -276,7 +276,7 @@ type batch struct {
 // open and sends them together once it ends, right behind the outcome's
 // reply: the relay is not woken by every commit while a batch is in
 // flight, only once after it: fuller batches and less relay CPU at a
-// steady flow (docs/benchmarks.md, Latency). The listener stays
+// steady flow (docs/benchmarks.md#latency). The listener stays
 // locked (s.mu) until the batch ends, so Wait and a second claim do not
 // use it meanwhile; a claim that finds it taken uses the pool.
 //
