@@ -109,7 +109,13 @@ func (p SQLPool) InTx(ctx context.Context, fn func(*sql.Tx) error) error {
 	if err != nil {
 		return err
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	return InTx(ctx, db, nil, fn)
+}
+
+// InTx runs fn in a transaction of db with opts (nil: the defaults) and
+// commits it, or rolls it back when fn fails.
+func InTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -133,15 +134,7 @@ func (e *lineError) Unwrap() error { return e.err }
 
 // inTx runs fn in a write transaction and commits it.
 func (s Store) inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, s.d.TxOptions)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return driverkit.InTx(ctx, db, s.d.TxOptions, fn)
 }
 
 // timeLayout reads TimeText's text.
