@@ -126,7 +126,7 @@ WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, tb.Name+"_pause
 	}
 	testenv.Eventually(t, 10*time.Second, func() error {
 		if running, held := reading(), paused(); running || !held {
-			return fmt.Errorf("the pause committed: read ahead running %v, order paused %v", running, held)
+			return fmt.Errorf("since the pause committed: read ahead running %v, order paused %v", running, held)
 		}
 		return nil
 	})

@@ -118,8 +118,9 @@ func mysqlEnv(t *testing.T) inboxtest.Env[*sql.Tx] {
 
 // waitLockWait polls, until ctx's deadline, for a connection to database
 // to run the claim's INSERT: while the other transaction holds the
-// record, InnoDB keeps it waiting. (information_schema.INNODB_TRX would say so directly, but it is
-// a cache that concurrent pollers can keep from ever refreshing.)
+// record, InnoDB keeps it waiting. (information_schema.INNODB_TRX would
+// say so directly, but it is a cache that concurrent pollers can keep
+// from ever refreshing.)
 func waitLockWait(ctx context.Context, db *sql.DB, database string) error {
 	deadline, _ := ctx.Deadline()
 	return testenv.Poll(time.Until(deadline), func() error {
