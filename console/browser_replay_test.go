@@ -116,18 +116,17 @@ func TestBrowserReplay(t *testing.T) {
 		chromedp.Navigate(r.url+"/requests/"+id), chromedp.WaitVisible(chromedp.ID("approve")),
 		chromedp.SendKeys(chromedp.CSS(`#approve input[name=reason]`), "checked with billing"),
 		chromedp.Click(chromedp.CSS(`#approve button`)), chromedp.WaitVisible(chromedp.ID("flash")))
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		c.do("reload", chromedp.Navigate(r.url+"/requests/"+id), chromedp.WaitVisible(chromedp.ID("state")))
 		state := c.eval("state", `document.querySelector("#state").textContent`)
 		if state == outboxdriver.StateDone {
-			break
+			return nil
 		}
-		if state != outboxdriver.StateApproved && state != outboxdriver.StateExecuting || time.Now().After(deadline) {
+		if state != outboxdriver.StateApproved && state != outboxdriver.StateExecuting {
 			t.Fatalf("the approved replay is %s", state)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("the approved replay is %s", state)
+	})
 	c.do("the audit of the request", c.shot("request-done.png"),
 		chromedp.Navigate(r.url+"/audit?request_id="+id), chromedp.WaitVisible(chromedp.ID("audit")), c.shot("audit-request.png"))
 
@@ -166,18 +165,14 @@ func TestBrowserReplay(t *testing.T) {
 // waitKept waits until n published events are kept in the table.
 func waitKept(t *testing.T, r *rig, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		var kept int
 		if err := r.pool.QueryRow(r.ctx, `SELECT count(*) FROM `+r.tb.Qualified("")+` WHERE published_at IS NOT NULL`).Scan(&kept); err != nil {
 			t.Fatal(err)
 		}
-		if kept >= n {
-			return
+		if kept < n {
+			return fmt.Errorf("%d published events kept, want %d", kept, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d published events kept after 30s, want %d", kept, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }

@@ -126,16 +126,15 @@ func TestReplayOnEveryDB(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			err := second.Execute(r.ctx, req.ID)
-			if err == nil {
-				break
+		testenv.Eventually(t, 20*time.Second, func() error { // until the first executor's heartbeat goes stale
+			if err := second.Execute(r.ctx, req.ID); err != nil {
+				if !errors.Is(err, ops.ErrRequestState) {
+					t.Fatalf("resume: %v", err)
+				}
+				return fmt.Errorf("resume: %w", err)
 			}
-			if !errors.Is(err, ops.ErrRequestState) || time.Now().After(deadline) {
-				t.Fatalf("resume: %v", err)
-			}
-			time.Sleep(20 * time.Millisecond) // the first executor's heartbeat goes stale
-		}
+			return nil
+		})
 		done, err := r.op.Request(r.ctx, otto, req.ID)
 		if err != nil || done.State != outboxdriver.StateDone || done.Done != 16 || done.Epoch != 2 {
 			t.Fatalf("after the resume: %+v, %v", done, err)

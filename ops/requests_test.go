@@ -211,17 +211,15 @@ func TestReplayResumesAfterCrash(t *testing.T) {
 		t.Fatalf("%d copies after two batches, want 8", n)
 	}
 	second := r.executor(t, o, &ops.ExecutorConfig{Name: "second", BatchSize: 4, Stale: 100 * time.Millisecond})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := second.Execute(r.ctx, req.ID)
-		if err == nil {
-			break
+	testenv.Eventually(t, 20*time.Second, func() error { // until the first executor's heartbeat goes stale
+		if err := second.Execute(r.ctx, req.ID); err != nil {
+			if !errors.Is(err, ops.ErrRequestState) {
+				t.Fatalf("resume: %v", err)
+			}
+			return fmt.Errorf("resume: %w", err)
 		}
-		if !errors.Is(err, ops.ErrRequestState) || time.Now().After(deadline) {
-			t.Fatalf("resume: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond) // the first executor's heartbeat goes stale
-	}
+		return nil
+	})
 	done, err := o.Request(r.ctx, viewer, req.ID)
 	if err != nil || done.State != outboxdriver.StateDone || done.Done != 30 || done.Epoch != 2 {
 		t.Fatalf("after the resume: %+v, %v", done, err)
@@ -298,20 +296,16 @@ func TestRequestExpires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		got, err := o.Request(r.ctx, viewer, req.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.State == outboxdriver.StateExpired {
-			break
+		if got.State != outboxdriver.StateExpired {
+			return fmt.Errorf("request still %s after its expiry", got.State)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("request still %s after its expiry", got.State)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if _, err := o.Approve(r.ctx, approverB, req.ID, ""); !errors.Is(err, ops.ErrRequestState) || !strings.Contains(err.Error(), "expired") {
 		t.Fatalf("approving an expired request: %v", err)
 	}

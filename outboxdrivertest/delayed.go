@@ -2,11 +2,13 @@ package outboxdrivertest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -38,8 +40,12 @@ func (s *suite) testDelayedClaimKeepsOrder(t *testing.T) {
 		t.Fatalf("the claim ended after the delayed event was due: the machine was too slow for this case's 1.5s delay")
 	}
 	var recs []outboxdriver.Record
-	waitFor(t, 10*time.Second, func() bool { recs = e.claim(src, leases, 100); return len(recs) > 0 },
-		func() string { return "the delayed event was never claimed" })
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if recs = e.claim(src, leases, 100); len(recs) == 0 {
+			return errors.New("the delayed event was never claimed")
+		}
+		return nil
+	})
 	if now := time.Now(); now.Before(due) {
 		t.Fatalf("the delayed event was claimed at %s, before its time %s", now.Format(time.StampMicro), due.Format(time.StampMicro))
 	}
@@ -166,8 +172,10 @@ func (s *suite) testClaimBeforeDeliverAt(t *testing.T) {
 	if err := s.h.ExecDelay(e.ctx, e.table, id, "deliver_at", time.Hour); err != nil {
 		t.Fatalf("%s: set deliver_at: %v", s.h.Name, err)
 	}
-	waitFor(t, 20*time.Second, func() bool { return len(e.claim(src, leases, 10)) == 0 },
-		func() string {
-			return "the claim still takes an event delayed by an hour after the migration added deliver_at"
-		})
+	testenv.Eventually(t, 20*time.Second, func() error {
+		if recs := e.claim(src, leases, 10); len(recs) != 0 {
+			return fmt.Errorf("the claim still takes an event delayed by an hour after the migration added deliver_at: %v", describe(recs))
+		}
+		return nil
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -179,15 +180,15 @@ func (s *suite) testLeasesBetweenRelays(t *testing.T) {
 		t.Fatalf("a's short Renew = %+v (err %v); want all its leases", kept, err)
 	}
 	var bLeases []outboxdriver.Lease
-	waitFor(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		got, err := b.Acquire(e.ctx, 1000, time.Minute)
 		if err != nil {
 			t.Fatalf("b acquire: %v", err)
 		}
-		bLeases = append(bLeases, got...)
-		return len(bLeases) >= partitions
-	}, func() string {
-		return fmt.Sprintf("b took over %d of %d partitions after a's leases expired", len(bLeases), partitions)
+		if bLeases = append(bLeases, got...); len(bLeases) < partitions {
+			return fmt.Errorf("b took over %d of %d partitions after a's leases expired", len(bLeases), partitions)
+		}
+		return nil
 	})
 	checkLeases(t, "b's take-over", bLeases, partitions)
 	old := epochs(aLeases)

@@ -305,19 +305,6 @@ func (e *env) status() outboxdriver.Status {
 	return st
 }
 
-// waitFor polls cond every 20ms until it holds; after timeout it fails
-// with what() describing the last state.
-func waitFor(t testing.TB, timeout time.Duration, cond func() bool, what func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, what())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // body is the JSON payload of the suite's events.
 type body struct {
 	Agg string `json:"agg"`

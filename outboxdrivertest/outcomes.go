@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -70,15 +71,13 @@ func (s *suite) testRetryAttempts(t *testing.T) {
 	leases := e.leaseAll(src)
 	for attempt := range 3 {
 		var b outboxdriver.Batch
-		waitFor(t, 20*time.Second, func() bool {
+		testenv.Eventually(t, 20*time.Second, func() error {
 			b = e.open(src, leases, 10)
 			if len(b.Records()) > 0 {
-				return true
+				return nil
 			}
 			b.Release(e.ctx)
-			return false
-		}, func() string {
-			return fmt.Sprintf("x/0 not claimable again after failure %d with RetryAfter 100ms", attempt)
+			return fmt.Errorf("x/0 not claimable again after failure %d with RetryAfter 100ms", attempt)
 		})
 		r := b.Records()
 		if len(r) != 1 || r[0].ID != x.ID || r[0].Attempts != attempt {
@@ -135,17 +134,17 @@ func (s *suite) testFailureHoldsItsAggregateOnly(t *testing.T) {
 		t.Fatalf("claimed %v; want c/0 (another aggregate in the same partition flows) and never a/1", describe(got))
 	}
 	// Once due, a/0 is claimed again, still ahead of a/1.
-	waitFor(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		b = e.open(src, leases, 10)
 		if has(b.Records(), a0.ID) {
-			return true
+			return nil
 		}
 		if has(b.Records(), a1.ID) {
 			t.Fatalf("claimed %v: a/1 before a/0 was published", describe(b.Records()))
 		}
 		b.Release(e.ctx)
-		return false
-	}, func() string { return "a/0 not claimed again after its retry delay" })
+		return errors.New("a/0 not claimed again after its retry delay")
+	})
 	if has(b.Records(), a1.ID) {
 		t.Fatalf("claimed %v: a/1 together with the retried a/0", describe(b.Records()))
 	}
@@ -320,7 +319,7 @@ func (s *suite) testCleanup(t *testing.T) {
 	// database clock moves past its publication; poll until all are gone.
 	var calls []int
 	total := 0
-	waitFor(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		n, err := src.Cleanup(e.ctx, leases, 0, 3)
 		if err != nil {
 			t.Fatalf("cleanup: %v", err)
@@ -331,10 +330,10 @@ func (s *suite) testCleanup(t *testing.T) {
 		if n > 0 || total > 0 {
 			calls = append(calls, n)
 		}
-		total += n
-		return total >= 5
-	}, func() string {
-		return fmt.Sprintf("cleanup deleted %d of the 5 published rows (calls %v)", total, calls)
+		if total += n; total < 5 {
+			return fmt.Errorf("cleanup deleted %d of the 5 published rows (calls %v)", total, calls)
+		}
+		return nil
 	})
 	if total != 5 || calls[0] != 3 {
 		t.Fatalf("cleanup calls deleted %v; want 3 then 2 (limit 3, 5 published rows)", calls)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -135,7 +136,12 @@ func (s *suite) testPauseResume(t *testing.T) {
 			}
 			p.rec.waitDistinct(t, w.count(), 60*time.Second)
 			var st outboxdriver.Status
-			waitFor(t, 30*time.Second, func() bool { st = e.status(); return st.Backlog == 0 }, func() string { return fmt.Sprintf("backlog %d", st.Backlog) })
+			testenv.Eventually(t, 30*time.Second, func() error {
+				if st = e.status(); st.Backlog != 0 {
+					return fmt.Errorf("backlog %d", st.Backlog)
+				}
+				return nil
+			})
 			next := map[string]int{}
 			seen := map[string]bool{}
 			for _, d := range p.rec.deliveries() {

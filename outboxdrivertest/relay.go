@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
@@ -181,8 +182,12 @@ func (p *pipeline) verify(w *workload) {
 	t.Helper()
 	p.rec.waitDistinct(t, len(w.committed), 60*time.Second)
 	var st outboxdriver.Status
-	waitFor(t, 60*time.Second, func() bool { st = e.status(); return st.Backlog == 0 },
-		func() string { return fmt.Sprintf("backlog %d of %d committed events", st.Backlog, len(w.committed)) })
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if st = e.status(); st.Backlog != 0 {
+			return fmt.Errorf("backlog %d of %d committed events", st.Backlog, len(w.committed))
+		}
+		return nil
+	})
 	if st.DeadLetters != 0 {
 		t.Fatalf("%d dead letters; the sink acknowledged every event", st.DeadLetters)
 	}
@@ -249,16 +254,20 @@ func (s *suite) testTwoRelaysEndToEnd(t *testing.T) {
 	e := s.newEnv(t, partitions)
 	p := e.pipeline()
 	first, second := p.start("relay-1"), p.start("relay-2")
-	waitFor(t, 30*time.Second, func() bool { return len(first.Partitions()) > 0 && len(second.Partitions()) > 0 },
-		func() string {
-			return fmt.Sprintf("the relays own %d and %d partitions; want both to share them", len(first.Partitions()), len(second.Partitions()))
-		})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if a, b := len(first.Partitions()), len(second.Partitions()); a == 0 || b == 0 {
+			return fmt.Errorf("the relays own %d and %d partitions; want both to share them", a, b)
+		}
+		return nil
+	})
 	wait := p.writeConcurrently(4, 40)
 	p.stopMidStream(first, 20)
 	w := wait()
 	p.verify(w)
-	waitFor(t, 30*time.Second, func() bool { return len(second.Partitions()) == partitions },
-		func() string {
-			return fmt.Sprintf("the remaining relay owns %d partitions, want all %d", len(second.Partitions()), partitions)
-		})
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := len(second.Partitions()); n != partitions {
+			return fmt.Errorf("the remaining relay owns %d partitions, want all %d", n, partitions)
+		}
+		return nil
+	})
 }

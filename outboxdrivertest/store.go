@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -170,8 +171,12 @@ func (s *suite) testStatus(t *testing.T) {
 		}
 	}
 	e.write(ev("a", 0), ev("a", 1), ev("b", 0))
-	waitFor(t, 10*time.Second, func() bool { st = e.status(); return st.OldestUnpublishedAge > 0 },
-		func() string { return fmt.Sprintf("oldest unpublished age still 0 with a backlog of %d", st.Backlog) })
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if st = e.status(); st.OldestUnpublishedAge <= 0 {
+			return fmt.Errorf("oldest unpublished age still %s with a backlog of %d", st.OldestUnpublishedAge, st.Backlog)
+		}
+		return nil
+	})
 	if st.Backlog != 3 {
 		t.Fatalf("backlog %d, want 3", st.Backlog)
 	}
@@ -208,8 +213,12 @@ func (s *suite) testStatus(t *testing.T) {
 	if st.Backlog != 1 || st.DeadLetters != 1 || st.Held != 1 || st.Published != 0 {
 		t.Fatalf("after one publish and one held dead letter: %+v; want backlog 1, 1 dead letter, 1 held, 0 published", st)
 	}
-	waitFor(t, 10*time.Second, func() bool { return e.status().OldestHeldAge > 0 },
-		func() string { return "the held aggregate's age stays 0" })
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if age := e.status().OldestHeldAge; age <= 0 {
+			return fmt.Errorf("the held aggregate's age stays %s", age)
+		}
+		return nil
+	})
 	if err := src.Release(e.ctx, leases, true); err != nil {
 		t.Fatalf("release: %v", err)
 	}

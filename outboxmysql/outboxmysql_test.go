@@ -409,25 +409,19 @@ func TestPausedClaimIsEndedByTheServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	var recs []outboxdriver.Record
-	for len(recs) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the partition of a paused claim was never claimable again")
-		}
-		time.Sleep(100 * time.Millisecond)
+	testenv.Eventually(t, 60*time.Second, func() error {
 		got, err := next.Acquire(f.ctx, 1, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(got) == 0 {
-			continue
+			return errors.New("the partition of a paused claim was never leased again")
 		}
 		nb, err := next.Claim(f.ctx, got, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
-		recs = nb.Records()
+		recs := nb.Records()
 		if err := nb.Finish(f.ctx, outboxdriver.Outcome{Published: []string{b.Records()[0].ID}}); err != nil {
 			t.Fatal(err)
 		}
@@ -436,8 +430,10 @@ func TestPausedClaimIsEndedByTheServer(t *testing.T) {
 			if err := next.Release(f.ctx, got, false); err != nil {
 				t.Fatal(err)
 			}
+			return errors.New("the partition of a paused claim was leased again but never claimable")
 		}
-	}
+		return nil
+	})
 	if err := b.Finish(f.ctx, outboxdriver.Outcome{Published: []string{b.Records()[0].ID}}); err == nil {
 		t.Fatal("the paused relay's Finish succeeded after its claim was ended and its lease taken over")
 	}

@@ -2,6 +2,7 @@ package outboxpgx_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -116,25 +117,24 @@ func TestWakeupDepartureWaitsForARegistrationInFlight(t *testing.T) {
 	go func() { left <- b.SetIdle(ctx, 0) }()
 	// relay-b's departure either waits on relay-a's registration or (the
 	// defect) has already run without it.
-	deadline := time.Now().Add(20 * time.Second)
-	for waiting := false; !waiting; {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		select {
 		case err := <-left:
 			left <- err
-			waiting = true
-			continue
+			return nil
 		default:
 		}
+		var waiting bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
 			AND objsubid = 1 AND (classid::bigint << 32 | objid::bigint) = hashtextextended($1, 0))`,
 			"outbox.awake:"+tb.String()).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("relay-b's departure neither returned nor waited within 20s")
+		if !waiting {
+			return errors.New("relay-b's departure neither returned nor waited")
 		}
-		time.Sleep(time.Millisecond) // poll
-	}
+		return nil
+	})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

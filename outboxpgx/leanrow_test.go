@@ -313,8 +313,7 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, backlog, backlogAggs); err != 
 	for _, n := range written {
 		total += n
 	}
-	deadline := time.Now().Add(4 * time.Minute)
-	for {
+	testenv.Eventually(t, 4*time.Minute, func() error {
 		var left int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&left); err != nil {
 			t.Fatal(err)
@@ -322,14 +321,11 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, backlog, backlogAggs); err != 
 		out.mu.Lock()
 		got := len(out.copies)
 		out.mu.Unlock()
-		if left == 0 && got == total {
-			break
+		if left != 0 || got != total {
+			return fmt.Errorf("%d rows left, %d of %d events published", left, got, total)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after four minutes: %d rows left, %d of %d events published", left, got, total)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return nil
+	})
 	out.mu.Lock()
 	defer out.mu.Unlock()
 	if out.err != nil {

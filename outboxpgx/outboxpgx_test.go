@@ -388,20 +388,16 @@ func TestNoNotifyWhileBusy(t *testing.T) {
 	// no registration still running. The writers' check keeps the expiry
 	// in whole milliseconds, rounded up, so it may count a registration
 	// live for up to a millisecond past its expires_at.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		var live bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+tb.Qualified("_wakeup")+` WHERE expires_at + interval '1 millisecond' > now())`).Scan(&live); err != nil {
 			t.Fatal(err)
 		}
-		if !live {
-			break
+		if live {
+			return errors.New("the idle registration of 1ms still runs")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the idle registration of 1ms still runs after 10s")
-		}
-		time.Sleep(time.Millisecond) // poll
-	}
+		return nil
+	})
 	write(t, pool, ob, true, ev("3", 1))
 	expectMarker(t, pool, conn, tb, "after-expiry", "the commit made after the idle registration expired")
 }

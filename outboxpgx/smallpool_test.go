@@ -1,6 +1,7 @@
 package outboxpgx_test
 
 import (
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -52,17 +53,13 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, events); err != nil {
 		t.Fatal(err)
 	}
 	defer rl.Stop(ctx)
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	testenv.Eventually(t, 90*time.Second, func() error {
 		out.mu.Lock()
 		got := len(out.copies)
 		out.mu.Unlock()
-		if got == events {
-			break
+		if got != events {
+			return fmt.Errorf("%d of %d events published: the relay is stuck", got, events)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events published after 90s: the relay is stuck", got, events)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		return nil
+	})
 }

@@ -393,13 +393,18 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, perHour, aggs, at, map[bool]in
 		}
 		return n
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for exists(t, pool, tb, older) || exists(t, pool, tb, newer) || !strings.Contains(logs.String(), "time partition dropped") || unpublished() > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("past partitions not dropped, the drops not logged, or events left unpublished within 30s; relay log:\n%s", logs)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		switch {
+		case exists(t, pool, tb, older) || exists(t, pool, tb, newer):
+			return fmt.Errorf("past partitions not dropped; relay log:\n%s", logs)
+		case !strings.Contains(logs.String(), "time partition dropped"):
+			return fmt.Errorf("the drops not logged; relay log:\n%s", logs)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		if n := unpublished(); n > 0 {
+			return fmt.Errorf("%d events left unpublished; relay log:\n%s", n, logs)
+		}
+		return nil
+	})
 
 	out.mu.Lock()
 	defer out.mu.Unlock()

@@ -3,6 +3,7 @@ package outboxpgx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -132,13 +133,12 @@ func (r *txRig) order(t *testing.T, tx pgx.Tx) string {
 // holds one for a moment; a Tx that kept its own would hold it for good.
 func (r *txRig) noneAcquired(t *testing.T, when string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.traced.Stat().AcquiredConns() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections still acquired 10s %s", r.traced.Stat().AcquiredConns(), when)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := r.traced.Stat().AcquiredConns(); n != 0 {
+			return fmt.Errorf("%d connections still acquired %s", n, when)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func (r *txRig) counts(t *testing.T) (orders, events int) {

@@ -255,18 +255,16 @@ func TestTwoSourcesInOneProcess(t *testing.T) {
 	// b steals nothing while a's leases run; then a stops renewing. Once
 	// its leases expire, b takes them over with higher epochs.
 	var taken []outboxdriver.Lease
-	deadline := time.Now().Add(30 * time.Second)
-	for len(taken) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("b took over %v of a's partitions after 30s", taken)
-		}
+	testenv.Eventually(t, 30*time.Second, func() error {
 		got, err := b.Acquire(ctx, 2-len(taken), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		taken = append(taken, got...)
-		time.Sleep(20 * time.Millisecond)
-	}
+		if taken = append(taken, got...); len(taken) < 2 {
+			return fmt.Errorf("b took over %v of a's partitions", taken)
+		}
+		return nil
+	})
 	for _, l := range taken {
 		for _, old := range la {
 			if l.Partition == old.Partition && l.Epoch <= old.Epoch {
@@ -300,11 +298,7 @@ func TestTwoSourcesInOneProcess(t *testing.T) {
 	}
 	all := slices.Concat(lb, taken)
 	got := map[string]bool{}
-	deadline = time.Now().Add(30 * time.Second)
-	for len(got) < len(events) {
-		if time.Now().After(deadline) {
-			t.Fatalf("b published %d of %d events after 30s", len(got), len(events))
-		}
+	testenv.Eventually(t, 30*time.Second, func() error {
 		bb, err := b.Claim(ctx, all, 100)
 		if err != nil {
 			t.Fatal(err)
@@ -317,8 +311,11 @@ func TestTwoSourcesInOneProcess(t *testing.T) {
 		if err := bb.Finish(ctx, outboxdriver.Outcome{Published: ids}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		if len(got) < len(events) {
+			return fmt.Errorf("b published %d of %d events", len(got), len(events))
+		}
+		return nil
+	})
 	for id := range inA {
 		if !got[id] {
 			t.Fatalf("event %s of a's refused batch was never published by b", id)
@@ -529,24 +526,21 @@ func TestConcurrentWritersAndRelayLoseNothing(t *testing.T) {
 	for err := range writeErrs {
 		t.Fatalf("a writer failed: %v (WAL, busy_timeout and BEGIN IMMEDIATE must make writers wait, never fail)", err)
 	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	testenv.Eventually(t, 90*time.Second, func() error {
+		select {
+		case err := <-relayErrs:
+			t.Fatalf("relay: %v", err)
+		default:
+		}
 		st, err := outboxsqlite.New(db).Status(ctx, tb)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Backlog == 0 {
-			break
+		if st.Backlog != 0 {
+			return fmt.Errorf("backlog still %d", st.Backlog)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog still %d after 90s", st.Backlog)
-		}
-		select {
-		case err := <-relayErrs:
-			t.Fatalf("relay: %v", err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 	close(stop)
 	relays.Wait()
 	close(relayErrs)

@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -71,13 +73,12 @@ type deadLetterRow struct {
 // dead-lettered, and returns the dead letters by id.
 func (e *env) waitDeadLetters(t *testing.T, n int) map[string]deadLetterRow {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for st := e.status(t); st.Backlog != 0 || st.DeadLetters != int64(n); st = e.status(t) {
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog %d, dead letters %d after 30s; want 0 and %d", st.Backlog, st.DeadLetters, n)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if st := e.status(t); st.Backlog != 0 || st.DeadLetters != int64(n) {
+			return fmt.Errorf("backlog %d, dead letters %d; want 0 and %d", st.Backlog, st.DeadLetters, n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	rows, err := e.pool.Query(context.Background(), `SELECT id::text, attempts, last_error FROM `+e.table.Qualified("_dead_letter"))
 	if err != nil {
 		t.Fatal(err)
@@ -128,13 +129,12 @@ func TestPausedDestinationKeepsContractViolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.start(t, nil, relay.Config{Contracts: reg, PollInterval: 100 * time.Millisecond})
-	deadline := time.Now().Add(30 * time.Second)
-	for e.status(t).DeadLetters == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the invoice without a contract was not dead-lettered within 30s")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if e.status(t).DeadLetters == 0 {
+			return errors.New("the invoice without a contract was not dead-lettered")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	var attempts int
 	if err := e.pool.QueryRow(context.Background(), `SELECT attempts FROM `+e.table.Qualified("")+` WHERE id = $1`, bad).Scan(&attempts); err != nil || attempts != 0 {
 		t.Fatalf("the paused order: attempts %d, %v; want still in the outbox with no attempt", attempts, err)

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -81,21 +83,17 @@ func TestClaimsDoNotWaitForAPauseReadAhead(t *testing.T) {
 	// waitingRead waits until a read of the pauses waits for the lock.
 	waitingRead := func() {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testenv.Eventually(t, 10*time.Second, func() error {
 			var n int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, tb.Name+"_pause").Scan(&n); err != nil {
 				t.Fatal(err)
 			}
-			if n > 0 {
-				return
+			if n == 0 {
+				return errors.New("no read of the pauses waits for the locked table")
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("no read of the pauses waits for the locked table after 10s")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	refreshed := func() <-chan bool {
 		ch := make(chan bool, 1)
@@ -126,11 +124,12 @@ WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, tb.Name+"_pause
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); reading() || !paused(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("10s after the pause committed: read ahead running %v, order paused %v", reading(), paused())
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if running, held := reading(), paused(); running || !held {
+			return fmt.Errorf("since the pause committed: read ahead running %v, order paused %v", running, held)
 		}
-	}
+		return nil
+	})
 
 	// Due: the claim reads before it goes on, and sees the resume.
 	tx = hold(`DELETE FROM `+pauseTable+` WHERE scope = $1 AND value = $2`, string(order.Kind), order.Value)

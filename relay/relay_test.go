@@ -206,37 +206,28 @@ func (e *env) status(t *testing.T) outboxdriver.Status {
 // waitBacklog polls until the table's backlog is n.
 func (e *env) waitBacklog(t *testing.T, n int64, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		st := e.status(t)
-		if st.Backlog == n {
-			return
+	testenv.Eventually(t, timeout, func() error {
+		if st := e.status(t); st.Backlog != n {
+			return fmt.Errorf("backlog %d, want %d", st.Backlog, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog %d after %s, want %d", st.Backlog, timeout, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // waitRegistered polls until a relay is registered in the table's
 // wake-up registry, for at most 10 s.
 func (e *env) waitRegistered(t *testing.T, when string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		var n int
 		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.table.Qualified("_wakeup")).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
+		if n == 0 {
+			return fmt.Errorf("%s: the relay is not registered for wake-ups", when)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: the relay is not registered for wake-ups after 10s", when)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func decode(t *testing.T, msgs []*jetstream.RawStreamMsg) []payload {
@@ -404,13 +395,12 @@ func testBrokerDownBurnsNoAttempts(t *testing.T, source string) {
 	for n := range 20 {
 		e.write(t, true, event("x", n))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for f.calls.Load() < 5 {
-		if time.Now().After(deadline) {
-			t.Fatal("relay did not retry while the broker was down")
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := f.calls.Load(); n < 5 {
+			return fmt.Errorf("relay did not retry while the broker was down: %d publishes, want 5", n)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	var maxAttempts int
 	e.pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM `+e.table.Qualified("")).Scan(&maxAttempts)
 	if maxAttempts != 0 {

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -43,18 +44,17 @@ func testPublishSpanContinuesTheWritersTrace(t *testing.T, source string) {
 	testenv.WaitStreamMsgs(t, e.stream, 1, 30*time.Second)
 	msg := testenv.StreamMessages(t, e.stream)[0]
 	var publish sdktrace.ReadOnlySpan
-	deadline := time.Now().Add(10 * time.Second)
-	for publish == nil {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		for _, s := range exp.GetSpans().Snapshots() {
 			if s.SpanKind() == trace.SpanKindProducer {
 				publish = s
 			}
 		}
-		if publish == nil && time.Now().After(deadline) {
-			t.Fatal("no publish span ended 10s after the message arrived")
+		if publish == nil {
+			return errors.New("no publish span ended since the message arrived")
 		}
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
+		return nil
+	})
 	if publish.Parent().SpanID() != writer.SpanID() || publish.SpanContext().TraceID() != writer.TraceID() {
 		t.Fatalf("publish span: parent %v in trace %v; want the writer's span %v of trace %v",
 			publish.Parent().SpanID(), publish.SpanContext().TraceID(), writer.SpanID(), writer.TraceID())

@@ -3,10 +3,12 @@ package relayd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -21,15 +23,14 @@ func (b *Budget) waiting() int {
 	return n
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+// queued is a condition for testenv.Eventually: n acquires wait for a
+// turn.
+func queued(b *Budget, n int) func() error {
+	return func() error {
+		if w := b.waiting(); w != n {
+			return fmt.Errorf("%d acquires wait for a turn, want %d", w, n)
 		}
-		time.Sleep(time.Millisecond)
+		return nil
 	}
 }
 
@@ -81,17 +82,22 @@ func TestBudgetServesWaitingSourcesInWeightedRoundRobin(t *testing.T) {
 	for range 12 {
 		acquireAsync(t, flood, "flood", &g, &wg)
 	}
-	waitFor(t, "12 flood publishes to queue", func() bool { return b.waiting() == 12 })
+	testenv.Eventually(t, 10*time.Second, queued(b, 12))
 	for range 2 {
 		acquireAsync(t, trickle, "trickle", &g, &wg)
 	}
-	waitFor(t, "the trickle publishes to queue", func() bool { return b.waiting() == 14 })
+	testenv.Eventually(t, 10*time.Second, queued(b, 14))
 	// Hand the turn on 14 times, each time once the previous grant was
 	// recorded: the share that holds it gives it back.
 	holder := flood
 	for i := range 14 {
 		holder.release(0)
-		waitFor(t, "a grant", func() bool { return len(g.snapshot()) == i+1 })
+		testenv.Eventually(t, 10*time.Second, func() error {
+			if n := len(g.snapshot()); n != i+1 {
+				return fmt.Errorf("%d grants recorded, want %d", n, i+1)
+			}
+			return nil
+		})
 		if holder = flood; g.snapshot()[i] == "trickle" {
 			holder = trickle
 		}
@@ -124,7 +130,7 @@ func TestBudgetAcquireGivenUpLosesNoTurn(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { _, err := s.acquire(ctx); done <- err }()
-	waitFor(t, "the acquire to queue", func() bool { return b.waiting() == 1 })
+	testenv.Eventually(t, 10*time.Second, queued(b, 1))
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("acquire = %v, want context.Canceled", err)
@@ -296,10 +302,13 @@ func TestBudgetPacesASourceWhileAnotherHasWork(t *testing.T) {
 	if err := b.Pace(0.5, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the other source's turn to age past the window", func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return !flood.othersBusyLocked(time.Now())
+		if flood.othersBusyLocked(time.Now()) {
+			return errors.New("the other source's turn is not older than the window")
+		}
+		return nil
 	})
 	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -342,7 +351,7 @@ func TestBudgetGivesAPacedSourceOneTurnAtATime(t *testing.T) {
 	}
 	second := make(chan error, 1)
 	go func() { _, err := flood.acquire(context.Background()); second <- err }()
-	waitFor(t, "the second acquire to queue", func() bool { return b.waiting() == 1 })
+	testenv.Eventually(t, 10*time.Second, queued(b, 1))
 	// Three turns are free, and still the second waits.
 	trickle := b.share(1)
 	if _, err := trickle.acquire(context.Background()); err != nil {
@@ -399,7 +408,7 @@ func TestBudgetPacingScalesWithWeight(t *testing.T) {
 	}
 	third := make(chan error, 1)
 	go func() { _, err := heavy.acquire(context.Background()); third <- err }()
-	waitFor(t, "the third acquire of weight 2 to queue", func() bool { return b.waiting() == 1 })
+	testenv.Eventually(t, 10*time.Second, queued(b, 1))
 	heavy.release(0)
 	if err := <-third; err != nil {
 		t.Fatal(err)
@@ -453,7 +462,12 @@ func TestBudgetShrinksAPacedSourcesClaims(t *testing.T) {
 	if err := b.Pace(0.2, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the other source's turn to age past the window", func() bool { return flood.claimLimit(500) == 500 })
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if n := flood.claimLimit(500); n != 500 {
+			return fmt.Errorf("claim limit %d of 500: the other source's turn is not older than the window", n)
+		}
+		return nil
+	})
 	if err := b.Pace(1, time.Hour); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package relayd_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -48,19 +49,15 @@ func TestOpenWithLogTailing(t *testing.T) {
 		if err := rl.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		testenv.Eventually(t, 30*time.Second, func() error {
 			var streaming bool
 			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
 				WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming'))`, cdc.DefaultSlot(tb)).Scan(&streaming)
-			if err == nil && streaming {
-				break
+			if err != nil || !streaming {
+				return fmt.Errorf("the relay does not stream (%v)", err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("the relay does not stream after 30s")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 	})
 	for _, opts := range [][]outboxpgx.Option{nil, {outboxpgx.WithMessages()}} {
 		ob, err := outbox.New(outboxpgx.New(pool, opts...), &outbox.Config{Schema: tb.Schema, Table: tb.Name})

@@ -61,17 +61,6 @@ func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 		t.Cleanup(func() { rl.Stop(context.Background()) })
 		return rl, reg
 	}
-	eventually := func(what string, d time.Duration, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(d)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("not after %s: %s", d, what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-
 	a, regA := open()
 	if v := slotGauge(t, regA, "outbox_cdc_slot_exists"); v != 0 {
 		t.Fatalf("slot exists = %v before the relay made it", v)
@@ -84,10 +73,15 @@ func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 		// for other sessions' transactions to end) is active too, and is
 		// gone again if its creator stops before it is done; a made slot
 		// has a confirmed position.
-		eventually("the slot is made and active", time.Minute, func() bool {
+		testenv.Eventually(t, time.Minute, func() error {
 			s, err := drv.Status(ctx, tb)
-			return err == nil && len(s.Slots) == 1 && s.Slots[0].ConfirmedLSN != "" &&
-				slotGauge(t, regA, "outbox_cdc_slot_active") == 1
+			if err != nil {
+				return err
+			}
+			if len(s.Slots) != 1 || s.Slots[0].ConfirmedLSN == "" || slotGauge(t, regA, "outbox_cdc_slot_active") != 1 {
+				return fmt.Errorf("the slot is not made and active: slots %+v, slot active = %v", s.Slots, slotGauge(t, regA, "outbox_cdc_slot_active"))
+			}
+			return nil
 		})
 	})
 	if v := slotGauge(t, regA, "outbox_cdc_status_up"); v != 1 {
@@ -144,8 +138,11 @@ func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 	// The slot's restart LSN moves once the server logged a snapshot of
 	// the running transactions past the confirmed LSN (every 15s on a busy
 	// server, at a checkpoint).
-	eventually("the retained WAL shrinks once the events are relayed", 90*time.Second, func() bool {
-		return slotGauge(t, regB, "outbox_cdc_slot_lag_bytes") < grown-n*1000
+	testenv.Eventually(t, 90*time.Second, func() error {
+		if lag := slotGauge(t, regB, "outbox_cdc_slot_lag_bytes"); lag >= grown-n*1000 {
+			return fmt.Errorf("the retained WAL does not shrink once the events are relayed: %v bytes, want below %v", lag, grown-n*1000)
+		}
+		return nil
 	})
 	if v := slotGauge(t, regB, "outbox_cdc_lag_seconds"); v != 0 {
 		t.Fatalf("lag = %vs with every event relayed", v)

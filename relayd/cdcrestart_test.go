@@ -125,21 +125,18 @@ func TestLogTailingSurvivesAnImmediateRestart(t *testing.T) {
 		defer mu.Unlock()
 		return len(committed)
 	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(90 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				stop.Store(true)
-				t.Fatalf("not after 90s: %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
 	testenv.WaitStreamMsgs(t, st, 300, time.Minute) // streaming under load
 	pg.Restart(true)
 	restarted := count()
-	waitFor("writers commit again after the restart", func() bool { return count() >= restarted+300 })
+	if err := testenv.Poll(90*time.Second, func() error {
+		if n := count() - restarted; n < 300 {
+			return fmt.Errorf("writers committed %d events after the restart, want 300", n)
+		}
+		return nil
+	}); err != nil {
+		stop.Store(true)
+		t.Fatal(err)
+	}
 	stop.Store(true)
 	wg.Wait()
 	if failures.Load() == 0 {

@@ -116,18 +116,6 @@ func withHost(t *testing.T, raw, host string) string {
 	return u.String()
 }
 
-// until polls cond every 20ms until it holds, failing after a minute.
-func (r *rig) until(what string, cond func() bool) {
-	r.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("still waiting after a minute for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // gauge reads one sample of a family from reg (labels as name=value
 // pairs); ok is false when there is none.
 func gauge(t *testing.T, reg *prometheus.Registry, name string, lbls ...string) (v float64, ok bool) {
@@ -208,14 +196,19 @@ func TestMetricsMoveOnARelayRun(t *testing.T) {
 	if err := r.rl.Start(r.ctx); err != nil {
 		t.Fatal(err)
 	}
-	r.until("the drain estimate to be +Inf while the broker is down", func() bool {
-		v, _ := gauge(t, reg, "outbox_drain_eta_seconds")
-		return math.IsInf(v, 1)
+	testenv.Eventually(t, time.Minute, func() error {
+		if v, _ := gauge(t, reg, "outbox_drain_eta_seconds"); !math.IsInf(v, 1) {
+			return fmt.Errorf("the drain estimate is %v while the broker is down, want +Inf", v)
+		}
+		return nil
 	})
-	r.until("the poison event to be dead-lettered as invalid and its aggregate held", func() bool {
+	testenv.Eventually(t, time.Minute, func() error {
 		d, _ := gauge(t, reg, "outbox_dead_lettered_by_class_total", "destination", "", "class", "invalid")
 		h, _ := gauge(t, reg, "outbox_held_aggregates")
-		return d == 1 && h == 1
+		if d != 1 || h != 1 {
+			return fmt.Errorf("%v events dead-lettered as invalid and %v aggregates held, want the poison event and its aggregate", d, h)
+		}
+		return nil
 	})
 	if v := mustGauge("outbox_partitions_unowned"); v != 0 {
 		t.Fatalf("unowned partitions = %v with one relay running", v)
@@ -225,16 +218,24 @@ func TestMetricsMoveOnARelayRun(t *testing.T) {
 			t.Fatalf("%s = %v on a running relay, want a few seconds at most", name, v)
 		}
 	}
-	r.until("the oldest hold to age", func() bool { v, _ := gauge(t, reg, "outbox_oldest_held_age_seconds"); return v > 0 })
+	testenv.Eventually(t, time.Minute, func() error {
+		if v, _ := gauge(t, reg, "outbox_oldest_held_age_seconds"); v <= 0 {
+			return fmt.Errorf("the oldest hold's age is %v, want it to grow", v)
+		}
+		return nil
+	})
 
 	// The broker is back: everything else is published.
 	r.nats.Restore()
 	testenv.WaitStreamMsgs(t, r.st, 5, time.Minute)
-	r.until("the backlog by destination to drain and the estimate to fall to 0", func() bool {
+	testenv.Eventually(t, time.Minute, func() error {
 		o, _ := gauge(t, reg, "outbox_destination_backlog_events", "destination", order)
 		c, _ := gauge(t, reg, "outbox_destination_backlog_events", "destination", customer)
 		eta, _ := gauge(t, reg, "outbox_drain_eta_seconds")
-		return o == 0 && c == 0 && eta == 0
+		if o != 0 || c != 0 || eta != 0 {
+			return fmt.Errorf("backlog %v to %s and %v to %s, drain estimate %vs; want all 0", o, order, c, customer, eta)
+		}
+		return nil
 	})
 	if v := mustGauge("outbox_published_total", "destination", order); v != 3 {
 		t.Fatalf("published to %s = %v, want 3", order, v)
@@ -244,10 +245,13 @@ func TestMetricsMoveOnARelayRun(t *testing.T) {
 	}
 	// The database is cut: the lease renewal and the last claim age.
 	r.db.Cut()
-	r.until("the lease renewal age to pass a lease TTL while the database is cut", func() bool {
+	testenv.Eventually(t, time.Minute, func() error {
 		v, _ := gauge(t, reg, "outbox_lease_renewal_age_seconds")
 		c, _ := gauge(t, reg, "outbox_last_claim_age_seconds")
-		return v > 1 && c > 1
+		if v <= 1 || c <= 1 {
+			return fmt.Errorf("lease renewal age %vs, last claim age %vs while the database is cut; want both past the lease TTL of 1s", v, c)
+		}
+		return nil
 	})
 	r.db.Restore()
 }
@@ -294,6 +298,19 @@ func (l lines) has(sub string) bool {
 	return false
 }
 
+// logged is a condition for testenv.Eventually: for each of subs, a line
+// holds it.
+func (l lines) logged(subs ...string) func() error {
+	return func() error {
+		for _, s := range subs {
+			if !l.has(s) {
+				return fmt.Errorf("no line says %q", s)
+			}
+		}
+		return nil
+	}
+}
+
 // A relay run with the broker down then up, the database down then up,
 // and a poison event: every record is one line, a "recovered" line
 // follows each outage, the lines about an event name it (event id,
@@ -307,16 +324,14 @@ func TestLogsLinkAndNeverHoldPayloads(t *testing.T) {
 	if err := r.rl.Start(r.ctx); err != nil {
 		t.Fatal(err)
 	}
-	r.until("a line saying the broker is unreachable", func() bool { return h.has("the broker is unreachable") })
+	testenv.Eventually(t, time.Minute, h.logged("the broker is unreachable"))
 	r.nats.Restore()
 	testenv.WaitStreamMsgs(t, r.st, 5, time.Minute)
-	r.until("a line saying the relay recovered from the broker outage", func() bool { return h.has("recovered: the broker") })
+	testenv.Eventually(t, time.Minute, h.logged("recovered: the broker"))
 	r.db.Cut()
-	r.until("lines saying a claim and a lease upkeep failed", func() bool { return h.has("claim failed") && h.has("lease upkeep failed") })
+	testenv.Eventually(t, time.Minute, h.logged("claim failed", "lease upkeep failed"))
 	r.db.Restore()
-	r.until("lines saying the relay recovered from the database outage", func() bool {
-		return h.has("recovered: the database") && h.has("recovered: lease upkeep")
-	})
+	testenv.Eventually(t, time.Minute, h.logged("recovered: the database", "recovered: lease upkeep"))
 	if err := r.rl.Stop(r.ctx); err != nil {
 		t.Fatal(err)
 	}

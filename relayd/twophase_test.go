@@ -2,6 +2,7 @@ package relayd_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -165,21 +166,19 @@ VALUES (gen_random_uuid(), 'order', $1, 'Placed', '{}')`
 	})
 }
 
-// awaitIdle waits until a relay is registered for wake-ups.
+// awaitIdle waits, until ctx's deadline, for a relay to be registered for
+// wake-ups.
 func awaitIdle(t *testing.T, ctx context.Context, pool *pgxpool.Pool, wakeup string) {
 	t.Helper()
-	for {
+	deadline, _ := ctx.Deadline()
+	testenv.Eventually(t, time.Until(deadline), func() error {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+wakeup+` WHERE expires_at > now()`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
+		if n == 0 {
+			return errors.New("the relay never registered for wake-ups")
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the relay never registered for wake-ups")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -41,20 +42,22 @@ func (c *collector) add(d workload.Delivery) {
 // wait returns the deliveries once every committed event arrived.
 func (c *collector) wait(t *testing.T, res *workload.Result) []workload.Delivery {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var out []workload.Delivery
+	// Up to 60s; the caller checks what arrived.
+	_ = testenv.Poll(60*time.Second, func() error {
 		c.mu.Lock()
 		seen := map[string]bool{}
 		for _, d := range c.ds {
 			seen[d.ID] = true
 		}
-		out := append([]workload.Delivery(nil), c.ds...)
+		out = append([]workload.Delivery(nil), c.ds...)
 		c.mu.Unlock()
-		if len(seen) >= res.Committed() || time.Now().After(deadline) {
-			return out
+		if len(seen) < res.Committed() {
+			return fmt.Errorf("%d of %d committed events arrived", len(seen), res.Committed())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return out
 }
 
 func TestEndToEndRabbitMQ(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -146,17 +147,17 @@ func TestCloudEventsOnNATSKafkaAndWebhooks(t *testing.T) {
 					t.Cleanup(srv.Close)
 					sinkFlags = []string{"--sink", srv.URL + "/hooks/${destination}", "--webhook-allow-private", "--webhook-secret", "whsec_" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))}
 					collect = func() received {
-						for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+						testenv.Eventually(t, 30*time.Second, func() error {
 							mu.Lock()
-							if len(got) > 0 {
-								defer mu.Unlock()
-								return got[0]
+							defer mu.Unlock()
+							if len(got) == 0 {
+								return errors.New("no webhook request")
 							}
-							mu.Unlock()
-							if time.Now().After(deadline) {
-								t.Fatal("no webhook request after 30s")
-							}
-						}
+							return nil
+						})
+						mu.Lock()
+						defer mu.Unlock()
+						return got[0]
 					}
 				}
 				pool := testenv.Pool(t)

@@ -44,20 +44,21 @@ func startConsoleProcess(t *testing.T, args ...string) (*relayProc, string) {
 		}
 	})
 	listening := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	var base string
+	testenv.Eventually(t, 30*time.Second, func() error {
 		if m := listening.FindStringSubmatch(p.stderr.String()); m != nil {
-			return p, m[1]
+			base = m[1]
+			return nil
 		}
 		select {
 		case err := <-p.done:
 			p.done <- err
 			t.Fatalf("console ended before listening: %v; stderr %q", err, p.stderr.String())
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("console not listening after 30s; stderr %q", p.stderr.String())
-		}
-	}
+		return fmt.Errorf("console not listening; stderr %q", p.stderr.String())
+	})
+	return p, base
 }
 
 // consoleCall sends one API call with a bearer token and decodes the
@@ -326,16 +327,16 @@ func crashMidReplay(t *testing.T, c crashTarget) {
 
 	// The visible state through a new console, then its take-over.
 	_, base = startConsoleProcess(t, args...)
-	for deadline := time.Now().Add(90 * time.Second); ; {
+	testenv.Eventually(t, 90*time.Second, func() error {
 		consoleCall(t, base, "GET", "/api/v1/requests/"+req.ID, otto, nil, 200, &r)
 		if r.State == outboxdriver.StateDone {
-			break
+			return nil
 		}
-		if r.State != outboxdriver.StateExecuting || time.Now().After(deadline) {
+		if r.State != outboxdriver.StateExecuting {
 			t.Fatalf("after the restart: %+v; want executing, then done", r)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("after the restart: %+v; want executing, then done", r)
+	})
 	// Exactly once, in order per aggregate.
 	done := c.replayed(t, req.ID)
 	if r.Done != events || len(done.copies) != events {

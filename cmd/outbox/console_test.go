@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/url"
 	"os"
@@ -158,20 +159,18 @@ func TestConsoleServes(t *testing.T) {
 			}()
 			listening := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
 			var base string
-			for deadline := time.Now().Add(30 * time.Second); base == ""; {
+			testenv.Eventually(t, 30*time.Second, func() error {
 				if m := listening.FindStringSubmatch(stderr.String()); m != nil {
 					base = m[1]
-					break
+					return nil
 				}
 				select {
 				case err := <-done:
 					t.Fatalf("console ended before listening: %v; stderr %q", err, stderr.String())
-				case <-time.After(20 * time.Millisecond):
+				default:
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("console not listening after 30s; stderr %q", stderr.String())
-				}
-			}
+				return fmt.Errorf("console not listening; stderr %q", stderr.String())
+			})
 			var overview struct {
 				Backlog *int64 `json:"backlog"`
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -249,18 +250,19 @@ func startConsole(t *testing.T, ctx context.Context, schema string, args ...stri
 	}()
 	t.Cleanup(func() { stop(); <-done })
 	listening := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	var base string
+	testenv.Eventually(t, 30*time.Second, func() error {
 		if m := listening.FindStringSubmatch(stderr.String()); m != nil {
-			return m[1]
+			base = m[1]
+			return nil
 		}
 		select {
 		case err := <-done:
 			done <- err
 			t.Fatalf("console ended before listening: %v; stderr %q", err, stderr.String())
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("console not listening after 30s; stderr %q", stderr.String())
-		}
-	}
+		return fmt.Errorf("console not listening; stderr %q", stderr.String())
+	})
+	return base
 }

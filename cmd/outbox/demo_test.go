@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -111,14 +112,12 @@ func TestDemoServeKeepsTheRelayUp(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	statusCmd := regexp.MustCompile(`outbox (status --db (\S+) --schema (\S+) --table (\S+))`)
 	var m []string
-	deadline := time.Now().Add(2 * time.Minute)
-	for m == nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("no report and serve notice within 2 minutes:\n%s", out.String())
+	testenv.Eventually(t, 2*time.Minute, func() error {
+		if m = statusCmd.FindStringSubmatch(out.String()); m == nil {
+			return fmt.Errorf("no report and serve notice:\n%s", out.String())
 		}
-		time.Sleep(50 * time.Millisecond)
-		m = statusCmd.FindStringSubmatch(out.String())
-	}
+		return nil
+	})
 	checkDemoCounts(t, out.String(), 20)
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {

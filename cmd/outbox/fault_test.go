@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
@@ -141,10 +142,13 @@ func (s *scenario) check(t *testing.T, res *workload.Result, maxDups int) {
 		// oldest event not done: what other partitions published past it
 		// is delivered again, and the relays log how much. A relay that
 		// was paused logs it once it runs again.
-		deadline := time.Now().Add(10 * time.Second)
-		for bound = maxDups + started.republished(t); d > bound && time.Now().Before(deadline); bound = maxDups + started.republished(t) {
-			time.Sleep(100 * time.Millisecond)
-		}
+		// Up to 10s for the relays to log it; checked below.
+		_ = testenv.Poll(10*time.Second, func() error {
+			if bound = maxDups + started.republished(t); d > bound {
+				return fmt.Errorf("%d duplicate copies, %d explained", d, bound)
+			}
+			return nil
+		})
 	}
 	if d > bound {
 		t.Fatalf("the broker received %d duplicate copies, more than the %d these faults explain", d, bound)
@@ -245,13 +249,12 @@ func TestFaultPausedOwnerIsFenced(t *testing.T) {
 			}
 			// Within about two TTLs, the live relay owns every partition
 			// (with log tailing: streams the slot).
-			deadline := time.Now().Add(10 * time.Second)
-			for m := s.owners(t); m[""] > 0 || a.owns(m) || len(m) == 0; m = s.owners(t) {
-				if time.Now().After(deadline) {
-					t.Fatalf("partitions still %v 10s after their owner was paused", m)
+			testenv.Eventually(t, 10*time.Second, func() error {
+				if m := s.owners(t); m[""] > 0 || a.owns(m) || len(m) == 0 {
+					return fmt.Errorf("partitions still %v since their owner was paused", m)
 				}
-				time.Sleep(50 * time.Millisecond)
-			}
+				return nil
+			})
 			time.Sleep(2 * time.Second) // the paused relay stays stale while work goes on
 			if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 				t.Fatal(err)
@@ -382,12 +385,8 @@ func testFaultPoisonEvent(t *testing.T, src string) {
 	}
 	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()+1), 60*time.Second)
 	// The dead letter is listed with its cause.
-	deadline := time.Now().Add(30 * time.Second)
 	var dls []outboxdriver.DeadLetter
-	for len(dls) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the poison event never reached the dead-letter table")
-		}
+	testenv.Eventually(t, 30*time.Second, func() error {
 		out, stderr, code := run(t, nil, append([]string{"dlq", "list", "--json"}, s.db.flags...)...)
 		if code != 0 {
 			t.Fatal(stderr)
@@ -395,8 +394,11 @@ func testFaultPoisonEvent(t *testing.T, src string) {
 		if err := json.Unmarshal([]byte(out), &dls); err != nil {
 			t.Fatalf("dlq list --json printed %q: %v", out, err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		if len(dls) == 0 {
+			return errors.New("the poison event never reached the dead-letter table")
+		}
+		return nil
+	})
 	if dls[0].ID != poisonID || !dls[0].Held || !strings.Contains(dls[0].LastError, "max_payload") {
 		t.Fatalf("dead letter %+v", dls[0])
 	}
@@ -413,20 +415,16 @@ func testFaultPoisonEvent(t *testing.T, src string) {
 		t.Fatal(stderr)
 	}
 	first := dls[0].DeadLetteredAt
-	deadline = time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		page, _ := outboxpgx.New(pool).FindDeadLetters(ctx, s.tb, outboxdriver.DeadLetterQuery{Limit: 10})
 		dls = page.DeadLetters
 		// A retried event starts with fresh attempts; a permanent refusal
 		// dead-letters it again at its first.
-		if len(dls) == 1 && dls[0].DeadLetteredAt.After(first) && dls[0].Attempts == 1 {
-			break
+		if len(dls) != 1 || !dls[0].DeadLetteredAt.After(first) || dls[0].Attempts != 1 {
+			return fmt.Errorf("retried poison event not dead-lettered again: %+v", dls)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("retried poison event not dead-lettered again: %+v", dls)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	if _, stderr, code := run(t, nil, append([]string{"dlq", "discard", poisonID, "--actor", "bob"}, s.db.flags...)...); code != 0 {
 		t.Fatal(stderr)
 	}
@@ -508,31 +506,30 @@ func testFaultFailOverWithinTwoTTLs(t *testing.T, src string) {
 	b := startRelay(t, args...)
 	// Polling: both share the partitions. Log tailing: one streams, the
 	// other stands by.
-	deadline := time.Now().Add(30 * time.Second)
 	taken := func(m map[string]int) bool {
 		if src == "cdc" {
 			return m[""] == 0 && (a.owns(m) || b.owns(m))
 		}
 		return m[""] == 0 && a.owns(m) && b.owns(m)
 	}
-	for m := s.owners(t); !taken(m); m = s.owners(t) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the relays never took the partitions: %v", m)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if m := s.owners(t); !taken(m) {
+			return fmt.Errorf("the relays never took the partitions: %v", m)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	victim := a
 	if !a.owns(s.owners(t)) {
 		victim = b // the streamer
 	}
 	victim.kill()
 	killed := time.Now()
-	for m := s.owners(t); m[""] > 0 || victim.owns(m); m = s.owners(t) {
-		if time.Since(killed) > 2*ttl+2*time.Second {
-			t.Fatalf("%s after the SIGKILL the partitions are still %v; want one live owner within about two TTLs (%s)", time.Since(killed).Round(time.Millisecond), m, 2*ttl)
+	testenv.Eventually(t, 2*ttl+2*time.Second, func() error {
+		if m := s.owners(t); m[""] > 0 || victim.owns(m) {
+			return fmt.Errorf("since the SIGKILL the partitions are still %v; want one live owner within about two TTLs (%s)", m, 2*ttl)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	t.Logf("partitions moved %s after the SIGKILL (lease TTL %s)", time.Since(killed).Round(time.Millisecond), ttl)
 	// And they work: an event in any partition is delivered.
 	res, err := workload.Run(context.Background(), s.db.pool, s.tb, workload.Config{Aggregates: 64, Transactions: 200, Writers: 4})

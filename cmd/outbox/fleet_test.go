@@ -167,13 +167,12 @@ func (e *fleetEnv) count(src string) int {
 // waitCount waits until source src has at least n messages.
 func (e *fleetEnv) waitCount(t *testing.T, src string, n int, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for e.count(src) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("source %s: %d messages after %s, want %d", src, e.count(src), timeout, n)
+	testenv.Eventually(t, timeout, func() error {
+		if got := e.count(src); got < n {
+			return fmt.Errorf("source %s: %d messages, want %d", src, got, n)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // latencies returns commit-to-arrival latencies of the first copies of
@@ -359,9 +358,10 @@ func (e *fleetEnv) arrivedBefore(from, to, deadline time.Time) (early, late int)
 // checkOrderEventually waits for every written event, then checks order.
 func (e *fleetEnv) checkOrderEventually(t *testing.T, flooded map[string]int) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	// Up to 60s; checkOrder reports what is missing.
+	_ = testenv.Poll(60*time.Second, func() error {
 		e.mu.Lock()
+		defer e.mu.Unlock()
 		seen := map[string]bool{}
 		for _, m := range e.got {
 			seen[m.id] = true
@@ -372,37 +372,30 @@ func (e *fleetEnv) checkOrderEventually(t *testing.T, flooded map[string]int) {
 				missing++
 			}
 		}
-		e.mu.Unlock()
-		if missing == 0 || time.Now().After(deadline) {
-			break
+		if missing > 0 {
+			return fmt.Errorf("%d written events missing", missing)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	e.checkOrder(t, flooded)
 }
 
 // waitHTTP polls url until it answers with status code want.
 func waitHTTP(t *testing.T, url string, want int, timeout time.Duration) string {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
+	var body string
+	testenv.Eventually(t, timeout, func() error {
 		resp, err := http.Get(url)
-		if err == nil {
-			b := new(strings.Builder)
-			_, _ = fmt.Fprint(b, readAll(resp))
-			last = fmt.Sprintf("%d %s", resp.StatusCode, b.String())
-			if resp.StatusCode == want {
-				return b.String()
-			}
-		} else {
-			last = err.Error()
+		if err != nil {
+			return fmt.Errorf("%s: no status %d; last: %w", url, want, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: no status %d within %s; last: %s", url, want, timeout, last)
+		body = readAll(resp)
+		if resp.StatusCode != want {
+			return fmt.Errorf("%s: no status %d; last: %d %s", url, want, resp.StatusCode, body)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return body
 }
 
 func readAll(resp *http.Response) string {
@@ -541,13 +534,12 @@ func TestFleetSIGHUPAddsAndRemovesSources(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.stderr.String(), "reload refused; the running sources are kept") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no refusal logged:\n%s", p.stderr.String())
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if stderr := p.stderr.String(); !strings.Contains(stderr, "reload refused; the running sources are kept") {
+			return fmt.Errorf("no refusal logged:\n%s", stderr)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if !strings.Contains(p.stderr.String(), "wieght") {
 		t.Fatalf("the refusal does not name the bad key:\n%s", p.stderr.String())
 	}
@@ -636,21 +628,17 @@ func TestFleetProcessesShareEachSourcesPartitions(t *testing.T) {
 	startRelay(t, args...)
 	startRelay(t, args...)
 	for _, tb := range e.tables {
-		deadline := time.Now().Add(60 * time.Second)
-		for {
+		testenv.Eventually(t, 60*time.Second, func() error {
 			var owners, owned int
 			if err := e.pool.QueryRow(ctx, `SELECT count(DISTINCT owner), count(owner) FROM `+outboxdriver.QuoteIdent(tb.Schema)+`.`+
 				outboxdriver.QuoteIdent(tb.Name+"_leases")+` WHERE owner IS NOT NULL AND expires_at > now()`).Scan(&owners, &owned); err != nil {
 				t.Fatal(err)
 			}
-			if owners == 2 && owned == 64 {
-				break
+			if owners != 2 || owned != 64 {
+				return fmt.Errorf("table %s: %d partitions leased by %d relays, want 64 by 2", tb, owned, owners)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("table %s: %d partitions leased by %d relays, want 64 by 2", tb, owned, owners)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	for k := 1; k <= 20; k++ {
 		for i := range 2 {

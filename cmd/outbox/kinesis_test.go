@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"testing"
@@ -67,8 +68,8 @@ func TestEndToEndKinesis(t *testing.T) {
 	// order is per shard.
 	perShard := make([][]workload.Delivery, len(iters))
 	ids := map[string]bool{}
-	deadline := time.Now().Add(60 * time.Second)
-	for len(ids) < res.Committed() && time.Now().Before(deadline) {
+	// Up to 60s; workload.Check reports what is missing.
+	_ = testenv.Poll(60*time.Second, func() error {
 		for i := range iters {
 			out, err := admin.GetRecords(ctx, &kinesis.GetRecordsInput{ShardIterator: iters[i]})
 			if err != nil {
@@ -90,8 +91,11 @@ func TestEndToEndKinesis(t *testing.T) {
 				ids[env.ID] = true
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		if len(ids) < res.Committed() {
+			return fmt.Errorf("%d of %d committed events read", len(ids), res.Committed())
+		}
+		return nil
+	})
 	var ds []workload.Delivery
 	for _, s := range perShard {
 		ds = append(ds, s...)

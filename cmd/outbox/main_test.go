@@ -351,20 +351,16 @@ func waitBacklogZero(t *testing.T, tb outboxdriver.Table, timeout time.Duration)
 // unpublished event.
 func waitBacklogZeroIn(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	testenv.Eventually(t, timeout, func() error {
 		st, err := outboxpgx.New(pool).Status(context.Background(), tb)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Backlog == 0 {
-			return
+		if st.Backlog != 0 {
+			return fmt.Errorf("backlog still %d", st.Backlog)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog still %d after %s", st.Backlog, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestEndToEndNATS is the user's check: many concurrent plain-SQL

@@ -114,17 +114,12 @@ func (m *mysqlTarget) status(t *testing.T) outboxdriver.Status {
 
 func (m *mysqlTarget) waitBacklogZero(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		st := m.status(t)
-		if st.Backlog == 0 {
-			return
+	testenv.Eventually(t, timeout, func() error {
+		if st := m.status(t); st.Backlog != 0 {
+			return fmt.Errorf("backlog still %d", st.Backlog)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog still %d after %s", st.Backlog, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // mysqlWorkload writes the workload of internal/workload on MySQL, with
@@ -370,20 +365,16 @@ func TestMariaDBTwoRelaysKeepOrder(t *testing.T) {
 	a := startRelay(t, s.args()...)
 	startRelay(t, s.args()...)
 	// Both own partitions before one dies.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		owners := map[string]bool{}
 		for _, p := range s.status(t).Partitions {
 			owners[p.Owner] = true
 		}
-		if len(owners) == 2 && !owners[""] {
-			break
+		if len(owners) != 2 || owners[""] {
+			return fmt.Errorf("two relays never shared the partitions: %v", owners)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("two relays never shared the partitions: %v", owners)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	testenv.WaitStreamMsgs(t, s.scenario.stream, 200, 60*time.Second)
 	a.kill()
 	startRelay(t, s.args()...)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -47,17 +48,12 @@ func TestRelayProcessUsesEveryCPUOnlyForABacklog(t *testing.T) {
 	}
 	waitProcs := func(when string, ok func(int) bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			n := procs()
-			if ok(n) {
-				return
+		testenv.Eventually(t, 20*time.Second, func() error {
+			if n := procs(); !ok(n) {
+				return fmt.Errorf("%s: GOMAXPROCS still %d", when, n)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: GOMAXPROCS still %d after 20s", when, n)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	waitProcs("idle", func(n int) bool { return n == 1 })
 	pool := testenv.Pool(t)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -66,18 +67,16 @@ func TestRelayReconcilesOnASchedule(t *testing.T) {
 	addr := freeAddr(t)
 	startRelay(t, append(flags, "--sink", "stdout:", "--metrics-addr", addr, "--reconcile-every", "1s")...)
 	const want = `outbox_reconcile_findings{kind="dead-letter",scope="order"} 1`
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		m := ""
 		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil { // refused until the relay listens
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			m = string(b)
 		}
-		if strings.Contains(m, want) && strings.Contains(m, "outbox_reconcile_last_success_timestamp_seconds") {
-			return
+		if !strings.Contains(m, want) || !strings.Contains(m, "outbox_reconcile_last_success_timestamp_seconds") {
+			return fmt.Errorf("/metrics lacks %q:\n%s", want, m)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/metrics lacks %q after 30s:\n%s", want, m)
-		}
-	}
+		return nil
+	})
 }

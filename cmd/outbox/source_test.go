@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -67,19 +68,15 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 	// A first relay streams the new slot once and stops, as a deployment's
 	// first relay does, so that the tests see the steady state.
 	first := startRelay(t, append(append([]string{}, flags...), "--source", "cdc", "--sink", "stdout:", "--lease-ttl", "1s")...)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		var streamed bool
 		err := pool.QueryRow(context.Background(), `SELECT drained AND EXISTS (SELECT 1 FROM pg_replication_slots s
 			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming')) FROM `+tb.Qualified("_cdc"), cdc.DefaultSlot(tb)).Scan(&streamed)
-		if err == nil && streamed {
-			break
+		if err != nil || !streamed {
+			return fmt.Errorf("the first relay did not start streaming (%v); stderr:\n%s", err, first.stderr.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first relay did not start streaming within 60s (%v); stderr:\n%s", err, first.stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if err := first.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

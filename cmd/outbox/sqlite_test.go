@@ -148,20 +148,16 @@ func TestSQLiteEndToEnd(t *testing.T) {
 		t.Fatalf("a writer failed: %v", err)
 	}
 	testenv.WaitStreamMsgs(t, stream, uint64(res.Committed()), 60*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		st, err := outboxsqlite.New(db).Status(ctx, outboxdriver.Table{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Backlog == 0 {
-			break
+		if st.Backlog != 0 {
+			return fmt.Errorf("backlog still %d", st.Backlog)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog still %d after 30s", st.Backlog)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if _, err := workload.Check(res, natsDeliveries(t, stream)); err != nil {
 		t.Fatal(err)
 	}

@@ -66,25 +66,23 @@ func env(t *testing.T) inboxtest.Env[pgx.Tx] {
 	}
 }
 
-// waitBlocked polls until a session waits for a lock while writing tbl.
+// waitBlocked polls, until ctx's deadline, for a session to wait for a
+// lock while writing tbl.
 func waitBlocked(ctx context.Context, pool *pgxpool.Pool, tbl outboxdriver.Table) error {
 	pattern := "%" + tbl.Qualified("") + "%"
-	for {
+	deadline, _ := ctx.Deadline()
+	return testenv.Poll(time.Until(deadline), func() error {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE $1`, pattern).Scan(&n)
 		if err != nil {
 			return err
 		}
-		if n > 0 {
-			return nil
+		if n == 0 {
+			return errors.New("no session waits for a lock while writing " + tbl.Qualified(""))
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }
 
 func TestConformance(t *testing.T) {

@@ -3,6 +3,7 @@ package inboxsql_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -109,21 +110,22 @@ func env(dialect inboxsql.Dialect) func(t *testing.T) inboxtest.Env[*sql.Tx] {
 	}
 }
 
-// waitBlocked polls until a session waits for a lock while writing tbl.
+// waitBlocked polls, until ctx's deadline, for a session to wait for a
+// lock while writing tbl.
 func waitBlocked(ctx context.Context, db *sql.DB, tbl outboxdriver.Table) error {
-	for {
+	deadline, _ := ctx.Deadline()
+	return testenv.Poll(time.Until(deadline), func() error {
 		var n int
 		err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
 			"%"+tbl.Qualified("")+"%").Scan(&n)
-		if err != nil || n > 0 {
+		if err != nil {
 			return err
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		if n == 0 {
+			return errors.New("no session waits for a lock while writing " + tbl.Qualified(""))
 		}
-	}
+		return nil
+	})
 }
 
 func TestConformancePostgres(t *testing.T) { inboxtest.Run(t, env(inboxsql.Postgres)) }

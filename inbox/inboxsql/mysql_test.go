@@ -116,25 +116,26 @@ func mysqlEnv(t *testing.T) inboxtest.Env[*sql.Tx] {
 	}
 }
 
-// waitLockWait polls until a connection to database runs the claim's
-// INSERT: while the other transaction holds the record, InnoDB keeps it
-// waiting. (information_schema.INNODB_TRX would say so directly, but it is
-// a cache that concurrent pollers can keep from ever refreshing.)
+// waitLockWait polls, until ctx's deadline, for a connection to database
+// to run the claim's INSERT: while the other transaction holds the
+// record, InnoDB keeps it waiting. (information_schema.INNODB_TRX would
+// say so directly, but it is a cache that concurrent pollers can keep
+// from ever refreshing.)
 func waitLockWait(ctx context.Context, db *sql.DB, database string) error {
-	for {
+	deadline, _ := ctx.Deadline()
+	return testenv.Poll(time.Until(deadline), func() error {
 		var n int
 		err := db.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.PROCESSLIST
 			WHERE db = ? AND command IN ('Query', 'Execute') AND info LIKE 'INSERT INTO%ON DUPLICATE KEY UPDATE event_id = event_id'`,
 			database).Scan(&n)
-		if err != nil || n > 0 {
+		if err != nil {
 			return err
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		if n == 0 {
+			return errors.New("no connection to " + database + " runs the claim's INSERT")
 		}
-	}
+		return nil
+	})
 }
 
 func TestConformanceMySQL(t *testing.T) { inboxtest.Run(t, mysqlEnv) }

@@ -178,18 +178,14 @@ func (f *fixture) committed(t *testing.T, group string, p int32) int64 {
 	return -1
 }
 
-func waitFor(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, what := cond()
-		if ok {
-			return
+// committedOffset is a condition for testenv.Eventually: the billing
+// group's committed offset of partition 0 is want.
+func committedOffset(t *testing.T, f *fixture, want int64) func() error {
+	return func() error {
+		if c := f.committed(t, "billing", 0); c != want {
+			return fmt.Errorf("committed offset %d, want %d", c, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
 	}
 }
 
@@ -218,11 +214,13 @@ func TestSameEventTwiceAndTwoMembers(t *testing.T) {
 	// committed offset (counted as duplicates), so the handled count can
 	// reach 2n before the last event took effect: wait for the effects
 	// and the processed count too.
-	waitFor(t, 60*time.Second, func() (bool, string) {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		done := a.get(inbox.Processed) + a.get(inbox.Duplicate) + b.get(inbox.Processed) + b.get(inbox.Duplicate)
 		processed, effects := a.get(inbox.Processed)+b.get(inbox.Processed), len(f.effects(t, "billing"))
-		return done >= 2*n && processed >= n && effects >= n,
-			fmt.Sprintf("%d of %d records handled, %d of %d events processed, %d took effect", done, 2*n, processed, n, effects)
+		if done < 2*n || processed < n || effects < n {
+			return fmt.Errorf("%d of %d records handled, %d of %d events processed, %d took effect", done, 2*n, processed, n, effects)
+		}
+		return nil
 	})
 	got := f.effects(t, "billing")
 	if len(got) != n {
@@ -237,12 +235,15 @@ func TestSameEventTwiceAndTwoMembers(t *testing.T) {
 		t.Fatalf("processed %d, want %d", p, n)
 	}
 	// Every record is committed: the offsets sum to the records produced.
-	waitFor(t, 30*time.Second, func() (bool, string) {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		var sum int64
 		for p := range int32(4) {
 			sum += max(f.committed(t, "billing", p), 0)
 		}
-		return sum == 2*n, fmt.Sprintf("committed offsets sum to %d, want %d", sum, 2*n)
+		if sum != 2*n {
+			return fmt.Errorf("committed offsets sum to %d, want %d", sum, 2*n)
+		}
+		return nil
 	})
 }
 
@@ -260,13 +261,16 @@ func TestTwoGroups(t *testing.T) {
 		f.produce(t, id, "7", []byte(`{}`))
 	}
 	for _, name := range []string{"billing", "shipping"} {
-		waitFor(t, 30*time.Second, func() (bool, string) {
+		testenv.Eventually(t, 30*time.Second, func() error {
 			got := f.effects(t, name)
 			ok := len(got) == len(ids)
 			for _, n := range got {
 				ok = ok && n == 1
 			}
-			return ok, fmt.Sprintf("%s: effects %v", name, got)
+			if !ok {
+				return fmt.Errorf("%s: effects %v", name, got)
+			}
+			return nil
 		})
 	}
 }
@@ -284,9 +288,7 @@ func TestInvalidRecordsAreDeadLettered(t *testing.T) {
 	f.produce(t, "not-a-uuid", "2", []byte(`{}`))
 	f.produce(t, undecodable, "3", []byte(`{"half`))
 	f.produce(t, good, "4", []byte(`{}`))
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		return f.committed(t, "billing", 0) == 4, fmt.Sprintf("committed offset %d, want 4", f.committed(t, "billing", 0))
-	})
+	testenv.Eventually(t, 30*time.Second, committedOffset(t, f, 4))
 	if got := f.effects(t, "billing"); len(got) != 1 || got[good] != 1 {
 		t.Fatalf("effects %v, want one for %s", got, good)
 	}
@@ -333,14 +335,13 @@ func TestFailingRecordHoldsTheCommit(t *testing.T) {
 	for i, id := range ids {
 		f.produce(t, id, fmt.Sprint("key-", i), []byte(`{}`))
 	}
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		got := f.effects(t, "billing")
-		return len(got) == 4 && tries.Load() >= 3, fmt.Sprintf("effects %v, %d failed attempts", got, tries.Load())
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got, n := f.effects(t, "billing"), tries.Load(); len(got) != 4 || n < 3 {
+			return fmt.Errorf("effects %v, %d failed attempts", got, n)
+		}
+		return nil
 	})
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		c := f.committed(t, "billing", 0)
-		return c == 1, fmt.Sprintf("committed offset %d, want 1 (the failing record)", c)
-	})
+	testenv.Eventually(t, 30*time.Second, committedOffset(t, f, 1)) // the failing record
 	stop()
 	if c := f.committed(t, "billing", 0); c != 1 {
 		t.Fatalf("after stop the committed offset is %d, want 1: nothing past the unhandled record", c)
@@ -348,10 +349,7 @@ func TestFailingRecordHoldsTheCommit(t *testing.T) {
 	failing.Store(false)
 	var m counts
 	start(t, f.inbox(t, "billing", &m), h, f.config("billing"))
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		c := f.committed(t, "billing", 0)
-		return c == 5, fmt.Sprintf("committed offset %d, want 5", c)
-	})
+	testenv.Eventually(t, 30*time.Second, committedOffset(t, f, 5))
 	if m.get(inbox.Processed) != 1 || m.get(inbox.Duplicate) != 3 {
 		t.Fatalf("second consumer: %d processed, %d duplicates; want 1 and 3", m.get(inbox.Processed), m.get(inbox.Duplicate))
 	}
@@ -400,9 +398,7 @@ func TestRetryThenDeadLetterKeepsKeyOrder(t *testing.T) {
 	f.produce(t, first, "A", []byte(`{}`))
 	f.produce(t, poison, "B", []byte(`{}`))
 	f.produce(t, second, "A", []byte(`{}`))
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		return f.committed(t, "billing", 0) == 3, fmt.Sprintf("committed offset %d, want 3", f.committed(t, "billing", 0))
-	})
+	testenv.Eventually(t, 30*time.Second, committedOffset(t, f, 3))
 	mu.Lock()
 	defer mu.Unlock()
 	if len(order) != 2 || order[0] != first || order[1] != second {

@@ -1,6 +1,7 @@
 package natsconsumer_test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -78,8 +79,11 @@ var report = regexp.MustCompile(`processed=(\d+) duplicate=(\d+)`)
 // terminate stops the process with SIGTERM and returns its report.
 func (p *proc) terminate(t *testing.T) (processed, duplicates int) {
 	t.Helper()
-	waitFor(t, 60*time.Second, func() (bool, string) {
-		return strings.Contains(p.out.String(), "ready"), "consumer process not ready: " + p.out.String()
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if out := p.out.String(); !strings.Contains(out, "ready") {
+			return errors.New("consumer process not ready: " + out)
+		}
+		return nil
 	})
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -114,7 +118,7 @@ func TestKilledAfterCommitBeforeAck(t *testing.T) {
 		t.Fatalf("after the kill: effects %v, want the committed one", got)
 	}
 	p := f.spawn(t, "billing", "billing", "")
-	waitFor(t, 60*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 60*time.Second, drained(t, cons))
 	processed, dups := p.terminate(t)
 	if processed != 0 || dups != 1 {
 		t.Fatalf("restarted process: %d processed, %d duplicates; want 0 and 1 (the redelivery)", processed, dups)
@@ -138,7 +142,7 @@ func TestKilledBeforeCommit(t *testing.T) {
 		t.Fatalf("after the kill: effects %v, want none (the transaction never committed)", got)
 	}
 	p := f.spawn(t, "billing", "billing", "")
-	waitFor(t, 60*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 60*time.Second, drained(t, cons))
 	processed, dups := p.terminate(t)
 	if processed != 1 || dups != 0 {
 		t.Fatalf("restarted process: %d processed, %d duplicates; want 1 and 0", processed, dups)
@@ -181,7 +185,7 @@ func TestKilledProcessesManyEvents(t *testing.T) {
 		p.kill()
 	}
 	final := f.spawn(t, "billing", "billing", "")
-	waitFor(t, 60*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 60*time.Second, drained(t, cons))
 	final.terminate(t)
 	got := f.effects(t, "billing")
 	for id, k := range got {

@@ -169,11 +169,13 @@ func TestEndToEndChaos(t *testing.T) {
 	mu.Lock()
 	want := len(committed)
 	mu.Unlock()
-	waitFor(t, 120*time.Second, func() (bool, string) {
-		got := len(f.effects(t, "billing"))
-		return got >= want, fmt.Sprintf("%d of %d committed orders have an effect", got, want)
+	testenv.Eventually(t, 120*time.Second, func() error {
+		if got := len(f.effects(t, "billing")); got < want {
+			return fmt.Errorf("%d of %d committed orders have an effect", got, want)
+		}
+		return nil
 	})
-	waitFor(t, 60*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 60*time.Second, drained(t, cons))
 	final.terminate(t)
 
 	got := f.effects(t, "billing")

@@ -178,32 +178,19 @@ func (f *fixture) effects(t *testing.T, name string) map[string]int {
 	return out
 }
 
-// waitFor polls cond until it holds, failing the test with cond's last
-// description after timeout.
-func waitFor(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, what := cond()
-		if ok {
-			return
+// drained is a condition for testenv.Eventually: cons has nothing left to
+// deliver or to be acked.
+func drained(t *testing.T, cons jetstream.Consumer) func() error {
+	return func() error {
+		info, err := cons.Info(testenv.Context(t, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, what)
+		if info.NumPending != 0 || info.NumAckPending != 0 || info.NumRedelivered != 0 {
+			return fmt.Errorf("consumer %s: %d pending, %d unacknowledged, %d redelivered", info.Name, info.NumPending, info.NumAckPending, info.NumRedelivered)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
 	}
-}
-
-// drained reports whether cons has nothing left to deliver or to be acked.
-func drained(t *testing.T, cons jetstream.Consumer) (bool, string) {
-	t.Helper()
-	info, err := cons.Info(testenv.Context(t, 10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0,
-		fmt.Sprintf("consumer %s: %d pending, %d unacknowledged, %d redelivered", info.Name, info.NumPending, info.NumAckPending, info.NumRedelivered)
 }
 
 // counts counts the inbox's outcomes.

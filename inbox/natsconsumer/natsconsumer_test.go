@@ -36,14 +36,20 @@ func TestSameEventTwice(t *testing.T) {
 	start(t, cons, f.inbox(t, "billing", &m), handler(f.tbl.Schema, "billing"), fast())
 	id := newID()
 	f.publish(t, "order", id, "42", []byte(`{"order":42}`), true)
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		return m.get(inbox.Processed) == 1, fmt.Sprintf("processed %d", m.get(inbox.Processed))
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := m.get(inbox.Processed); n != 1 {
+			return fmt.Errorf("processed %d", n)
+		}
+		return nil
 	})
 	f.publish(t, "order", strings.ToUpper(id), "42", []byte(`{"order":42}`), false)
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		return m.get(inbox.Duplicate) == 1, fmt.Sprintf("duplicates %d", m.get(inbox.Duplicate))
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if n := m.get(inbox.Duplicate); n != 1 {
+			return fmt.Errorf("duplicates %d", n)
+		}
+		return nil
 	})
-	waitFor(t, 30*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 30*time.Second, drained(t, cons))
 	if got := f.effects(t, "billing"); len(got) != 1 || got[id] != 1 {
 		t.Fatalf("effects = %v, want one for %s", got, id)
 	}
@@ -68,11 +74,13 @@ func TestCopiesToTwoInstances(t *testing.T) {
 		f.publish(t, "order", ids[i], fmt.Sprint("agg-", i%7), []byte(`{}`), true)
 		f.publish(t, "order", ids[i], fmt.Sprint("agg-", i%7), []byte(`{}`), false)
 	}
-	waitFor(t, 60*time.Second, func() (bool, string) {
-		done := a.get(inbox.Processed) + a.get(inbox.Duplicate) + b.get(inbox.Processed) + b.get(inbox.Duplicate)
-		return done >= 2*n, fmt.Sprintf("%d of %d copies handled", done, 2*n)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		if done := a.get(inbox.Processed) + a.get(inbox.Duplicate) + b.get(inbox.Processed) + b.get(inbox.Duplicate); done < 2*n {
+			return fmt.Errorf("%d of %d copies handled", done, 2*n)
+		}
+		return nil
 	})
-	waitFor(t, 30*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 30*time.Second, drained(t, cons))
 	got := f.effects(t, "billing")
 	for _, id := range ids {
 		if got[id] != 1 {
@@ -107,9 +115,11 @@ func TestTwoConsumerNames(t *testing.T) {
 		f.publish(t, "order", id, "7", []byte(`{}`), false)
 	}
 	for _, name := range []string{"billing", "shipping"} {
-		waitFor(t, 30*time.Second, func() (bool, string) {
-			got := f.effects(t, name)
-			return len(got) == len(ids), fmt.Sprintf("%s: effects %v", name, got)
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if got := f.effects(t, name); len(got) != len(ids) {
+				return fmt.Errorf("%s: effects %v", name, got)
+			}
+			return nil
 		})
 	}
 	for _, name := range []string{"billing", "shipping"} {
@@ -136,11 +146,13 @@ func TestInvalidMessagesAreDeadLettered(t *testing.T) {
 	f.publish(t, "order", undecodable, "3", []byte(`{"half`), true)
 	good := newID()
 	f.publish(t, "order", good, "4", []byte(`{}`), true)
-	waitFor(t, 30*time.Second, func() (bool, string) {
-		got := f.effects(t, "billing")
-		return got[good] == 1, fmt.Sprintf("effects %v", got)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		if got := f.effects(t, "billing"); got[good] != 1 {
+			return fmt.Errorf("effects %v", got)
+		}
+		return nil
 	})
-	waitFor(t, 30*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 30*time.Second, drained(t, cons))
 	dls, err := ib.DeadLetters(testenv.Context(t, 10*time.Second), 10)
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +213,7 @@ func TestRetriesKeepOrderThenDeadLetter(t *testing.T) {
 	f.publish(t, "order", first, "A", []byte(`{}`), true)
 	f.publish(t, "order", second, "A", []byte(`{}`), true)
 	f.publish(t, "order", poison, "B", []byte(`{}`), true)
-	waitFor(t, 30*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 30*time.Second, drained(t, cons))
 	mu.Lock()
 	defer mu.Unlock()
 	if !slices.Equal(order, []string{first, second}) {
@@ -261,7 +273,7 @@ func TestStopFinishesInFlightAndHandsBackTheRest(t *testing.T) {
 	// back because Stop handed them back (Nak), not because they timed out.
 	var m counts
 	start(t, cons, f.inbox(t, "billing", &m), base, fast())
-	waitFor(t, 20*time.Second, func() (bool, string) { return drained(t, cons) })
+	testenv.Eventually(t, 20*time.Second, drained(t, cons))
 	if m.get(inbox.Duplicate) != 0 || m.get(inbox.Processed) != int64(n-handled) {
 		t.Fatalf("second instance: %d processed, %d duplicates; want %d and 0 (the stopped instance acknowledged what it handled)",
 			m.get(inbox.Processed), m.get(inbox.Duplicate), n-handled)

@@ -2,6 +2,7 @@ package pgschema
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,13 +36,12 @@ func TestWakeViewRetriesAFailingReadAtItsPace(t *testing.T) {
 	}
 	waitReads := func(want int64) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for reads.Load() < want || v.reading(tb) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d reads after 10s, want %d", reads.Load(), want)
+		testenv.Eventually(t, 10*time.Second, func() error {
+			if n, running := reads.Load(), v.reading(tb); n < want || running {
+				return fmt.Errorf("%d reads (one running: %v), want %d done", n, running, want)
 			}
-			time.Sleep(time.Millisecond)
-		}
+			return nil
+		})
 	}
 	waitReads(1)
 	// It failed; writes just short of the pace start none.

@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -70,18 +71,14 @@ func StreamMessages(t testing.TB, st jetstream.Stream) []*jetstream.RawStreamMsg
 // WaitStreamMsgs waits until the stream holds at least n messages.
 func WaitStreamMsgs(t testing.TB, st jetstream.Stream, n uint64, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	Eventually(t, timeout, func() error {
 		info, err := st.Info(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.State.Msgs >= n {
-			return
+		if info.State.Msgs < n {
+			return fmt.Errorf("stream holds %d messages, want %d", info.State.Msgs, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream holds %d messages after %s, want %d", info.State.Msgs, timeout, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }

@@ -314,35 +314,33 @@ func (f *cdcFixture) delivered() []string {
 // ids.
 func (f *cdcFixture) waitFor(ids ...string) []string {
 	f.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := f.delivered()
+	var got []string
+	testenv.Eventually(f.t, 30*time.Second, func() error {
+		got = f.delivered()
 		missing := 0
 		for _, id := range ids {
 			if !slices.Contains(got, id) {
 				missing++
 			}
 		}
-		if missing == 0 {
-			return got
+		if missing > 0 {
+			return fmt.Errorf("%d of %d events not published", missing, len(ids))
 		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("%d of %d events not published after 30s", missing, len(ids))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
-// eventually polls cond until it holds, or fails the test after 30s.
+// eventually waits, for the fixture's 30s, until cond holds; what says
+// what cond waits for.
 func (f *cdcFixture) eventually(what string, cond func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("not after 30s: %s", what)
+	testenv.Eventually(f.t, 30*time.Second, func() error {
+		if !cond() {
+			return errors.New("not so: " + what)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // streamingRelay creates the publication and slot, starts relay r1 with

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
@@ -198,21 +199,17 @@ func TestOneHangingAggregateDoesNotStopTheOthers(t *testing.T) {
 			// with one batch in flight at a time nothing beyond its own
 			// batch (at most 19) would be.
 			want := len(after) / 2
-			deadline := time.Now().Add(25 * time.Second)
-			for {
+			testenv.Eventually(t, 25*time.Second, func() error {
 				n, waiting := snk.count(after)
 				if !waiting {
 					t.Fatalf("the hanging publish returned before %d of the %d later events were published (%d were)", want, len(after), n)
 				}
-				if n >= want {
-					t.Logf("%d of the %d events committed after the hanging one were published while it hung", n, len(after))
-					break
+				if n < want {
+					return fmt.Errorf("while one aggregate's publish hangs, %d of the %d events committed after it were published, want %d", n, len(after), want)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("while one aggregate's publish hangs, %d of the %d events committed after it were published in 25s, want %d", n, len(after), want)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				t.Logf("%d of the %d events committed after the hanging one were published while it hung", n, len(after))
+				return nil
+			})
 			close(snk.release)
 			f.eventually("every event is published", func() bool {
 				n, _ := snk.count(all)

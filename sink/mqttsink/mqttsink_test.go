@@ -105,19 +105,17 @@ func subscribe(t testing.TB, filter string, qos byte) *subscriber {
 // after timeout.
 func (s *subscriber) wait(t testing.TB, n int, timeout time.Duration) []received {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var got []received
+	testenv.Eventually(t, timeout, func() error {
 		s.mu.Lock()
-		got := append([]received(nil), s.msgs...)
+		got = append([]received(nil), s.msgs...)
 		s.mu.Unlock()
-		if len(got) >= n {
-			return got
+		if len(got) < n {
+			return fmt.Errorf("subscriber received %d messages, want %d", len(got), n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("subscriber received %d messages after %v, want %d", len(got), timeout, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 // settle returns what arrived, after waiting a little for stragglers.
@@ -353,20 +351,16 @@ func TestOutage(t *testing.T) {
 	t.Logf("during the outage: %v", outage[len(outage)-1])
 
 	p.Restore()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testenv.Eventually(t, 15*time.Second, func() error {
 		errs := s.Publish(testenv.Context(t, 30*time.Second), m("after"))
-		if errs[0] == nil {
-			break
-		}
-		if !sink.IsUnavailable(errs[0]) {
+		if errs[0] != nil && !sink.IsUnavailable(errs[0]) {
 			t.Fatalf("publish after restore: %v", errs[0])
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing 15s after the broker came back: %v", errs[0])
+		if errs[0] != nil {
+			return fmt.Errorf("still failing since the broker came back: %w", errs[0])
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	got := sub.wait(t, 2, 10*time.Second)
 	ids := []string{decode(t, got[0].Payload).ID, decode(t, got[len(got)-1].Payload).ID}
 	if ids[0] != "before" || ids[1] != "after" {

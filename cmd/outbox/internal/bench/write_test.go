@@ -83,20 +83,17 @@ func (s *segments) end(t *testing.T, pool *pgxpool.Pool, channel string) []int64
 	if _, err := pool.Exec(ctx, `SELECT pg_notify($1, 'test-end')`, channel); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var out []int64
+	testenv.Eventually(t, 10*time.Second, func() error {
 		s.mu.Lock()
-		n := len(s.counts)
-		out := append([]int64(nil), s.counts...)
-		s.mu.Unlock()
-		if n > before {
-			return out
+		defer s.mu.Unlock()
+		if len(s.counts) <= before {
+			return errors.New("the test's own LISTEN connection did not receive its end notification")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the test's own LISTEN connection did not receive its end notification within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		out = append([]int64(nil), s.counts...)
+		return nil
+	})
+	return out
 }
 
 func TestWritePath(t *testing.T) {
