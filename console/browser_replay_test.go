@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/relay"
@@ -116,7 +117,7 @@ func TestBrowserReplay(t *testing.T) {
 		chromedp.Navigate(r.url+"/requests/"+id), chromedp.WaitVisible(chromedp.ID("approve")),
 		chromedp.SendKeys(chromedp.CSS(`#approve input[name=reason]`), "checked with billing"),
 		chromedp.Click(chromedp.CSS(`#approve button`)), chromedp.WaitVisible(chromedp.ID("flash")))
-	testenv.Eventually(t, 60*time.Second, func() error {
+	await.Eventually(t, 60*time.Second, func() error {
 		c.do("reload", chromedp.Navigate(r.url+"/requests/"+id), chromedp.WaitVisible(chromedp.ID("state")))
 		state := c.eval("state", `document.querySelector("#state").textContent`)
 		if state == outboxdriver.StateDone {
@@ -165,7 +166,7 @@ func TestBrowserReplay(t *testing.T) {
 // waitKept waits until n published events are kept in the table.
 func waitKept(t *testing.T, r *rig, n int) {
 	t.Helper()
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		var kept int
 		if err := r.pool.QueryRow(r.ctx, `SELECT count(*) FROM `+r.tb.Qualified("")+` WHERE published_at IS NOT NULL`).Scan(&kept); err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -126,7 +127,7 @@ func TestReplayOnEveryDB(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testenv.Eventually(t, 20*time.Second, func() error { // until the first executor's heartbeat goes stale
+		await.Eventually(t, 20*time.Second, func() error { // until the first executor's heartbeat goes stale
 			if err := second.Execute(r.ctx, req.ID); err != nil {
 				if !errors.Is(err, ops.ErrRequestState) {
 					t.Fatalf("resume: %v", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -211,7 +212,7 @@ func TestReplayResumesAfterCrash(t *testing.T) {
 		t.Fatalf("%d copies after two batches, want 8", n)
 	}
 	second := r.executor(t, o, &ops.ExecutorConfig{Name: "second", BatchSize: 4, Stale: 100 * time.Millisecond})
-	testenv.Eventually(t, 20*time.Second, func() error { // until the first executor's heartbeat goes stale
+	await.Eventually(t, 20*time.Second, func() error { // until the first executor's heartbeat goes stale
 		if err := second.Execute(r.ctx, req.ID); err != nil {
 			if !errors.Is(err, ops.ErrRequestState) {
 				t.Fatalf("resume: %v", err)
@@ -296,7 +297,7 @@ func TestRequestExpires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 20*time.Second, func() error {
+	await.Eventually(t, 20*time.Second, func() error {
 		got, err := o.Request(r.ctx, viewer, req.ID)
 		if err != nil {
 			t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -40,7 +40,7 @@ func (s *suite) testDelayedClaimKeepsOrder(t *testing.T) {
 		t.Fatalf("the claim ended after the delayed event was due: the machine was too slow for this case's 1.5s delay")
 	}
 	var recs []outboxdriver.Record
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		if recs = e.claim(src, leases, 100); len(recs) == 0 {
 			return errors.New("the delayed event was never claimed")
 		}
@@ -172,7 +172,7 @@ func (s *suite) testClaimBeforeDeliverAt(t *testing.T) {
 	if err := s.h.ExecDelay(e.ctx, e.table, id, "deliver_at", time.Hour); err != nil {
 		t.Fatalf("%s: set deliver_at: %v", s.h.Name, err)
 	}
-	testenv.Eventually(t, 20*time.Second, func() error {
+	await.Eventually(t, 20*time.Second, func() error {
 		if recs := e.claim(src, leases, 10); len(recs) != 0 {
 			return fmt.Errorf("the claim still takes an event delayed by an hour after the migration added deliver_at: %v", describe(recs))
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -180,7 +180,7 @@ func (s *suite) testLeasesBetweenRelays(t *testing.T) {
 		t.Fatalf("a's short Renew = %+v (err %v); want all its leases", kept, err)
 	}
 	var bLeases []outboxdriver.Lease
-	testenv.Eventually(t, 20*time.Second, func() error {
+	await.Eventually(t, 20*time.Second, func() error {
 		got, err := b.Acquire(e.ctx, 1000, time.Minute)
 		if err != nil {
 			t.Fatalf("b acquire: %v", err)

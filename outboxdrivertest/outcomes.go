@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -71,7 +71,7 @@ func (s *suite) testRetryAttempts(t *testing.T) {
 	leases := e.leaseAll(src)
 	for attempt := range 3 {
 		var b outboxdriver.Batch
-		testenv.Eventually(t, 20*time.Second, func() error {
+		await.Eventually(t, 20*time.Second, func() error {
 			b = e.open(src, leases, 10)
 			if len(b.Records()) > 0 {
 				return nil
@@ -134,7 +134,7 @@ func (s *suite) testFailureHoldsItsAggregateOnly(t *testing.T) {
 		t.Fatalf("claimed %v; want c/0 (another aggregate in the same partition flows) and never a/1", describe(got))
 	}
 	// Once due, a/0 is claimed again, still ahead of a/1.
-	testenv.Eventually(t, 20*time.Second, func() error {
+	await.Eventually(t, 20*time.Second, func() error {
 		b = e.open(src, leases, 10)
 		if has(b.Records(), a0.ID) {
 			return nil
@@ -319,7 +319,7 @@ func (s *suite) testCleanup(t *testing.T) {
 	// database clock moves past its publication; poll until all are gone.
 	var calls []int
 	total := 0
-	testenv.Eventually(t, 20*time.Second, func() error {
+	await.Eventually(t, 20*time.Second, func() error {
 		n, err := src.Cleanup(e.ctx, leases, 0, 3)
 		if err != nil {
 			t.Fatalf("cleanup: %v", err)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -136,7 +136,7 @@ func (s *suite) testPauseResume(t *testing.T) {
 			}
 			p.rec.waitDistinct(t, w.count(), 60*time.Second)
 			var st outboxdriver.Status
-			testenv.Eventually(t, 30*time.Second, func() error {
+			await.Eventually(t, 30*time.Second, func() error {
 				if st = e.status(); st.Backlog != 0 {
 					return fmt.Errorf("backlog %d", st.Backlog)
 				}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
@@ -182,7 +182,7 @@ func (p *pipeline) verify(w *workload) {
 	t.Helper()
 	p.rec.waitDistinct(t, len(w.committed), 60*time.Second)
 	var st outboxdriver.Status
-	testenv.Eventually(t, 60*time.Second, func() error {
+	await.Eventually(t, 60*time.Second, func() error {
 		if st = e.status(); st.Backlog != 0 {
 			return fmt.Errorf("backlog %d of %d committed events", st.Backlog, len(w.committed))
 		}
@@ -254,7 +254,7 @@ func (s *suite) testTwoRelaysEndToEnd(t *testing.T) {
 	e := s.newEnv(t, partitions)
 	p := e.pipeline()
 	first, second := p.start("relay-1"), p.start("relay-2")
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if a, b := len(first.Partitions()), len(second.Partitions()); a == 0 || b == 0 {
 			return fmt.Errorf("the relays own %d and %d partitions; want both to share them", a, b)
 		}
@@ -264,7 +264,7 @@ func (s *suite) testTwoRelaysEndToEnd(t *testing.T) {
 	p.stopMidStream(first, 20)
 	w := wait()
 	p.verify(w)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if n := len(second.Partitions()); n != partitions {
 			return fmt.Errorf("the remaining relay owns %d partitions, want all %d", n, partitions)
 		}

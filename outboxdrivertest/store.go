@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -171,7 +171,7 @@ func (s *suite) testStatus(t *testing.T) {
 		}
 	}
 	e.write(ev("a", 0), ev("a", 1), ev("b", 0))
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		if st = e.status(); st.OldestUnpublishedAge <= 0 {
 			return fmt.Errorf("oldest unpublished age still %s with a backlog of %d", st.OldestUnpublishedAge, st.Backlog)
 		}
@@ -213,7 +213,7 @@ func (s *suite) testStatus(t *testing.T) {
 	if st.Backlog != 1 || st.DeadLetters != 1 || st.Held != 1 || st.Published != 0 {
 		t.Fatalf("after one publish and one held dead letter: %+v; want backlog 1, 1 dead letter, 1 held, 0 published", st)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		if age := e.status().OldestHeldAge; age <= 0 {
 			return fmt.Errorf("the held aggregate's age stays %s", age)
 		}

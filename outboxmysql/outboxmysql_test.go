@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 )
@@ -409,7 +410,7 @@ func TestPausedClaimIsEndedByTheServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 60*time.Second, func() error {
+	await.Eventually(t, 60*time.Second, func() error {
 		got, err := next.Acquire(f.ctx, 1, time.Minute)
 		if err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
@@ -117,7 +118,7 @@ func TestWakeupDepartureWaitsForARegistrationInFlight(t *testing.T) {
 	go func() { left <- b.SetIdle(ctx, 0) }()
 	// relay-b's departure either waits on relay-a's registration or (the
 	// defect) has already run without it.
-	testenv.Eventually(t, 20*time.Second, func() error {
+	await.Eventually(t, 20*time.Second, func() error {
 		select {
 		case err := <-left:
 			left <- err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
@@ -313,7 +314,7 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, backlog, backlogAggs); err != 
 	for _, n := range written {
 		total += n
 	}
-	testenv.Eventually(t, 4*time.Minute, func() error {
+	await.Eventually(t, 4*time.Minute, func() error {
 		var left int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&left); err != nil {
 			t.Fatal(err)

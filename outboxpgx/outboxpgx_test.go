@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
@@ -388,7 +389,7 @@ func TestNoNotifyWhileBusy(t *testing.T) {
 	// no registration still running. The writers' check keeps the expiry
 	// in whole milliseconds, rounded up, so it may count a registration
 	// live for up to a millisecond past its expires_at.
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		var live bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+tb.Qualified("_wakeup")+` WHERE expires_at + interval '1 millisecond' > now())`).Scan(&live); err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
@@ -53,7 +54,7 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, events); err != nil {
 		t.Fatal(err)
 	}
 	defer rl.Stop(ctx)
-	testenv.Eventually(t, 90*time.Second, func() error {
+	await.Eventually(t, 90*time.Second, func() error {
 		out.mu.Lock()
 		got := len(out.copies)
 		out.mu.Unlock()

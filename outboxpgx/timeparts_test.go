@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
@@ -393,7 +394,7 @@ FROM generate_series(0, $1 - 1) AS g ORDER BY g`, perHour, aggs, at, map[bool]in
 		}
 		return n
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		switch {
 		case exists(t, pool, tb, older) || exists(t, pool, tb, newer):
 			return fmt.Errorf("past partitions not dropped; relay log:\n%s", logs)

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
@@ -133,7 +134,7 @@ func (r *txRig) order(t *testing.T, tx pgx.Tx) string {
 // holds one for a moment; a Tx that kept its own would hold it for good.
 func (r *txRig) noneAcquired(t *testing.T, when string) {
 	t.Helper()
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		if n := r.traced.Stat().AcquiredConns(); n != 0 {
 			return fmt.Errorf("%d connections still acquired %s", n, when)
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
@@ -255,7 +256,7 @@ func TestTwoSourcesInOneProcess(t *testing.T) {
 	// b steals nothing while a's leases run; then a stops renewing. Once
 	// its leases expire, b takes them over with higher epochs.
 	var taken []outboxdriver.Lease
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		got, err := b.Acquire(ctx, 2-len(taken), time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -298,7 +299,7 @@ func TestTwoSourcesInOneProcess(t *testing.T) {
 	}
 	all := slices.Concat(lb, taken)
 	got := map[string]bool{}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		bb, err := b.Claim(ctx, all, 100)
 		if err != nil {
 			t.Fatal(err)
@@ -526,7 +527,7 @@ func TestConcurrentWritersAndRelayLoseNothing(t *testing.T) {
 	for err := range writeErrs {
 		t.Fatalf("a writer failed: %v (WAL, busy_timeout and BEGIN IMMEDIATE must make writers wait, never fail)", err)
 	}
-	testenv.Eventually(t, 90*time.Second, func() error {
+	await.Eventually(t, 90*time.Second, func() error {
 		select {
 		case err := <-relayErrs:
 			t.Fatalf("relay: %v", err)

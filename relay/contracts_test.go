@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
@@ -73,7 +74,7 @@ type deadLetterRow struct {
 // dead-lettered, and returns the dead letters by id.
 func (e *env) waitDeadLetters(t *testing.T, n int) map[string]deadLetterRow {
 	t.Helper()
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if st := e.status(t); st.Backlog != 0 || st.DeadLetters != int64(n) {
 			return fmt.Errorf("backlog %d, dead letters %d; want 0 and %d", st.Backlog, st.DeadLetters, n)
 		}
@@ -129,7 +130,7 @@ func TestPausedDestinationKeepsContractViolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.start(t, nil, relay.Config{Contracts: reg, PollInterval: 100 * time.Millisecond})
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if e.status(t).DeadLetters == 0 {
 			return errors.New("the invoice without a contract was not dead-lettered")
 		}

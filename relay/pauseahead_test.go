@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
@@ -83,7 +84,7 @@ func TestClaimsDoNotWaitForAPauseReadAhead(t *testing.T) {
 	// waitingRead waits until a read of the pauses waits for the lock.
 	waitingRead := func() {
 		t.Helper()
-		testenv.Eventually(t, 10*time.Second, func() error {
+		await.Eventually(t, 10*time.Second, func() error {
 			var n int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, tb.Name+"_pause").Scan(&n); err != nil {
@@ -124,7 +125,7 @@ WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, tb.Name+"_pause
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		if running, held := reading(), paused(); running || !held {
 			return fmt.Errorf("since the pause committed: read ahead running %v, order paused %v", running, held)
 		}

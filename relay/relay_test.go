@@ -19,6 +19,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -206,7 +207,7 @@ func (e *env) status(t *testing.T) outboxdriver.Status {
 // waitBacklog polls until the table's backlog is n.
 func (e *env) waitBacklog(t *testing.T, n int64, timeout time.Duration) {
 	t.Helper()
-	testenv.Eventually(t, timeout, func() error {
+	await.Eventually(t, timeout, func() error {
 		if st := e.status(t); st.Backlog != n {
 			return fmt.Errorf("backlog %d, want %d", st.Backlog, n)
 		}
@@ -218,7 +219,7 @@ func (e *env) waitBacklog(t *testing.T, n int64, timeout time.Duration) {
 // wake-up registry, for at most 10 s.
 func (e *env) waitRegistered(t *testing.T, when string) {
 	t.Helper()
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		var n int
 		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.table.Qualified("_wakeup")).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -395,7 +396,7 @@ func testBrokerDownBurnsNoAttempts(t *testing.T, source string) {
 	for n := range 20 {
 		e.write(t, true, event("x", n))
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		if n := f.calls.Load(); n < 5 {
 			return fmt.Errorf("relay did not retry while the broker was down: %d publishes, want 5", n)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/tracing"
 	"github.com/outboxkit/outbox/relay"
 )
@@ -44,7 +45,7 @@ func testPublishSpanContinuesTheWritersTrace(t *testing.T, source string) {
 	testenv.WaitStreamMsgs(t, e.stream, 1, 30*time.Second)
 	msg := testenv.StreamMessages(t, e.stream)[0]
 	var publish sdktrace.ReadOnlySpan
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		for _, s := range exp.GetSpans().Snapshots() {
 			if s.SpanKind() == trace.SpanKindProducer {
 				publish = s

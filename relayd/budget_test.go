@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -82,17 +82,17 @@ func TestBudgetServesWaitingSourcesInWeightedRoundRobin(t *testing.T) {
 	for range 12 {
 		acquireAsync(t, flood, "flood", &g, &wg)
 	}
-	testenv.Eventually(t, 10*time.Second, queued(b, 12))
+	await.Eventually(t, 10*time.Second, queued(b, 12))
 	for range 2 {
 		acquireAsync(t, trickle, "trickle", &g, &wg)
 	}
-	testenv.Eventually(t, 10*time.Second, queued(b, 14))
+	await.Eventually(t, 10*time.Second, queued(b, 14))
 	// Hand the turn on 14 times, each time once the previous grant was
 	// recorded: the share that holds it gives it back.
 	holder := flood
 	for i := range 14 {
 		holder.release(0)
-		testenv.Eventually(t, 10*time.Second, func() error {
+		await.Eventually(t, 10*time.Second, func() error {
 			if n := len(g.snapshot()); n != i+1 {
 				return fmt.Errorf("%d grants recorded, want %d", n, i+1)
 			}
@@ -130,7 +130,7 @@ func TestBudgetAcquireGivenUpLosesNoTurn(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { _, err := s.acquire(ctx); done <- err }()
-	testenv.Eventually(t, 10*time.Second, queued(b, 1))
+	await.Eventually(t, 10*time.Second, queued(b, 1))
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("acquire = %v, want context.Canceled", err)
@@ -302,7 +302,7 @@ func TestBudgetPacesASourceWhileAnotherHasWork(t *testing.T) {
 	if err := b.Pace(0.5, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if flood.othersBusyLocked(time.Now()) {
@@ -351,7 +351,7 @@ func TestBudgetGivesAPacedSourceOneTurnAtATime(t *testing.T) {
 	}
 	second := make(chan error, 1)
 	go func() { _, err := flood.acquire(context.Background()); second <- err }()
-	testenv.Eventually(t, 10*time.Second, queued(b, 1))
+	await.Eventually(t, 10*time.Second, queued(b, 1))
 	// Three turns are free, and still the second waits.
 	trickle := b.share(1)
 	if _, err := trickle.acquire(context.Background()); err != nil {
@@ -408,7 +408,7 @@ func TestBudgetPacingScalesWithWeight(t *testing.T) {
 	}
 	third := make(chan error, 1)
 	go func() { _, err := heavy.acquire(context.Background()); third <- err }()
-	testenv.Eventually(t, 10*time.Second, queued(b, 1))
+	await.Eventually(t, 10*time.Second, queued(b, 1))
 	heavy.release(0)
 	if err := <-third; err != nil {
 		t.Fatal(err)
@@ -462,7 +462,7 @@ func TestBudgetShrinksAPacedSourcesClaims(t *testing.T) {
 	if err := b.Pace(0.2, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		if n := flood.claimLimit(500); n != 500 {
 			return fmt.Errorf("claim limit %d of 500: the other source's turn is not older than the window", n)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxpgx/cdc"
@@ -49,7 +50,7 @@ func TestOpenWithLogTailing(t *testing.T) {
 		if err := rl.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		testenv.Eventually(t, 30*time.Second, func() error {
+		await.Eventually(t, 30*time.Second, func() error {
 			var streaming bool
 			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
 				WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming'))`, cdc.DefaultSlot(tb)).Scan(&streaming)

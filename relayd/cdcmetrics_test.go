@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxpgx/cdc"
@@ -73,7 +74,7 @@ func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 		// for other sessions' transactions to end) is active too, and is
 		// gone again if its creator stops before it is done; a made slot
 		// has a confirmed position.
-		testenv.Eventually(t, time.Minute, func() error {
+		await.Eventually(t, time.Minute, func() error {
 			s, err := drv.Status(ctx, tb)
 			if err != nil {
 				return err
@@ -138,7 +139,7 @@ func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 	// The slot's restart LSN moves once the server logged a snapshot of
 	// the running transactions past the confirmed LSN (every 15s on a busy
 	// server, at a checkpoint).
-	testenv.Eventually(t, 90*time.Second, func() error {
+	await.Eventually(t, 90*time.Second, func() error {
 		if lag := slotGauge(t, regB, "outbox_cdc_slot_lag_bytes"); lag >= grown-n*1000 {
 			return fmt.Errorf("the retained WAL does not shrink once the events are relayed: %v bytes, want below %v", lag, grown-n*1000)
 		}

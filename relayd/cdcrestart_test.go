@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxpgx/cdc"
@@ -128,7 +129,7 @@ func TestLogTailingSurvivesAnImmediateRestart(t *testing.T) {
 	testenv.WaitStreamMsgs(t, st, 300, time.Minute) // streaming under load
 	pg.Restart(true)
 	restarted := count()
-	if err := testenv.Poll(90*time.Second, func() error {
+	if err := await.Poll(90*time.Second, func() error {
 		if n := count() - restarted; n < 300 {
 			return fmt.Errorf("writers committed %d events after the restart, want 300", n)
 		}

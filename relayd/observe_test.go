@@ -19,6 +19,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/faultproxy"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
@@ -196,13 +197,13 @@ func TestMetricsMoveOnARelayRun(t *testing.T) {
 	if err := r.rl.Start(r.ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, time.Minute, func() error {
+	await.Eventually(t, time.Minute, func() error {
 		if v, _ := gauge(t, reg, "outbox_drain_eta_seconds"); !math.IsInf(v, 1) {
 			return fmt.Errorf("the drain estimate is %v while the broker is down, want +Inf", v)
 		}
 		return nil
 	})
-	testenv.Eventually(t, time.Minute, func() error {
+	await.Eventually(t, time.Minute, func() error {
 		d, _ := gauge(t, reg, "outbox_dead_lettered_by_class_total", "destination", "", "class", "invalid")
 		h, _ := gauge(t, reg, "outbox_held_aggregates")
 		if d != 1 || h != 1 {
@@ -218,7 +219,7 @@ func TestMetricsMoveOnARelayRun(t *testing.T) {
 			t.Fatalf("%s = %v on a running relay, want a few seconds at most", name, v)
 		}
 	}
-	testenv.Eventually(t, time.Minute, func() error {
+	await.Eventually(t, time.Minute, func() error {
 		if v, _ := gauge(t, reg, "outbox_oldest_held_age_seconds"); v <= 0 {
 			return fmt.Errorf("the oldest hold's age is %v, want it to grow", v)
 		}
@@ -228,7 +229,7 @@ func TestMetricsMoveOnARelayRun(t *testing.T) {
 	// The broker is back: everything else is published.
 	r.nats.Restore()
 	testenv.WaitStreamMsgs(t, r.st, 5, time.Minute)
-	testenv.Eventually(t, time.Minute, func() error {
+	await.Eventually(t, time.Minute, func() error {
 		o, _ := gauge(t, reg, "outbox_destination_backlog_events", "destination", order)
 		c, _ := gauge(t, reg, "outbox_destination_backlog_events", "destination", customer)
 		eta, _ := gauge(t, reg, "outbox_drain_eta_seconds")
@@ -245,7 +246,7 @@ func TestMetricsMoveOnARelayRun(t *testing.T) {
 	}
 	// The database is cut: the lease renewal and the last claim age.
 	r.db.Cut()
-	testenv.Eventually(t, time.Minute, func() error {
+	await.Eventually(t, time.Minute, func() error {
 		v, _ := gauge(t, reg, "outbox_lease_renewal_age_seconds")
 		c, _ := gauge(t, reg, "outbox_last_claim_age_seconds")
 		if v <= 1 || c <= 1 {
@@ -324,14 +325,14 @@ func TestLogsLinkAndNeverHoldPayloads(t *testing.T) {
 	if err := r.rl.Start(r.ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, time.Minute, h.logged("the broker is unreachable"))
+	await.Eventually(t, time.Minute, h.logged("the broker is unreachable"))
 	r.nats.Restore()
 	testenv.WaitStreamMsgs(t, r.st, 5, time.Minute)
-	testenv.Eventually(t, time.Minute, h.logged("recovered: the broker"))
+	await.Eventually(t, time.Minute, h.logged("recovered: the broker"))
 	r.db.Cut()
-	testenv.Eventually(t, time.Minute, h.logged("claim failed", "lease upkeep failed"))
+	await.Eventually(t, time.Minute, h.logged("claim failed", "lease upkeep failed"))
 	r.db.Restore()
-	testenv.Eventually(t, time.Minute, h.logged("recovered: the database", "recovered: lease upkeep"))
+	await.Eventually(t, time.Minute, h.logged("recovered: the database", "recovered: lease upkeep"))
 	if err := r.rl.Stop(r.ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
@@ -171,7 +172,7 @@ VALUES (gen_random_uuid(), 'order', $1, 'Placed', '{}')`
 func awaitIdle(t *testing.T, ctx context.Context, pool *pgxpool.Pool, wakeup string) {
 	t.Helper()
 	deadline, _ := ctx.Deadline()
-	testenv.Eventually(t, time.Until(deadline), func() error {
+	await.Eventually(t, time.Until(deadline), func() error {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+wakeup+` WHERE expires_at > now()`).Scan(&n); err != nil {
 			t.Fatal(err)

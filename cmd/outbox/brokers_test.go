@@ -24,6 +24,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 )
 
@@ -44,7 +45,7 @@ func (c *collector) wait(t *testing.T, res *workload.Result) []workload.Delivery
 	t.Helper()
 	var out []workload.Delivery
 	// Up to 60s; the caller checks what arrived.
-	_ = testenv.Poll(60*time.Second, func() error {
+	_ = await.Poll(60*time.Second, func() error {
 		c.mu.Lock()
 		seen := map[string]bool{}
 		for _, d := range c.ds {

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 )
 
 // received is one message as a broker delivered it.
@@ -147,7 +148,7 @@ func TestCloudEventsOnNATSKafkaAndWebhooks(t *testing.T) {
 					t.Cleanup(srv.Close)
 					sinkFlags = []string{"--sink", srv.URL + "/hooks/${destination}", "--webhook-allow-private", "--webhook-secret", "whsec_" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))}
 					collect = func() received {
-						testenv.Eventually(t, 30*time.Second, func() error {
+						await.Eventually(t, 30*time.Second, func() error {
 							mu.Lock()
 							defer mu.Unlock()
 							if len(got) == 0 {

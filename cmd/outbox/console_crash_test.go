@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -45,7 +46,7 @@ func startConsoleProcess(t *testing.T, args ...string) (*relayProc, string) {
 	})
 	listening := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
 	var base string
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if m := listening.FindStringSubmatch(p.stderr.String()); m != nil {
 			base = m[1]
 			return nil
@@ -327,7 +328,7 @@ func crashMidReplay(t *testing.T, c crashTarget) {
 
 	// The visible state through a new console, then its take-over.
 	_, base = startConsoleProcess(t, args...)
-	testenv.Eventually(t, 90*time.Second, func() error {
+	await.Eventually(t, 90*time.Second, func() error {
 		consoleCall(t, base, "GET", "/api/v1/requests/"+req.ID, otto, nil, 200, &r)
 		if r.State == outboxdriver.StateDone {
 			return nil

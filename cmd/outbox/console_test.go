@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 )
 
 // inProcess runs the command line in this process with ctx and input.
@@ -159,7 +160,7 @@ func TestConsoleServes(t *testing.T) {
 			}()
 			listening := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
 			var base string
-			testenv.Eventually(t, 30*time.Second, func() error {
+			await.Eventually(t, 30*time.Second, func() error {
 				if m := listening.FindStringSubmatch(stderr.String()); m != nil {
 					base = m[1]
 					return nil

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
 
@@ -251,7 +252,7 @@ func startConsole(t *testing.T, ctx context.Context, schema string, args ...stri
 	t.Cleanup(func() { stop(); <-done })
 	listening := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
 	var base string
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if m := listening.FindStringSubmatch(stderr.String()); m != nil {
 			base = m[1]
 			return nil

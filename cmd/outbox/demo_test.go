@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 )
 
 // reportLine reads one counter of the demo's report.
@@ -112,7 +113,7 @@ func TestDemoServeKeepsTheRelayUp(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	statusCmd := regexp.MustCompile(`outbox (status --db (\S+) --schema (\S+) --table (\S+))`)
 	var m []string
-	testenv.Eventually(t, 2*time.Minute, func() error {
+	await.Eventually(t, 2*time.Minute, func() error {
 		if m = statusCmd.FindStringSubmatch(out.String()); m == nil {
 			return fmt.Errorf("no report and serve notice:\n%s", out.String())
 		}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -143,7 +144,7 @@ func (s *scenario) check(t *testing.T, res *workload.Result, maxDups int) {
 		// is delivered again, and the relays log how much. A relay that
 		// was paused logs it once it runs again.
 		// Up to 10s for the relays to log it; checked below.
-		_ = testenv.Poll(10*time.Second, func() error {
+		_ = await.Poll(10*time.Second, func() error {
 			if bound = maxDups + started.republished(t); d > bound {
 				return fmt.Errorf("%d duplicate copies, %d explained", d, bound)
 			}
@@ -249,7 +250,7 @@ func TestFaultPausedOwnerIsFenced(t *testing.T) {
 			}
 			// Within about two TTLs, the live relay owns every partition
 			// (with log tailing: streams the slot).
-			testenv.Eventually(t, 10*time.Second, func() error {
+			await.Eventually(t, 10*time.Second, func() error {
 				if m := s.owners(t); m[""] > 0 || a.owns(m) || len(m) == 0 {
 					return fmt.Errorf("partitions still %v since their owner was paused", m)
 				}
@@ -386,7 +387,7 @@ func testFaultPoisonEvent(t *testing.T, src string) {
 	testenv.WaitStreamMsgs(t, s.stream, uint64(res.Committed()+1), 60*time.Second)
 	// The dead letter is listed with its cause.
 	var dls []outboxdriver.DeadLetter
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		out, stderr, code := run(t, nil, append([]string{"dlq", "list", "--json"}, s.db.flags...)...)
 		if code != 0 {
 			t.Fatal(stderr)
@@ -415,7 +416,7 @@ func testFaultPoisonEvent(t *testing.T, src string) {
 		t.Fatal(stderr)
 	}
 	first := dls[0].DeadLetteredAt
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		page, _ := outboxpgx.New(pool).FindDeadLetters(ctx, s.tb, outboxdriver.DeadLetterQuery{Limit: 10})
 		dls = page.DeadLetters
 		// A retried event starts with fresh attempts; a permanent refusal
@@ -512,7 +513,7 @@ func testFaultFailOverWithinTwoTTLs(t *testing.T, src string) {
 		}
 		return m[""] == 0 && a.owns(m) && b.owns(m)
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if m := s.owners(t); !taken(m) {
 			return fmt.Errorf("the relays never took the partitions: %v", m)
 		}
@@ -524,7 +525,7 @@ func testFaultFailOverWithinTwoTTLs(t *testing.T, src string) {
 	}
 	victim.kill()
 	killed := time.Now()
-	testenv.Eventually(t, 2*ttl+2*time.Second, func() error {
+	await.Eventually(t, 2*ttl+2*time.Second, func() error {
 		if m := s.owners(t); m[""] > 0 || victim.owns(m) {
 			return fmt.Errorf("since the SIGKILL the partitions are still %v; want one live owner within about two TTLs (%s)", m, 2*ttl)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/faultproxy"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
@@ -167,7 +168,7 @@ func (e *fleetEnv) count(src string) int {
 // waitCount waits until source src has at least n messages.
 func (e *fleetEnv) waitCount(t *testing.T, src string, n int, timeout time.Duration) {
 	t.Helper()
-	testenv.Eventually(t, timeout, func() error {
+	await.Eventually(t, timeout, func() error {
 		if got := e.count(src); got < n {
 			return fmt.Errorf("source %s: %d messages, want %d", src, got, n)
 		}
@@ -359,7 +360,7 @@ func (e *fleetEnv) arrivedBefore(from, to, deadline time.Time) (early, late int)
 func (e *fleetEnv) checkOrderEventually(t *testing.T, flooded map[string]int) {
 	t.Helper()
 	// Up to 60s; checkOrder reports what is missing.
-	_ = testenv.Poll(60*time.Second, func() error {
+	_ = await.Poll(60*time.Second, func() error {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		seen := map[string]bool{}
@@ -384,7 +385,7 @@ func (e *fleetEnv) checkOrderEventually(t *testing.T, flooded map[string]int) {
 func waitHTTP(t *testing.T, url string, want int, timeout time.Duration) string {
 	t.Helper()
 	var body string
-	testenv.Eventually(t, timeout, func() error {
+	await.Eventually(t, timeout, func() error {
 		resp, err := http.Get(url)
 		if err != nil {
 			return fmt.Errorf("%s: no status %d; last: %w", url, want, err)
@@ -534,7 +535,7 @@ func TestFleetSIGHUPAddsAndRemovesSources(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if stderr := p.stderr.String(); !strings.Contains(stderr, "reload refused; the running sources are kept") {
 			return fmt.Errorf("no refusal logged:\n%s", stderr)
 		}
@@ -628,7 +629,7 @@ func TestFleetProcessesShareEachSourcesPartitions(t *testing.T) {
 	startRelay(t, args...)
 	startRelay(t, args...)
 	for _, tb := range e.tables {
-		testenv.Eventually(t, 60*time.Second, func() error {
+		await.Eventually(t, 60*time.Second, func() error {
 			var owners, owned int
 			if err := e.pool.QueryRow(ctx, `SELECT count(DISTINCT owner), count(owner) FROM `+outboxdriver.QuoteIdent(tb.Schema)+`.`+
 				outboxdriver.QuoteIdent(tb.Name+"_leases")+` WHERE owner IS NOT NULL AND expires_at > now()`).Scan(&owners, &owned); err != nil {

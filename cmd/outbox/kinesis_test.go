@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 )
 
@@ -69,7 +70,7 @@ func TestEndToEndKinesis(t *testing.T) {
 	perShard := make([][]workload.Delivery, len(iters))
 	ids := map[string]bool{}
 	// Up to 60s; workload.Check reports what is missing.
-	_ = testenv.Poll(60*time.Second, func() error {
+	_ = await.Poll(60*time.Second, func() error {
 		for i := range iters {
 			out, err := admin.GetRecords(ctx, &kinesis.GetRecordsInput{ShardIterator: iters[i]})
 			if err != nil {

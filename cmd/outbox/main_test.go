@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -351,7 +352,7 @@ func waitBacklogZero(t *testing.T, tb outboxdriver.Table, timeout time.Duration)
 // unpublished event.
 func waitBacklogZeroIn(t *testing.T, pool *pgxpool.Pool, tb outboxdriver.Table, timeout time.Duration) {
 	t.Helper()
-	testenv.Eventually(t, timeout, func() error {
+	await.Eventually(t, timeout, func() error {
 		st, err := outboxpgx.New(pool).Status(context.Background(), tb)
 		if err != nil {
 			t.Fatal(err)

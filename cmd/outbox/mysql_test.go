@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
@@ -114,7 +115,7 @@ func (m *mysqlTarget) status(t *testing.T) outboxdriver.Status {
 
 func (m *mysqlTarget) waitBacklogZero(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	testenv.Eventually(t, timeout, func() error {
+	await.Eventually(t, timeout, func() error {
 		if st := m.status(t); st.Backlog != 0 {
 			return fmt.Errorf("backlog still %d", st.Backlog)
 		}
@@ -365,7 +366,7 @@ func TestMariaDBTwoRelaysKeepOrder(t *testing.T) {
 	a := startRelay(t, s.args()...)
 	startRelay(t, s.args()...)
 	// Both own partitions before one dies.
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		owners := map[string]bool{}
 		for _, p := range s.status(t).Partitions {
 			owners[p.Owner] = true

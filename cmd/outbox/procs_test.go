@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 )
 
 // The relay process runs on one P while idle, on more while it works off a
@@ -48,7 +49,7 @@ func TestRelayProcessUsesEveryCPUOnlyForABacklog(t *testing.T) {
 	}
 	waitProcs := func(when string, ok func(int) bool) {
 		t.Helper()
-		testenv.Eventually(t, 20*time.Second, func() error {
+		await.Eventually(t, 20*time.Second, func() error {
 			if n := procs(); !ok(n) {
 				return fmt.Errorf("%s: GOMAXPROCS still %d", when, n)
 			}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 )
 
@@ -49,7 +50,7 @@ func TestEndToEndPubSub(t *testing.T) {
 	}
 	var ds []workload.Delivery
 	// Up to 60s; workload.Check reports what is missing.
-	_ = testenv.Poll(60*time.Second, func() error {
+	_ = await.Poll(60*time.Second, func() error {
 		ds = ds[:0]
 		ids := map[string]bool{}
 		for _, m := range srv.Messages() {

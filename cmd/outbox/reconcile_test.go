@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/reconcile"
 )
 
@@ -67,7 +68,7 @@ func TestRelayReconcilesOnASchedule(t *testing.T) {
 	addr := freeAddr(t)
 	startRelay(t, append(flags, "--sink", "stdout:", "--metrics-addr", addr, "--reconcile-every", "1s")...)
 	const want = `outbox_reconcile_findings{kind="dead-letter",scope="order"} 1`
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		m := ""
 		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil { // refused until the relay listens
 			b, _ := io.ReadAll(resp.Body)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -68,7 +69,7 @@ func migratedFor(t *testing.T, src string) (outboxdriver.Table, testDB) {
 	// A first relay streams the new slot once and stops, as a deployment's
 	// first relay does, so that the tests see the steady state.
 	first := startRelay(t, append(append([]string{}, flags...), "--source", "cdc", "--sink", "stdout:", "--lease-ttl", "1s")...)
-	testenv.Eventually(t, 60*time.Second, func() error {
+	await.Eventually(t, 60*time.Second, func() error {
 		var streamed bool
 		err := pool.QueryRow(context.Background(), `SELECT drained AND EXISTS (SELECT 1 FROM pg_replication_slots s
 			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1 AND r.state IN ('catchup', 'streaming')) FROM `+tb.Qualified("_cdc"), cdc.DefaultSlot(tb)).Scan(&streamed)

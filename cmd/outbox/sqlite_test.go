@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxsqlite"
@@ -148,7 +149,7 @@ func TestSQLiteEndToEnd(t *testing.T) {
 		t.Fatalf("a writer failed: %v", err)
 	}
 	testenv.WaitStreamMsgs(t, stream, uint64(res.Committed()), 60*time.Second)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		st, err := outboxsqlite.New(db).Status(ctx, outboxdriver.Table{})
 		if err != nil {
 			t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxkit/outbox/inbox/inboxpgx"
 	"github.com/outboxkit/outbox/inbox/internal/inboxtest"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
@@ -71,7 +72,7 @@ func env(t *testing.T) inboxtest.Env[pgx.Tx] {
 func waitBlocked(ctx context.Context, pool *pgxpool.Pool, tbl outboxdriver.Table) error {
 	pattern := "%" + tbl.Qualified("") + "%"
 	deadline, _ := ctx.Deadline()
-	return testenv.Poll(time.Until(deadline), func() error {
+	return await.Poll(time.Until(deadline), func() error {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND query LIKE $1`, pattern).Scan(&n)

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/outbox/inbox/inboxsql"
 	"github.com/outboxkit/outbox/inbox/internal/inboxtest"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxsql"
 )
@@ -114,7 +115,7 @@ func env(dialect inboxsql.Dialect) func(t *testing.T) inboxtest.Env[*sql.Tx] {
 // lock while writing tbl.
 func waitBlocked(ctx context.Context, db *sql.DB, tbl outboxdriver.Table) error {
 	deadline, _ := ctx.Deadline()
-	return testenv.Poll(time.Until(deadline), func() error {
+	return await.Poll(time.Until(deadline), func() error {
 		var n int
 		err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
 			"%"+tbl.Qualified("")+"%").Scan(&n)

@@ -24,6 +24,7 @@ import (
 	"github.com/outboxkit/outbox/inbox/inboxsql"
 	"github.com/outboxkit/outbox/inbox/internal/inboxtest"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -123,7 +124,7 @@ func mysqlEnv(t *testing.T) inboxtest.Env[*sql.Tx] {
 // from ever refreshing.)
 func waitLockWait(ctx context.Context, db *sql.DB, database string) error {
 	deadline, _ := ctx.Deadline()
-	return testenv.Poll(time.Until(deadline), func() error {
+	return await.Poll(time.Until(deadline), func() error {
 		var n int
 		err := db.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.PROCESSLIST
 			WHERE db = ? AND command IN ('Query', 'Execute') AND info LIKE 'INSERT INTO%ON DUPLICATE KEY UPDATE event_id = event_id'`,

@@ -24,6 +24,7 @@ import (
 	"github.com/outboxkit/outbox/inbox/inboxpgx"
 	"github.com/outboxkit/outbox/inbox/kafkaconsumer"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -214,7 +215,7 @@ func TestSameEventTwiceAndTwoMembers(t *testing.T) {
 	// committed offset (counted as duplicates), so the handled count can
 	// reach 2n before the last event took effect: wait for the effects
 	// and the processed count too.
-	testenv.Eventually(t, 60*time.Second, func() error {
+	await.Eventually(t, 60*time.Second, func() error {
 		done := a.get(inbox.Processed) + a.get(inbox.Duplicate) + b.get(inbox.Processed) + b.get(inbox.Duplicate)
 		processed, effects := a.get(inbox.Processed)+b.get(inbox.Processed), len(f.effects(t, "billing"))
 		if done < 2*n || processed < n || effects < n {
@@ -235,7 +236,7 @@ func TestSameEventTwiceAndTwoMembers(t *testing.T) {
 		t.Fatalf("processed %d, want %d", p, n)
 	}
 	// Every record is committed: the offsets sum to the records produced.
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		var sum int64
 		for p := range int32(4) {
 			sum += max(f.committed(t, "billing", p), 0)
@@ -261,7 +262,7 @@ func TestTwoGroups(t *testing.T) {
 		f.produce(t, id, "7", []byte(`{}`))
 	}
 	for _, name := range []string{"billing", "shipping"} {
-		testenv.Eventually(t, 30*time.Second, func() error {
+		await.Eventually(t, 30*time.Second, func() error {
 			got := f.effects(t, name)
 			ok := len(got) == len(ids)
 			for _, n := range got {
@@ -288,7 +289,7 @@ func TestInvalidRecordsAreDeadLettered(t *testing.T) {
 	f.produce(t, "not-a-uuid", "2", []byte(`{}`))
 	f.produce(t, undecodable, "3", []byte(`{"half`))
 	f.produce(t, good, "4", []byte(`{}`))
-	testenv.Eventually(t, 30*time.Second, committedOffset(t, f, 4))
+	await.Eventually(t, 30*time.Second, committedOffset(t, f, 4))
 	if got := f.effects(t, "billing"); len(got) != 1 || got[good] != 1 {
 		t.Fatalf("effects %v, want one for %s", got, good)
 	}
@@ -335,13 +336,13 @@ func TestFailingRecordHoldsTheCommit(t *testing.T) {
 	for i, id := range ids {
 		f.produce(t, id, fmt.Sprint("key-", i), []byte(`{}`))
 	}
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if got, n := f.effects(t, "billing"), tries.Load(); len(got) != 4 || n < 3 {
 			return fmt.Errorf("effects %v, %d failed attempts", got, n)
 		}
 		return nil
 	})
-	testenv.Eventually(t, 30*time.Second, committedOffset(t, f, 1)) // the failing record
+	await.Eventually(t, 30*time.Second, committedOffset(t, f, 1)) // the failing record
 	stop()
 	if c := f.committed(t, "billing", 0); c != 1 {
 		t.Fatalf("after stop the committed offset is %d, want 1: nothing past the unhandled record", c)
@@ -349,7 +350,7 @@ func TestFailingRecordHoldsTheCommit(t *testing.T) {
 	failing.Store(false)
 	var m counts
 	start(t, f.inbox(t, "billing", &m), h, f.config("billing"))
-	testenv.Eventually(t, 30*time.Second, committedOffset(t, f, 5))
+	await.Eventually(t, 30*time.Second, committedOffset(t, f, 5))
 	if m.get(inbox.Processed) != 1 || m.get(inbox.Duplicate) != 3 {
 		t.Fatalf("second consumer: %d processed, %d duplicates; want 1 and 3", m.get(inbox.Processed), m.get(inbox.Duplicate))
 	}
@@ -398,7 +399,7 @@ func TestRetryThenDeadLetterKeepsKeyOrder(t *testing.T) {
 	f.produce(t, first, "A", []byte(`{}`))
 	f.produce(t, poison, "B", []byte(`{}`))
 	f.produce(t, second, "A", []byte(`{}`))
-	testenv.Eventually(t, 30*time.Second, committedOffset(t, f, 3))
+	await.Eventually(t, 30*time.Second, committedOffset(t, f, 3))
 	mu.Lock()
 	defer mu.Unlock()
 	if len(order) != 2 || order[0] != first || order[1] != second {

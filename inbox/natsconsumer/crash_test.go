@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 )
 
 // proc is a consumer process started from this test binary (see child).
@@ -79,7 +80,7 @@ var report = regexp.MustCompile(`processed=(\d+) duplicate=(\d+)`)
 // terminate stops the process with SIGTERM and returns its report.
 func (p *proc) terminate(t *testing.T) (processed, duplicates int) {
 	t.Helper()
-	testenv.Eventually(t, 60*time.Second, func() error {
+	await.Eventually(t, 60*time.Second, func() error {
 		if out := p.out.String(); !strings.Contains(out, "ready") {
 			return errors.New("consumer process not ready: " + out)
 		}
@@ -118,7 +119,7 @@ func TestKilledAfterCommitBeforeAck(t *testing.T) {
 		t.Fatalf("after the kill: effects %v, want the committed one", got)
 	}
 	p := f.spawn(t, "billing", "billing", "")
-	testenv.Eventually(t, 60*time.Second, drained(t, cons))
+	await.Eventually(t, 60*time.Second, drained(t, cons))
 	processed, dups := p.terminate(t)
 	if processed != 0 || dups != 1 {
 		t.Fatalf("restarted process: %d processed, %d duplicates; want 0 and 1 (the redelivery)", processed, dups)
@@ -142,7 +143,7 @@ func TestKilledBeforeCommit(t *testing.T) {
 		t.Fatalf("after the kill: effects %v, want none (the transaction never committed)", got)
 	}
 	p := f.spawn(t, "billing", "billing", "")
-	testenv.Eventually(t, 60*time.Second, drained(t, cons))
+	await.Eventually(t, 60*time.Second, drained(t, cons))
 	processed, dups := p.terminate(t)
 	if processed != 1 || dups != 0 {
 		t.Fatalf("restarted process: %d processed, %d duplicates; want 1 and 0", processed, dups)
@@ -185,7 +186,7 @@ func TestKilledProcessesManyEvents(t *testing.T) {
 		p.kill()
 	}
 	final := f.spawn(t, "billing", "billing", "")
-	testenv.Eventually(t, 60*time.Second, drained(t, cons))
+	await.Eventually(t, 60*time.Second, drained(t, cons))
 	final.terminate(t)
 	got := f.effects(t, "billing")
 	for id, k := range got {

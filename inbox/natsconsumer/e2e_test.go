@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 )
@@ -169,13 +170,13 @@ func TestEndToEndChaos(t *testing.T) {
 	mu.Lock()
 	want := len(committed)
 	mu.Unlock()
-	testenv.Eventually(t, 120*time.Second, func() error {
+	await.Eventually(t, 120*time.Second, func() error {
 		if got := len(f.effects(t, "billing")); got < want {
 			return fmt.Errorf("%d of %d committed orders have an effect", got, want)
 		}
 		return nil
 	})
-	testenv.Eventually(t, 60*time.Second, drained(t, cons))
+	await.Eventually(t, 60*time.Second, drained(t, cons))
 	final.terminate(t)
 
 	got := f.effects(t, "billing")

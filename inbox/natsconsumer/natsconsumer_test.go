@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/outbox/inbox/consumer"
 	"github.com/outboxkit/outbox/inbox/natsconsumer"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 )
 
 func newID() string { return uuid.Must(uuid.NewV7()).String() }
@@ -36,20 +37,20 @@ func TestSameEventTwice(t *testing.T) {
 	start(t, cons, f.inbox(t, "billing", &m), handler(f.tbl.Schema, "billing"), fast())
 	id := newID()
 	f.publish(t, "order", id, "42", []byte(`{"order":42}`), true)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if n := m.get(inbox.Processed); n != 1 {
 			return fmt.Errorf("processed %d", n)
 		}
 		return nil
 	})
 	f.publish(t, "order", strings.ToUpper(id), "42", []byte(`{"order":42}`), false)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if n := m.get(inbox.Duplicate); n != 1 {
 			return fmt.Errorf("duplicates %d", n)
 		}
 		return nil
 	})
-	testenv.Eventually(t, 30*time.Second, drained(t, cons))
+	await.Eventually(t, 30*time.Second, drained(t, cons))
 	if got := f.effects(t, "billing"); len(got) != 1 || got[id] != 1 {
 		t.Fatalf("effects = %v, want one for %s", got, id)
 	}
@@ -74,13 +75,13 @@ func TestCopiesToTwoInstances(t *testing.T) {
 		f.publish(t, "order", ids[i], fmt.Sprint("agg-", i%7), []byte(`{}`), true)
 		f.publish(t, "order", ids[i], fmt.Sprint("agg-", i%7), []byte(`{}`), false)
 	}
-	testenv.Eventually(t, 60*time.Second, func() error {
+	await.Eventually(t, 60*time.Second, func() error {
 		if done := a.get(inbox.Processed) + a.get(inbox.Duplicate) + b.get(inbox.Processed) + b.get(inbox.Duplicate); done < 2*n {
 			return fmt.Errorf("%d of %d copies handled", done, 2*n)
 		}
 		return nil
 	})
-	testenv.Eventually(t, 30*time.Second, drained(t, cons))
+	await.Eventually(t, 30*time.Second, drained(t, cons))
 	got := f.effects(t, "billing")
 	for _, id := range ids {
 		if got[id] != 1 {
@@ -115,7 +116,7 @@ func TestTwoConsumerNames(t *testing.T) {
 		f.publish(t, "order", id, "7", []byte(`{}`), false)
 	}
 	for _, name := range []string{"billing", "shipping"} {
-		testenv.Eventually(t, 30*time.Second, func() error {
+		await.Eventually(t, 30*time.Second, func() error {
 			if got := f.effects(t, name); len(got) != len(ids) {
 				return fmt.Errorf("%s: effects %v", name, got)
 			}
@@ -146,13 +147,13 @@ func TestInvalidMessagesAreDeadLettered(t *testing.T) {
 	f.publish(t, "order", undecodable, "3", []byte(`{"half`), true)
 	good := newID()
 	f.publish(t, "order", good, "4", []byte(`{}`), true)
-	testenv.Eventually(t, 30*time.Second, func() error {
+	await.Eventually(t, 30*time.Second, func() error {
 		if got := f.effects(t, "billing"); got[good] != 1 {
 			return fmt.Errorf("effects %v", got)
 		}
 		return nil
 	})
-	testenv.Eventually(t, 30*time.Second, drained(t, cons))
+	await.Eventually(t, 30*time.Second, drained(t, cons))
 	dls, err := ib.DeadLetters(testenv.Context(t, 10*time.Second), 10)
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +214,7 @@ func TestRetriesKeepOrderThenDeadLetter(t *testing.T) {
 	f.publish(t, "order", first, "A", []byte(`{}`), true)
 	f.publish(t, "order", second, "A", []byte(`{}`), true)
 	f.publish(t, "order", poison, "B", []byte(`{}`), true)
-	testenv.Eventually(t, 30*time.Second, drained(t, cons))
+	await.Eventually(t, 30*time.Second, drained(t, cons))
 	mu.Lock()
 	defer mu.Unlock()
 	if !slices.Equal(order, []string{first, second}) {
@@ -273,7 +274,7 @@ func TestStopFinishesInFlightAndHandsBackTheRest(t *testing.T) {
 	// back because Stop handed them back (Nak), not because they timed out.
 	var m counts
 	start(t, cons, f.inbox(t, "billing", &m), base, fast())
-	testenv.Eventually(t, 20*time.Second, drained(t, cons))
+	await.Eventually(t, 20*time.Second, drained(t, cons))
 	if m.get(inbox.Duplicate) != 0 || m.get(inbox.Processed) != int64(n-handled) {
 		t.Fatalf("second instance: %d processed, %d duplicates; want %d and 0 (the stopped instance acknowledged what it handled)",
 			m.get(inbox.Processed), m.get(inbox.Duplicate), n-handled)

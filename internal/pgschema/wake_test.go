@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -36,7 +37,7 @@ func TestWakeViewRetriesAFailingReadAtItsPace(t *testing.T) {
 	}
 	waitReads := func(want int64) {
 		t.Helper()
-		testenv.Eventually(t, 10*time.Second, func() error {
+		await.Eventually(t, 10*time.Second, func() error {
 			if n, running := reads.Load(), v.reading(tb); n < want || running {
 				return fmt.Errorf("%d reads (one running: %v), want %d done", n, running, want)
 			}

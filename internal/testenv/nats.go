@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outbox/internal/testenv/await"
 )
 
 // JetStream connects to the test NATS server, closed when the test ends.
@@ -71,7 +73,7 @@ func StreamMessages(t testing.TB, st jetstream.Stream) []*jetstream.RawStreamMsg
 // WaitStreamMsgs waits until the stream holds at least n messages.
 func WaitStreamMsgs(t testing.TB, st jetstream.Stream, n uint64, timeout time.Duration) {
 	t.Helper()
-	Eventually(t, timeout, func() error {
+	await.Eventually(t, timeout, func() error {
 		info, err := st.Info(context.Background())
 		if err != nil {
 			t.Fatal(err)

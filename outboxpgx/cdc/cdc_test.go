@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxpgx/cdc"
@@ -315,7 +316,7 @@ func (f *cdcFixture) delivered() []string {
 func (f *cdcFixture) waitFor(ids ...string) []string {
 	f.t.Helper()
 	var got []string
-	testenv.Eventually(f.t, 30*time.Second, func() error {
+	await.Eventually(f.t, 30*time.Second, func() error {
 		got = f.delivered()
 		missing := 0
 		for _, id := range ids {
@@ -335,7 +336,7 @@ func (f *cdcFixture) waitFor(ids ...string) []string {
 // what cond waits for.
 func (f *cdcFixture) eventually(what string, cond func() bool) {
 	f.t.Helper()
-	testenv.Eventually(f.t, 30*time.Second, func() error {
+	await.Eventually(f.t, 30*time.Second, func() error {
 		if !cond() {
 			return errors.New("not so: " + what)
 		}

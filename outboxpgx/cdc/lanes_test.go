@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
@@ -199,7 +199,7 @@ func TestOneHangingAggregateDoesNotStopTheOthers(t *testing.T) {
 			// with one batch in flight at a time nothing beyond its own
 			// batch (at most 19) would be.
 			want := len(after) / 2
-			testenv.Eventually(t, 25*time.Second, func() error {
+			await.Eventually(t, 25*time.Second, func() error {
 				n, waiting := snk.count(after)
 				if !waiting {
 					t.Fatalf("the hanging publish returned before %d of the %d later events were published (%d were)", want, len(after), n)

@@ -12,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/sinktest"
 )
@@ -103,7 +103,7 @@ func TestConformance(t *testing.T) {
 			defer e.mu.Unlock()
 			var got []sinktest.Received
 			// Up to 5s for want messages; the suite judges what arrived.
-			_ = testenv.Poll(5*time.Second, func() error {
+			_ = await.Poll(5*time.Second, func() error {
 				got = got[:0]
 				for _, d := range dests {
 					for _, m := range e.drain(t, d) {

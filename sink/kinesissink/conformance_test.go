@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/sinktest"
 )
@@ -183,7 +184,7 @@ func (e *env) read(t *testing.T, streams []string, want int) []sinktest.Received
 	t.Helper()
 	// Up to 10s for want messages, then 200ms for duplicates and
 	// stragglers; the suite judges what arrived.
-	_ = testenv.Poll(10*time.Second, func() error {
+	_ = await.Poll(10*time.Second, func() error {
 		if n := len(e.held(t, streams)); n < want {
 			return fmt.Errorf("%d of %d messages arrived", n, want)
 		}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/sinktest"
 )
@@ -51,7 +51,7 @@ func TestConformance(t *testing.T) {
 		Read: func(t *testing.T, dests []string, want int) []sinktest.Received {
 			e := env(t)
 			// Up to 5s for want messages; the suite judges what arrived.
-			_ = testenv.Poll(5*time.Second, func() error {
+			_ = await.Poll(5*time.Second, func() error {
 				if n := len(e.sub.received(t, dests)); n < want {
 					return fmt.Errorf("%d of %d messages arrived", n, want)
 				}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 )
 
@@ -106,7 +107,7 @@ func subscribe(t testing.TB, filter string, qos byte) *subscriber {
 func (s *subscriber) wait(t testing.TB, n int, timeout time.Duration) []received {
 	t.Helper()
 	var got []received
-	testenv.Eventually(t, timeout, func() error {
+	await.Eventually(t, timeout, func() error {
 		s.mu.Lock()
 		got = append([]received(nil), s.msgs...)
 		s.mu.Unlock()
@@ -351,7 +352,7 @@ func TestOutage(t *testing.T) {
 	t.Logf("during the outage: %v", outage[len(outage)-1])
 
 	p.Restore()
-	testenv.Eventually(t, 15*time.Second, func() error {
+	await.Eventually(t, 15*time.Second, func() error {
 		errs := s.Publish(testenv.Context(t, 30*time.Second), m("after"))
 		if errs[0] != nil && !sink.IsUnavailable(errs[0]) {
 			t.Fatalf("publish after restore: %v", errs[0])

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/sinktest"
 )
@@ -82,7 +83,7 @@ func TestConformance(t *testing.T) {
 			}
 			var got []sinktest.Received
 			// Up to 5s for want messages; the suite judges what arrived.
-			_ = testenv.Poll(5*time.Second, func() error {
+			_ = await.Poll(5*time.Second, func() error {
 				got = got[:0]
 				for _, m := range testenv.StreamMessages(t, st) {
 					if !slices.Contains(dests, m.Subject) {

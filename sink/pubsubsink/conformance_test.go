@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/sinktest"
 )
@@ -151,7 +151,7 @@ func received(t *testing.T, m *pstest.Message) sinktest.Received {
 func (e *env) read(t *testing.T, topics []string, want int) []sinktest.Received {
 	t.Helper()
 	// The suite judges what arrived.
-	_ = testenv.Poll(10*time.Second, func() error {
+	_ = await.Poll(10*time.Second, func() error {
 		if n := len(e.held(t, topics)); n < want {
 			return fmt.Errorf("%d of %d messages arrived", n, want)
 		}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/sinktest"
 )
@@ -66,7 +66,7 @@ func TestConformance(t *testing.T) {
 			e := env(t)
 			var got []sinktest.Received
 			// Up to 5s for want messages; the suite judges what arrived.
-			_ = testenv.Poll(5*time.Second, func() error {
+			_ = await.Poll(5*time.Second, func() error {
 				got = got[:0]
 				for _, d := range dests {
 					for _, r := range e.xrange(t, d) {

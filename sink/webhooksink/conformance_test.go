@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/faultproxy"
-	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/sink"
 	"github.com/outboxkit/outbox/sink/sinktest"
 )
@@ -113,7 +113,7 @@ func TestConformance(t *testing.T) {
 			// be idle, so that a duplicate the endpoint is still receiving
 			// shows; the suite judges what arrived.
 			var got []sinktest.Received
-			_ = testenv.Poll(5*time.Second, func() error {
+			_ = await.Poll(5*time.Second, func() error {
 				var busy bool
 				if got, busy = read(); busy {
 					return errors.New("the endpoint is busy")

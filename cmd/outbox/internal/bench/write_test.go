@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
 	"github.com/outboxkit/outbox/internal/testenv"
+	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -84,7 +85,7 @@ func (s *segments) end(t *testing.T, pool *pgxpool.Pool, channel string) []int64
 		t.Fatal(err)
 	}
 	var out []int64
-	testenv.Eventually(t, 10*time.Second, func() error {
+	await.Eventually(t, 10*time.Second, func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if len(s.counts) <= before {

@@ -1,4 +1,8 @@
-package testenv
+// Package await is the one wait for a condition in the tests: Eventually
+// fails the test when the condition does not come true in time, Poll
+// returns the error. It has no dependency beyond the standard library, so
+// that the public conformance suites may use it.
+package await
 
 import (
 	"fmt"
