@@ -2,17 +2,15 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/inbox/inboxpgx"
 	"github.com/outboxkit/outbox/inbox/inboxsql"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/relayd"
 )
 
 func newMigrate() *cobra.Command {
@@ -150,37 +148,38 @@ func (f *dbFlags) migrateInbox(cmd *cobra.Command, name string, down int) error 
 		if err := t.Validate(); err != nil {
 			return fmt.Errorf("--inbox-table: %w", err)
 		}
-		raw, _ := f.dbURL()
-		scheme, _, _ := strings.Cut(strings.ToLower(raw), "://")
 		var (
 			migrate     func(context.Context, outboxdriver.Table) ([]int, error)
 			migrateDown func(context.Context, outboxdriver.Table, int) ([]int, error)
 			latest      int
 		)
+		var db *relayd.DB // the database the command opened, and its pool
 		if cs, ok := st.(closingStore); ok {
-			st = cs.Store // the driver, which knows its pool
+			db = cs.db
 		}
-		pg, isPG := st.(interface{ Pool() *pgxpool.Pool })
-		lite, isSQL := st.(interface{ DB() *sql.DB })
-		switch {
-		case isPG && (scheme == "postgres" || scheme == "postgresql"):
+		scheme := ""
+		if db != nil {
+			scheme = db.Scheme
+		}
+		switch scheme {
+		case "postgres":
 			migrate = func(ctx context.Context, t outboxdriver.Table) ([]int, error) {
-				return inboxpgx.Migrate(ctx, pg.Pool(), t)
+				return inboxpgx.Migrate(ctx, db.Pool, t)
 			}
 			migrateDown = func(ctx context.Context, t outboxdriver.Table, v int) ([]int, error) {
-				return inboxpgx.MigrateDown(ctx, pg.Pool(), t, v)
+				return inboxpgx.MigrateDown(ctx, db.Pool, t, v)
 			}
 			latest = inboxpgx.LatestVersion()
-		case isSQL && (scheme == "sqlite" || scheme == "mysql"):
+		case "sqlite", "mysql":
 			dialect := inboxsql.SQLite
 			if scheme == "mysql" {
 				dialect = inboxsql.MySQL
 			}
 			migrate = func(ctx context.Context, t outboxdriver.Table) ([]int, error) {
-				return inboxsql.Migrate(ctx, lite.DB(), dialect, t)
+				return inboxsql.Migrate(ctx, db.SQL, dialect, t)
 			}
 			migrateDown = func(ctx context.Context, t outboxdriver.Table, v int) ([]int, error) {
-				return inboxsql.MigrateDown(ctx, lite.DB(), dialect, t, v)
+				return inboxsql.MigrateDown(ctx, db.SQL, dialect, t, v)
 			}
 			latest = inboxsql.LatestVersion(dialect)
 		default:
