@@ -14,21 +14,22 @@ import (
 )
 
 // pauses is the relay's view of the pauses in force (outbox pause): read
-// from the Source about once per poll interval. A relay honours a pause within one poll interval of it: every
-// claim that starts later sees it. A claim that
-// finds the view older than half a poll interval starts a read in the
-// background and goes on with the view it has, so that a relay claiming
-// steadily does not pay the read in front of its claims; only a view a
-// whole poll interval old is read before the claim.
+// from the Source about once per poll interval. A relay honours a pause
+// within one poll interval of it: every claim that starts later sees it.
+// A claim that finds the view older than half a poll interval starts a
+// read in the background and goes on with the view it has, so that a
+// relay claiming steadily does not pay the read in front of its claims;
+// only a view a whole poll interval old is read before the claim.
 //
 // A paused event is never touched: the relay blocks its aggregate for the
 // rest of the batch (as for a broker outage, spending no attempt) and
 // leaves the event to be claimed again. So that a paused backlog does not
 // fill every batch while other events wait behind it, the relay asks the
-// Source to leave the paused aggregate types out of its claims, and, when the router picks the
-// destination by aggregate type alone, the types it saw routed to a
-// paused destination. A batch with paused events the source could not
-// leave out makes the relay wait a poll interval before it claims again.
+// Source to leave the paused aggregate types out of its claims, and, when
+// the router picks the destination by aggregate type alone, the types it
+// saw routed to a paused destination. A batch with paused events the
+// source could not leave out makes the relay wait a poll interval before
+// it claims again.
 type pauses struct {
 	src    outboxdriver.Source
 	every  time.Duration
@@ -47,9 +48,7 @@ type pauses struct {
 }
 
 func newPauses(src outboxdriver.Source, every time.Duration, byType bool, log *slog.Logger) *pauses {
-	p := &pauses{every: every, byType: byType, log: log, learned: map[string]string{}}
-	p.src = src
-	return p
+	return &pauses{src: src, every: every, byType: byType, log: log, learned: map[string]string{}}
 }
 
 // refresh reads the pauses when the last read is a poll interval old,
