@@ -98,6 +98,7 @@ type testCase struct {
 var cases = []testCase{
 	{name: "Migrate", run: (*suite).testMigrate},
 	{name: "HostileTableNames", run: (*suite).testHostileNames},
+	{name: "NotMigrated", run: (*suite).testNotMigrated},
 	{name: "Atomicity", run: (*suite).testAtomicity},
 	{name: "PlainSQLInsert", run: (*suite).testPlainSQLInsert},
 	{name: "Insert", run: (*suite).testInsert},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -44,10 +45,11 @@ var dialect = sqlstore.Dialect{
 	},
 	NoTable: func(err error) bool {
 		var my *mysql.MySQLError
-		return errors.As(err, &my) && (my.Number == 1146 || my.Number == 1054) // no such table, unknown column
+		return errors.As(err, &my) && (my.Number == 1146 || my.Number == 1054 || my.Number == 1305) // no such table, unknown column, no such routine
 	},
-	TxOptions:      &sql.TxOptions{Isolation: sql.LevelReadCommitted},
-	ConsoleVersion: consoleVersion,
+	Migrated:  migrated,
+	Latest:    func() int { return migrations.Latest(all()) },
+	TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 }
 
 // Pauses reads the pauses in force: one small query.

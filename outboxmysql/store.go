@@ -2,12 +2,14 @@ package outboxmysql
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -21,6 +23,14 @@ func schemaArg(t outboxdriver.Table) any {
 		return nil
 	}
 	return t.Schema
+}
+
+// migrated reports whether t and its migrations table exist.
+func migrated(ctx context.Context, db *sql.DB, t outboxdriver.Table) (bool, error) {
+	var found int
+	err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.TABLES
+WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?)`, schemaArg(t), t.Name, t.Name+"_migrations").Scan(&found)
+	return found == 2, err
 }
 
 // Status reports the backlog, the age of the oldest unpublished event, the
@@ -39,13 +49,12 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 		return st, err
 	}
 	n := namesOf(t)
-	var found int
-	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.TABLES
-WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?)`, schemaArg(t), t.Name, t.Name+"_migrations").Scan(&found); err != nil {
+	ok, err := migrated(ctx, db, t)
+	if err != nil {
 		return fail(err)
 	}
-	if found != 2 {
-		return st, fmt.Errorf("outboxmysql: %s: %w", t, outboxdriver.ErrNotMigrated)
+	if !ok {
+		return st, driverkit.NotMigrated("outboxmysql", t)
 	}
 	var ageMicros int64
 	if err := db.QueryRowContext(ctx, `SELECT

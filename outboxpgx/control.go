@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -55,14 +56,6 @@ func listPauses(ctx context.Context, q interface {
 func isUndefinedTable(err error) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && pg.Code == "42P01"
-}
-
-// controlErr wraps err; a table without the pause table says to migrate.
-func controlErr(t outboxdriver.Table, what string, err error) error {
-	if isUndefinedTable(err) {
-		return fmt.Errorf("outboxpgx: %s %s: the table predates schema version 6 (pauses): run `outbox migrate`: %w", what, t, err)
-	}
-	return auditErr(t, what, err)
 }
 
 // Pauses reads the pauses in force: one small query.
@@ -116,12 +109,23 @@ func (s *source) excluded() []string {
 	return []string{}
 }
 
-// ListPauses lists the pauses in force on t, oldest first.
+// ListPauses lists the pauses in force on t, oldest first. A table that
+// predates the pause table has none; one that does not exist wraps
+// outboxdriver.ErrNotMigrated.
 func (d *Driver) ListPauses(ctx context.Context, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
 	if _, err := d.names(t); err != nil {
 		return nil, err
 	}
-	return listPauses(ctx, d.pool, t)
+	ps, err := listPauses(ctx, d.pool, t)
+	if err == nil && ps == nil {
+		switch ok, err := migrated(ctx, d.pool, t); {
+		case err != nil:
+			return nil, fmt.Errorf("outboxpgx: pauses of %s: %w", t, err)
+		case !ok:
+			return nil, driverkit.NotMigrated("outboxpgx", t)
+		}
+	}
+	return ps, err
 }
 
 // SetPause pauses s on t and writes the audit row in the same
@@ -167,7 +171,7 @@ func (d *Driver) changePause(ctx context.Context, t outboxdriver.Table, s outbox
 		return err
 	})
 	if err != nil {
-		return false, controlErr(t, action+" of", err)
+		return false, d.fail(ctx, t, action+" of", err)
 	}
 	return changed, nil
 }
@@ -190,7 +194,7 @@ func (d *Driver) HeldAggregates(ctx context.Context, t outboxdriver.Table, limit
 	// would cost every write); above ExactUpTo they are not (-1).
 	var small bool
 	if err := d.pool.QueryRow(ctx, `SELECT count(*) <= $1 FROM (SELECT 1 FROM `+n.Table+` WHERE published_at IS NULL LIMIT $1 + 1) b`, ExactUpTo).Scan(&small); err != nil {
-		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "held aggregates of", err)
 	}
 	waiting := `-1::bigint`
 	if small {
@@ -207,7 +211,7 @@ FROM (SELECT * FROM `+n.Held+` ORDER BY held_at, aggregatetype, aggregateid LIMI
 LEFT JOIN `+n.DeadLetter+` dl ON dl.id = h.event_id
 ORDER BY h.held_at, h.aggregatetype, h.aggregateid`, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "held aggregates of", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.HeldAggregate, error) {
 		var h outboxdriver.HeldAggregate
@@ -215,7 +219,7 @@ ORDER BY h.held_at, h.aggregatetype, h.aggregateid`, limit)
 		return h, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: held aggregates of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "held aggregates of", err)
 	}
 	return out, nil
 }
@@ -265,7 +269,7 @@ FROM gone g`, u).Scan(&h.AggregateType, &h.AggregateID, &h.EventID, &h.Reason, &
 		return h, err
 	}
 	if err != nil {
-		return h, auditErr(t, "release held aggregate of", err)
+		return h, d.fail(ctx, t, "release held aggregate of", err)
 	}
 	return h, nil
 }
@@ -312,7 +316,7 @@ FROM g CROSS JOIN LATERAL (
 ) e
 ORDER BY g.n DESC, g.first`, limit)
 	if err != nil {
-		return nil, auditErr(t, "failure groups of", err)
+		return nil, d.fail(ctx, t, "failure groups of", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.FailureGroup, error) {
 		var g outboxdriver.FailureGroup
@@ -320,7 +324,7 @@ ORDER BY g.n DESC, g.first`, limit)
 		return g, err
 	})
 	if err != nil {
-		return nil, auditErr(t, "failure groups of", err)
+		return nil, d.fail(ctx, t, "failure groups of", err)
 	}
 	return out, nil
 }
@@ -334,11 +338,11 @@ func (d *Driver) FailureGroupIDs(ctx context.Context, t outboxdriver.Table, key 
 	}
 	rows, err := d.pool.Query(ctx, `SELECT id::text FROM `+n.DeadLetter+` WHERE failure_group = $1 ORDER BY dead_lettered_at, seq LIMIT $2`, key, limit)
 	if err != nil {
-		return nil, auditErr(t, "failure group "+key+" of", err)
+		return nil, d.fail(ctx, t, "failure group "+key+" of", err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, auditErr(t, "failure group "+key+" of", err)
+		return nil, d.fail(ctx, t, "failure group "+key+" of", err)
 	}
 	return ids, nil
 }
@@ -366,14 +370,14 @@ func (d *Driver) Backlog(ctx context.Context, t outboxdriver.Table, limit int) (
 	}
 	c, err := countTable(ctx, d.pool, n, ExactUpTo)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "backlog of", err)
 	}
 	if !c.backlog.estimated {
 		rows, err := d.pool.Query(ctx, `SELECT aggregatetype, type, count(*), extract(epoch FROM now() - min(created_at))::float8
 FROM `+n.Table+` WHERE published_at IS NULL
 GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
 		if err != nil {
-			return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+			return nil, d.fail(ctx, t, "backlog of", err)
 		}
 		out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.KindBacklog, error) {
 			var g outboxdriver.KindBacklog
@@ -383,13 +387,13 @@ GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
 			return g, err
 		})
 		if err != nil {
-			return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+			return nil, d.fail(ctx, t, "backlog of", err)
 		}
 		return out, nil
 	}
 	frac, err := sampleFraction(ctx, d.pool, n.Table)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "backlog of", err)
 	}
 	rows, err := d.pool.Query(ctx, `WITH s AS (
     SELECT aggregatetype, type, count(*) AS n, min(created_at) AS oldest
@@ -401,7 +405,7 @@ GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1`, limit)
 SELECT aggregatetype, type, coalesce(s.n, 0), coalesce(w.n, 0), greatest(extract(epoch FROM now() - least(s.oldest, w.oldest)), 0)::float8
 FROM s FULL JOIN w USING (aggregatetype, type)`, frac, oldestWindow)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "backlog of", err)
 	}
 	type group struct {
 		outboxdriver.KindBacklog
@@ -415,7 +419,7 @@ FROM s FULL JOIN w USING (aggregatetype, type)`, frac, oldestWindow)
 		return g, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: backlog of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "backlog of", err)
 	}
 	var sampled int64
 	for _, g := range gs {
@@ -443,7 +447,7 @@ func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriv
 	}
 	rows, err := d.pool.Query(ctx, `SELECT relay, started_at, extract(epoch FROM expires_at - clock_timestamp())::float8 FROM `+n.Relays+` ORDER BY relay`)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: relays of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "relays of", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.RelayStatus, error) {
 		var x outboxdriver.RelayStatus
@@ -453,7 +457,7 @@ func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriv
 		return x, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: relays of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "relays of", err)
 	}
 	return out, nil
 }
@@ -469,19 +473,20 @@ func (d *Driver) RecordSample(ctx context.Context, t outboxdriver.Table, keep ti
 	}
 	c, err := countTable(ctx, d.pool, n, ExactUpTo)
 	if err != nil {
-		return controlErr(t, "sample of", err)
+		return d.fail(ctx, t, "sample of", err)
 	}
 	samples := t.WithDefaults().Qualified("_samples")
 	_, err = d.pool.Exec(ctx, `WITH gone AS (DELETE FROM `+samples+` WHERE at < clock_timestamp() - $1 * interval '1 millisecond')
 INSERT INTO `+samples+` (backlog, oldest_age, dead_letters, last_seq) VALUES ($2, $3, $4, $5)
 ON CONFLICT (at) DO NOTHING`, keep.Milliseconds(), c.backlog.n, c.oldestAge, c.dead.n, c.lastSeq)
 	if err != nil {
-		return controlErr(t, "sample of", err)
+		return d.fail(ctx, t, "sample of", err)
 	}
 	return nil
 }
 
-// Samples lists t's samples since a time, oldest first.
+// Samples lists t's samples since a time, oldest first. A table that
+// predates the samples table has none.
 func (d *Driver) Samples(ctx context.Context, t outboxdriver.Table, since time.Time) ([]outboxdriver.Sample, error) {
 	if _, err := d.names(t); err != nil {
 		return nil, err
@@ -489,13 +494,16 @@ func (d *Driver) Samples(ctx context.Context, t outboxdriver.Table, since time.T
 	rows, err := d.pool.Query(ctx, `SELECT at, backlog, oldest_age, dead_letters, last_seq FROM `+t.WithDefaults().Qualified("_samples")+` WHERE at >= $1 ORDER BY at`, since)
 	if err != nil {
 		if isUndefinedTable(err) {
+			if ok, merr := migrated(ctx, d.pool, t); merr == nil && !ok {
+				return nil, driverkit.NotMigrated("outboxpgx", t)
+			}
 			return nil, nil
 		}
-		return nil, fmt.Errorf("outboxpgx: samples of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "samples of", err)
 	}
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdriver.Sample])
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: samples of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "samples of", err)
 	}
 	return out, nil
 }

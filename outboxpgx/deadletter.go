@@ -20,7 +20,11 @@ func (d *Driver) RetryDeadLetters(ctx context.Context, t outboxdriver.Table, ids
 	if _, err := d.names(t); err != nil {
 		return nil, err
 	}
-	return d.retryDeadLettersOn(ctx, d.pool, t, ids, by)
+	moved, err := d.retryDeadLettersOn(ctx, d.pool, t, ids, by)
+	if err != nil {
+		return nil, d.fail(ctx, t, "retry dead letters of", err)
+	}
+	return moved, nil
 }
 
 // DiscardDeadLetters deletes dead letters for good and releases the
@@ -44,11 +48,11 @@ func (d *Driver) DiscardDeadLetters(ctx context.Context, t outboxdriver.Table, i
 )
 SELECT id::text FROM gone ORDER BY seq`, append([]any{ids}, audit...)...)
 	if err != nil {
-		return nil, auditErr(t, "discard dead letters of", err)
+		return nil, d.fail(ctx, t, "discard dead letters of", err)
 	}
 	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, auditErr(t, "discard dead letters of", err)
+		return nil, d.fail(ctx, t, "discard dead letters of", err)
 	}
 	return gone, nil
 }
@@ -68,7 +72,8 @@ type querier interface {
 }
 
 // retryDeadLettersOn is RetryDeadLetters on q: the pool, or a transaction
-// that does more (a repair).
+// that does more (a repair). Its errors are the database's: the caller
+// wraps them once q's connection is back.
 func (d *Driver) retryDeadLettersOn(ctx context.Context, q querier, t outboxdriver.Table, ids []string, by outboxdriver.Acting) ([]string, error) {
 	n := pgschema.NamesOf(t.WithDefaults())
 	cols, vals, audit := auditRow("m", "retry", 3, by)
@@ -88,13 +93,9 @@ SELECT b.id::text FROM back AS b
 CROSS JOIN (SELECT pg_notify($2, '`+rewindPayload+`')) AS rewind
 ORDER BY b.seq`, append([]any{ids, t.WithDefaults().Channel()}, audit...)...)
 	if err != nil {
-		return nil, auditErr(t, "retry dead letters of", err)
+		return nil, err
 	}
-	moved, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, auditErr(t, "retry dead letters of", err)
-	}
-	return moved, nil
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // names validates t and returns its names; it fails when the Driver has

@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -92,7 +91,7 @@ WHERE `+where+`
 ORDER BY dead_lettered_at, seq
 LIMIT `+fmt.Sprint(q.Limit+1), args...)
 	if err != nil {
-		return page, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
+		return page, d.fail(ctx, t, "list dead letters of", err)
 	}
 	type row struct {
 		outboxdriver.DeadLetter
@@ -105,7 +104,7 @@ LIMIT `+fmt.Sprint(q.Limit+1), args...)
 		return x, err
 	})
 	if err != nil {
-		return page, fmt.Errorf("outboxpgx: list dead letters of %s: %w", t, err)
+		return page, d.fail(ctx, t, "list dead letters of", err)
 	}
 	if len(all) > q.Limit {
 		all = all[:q.Limit]
@@ -147,11 +146,11 @@ SELECT x FROM v WHERE x IS NOT NULL LIMIT ` + fmt.Sprint(limit)
 	}
 	rows, err := d.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: values of %s among the dead letters of %s: %w", column, t, err)
+		return nil, d.fail(ctx, t, "values of "+column+" among the dead letters of", err)
 	}
 	vs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: values of %s among the dead letters of %s: %w", column, t, err)
+		return nil, d.fail(ctx, t, "values of "+column+" among the dead letters of", err)
 	}
 	return vs, nil
 }
@@ -177,7 +176,7 @@ FROM `+n.DeadLetter+` WHERE id = $1`, u).Scan(&dl.ID, &dl.AggregateType, &dl.Agg
 		return dl, fmt.Errorf("outboxpgx: dead letter %s of %s: %w", id, t, outboxdriver.ErrNotFound)
 	}
 	if err != nil {
-		return dl, fmt.Errorf("outboxpgx: dead letter %s of %s: %w", id, t, err)
+		return dl, d.fail(ctx, t, "dead letter "+id+" of", err)
 	}
 	if headers != nil {
 		dl.Headers = driverkit.ParseHeaders(*headers)
@@ -195,7 +194,7 @@ func (d *Driver) AppendAudit(ctx context.Context, t outboxdriver.Table, r outbox
 	}
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error { return d.requestAudit(ctx, tx, t, r) })
 	if err != nil {
-		return auditErr(t, "audit of", err)
+		return d.fail(ctx, t, "audit of", err)
 	}
 	return nil
 }
@@ -262,7 +261,7 @@ WHERE `+strings.Join(conds, " AND ")+`
 ORDER BY id DESC
 LIMIT `+fmt.Sprint(q.Limit), args...)
 	if err != nil {
-		return nil, auditErr(t, "audit of", err)
+		return nil, d.fail(ctx, t, "audit of", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.AuditRecord, error) {
 		var a outboxdriver.AuditRecord
@@ -277,19 +276,9 @@ LIMIT `+fmt.Sprint(q.Limit), args...)
 		return a, err
 	})
 	if err != nil {
-		return nil, auditErr(t, "audit of", err)
+		return nil, d.fail(ctx, t, "audit of", err)
 	}
 	return out, nil
-}
-
-// auditErr wraps err; an audit table without the columns of schema
-// version 5 says to migrate.
-func auditErr(t outboxdriver.Table, what string, err error) error {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) && (pg.Code == "42703" || pg.Code == "42P01") { // undefined_column, undefined_table
-		return fmt.Errorf("outboxpgx: %s %s: the table predates the console's schema (version 5 for role and reason, 7 for requests): run `outbox migrate`: %w", what, t, err)
-	}
-	return fmt.Errorf("outboxpgx: %s %s: %w", what, t, err)
 }
 
 // timeArg is nil for the zero time.

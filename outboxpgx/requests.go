@@ -68,7 +68,7 @@ func (d *Driver) inTx(ctx context.Context, t outboxdriver.Table, what string, fn
 	}
 	err := pgx.BeginFunc(ctx, d.pool, fn)
 	if err != nil && !errors.Is(err, outboxdriver.ErrNotFound) && !errors.Is(err, outboxdriver.ErrRequestState) {
-		return auditErr(t, what, err)
+		return d.fail(ctx, t, what, err)
 	}
 	return err
 }
@@ -94,7 +94,7 @@ func (d *Driver) GetRequest(ctx context.Context, t outboxdriver.Table, id string
 		return r, fmt.Errorf("outboxpgx: request %s of %s: %w", id, t, outboxdriver.ErrNotFound)
 	}
 	if err != nil {
-		return r, auditErr(t, "request of", err)
+		return r, d.fail(ctx, t, "request of", err)
 	}
 	return r, nil
 }
@@ -107,11 +107,11 @@ func (d *Driver) ListRequests(ctx context.Context, t outboxdriver.Table, state s
 	rows, err := d.pool.Query(ctx, `SELECT `+requestCols+` FROM `+t.Qualified("_requests")+`
 WHERE ($1 = '' OR state = $1) ORDER BY created_at DESC, id LIMIT $2`, state, limit)
 	if err != nil {
-		return nil, auditErr(t, "requests of", err)
+		return nil, d.fail(ctx, t, "requests of", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.Request, error) { return scanRequest(r) })
 	if err != nil {
-		return nil, auditErr(t, "requests of", err)
+		return nil, d.fail(ctx, t, "requests of", err)
 	}
 	return out, nil
 }
@@ -291,7 +291,7 @@ func (d *Driver) HasPublished(ctx context.Context, t outboxdriver.Table) (bool, 
 	var ok bool
 	err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+t.Qualified("")+` WHERE published_at IS NOT NULL)`).Scan(&ok)
 	if err != nil {
-		return false, fmt.Errorf("outboxpgx: published rows of %s: %w", t, err)
+		return false, d.fail(ctx, t, "published rows of", err)
 	}
 	return ok, nil
 }
@@ -306,16 +306,16 @@ func (d *Driver) PreviewReplay(ctx context.Context, t outboxdriver.Table, f outb
 	var n int64
 	args := replayArgs(f)
 	if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM `+t.Qualified("")+` o WHERE `+replayWhere(1), args...).Scan(&n); err != nil {
-		return 0, nil, fmt.Errorf("outboxpgx: preview a replay of %s: %w", t, err)
+		return 0, nil, d.fail(ctx, t, "preview a replay of", err)
 	}
 	rows, err := d.pool.Query(ctx, `SELECT `+replayEventCols+` FROM `+t.Qualified("")+` o WHERE `+replayWhere(2)+` ORDER BY o.seq LIMIT $1`,
 		append([]any{limit}, args...)...)
 	if err != nil {
-		return 0, nil, fmt.Errorf("outboxpgx: preview a replay of %s: %w", t, err)
+		return 0, nil, d.fail(ctx, t, "preview a replay of", err)
 	}
 	evs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxdriver.ReplayEvent])
 	if err != nil {
-		return 0, nil, fmt.Errorf("outboxpgx: preview a replay of %s: %w", t, err)
+		return 0, nil, d.fail(ctx, t, "preview a replay of", err)
 	}
 	return n, evs, nil
 }
@@ -332,7 +332,7 @@ func (d *Driver) RoutedValues(ctx context.Context, t outboxdriver.Table, f outbo
 	rows, err := d.pool.Query(ctx, `SELECT DISTINCT `+expr+` FROM `+t.Qualified("")+` o WHERE `+replayWhere(2)+` LIMIT $1`,
 		append([]any{limit}, replayArgs(f)...)...)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: destinations of %s: %w", t, err)
+		return nil, d.fail(ctx, t, "destinations of", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
@@ -426,8 +426,13 @@ ORDER BY u.ord`, pgschema.UUIDArray(ids), pgschema.UUIDArray(newIDs), !b.NewIDs,
 
 // SetRequestTotal records how many events an execution found.
 func (d *Driver) SetRequestTotal(ctx context.Context, t outboxdriver.Table, id string, total int64) error {
-	_, err := d.pool.Exec(ctx, `UPDATE `+t.Qualified("_requests")+` SET total = $2 WHERE id = $1 AND total IS NULL`, id, total)
-	return err
+	if _, err := d.names(t); err != nil {
+		return err
+	}
+	if _, err := d.pool.Exec(ctx, `UPDATE `+t.Qualified("_requests")+` SET total = $2 WHERE id = $1 AND total IS NULL`, id, total); err != nil {
+		return d.fail(ctx, t, "request of", err)
+	}
+	return nil
 }
 
 // RepairDeadLetter replaces a dead letter's payload and headers and moves
@@ -508,7 +513,7 @@ func (d *Driver) PruneAudit(ctx context.Context, t outboxdriver.Table, before ti
 	var n int64
 	err := d.pool.QueryRow(ctx, `SELECT `+t.Qualified("_audit_prune")+`($1, $2, $3, $4)`, before, by.Name, by.Role, by.Reason).Scan(&n)
 	if err != nil {
-		return 0, auditErr(t, "prune the audit of", err)
+		return 0, d.fail(ctx, t, "prune the audit of", err)
 	}
 	return n, nil
 }

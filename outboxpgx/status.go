@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -46,15 +47,14 @@ func (d *Driver) status(ctx context.Context, t outboxdriver.Table, exactUpTo int
 		return st, errNoPool
 	}
 	n := pgschema.NamesOf(t)
-	var exists bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`, n.Table, n.Migrations).Scan(&exists); err != nil {
+	exists, err := migrated(ctx, db, t)
+	if err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
 	if !exists {
-		return st, fmt.Errorf("outboxpgx: %s: %w", t, outboxdriver.ErrNotMigrated)
+		return st, driverkit.NotMigrated("outboxpgx", t)
 	}
 	var ageSeconds float64
-	var err error
 	if exactUpTo > 0 {
 		var c counts
 		c, err = countTable(ctx, db, n, exactUpTo)
@@ -234,7 +234,7 @@ SELECT coalesce(CASE WHEN rn <= $1 THEN v END, ''), rn > $1, sum(n)::bigint,
        greatest(extract(epoch FROM now() - min(oldest)), 0)::float8
 FROM r GROUP BY 1, 2 ORDER BY 2, 3 DESC, 1`, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: backlog of %s by %s: %w", t, column, err)
+		return nil, d.fail(ctx, t, "backlog by "+column+" of", err)
 	}
 	groups, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxdriver.BacklogGroup, error) {
 		var g outboxdriver.BacklogGroup
@@ -244,7 +244,7 @@ FROM r GROUP BY 1, 2 ORDER BY 2, 3 DESC, 1`, limit)
 		return g, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outboxpgx: backlog of %s by %s: %w", t, column, err)
+		return nil, d.fail(ctx, t, "backlog by "+column+" of", err)
 	}
 	return groups, nil
 }

@@ -2,9 +2,11 @@ package outboxsqlite
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -42,7 +44,8 @@ var dialect = sqlstore.Dialect{
 	NoTable: func(err error) bool {
 		return strings.Contains(err.Error(), "no such table") || strings.Contains(err.Error(), "no such column")
 	},
-	ConsoleVersion: consoleVersion,
+	Migrated: func(ctx context.Context, db *sql.DB, t outboxdriver.Table) (bool, error) { return migrated(ctx, db, t) },
+	Latest:   func() int { return migrations.Latest(all()) },
 }
 
 // Pauses reads the pauses in force: one small query.

@@ -6,9 +6,20 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
+
+// migrated reports whether t and its migrations table exist.
+func migrated(ctx context.Context, q interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}, t outboxdriver.Table) (bool, error) {
+	var found int
+	err := q.QueryRowContext(ctx, `SELECT count(*) FROM `+outboxdriver.QuoteIdent(t.Schema)+`.sqlite_master
+WHERE type = 'table' AND name IN (?, ?)`, t.Name, t.Name+"_migrations").Scan(&found)
+	return found == 2, err
+}
 
 // Status reports the backlog, the age of the oldest unpublished event, the
 // dead letters, the held aggregates, the delayed events that are not due
@@ -41,13 +52,12 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if attached == 0 {
 		return st, fmt.Errorf("outboxsqlite: status of %s: no database named %q is attached (SQLite's own is %q)", t, t.Schema, Schema)
 	}
-	var found int
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+outboxdriver.QuoteIdent(t.Schema)+`.sqlite_master
-WHERE type = 'table' AND name IN (?, ?)`, t.Name, t.Name+"_migrations").Scan(&found); err != nil {
+	ok, err := migrated(ctx, tx, t)
+	if err != nil {
 		return fail(err)
 	}
-	if found != 2 {
-		return st, fmt.Errorf("outboxsqlite: %s: %w", t, outboxdriver.ErrNotMigrated)
+	if !ok {
+		return st, driverkit.NotMigrated("outboxsqlite", t)
 	}
 	var ageSeconds, heldSeconds float64
 	err = tx.QueryRowContext(ctx, `SELECT

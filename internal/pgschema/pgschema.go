@@ -38,6 +38,16 @@ func NamesOf(t outboxdriver.Table) driverkit.Names {
 	return driverkit.NamesOf(t.Qualified)
 }
 
+// MigratedSQL reads one boolean: whether the outbox table and the
+// migrations table of MigratedArgs(t) exist.
+const MigratedSQL = `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`
+
+// MigratedArgs are MigratedSQL's arguments for t.
+func MigratedArgs(t outboxdriver.Table) []any {
+	n := NamesOf(t.WithDefaults())
+	return []any{n.Table, n.Migrations}
+}
+
 // PartitionOf returns the SQL of the partition of the outbox row that
 // alias names (with its dot, or "" for none): its aggregate id's hash over
 // the table's partitions, one lease each, fixed when the table was made.

@@ -21,13 +21,23 @@ const (
 )
 
 // ListPauses lists the pauses in force on t, oldest first. A table that
-// predates the pause table has none.
+// predates the pause table has none; one that does not exist wraps
+// outboxdriver.ErrNotMigrated.
 func (s Store) ListPauses(ctx context.Context, t outboxdriver.Table) ([]outboxdriver.Pause, error) {
 	db, n, err := s.open(t)
 	if err != nil {
 		return nil, err
 	}
-	return s.listPauses(ctx, db, t, n)
+	ps, err := s.listPauses(ctx, db, t, n)
+	if err == nil && ps == nil {
+		switch ok, err := s.d.Migrated(ctx, db, n.t); {
+		case err != nil:
+			return nil, fmt.Errorf("%s: pauses of %s: %w", s.d.Driver, t, oneLine(err))
+		case !ok:
+			return nil, driverkit.NotMigrated(s.d.Driver, t)
+		}
+	}
+	return ps, err
 }
 
 // queryer is a pool, a connection or a transaction.
@@ -41,19 +51,19 @@ func (s Store) listPauses(ctx context.Context, db queryer, t outboxdriver.Table,
 		if s.d.NoTable(err) {
 			return nil, nil
 		}
-		return nil, s.fail(t, "pauses of", err)
+		return nil, s.fail(ctx, t, "pauses of", err)
 	}
 	defer rows.Close()
-	var out []outboxdriver.Pause
+	out := []outboxdriver.Pause{} // not nil: the table exists
 	for rows.Next() {
 		var p outboxdriver.Pause
 		if err := rows.Scan(&p.Kind, &p.Value, &p.Actor, &p.Role, &p.Reason, timeCol{&p.Since}); err != nil {
-			return nil, s.fail(t, "pauses of", err)
+			return nil, s.fail(ctx, t, "pauses of", err)
 		}
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "pauses of", err)
+		return nil, s.fail(ctx, t, "pauses of", err)
 	}
 	return out, nil
 }
@@ -101,7 +111,7 @@ func (s Store) changePause(ctx context.Context, t outboxdriver.Table, sc outboxd
 		return err
 	})
 	if err != nil {
-		return false, s.fail(t, action+" of", err)
+		return false, s.fail(ctx, t, action+" of", err)
 	}
 	return changed, nil
 }
@@ -136,19 +146,19 @@ func (s Store) HeldAggregates(ctx context.Context, t outboxdriver.Table, limit i
 	}
 	rows, err := db.QueryContext(ctx, `SELECT `+s.heldCols(n)+` FROM `+n.held+` h ORDER BY h.held_at, h.aggregatetype, h.aggregateid LIMIT ?`, limit)
 	if err != nil {
-		return nil, s.fail(t, "held aggregates of", err)
+		return nil, s.fail(ctx, t, "held aggregates of", err)
 	}
 	defer rows.Close()
 	out := []outboxdriver.HeldAggregate{}
 	for rows.Next() {
 		h, err := scanHeld(rows)
 		if err != nil {
-			return nil, s.fail(t, "held aggregates of", err)
+			return nil, s.fail(ctx, t, "held aggregates of", err)
 		}
 		out = append(out, h)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "held aggregates of", err)
+		return nil, s.fail(ctx, t, "held aggregates of", err)
 	}
 	return out, nil
 }
@@ -189,7 +199,7 @@ WHERE h.event_id = ? AND EXISTS (SELECT 1 FROM `+n.dead+` dl WHERE dl.id = h.eve
 		return err
 	})
 	if err != nil {
-		return h, s.fail(t, "release held aggregate of", err)
+		return h, s.fail(ctx, t, "release held aggregate of", err)
 	}
 	return h, nil
 }
@@ -209,7 +219,7 @@ func (s Store) grouped(ctx context.Context, t outboxdriver.Table) ([]groupedDead
 	}
 	rows, err := db.QueryContext(ctx, `SELECT id, type, last_error, `+s.d.TimeText("dead_lettered_at")+` FROM `+n.dead+` ORDER BY dead_lettered_at, seq`)
 	if err != nil {
-		return nil, s.fail(t, "failure groups of", err)
+		return nil, s.fail(ctx, t, "failure groups of", err)
 	}
 	defer rows.Close()
 	var out []groupedDeadLetter
@@ -217,14 +227,14 @@ func (s Store) grouped(ctx context.Context, t outboxdriver.Table) ([]groupedDead
 		var g groupedDeadLetter
 		var last string
 		if err := rows.Scan(&g.id, &g.typ, &last, timeCol{&g.at}); err != nil {
-			return nil, s.fail(t, "failure groups of", err)
+			return nil, s.fail(ctx, t, "failure groups of", err)
 		}
 		g.class = driverkit.ErrorClass(last)
 		g.key = driverkit.FailureGroupKey(g.typ, g.class)
 		out = append(out, g)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "failure groups of", err)
+		return nil, s.fail(ctx, t, "failure groups of", err)
 	}
 	return out, nil
 }
@@ -286,7 +296,7 @@ func (s Store) Backlog(ctx context.Context, t outboxdriver.Table, limit int) ([]
 FROM `+n.table+` WHERE published_at IS NULL
 GROUP BY aggregatetype, type ORDER BY 3 DESC, 1, 2 LIMIT ?`, limit)
 	if err != nil {
-		return nil, s.fail(t, "backlog of", err)
+		return nil, s.fail(ctx, t, "backlog of", err)
 	}
 	defer rows.Close()
 	var out []outboxdriver.KindBacklog
@@ -294,13 +304,13 @@ GROUP BY aggregatetype, type ORDER BY 3 DESC, 1, 2 LIMIT ?`, limit)
 		var g outboxdriver.KindBacklog
 		var age float64
 		if err := rows.Scan(&g.AggregateType, &g.Type, &g.Backlog, &age); err != nil {
-			return nil, s.fail(t, "backlog of", err)
+			return nil, s.fail(ctx, t, "backlog of", err)
 		}
 		g.OldestAge = time.Duration(max(age, 0) * float64(time.Second))
 		out = append(out, g)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "backlog of", err)
+		return nil, s.fail(ctx, t, "backlog of", err)
 	}
 	return out, nil
 }
@@ -336,7 +346,7 @@ func (s Store) BacklogBy(ctx context.Context, t outboxdriver.Table, column strin
 SELECT CASE WHEN rn <= ? THEN v END AS value, rn > ? AS rest, sum(n), `+s.d.AgeSeconds("min(oldest)")+`
 FROM r GROUP BY CASE WHEN rn <= ? THEN v END, rn > ? ORDER BY 2, 3 DESC, 1`, limit, limit, limit, limit)
 	if err != nil {
-		return nil, s.fail(t, "backlog by "+column+" of", err)
+		return nil, s.fail(ctx, t, "backlog by "+column+" of", err)
 	}
 	defer rows.Close()
 	var out []outboxdriver.BacklogGroup
@@ -345,20 +355,20 @@ FROM r GROUP BY CASE WHEN rn <= ? THEN v END, rn > ? ORDER BY 2, 3 DESC, 1`, lim
 		var v sql.NullString
 		var age float64
 		if err := rows.Scan(&v, &g.Rest, &g.Events, &age); err != nil {
-			return nil, s.fail(t, "backlog by "+column+" of", err)
+			return nil, s.fail(ctx, t, "backlog by "+column+" of", err)
 		}
 		g.Value, g.OldestAge = v.String, time.Duration(max(age, 0)*float64(time.Second))
 		if column == "created_at" && !g.Rest {
 			at, err := time.Parse("2006-01-02 15:04:05.999999", g.Value)
 			if err != nil {
-				return nil, s.fail(t, "backlog by "+column+" of", err)
+				return nil, s.fail(ctx, t, "backlog by "+column+" of", err)
 			}
 			g.Value = at.UTC().Format("2006-01-02T15:04:05.000000Z")
 		}
 		out = append(out, g)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "backlog by "+column+" of", err)
+		return nil, s.fail(ctx, t, "backlog by "+column+" of", err)
 	}
 	return out, nil
 }
@@ -371,7 +381,7 @@ func (s Store) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriver
 	}
 	rows, err := db.QueryContext(ctx, `SELECT relay, `+s.d.TimeText("started_at")+`, `+s.d.AgeSeconds("expires_at")+` FROM `+n.relays+` ORDER BY relay`)
 	if err != nil {
-		return nil, s.fail(t, "relays of", err)
+		return nil, s.fail(ctx, t, "relays of", err)
 	}
 	defer rows.Close()
 	var out []outboxdriver.RelayStatus
@@ -379,13 +389,13 @@ func (s Store) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriver
 		var x outboxdriver.RelayStatus
 		var age float64
 		if err := rows.Scan(&x.Name, timeCol{&x.Started}, &age); err != nil {
-			return nil, s.fail(t, "relays of", err)
+			return nil, s.fail(ctx, t, "relays of", err)
 		}
 		x.ExpiresIn = -time.Duration(age * float64(time.Second))
 		out = append(out, x)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "relays of", err)
+		return nil, s.fail(ctx, t, "relays of", err)
 	}
 	return out, nil
 }
@@ -411,7 +421,7 @@ SELECT `+s.d.Now+`,
 		return err
 	})
 	if err != nil {
-		return s.fail(t, "sample of", err)
+		return s.fail(ctx, t, "sample of", err)
 	}
 	return nil
 }
@@ -424,19 +434,19 @@ func (s Store) Samples(ctx context.Context, t outboxdriver.Table, since time.Tim
 	}
 	rows, err := db.QueryContext(ctx, `SELECT `+s.d.TimeText("at")+`, backlog, oldest_age, dead_letters, last_seq FROM `+n.samples+` WHERE at >= ? ORDER BY at`, s.d.TimeArg(since))
 	if err != nil {
-		return nil, s.fail(t, "samples of", err)
+		return nil, s.fail(ctx, t, "samples of", err)
 	}
 	defer rows.Close()
 	var out []outboxdriver.Sample
 	for rows.Next() {
 		var x outboxdriver.Sample
 		if err := rows.Scan(timeCol{&x.At}, &x.Backlog, &x.OldestAge, &x.DeadLetters, &x.LastSeq); err != nil {
-			return nil, s.fail(t, "samples of", err)
+			return nil, s.fail(ctx, t, "samples of", err)
 		}
 		out = append(out, x)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "samples of", err)
+		return nil, s.fail(ctx, t, "samples of", err)
 	}
 	return out, nil
 }

@@ -44,19 +44,19 @@ func (s Store) DeadLetterValues(ctx context.Context, t outboxdriver.Table, q out
 	w := s.deadLetterWhere(q, "", nil)
 	rows, err := db.QueryContext(ctx, `SELECT DISTINCT `+column+` FROM `+n.dead+` WHERE `+w.sql()+` LIMIT ?`, append(w.args, limit)...)
 	if err != nil {
-		return nil, s.fail(t, "list routed values of the dead letters of", err)
+		return nil, s.fail(ctx, t, "list routed values of the dead letters of", err)
 	}
 	defer rows.Close()
 	var vs []string
 	for rows.Next() {
 		var v string
 		if err := rows.Scan(&v); err != nil {
-			return nil, s.fail(t, "list routed values of the dead letters of", err)
+			return nil, s.fail(ctx, t, "list routed values of the dead letters of", err)
 		}
 		vs = append(vs, v)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "list routed values of the dead letters of", err)
+		return nil, s.fail(ctx, t, "list routed values of the dead letters of", err)
 	}
 	return vs, nil
 }
@@ -108,7 +108,7 @@ func (s Store) findDeadLetters(ctx context.Context, t outboxdriver.Table, q outb
 	rows, err := db.QueryContext(ctx, `SELECT id, aggregatetype, aggregateid, type, attempts, last_error, `+s.d.TimeText("dead_lettered_at")+`, held, seq
 FROM `+n.dead+` WHERE `+w.sql()+` ORDER BY dead_lettered_at, seq LIMIT ?`, append(w.args, q.Limit+1)...)
 	if err != nil {
-		return page, s.fail(t, "list dead letters of", err)
+		return page, s.fail(ctx, t, "list dead letters of", err)
 	}
 	defer rows.Close()
 	var seqs []int64
@@ -116,13 +116,13 @@ FROM `+n.dead+` WHERE `+w.sql()+` ORDER BY dead_lettered_at, seq LIMIT ?`, appen
 		var dl outboxdriver.DeadLetter
 		var seq int64
 		if err := rows.Scan(&dl.ID, &dl.AggregateType, &dl.AggregateID, &dl.Type, &dl.Attempts, &dl.LastError, timeCol{&dl.DeadLetteredAt}, &dl.Held, &seq); err != nil {
-			return page, s.fail(t, "list dead letters of", err)
+			return page, s.fail(ctx, t, "list dead letters of", err)
 		}
 		page.DeadLetters = append(page.DeadLetters, dl)
 		seqs = append(seqs, seq)
 	}
 	if err := rows.Err(); err != nil {
-		return page, s.fail(t, "list dead letters of", err)
+		return page, s.fail(ctx, t, "list dead letters of", err)
 	}
 	if len(page.DeadLetters) > q.Limit {
 		page.DeadLetters = page.DeadLetters[:q.Limit]
@@ -155,7 +155,7 @@ FROM `+n.dead+` WHERE id = ?`, u).Scan(&dl.ID, &dl.AggregateType, &dl.AggregateI
 		return dl, fmt.Errorf("%s: dead letter %s of %s: %w", s.d.Driver, id, t, outboxdriver.ErrNotFound)
 	}
 	if err != nil {
-		return dl, s.fail(t, "dead letter of", err)
+		return dl, s.fail(ctx, t, "dead letter of", err)
 	}
 	if headers.Valid {
 		dl.Headers = driverkit.ParseHeaders(headers.String)
@@ -173,7 +173,7 @@ func (s Store) AppendAudit(ctx context.Context, t outboxdriver.Table, r outboxdr
 		return err
 	}
 	if err := s.audit(ctx, db, n, r); err != nil {
-		return s.fail(t, "audit of", err)
+		return s.fail(ctx, t, "audit of", err)
 	}
 	return nil
 }
@@ -240,7 +240,7 @@ func (s Store) FindAudit(ctx context.Context, t outboxdriver.Table, q outboxdriv
 	rows, err := db.QueryContext(ctx, `SELECT id, `+s.d.TimeText("at")+", actor, action, event_id, detail, role, reason, request_id, `before`, `after`"+`
 FROM `+n.audit+` WHERE `+w.sql()+` ORDER BY id DESC LIMIT ?`, append(w.args, q.Limit)...)
 	if err != nil {
-		return nil, s.fail(t, "audit of", err)
+		return nil, s.fail(ctx, t, "audit of", err)
 	}
 	defer rows.Close()
 	out := []outboxdriver.AuditRecord{}
@@ -248,7 +248,7 @@ FROM `+n.audit+` WHERE `+w.sql()+` ORDER BY id DESC LIMIT ?`, append(w.args, q.L
 		var a outboxdriver.AuditRecord
 		var before, after sql.NullString
 		if err := rows.Scan(&a.ID, timeCol{&a.At}, &a.Actor, &a.Action, text{&a.EventID}, &a.Detail, &a.Role, &a.Reason, text{&a.RequestID}, &before, &after); err != nil {
-			return nil, s.fail(t, "audit of", err)
+			return nil, s.fail(ctx, t, "audit of", err)
 		}
 		if before.Valid {
 			a.Before = []byte(before.String)
@@ -259,7 +259,7 @@ FROM `+n.audit+` WHERE `+w.sql()+` ORDER BY id DESC LIMIT ?`, append(w.args, q.L
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "audit of", err)
+		return nil, s.fail(ctx, t, "audit of", err)
 	}
 	return out, nil
 }
@@ -297,7 +297,7 @@ func (s Store) move(ctx context.Context, t outboxdriver.Table, ids []string, by 
 		return err
 	})
 	if err != nil {
-		return nil, s.fail(t, action+" dead letters of", err)
+		return nil, s.fail(ctx, t, action+" dead letters of", err)
 	}
 	return moved, nil
 }

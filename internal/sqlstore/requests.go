@@ -82,7 +82,7 @@ func (s Store) requestTx(ctx context.Context, t outboxdriver.Table, what string,
 		return err
 	}
 	if err := s.inTx(ctx, db, func(tx *sql.Tx) error { return fn(tx, n) }); err != nil {
-		return s.fail(t, what, err)
+		return s.fail(ctx, t, what, err)
 	}
 	return nil
 }
@@ -106,7 +106,7 @@ func (s Store) GetRequest(ctx context.Context, t outboxdriver.Table, id string) 
 	}
 	r, err := s.getRequest(ctx, db, n, id, false)
 	if err != nil {
-		return r.Request, s.fail(t, "request of", err)
+		return r.Request, s.fail(ctx, t, "request of", err)
 	}
 	return r.Request, nil
 }
@@ -123,19 +123,19 @@ func (s Store) ListRequests(ctx context.Context, t outboxdriver.Table, state str
 	}
 	rows, err := db.QueryContext(ctx, `SELECT `+s.requestCols()+` FROM `+n.requests+` WHERE `+w.sql()+` ORDER BY created_at DESC, id LIMIT ?`, append(w.args, limit)...)
 	if err != nil {
-		return nil, s.fail(t, "requests of", err)
+		return nil, s.fail(ctx, t, "requests of", err)
 	}
 	defer rows.Close()
 	var out []outboxdriver.Request
 	for rows.Next() {
 		r, err := scanRequest(rows)
 		if err != nil {
-			return nil, s.fail(t, "requests of", err)
+			return nil, s.fail(ctx, t, "requests of", err)
 		}
 		out = append(out, r.Request)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "requests of", err)
+		return nil, s.fail(ctx, t, "requests of", err)
 	}
 	return out, nil
 }
@@ -309,7 +309,7 @@ func (s Store) SetRequestTotal(ctx context.Context, t outboxdriver.Table, id str
 		return err
 	}
 	if _, err := db.ExecContext(ctx, `UPDATE `+n.requests+` SET total = ? WHERE id = ? AND total IS NULL`, total, id); err != nil {
-		return s.fail(t, "request of", err)
+		return s.fail(ctx, t, "request of", err)
 	}
 	return nil
 }
@@ -359,7 +359,7 @@ func (s Store) HasPublished(ctx context.Context, t outboxdriver.Table) (bool, er
 		return false, nil
 	}
 	if err != nil {
-		return false, s.fail(t, "published rows of", err)
+		return false, s.fail(ctx, t, "published rows of", err)
 	}
 	return true, nil
 }
@@ -376,24 +376,24 @@ func (s Store) PreviewReplay(ctx context.Context, t outboxdriver.Table, f outbox
 	}
 	var count int64
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM `+n.table+` o WHERE `+w.sql(), w.args...).Scan(&count); err != nil {
-		return 0, nil, s.fail(t, "preview a replay of", err)
+		return 0, nil, s.fail(ctx, t, "preview a replay of", err)
 	}
 	rows, err := db.QueryContext(ctx, `SELECT o.id, o.seq, o.aggregatetype, o.aggregateid, o.type, `+s.d.TimeText("o.created_at")+`, `+s.d.TimeText("o.published_at")+`
 FROM `+n.table+` o WHERE `+w.sql()+` ORDER BY o.seq LIMIT ?`, append(w.args, limit)...)
 	if err != nil {
-		return 0, nil, s.fail(t, "preview a replay of", err)
+		return 0, nil, s.fail(ctx, t, "preview a replay of", err)
 	}
 	defer rows.Close()
 	var evs []outboxdriver.ReplayEvent
 	for rows.Next() {
 		var e outboxdriver.ReplayEvent
 		if err := rows.Scan(&e.ID, &e.Seq, &e.AggregateType, &e.AggregateID, &e.Type, timeCol{&e.CreatedAt}, timeCol{&e.PublishedAt}); err != nil {
-			return 0, nil, s.fail(t, "preview a replay of", err)
+			return 0, nil, s.fail(ctx, t, "preview a replay of", err)
 		}
 		evs = append(evs, e)
 	}
 	if err := rows.Err(); err != nil {
-		return 0, nil, s.fail(t, "preview a replay of", err)
+		return 0, nil, s.fail(ctx, t, "preview a replay of", err)
 	}
 	return count, evs, nil
 }
@@ -413,19 +413,19 @@ func (s Store) RoutedValues(ctx context.Context, t outboxdriver.Table, f outboxd
 	}
 	rows, err := db.QueryContext(ctx, `SELECT DISTINCT o.`+column+` FROM `+n.table+` o WHERE `+w.sql()+` LIMIT ?`, append(w.args, limit)...)
 	if err != nil {
-		return nil, s.fail(t, "destinations of", err)
+		return nil, s.fail(ctx, t, "destinations of", err)
 	}
 	defer rows.Close()
 	var out []string
 	for rows.Next() {
 		var v string
 		if err := rows.Scan(&v); err != nil {
-			return nil, s.fail(t, "destinations of", err)
+			return nil, s.fail(ctx, t, "destinations of", err)
 		}
 		out = append(out, v)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.fail(t, "destinations of", err)
+		return nil, s.fail(ctx, t, "destinations of", err)
 	}
 	return out, nil
 }

@@ -58,13 +58,16 @@ type Dialect struct {
 	// LastSeq is the SQL (and its arguments) of the highest position the
 	// outbox table t has handed out, deleted rows included.
 	LastSeq func(t outboxdriver.Table) (string, []any)
-	// NoTable reports the error of a table that does not exist.
+	// NoTable reports the error of a table, column or routine that does
+	// not exist.
 	NoTable func(error) bool
+	// Migrated reports whether the outbox table t and its migrations
+	// table exist.
+	Migrated func(ctx context.Context, db *sql.DB, t outboxdriver.Table) (bool, error)
+	// Latest is the newest schema version the driver knows.
+	Latest func() int
 	// TxOptions are the options of the Store's write transactions.
 	TxOptions *sql.TxOptions
-	// ConsoleVersion is the first schema version with the console's
-	// tables (pauses, requests, role and reason in the audit).
-	ConsoleVersion int
 }
 
 // Store answers the operators' queries and actions on the tables of one
@@ -82,7 +85,7 @@ func New(d Dialect, db func() (*sql.DB, error)) Store { return Store{d: d, db: d
 type tables struct {
 	t                                         outboxdriver.Table
 	table, dead, held, audit, pause, requests string
-	samples, relays, prune                    string
+	samples, relays, prune, migrations        string
 }
 
 func (s Store) open(t outboxdriver.Table) (*sql.DB, tables, error) {
@@ -104,19 +107,47 @@ func (d Dialect) names(t outboxdriver.Table) (tables, error) {
 		return tables{}, err
 	}
 	return tables{t: t, table: q(""), dead: q("_dead_letter"), held: q("_held"), audit: q("_audit"), pause: q("_pause"),
-		requests: q("_requests"), samples: q("_samples"), relays: q("_relays"), prune: q("_audit_prune")}, nil
+		requests: q("_requests"), samples: q("_samples"), relays: q("_relays"), prune: q("_audit_prune"),
+		migrations: q("_migrations")}, nil
 }
 
-// fail wraps err of what on t; a table that lacks the console's tables
-// says to migrate.
-func (s Store) fail(t outboxdriver.Table, what string, err error) error {
+// fail wraps err of what ("list dead letters of") on t: the one place the
+// Store's methods say why they failed. When the database reports a
+// missing table, column or routine, fail reads t's schema version: a
+// table never migrated wraps outboxdriver.ErrNotMigrated, one at an older
+// version says to migrate it (driverkit.MissingSchema).
+//
+// It reads on the pool: call it once the failed statement's connection is
+// back (after the transaction, never inside it).
+func (s Store) fail(ctx context.Context, t outboxdriver.Table, what string, err error) error {
 	if errors.Is(err, outboxdriver.ErrNotFound) || errors.Is(err, outboxdriver.ErrRequestState) {
 		return err
 	}
 	if s.d.NoTable != nil && s.d.NoTable(err) {
-		return fmt.Errorf("%s: %s %s: the table predates the console's schema (version %d): run `outbox migrate`: %w", s.d.Driver, what, t, s.d.ConsoleVersion, err)
+		if v, verr := s.schemaVersion(ctx, t); verr == nil {
+			if e := driverkit.MissingSchema(s.d.Driver, what, t, v, s.d.Latest(), err); e != nil {
+				return e
+			}
+		}
 	}
 	return fmt.Errorf("%s: %s %s: %w", s.d.Driver, what, t, oneLine(err))
+}
+
+// schemaVersion is the schema version of t: 0 when it is not migrated.
+func (s Store) schemaVersion(ctx context.Context, t outboxdriver.Table) (int, error) {
+	if s.db == nil || s.d.Migrated == nil || s.d.Latest == nil {
+		return 0, errors.New("no pool to read the schema version with")
+	}
+	db, n, err := s.open(t)
+	if err != nil {
+		return 0, err
+	}
+	if ok, err := s.d.Migrated(ctx, db, n.t); err != nil || !ok {
+		return 0, err
+	}
+	var v int
+	err = db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM `+n.migrations).Scan(&v)
+	return v, err
 }
 
 // oneLine keeps an error's text on one line (SQLite's span several).
