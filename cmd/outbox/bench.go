@@ -144,8 +144,8 @@ Scenarios:
 			if err != nil {
 				return err
 			}
-			if scheme, _, ok := strings.Cut(strings.ToLower(raw), "://"); ok && scheme != "postgres" && scheme != "postgresql" {
-				return fmt.Errorf("--db %s://...: bench runs on PostgreSQL only (its scenarios measure PostgreSQL's commit, LISTEN/NOTIFY and vacuum); pass a postgres:// URL", scheme)
+			if err := postgresOnly(raw, "bench runs on PostgreSQL only (its scenarios measure PostgreSQL's commit, LISTEN/NOTIFY and vacuum)"); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			pool, err := f.connect(ctx, int32(max(slices.Max(writers), bench.LatencyWriters+4)))
@@ -212,7 +212,7 @@ Scenarios:
 			return bench.WriteTable(cmd.OutOrStdout(), results)
 		},
 	}
-	cmd.Flags().StringVar(&f.db, "db", "", "PostgreSQL URL, e.g. postgres://user@host:5432/db (or OUTBOX_DB)")
+	cmd.Flags().StringVar(&f.db, "db", "", pgDBHelp)
 	cmd.Flags().StringVar(&scenario, "scenario", "write", "scenario to run: "+strings.Join(scenarioNames(), ", "))
 	cmd.Flags().DurationVar(&duration, "duration", bench.DefaultDuration, "measured time per cell, split over the rounds")
 	cmd.Flags().DurationVar(&warmup, "warmup", bench.DefaultWarmup, "unmeasured load before each round of a cell")

@@ -12,9 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/outboxkit/outbox/internal/driverkit"
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/reconcile"
 )
@@ -35,8 +38,9 @@ func newReconcile() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "reconcile",
-		Short: "Find what the guarantees cannot: stuck events, held aggregates, old dead letters, business rows without their event, events without their effect (exit 0 clean, 1 findings, 2 error)",
-		Long: `Read the outbox (PostgreSQL) and report:
+		Short: "Find what the guarantees cannot: stuck events, held aggregates, old dead letters, business rows without their event, events without their effect (PostgreSQL; exit 0 clean, 1 findings, 2 error)",
+		Long: `Read the outbox and report (PostgreSQL only: the checks, and those of
+--config, are PostgreSQL queries):
   pending         events unpublished for longer than --pending-after, per aggregate type
   held            aggregates held for longer than --held-after
   dead-letter     dead letters older than --dead-letter-after
@@ -66,14 +70,24 @@ says what to do with each finding.`,
 			if err != nil {
 				return &exitError{2, err}
 			}
+			raw, err := f.dbURL()
+			if err == nil {
+				err = postgresOnly(raw, "reconcile reads PostgreSQL only (its checks, and those of --config, are PostgreSQL queries)")
+			}
+			if err != nil {
+				return &exitError{2, err}
+			}
 			ctx := cmd.Context()
-			pool, err := f.connect(ctx, 2)
+			pool, err := connectPostgres(ctx, raw, 2)
 			if err != nil {
 				return &exitError{2, err}
 			}
 			defer pool.Close()
 			if t.Schema == "" {
 				t.Schema = "public"
+			}
+			if err := pgMigrated(ctx, pool, t); err != nil {
+				return &exitError{2, err}
 			}
 			rep, err := reconcile.Run(ctx, pool, t, &cfg)
 			if err != nil {
@@ -104,7 +118,7 @@ says what to do with each finding.`,
 			return nil
 		},
 	}
-	f.register(cmd)
+	f.registerPostgres(cmd)
 	fl := cmd.Flags()
 	fl.DurationVar(&cfg.PendingAfter, "pending-after", 5*time.Minute, "an event unpublished for longer is a finding")
 	fl.DurationVar(&cfg.HeldAfter, "held-after", 15*time.Minute, "an aggregate held for longer is a finding")
@@ -116,6 +130,19 @@ says what to do with each finding.`,
 	fl.StringVar(&file, "config", "", `JSON file: {"checks": [{"name", "business", "events"}], "inboxes": [{"table", "consumer", "aggregate_types"}]}`)
 	fl.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd
+}
+
+// pgMigrated returns the error every command gives for a table that
+// does not exist (outboxdriver.ErrNotMigrated) when t is not migrated.
+func pgMigrated(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) error {
+	var ok bool
+	if err := pool.QueryRow(ctx, pgschema.MigratedSQL, pgschema.MigratedArgs(t)...).Scan(&ok); err != nil {
+		return fmt.Errorf("reconcile: %s: %w", t, err)
+	}
+	if !ok {
+		return driverkit.NotMigrated("outboxpgx", t)
+	}
+	return nil
 }
 
 // loadReconcileFile reads the checks and inboxes of a --config file into

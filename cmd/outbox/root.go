@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -43,6 +44,14 @@ const dbHelp = "database URL: postgres://user@host:5432/db, mysql://user:pass@ho
 func (f *dbFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.db, "db", "", dbHelp)
 	f.registerTable(cmd)
+}
+
+// registerPostgres registers --db, --schema and --table for a command
+// that reads PostgreSQL only.
+func (f *dbFlags) registerPostgres(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.db, "db", "", pgDBHelp)
+	cmd.Flags().StringVar(&f.schema, "schema", "", "schema of the outbox table (default public)")
+	cmd.Flags().StringVar(&f.table, "table", "outbox", "name of the outbox table")
 }
 
 // registerTable registers --schema and --table.
@@ -127,6 +136,19 @@ func (f *dbFlags) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	}
 	return connectPostgres(ctx, raw, maxConns)
 }
+
+// postgresOnly refuses a database URL raw of another scheme than
+// PostgreSQL's before anything is opened; why says which command needs
+// PostgreSQL and why ("bench runs on PostgreSQL only (...)").
+func postgresOnly(raw, why string) error {
+	if scheme, _, ok := strings.Cut(strings.ToLower(raw), "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+		return fmt.Errorf("--db %s://...: %s; pass a postgres:// URL", scheme, why)
+	}
+	return nil
+}
+
+// pgDBHelp is --db's help for the commands that read PostgreSQL only.
+const pgDBHelp = "PostgreSQL URL, e.g. postgres://user@host:5432/db (or OUTBOX_DB)"
 
 // connectPostgres opens a pool on the PostgreSQL database raw names, and
 // refuses any other database.
