@@ -108,6 +108,27 @@ func TestEndToEndRabbitMQ(t *testing.T) {
 	}
 }
 
+// TestRelayAMQPErrorsNameTheFlags: a relay whose --amqp-exchange does not
+// exist stops at start-up with one line in RabbitMQ's words that names the
+// flags that fix it.
+func TestRelayAMQPErrorsNameTheFlags(t *testing.T) {
+	t.Parallel()
+	_, flags := migrated(t)
+	missing := testenv.Name("missing")
+	args := append([]string{"relay", "--sink", "amqp://guest:guest@127.0.0.1:5672/", "--amqp-exchange", missing}, flags...)
+	_, stderr, code := run(t, []string{"OUTBOX_SINK="}, args...)
+	lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+	last := lines[len(lines)-1]
+	if code == 0 || !strings.HasPrefix(last, "outbox: ") {
+		t.Fatalf("relay to a missing exchange: exit %d, stderr %q; want a failure ending with one \"outbox: \" line", code, stderr)
+	}
+	for _, want := range []string{fmt.Sprintf("the exchange %q does not exist in vhost", missing), "--amqp-exchange", "declare it", "--amqp-declare"} {
+		if !strings.Contains(last, want) {
+			t.Errorf("relay to a missing exchange: %q; want it to say %q", last, want)
+		}
+	}
+}
+
 func TestEndToEndMQTT(t *testing.T) {
 	t.Parallel()
 	tb, flags := migrated(t)

@@ -122,7 +122,7 @@ func normalize(cfg *Config) (Config, error) {
 		c.Exchange = DefaultExchange
 	}
 	if len(c.Exchange) > 255 {
-		return c, fmt.Errorf("amqpsink: invalid Config.Exchange: %d bytes, at most 255 allowed", len(c.Exchange))
+		return c, fmt.Errorf("amqpsink: exchange name of %d bytes: RabbitMQ allows at most 255 (--amqp-exchange; Config.Exchange)", len(c.Exchange))
 	}
 	if c.ExchangeType == "" {
 		c.ExchangeType = DefaultExchangeType
@@ -134,7 +134,7 @@ func normalize(cfg *Config) (Config, error) {
 		return c, fmt.Errorf("amqpsink: invalid Config.KeyHeader: %d bytes, at most 255 allowed", len(c.KeyHeader))
 	}
 	if len(c.Queues) > 0 && !c.Declare {
-		return c, errors.New("amqpsink: Config.Queues is set but Config.Declare is not: set Declare to have Setup declare the queues")
+		return c, errors.New("amqpsink: Config.Queues names queues to declare and bind, but Config.Declare is not set: set it, so that Setup declares the exchange, the queues and their bindings")
 	}
 	for i, q := range c.Queues {
 		switch {
@@ -523,7 +523,7 @@ func (s *Sink) setup() error {
 		if err := ch.ExchangeDeclarePassive(ex, s.cfg.ExchangeType, true, false, false, false, nil); err != nil {
 			var ae *amqp.Error
 			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-				return fmt.Errorf("amqpsink: exchange %q does not exist in vhost %q: declare it, or set Config.Declare to let Setup declare it", ex, cs.conn.Config.Vhost)
+				return fmt.Errorf("amqpsink: %s", s.noExchange(ex, cs.conn.Config.Vhost))
 			}
 			return s.setupErr(cs, fmt.Errorf("amqpsink: check exchange %q: %w", ex, err))
 		}
@@ -533,7 +533,8 @@ func (s *Sink) setup() error {
 	if err := ch.ExchangeDeclare(ex, s.cfg.ExchangeType, true, false, false, false, nil); err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-			return fmt.Errorf("amqpsink: exchange %q exists with other settings than type %q, durable: %v; delete it or change Config.ExchangeType", ex, s.cfg.ExchangeType, ae.Reason)
+			return fmt.Errorf("amqpsink: the exchange %q exists in vhost %q but is not a durable %s exchange (RabbitMQ: %s): delete it, "+
+				"or publish to another exchange (--amqp-exchange; Config.Exchange, and Config.ExchangeType for its type)", ex, cs.conn.Config.Vhost, s.cfg.ExchangeType, ae.Reason)
 		}
 		return s.setupErr(cs, fmt.Errorf("amqpsink: declare exchange %q: %w", ex, err))
 	}
@@ -543,18 +544,45 @@ func (s *Sink) setup() error {
 		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, q.Args); err != nil {
 			var ae *amqp.Error
 			if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
-				return fmt.Errorf("amqpsink: queue %q exists with other settings than durable with arguments %v: %v; delete it or change its Config.Queues entry", q.Name, q.Args, ae.Reason)
+				return fmt.Errorf("amqpsink: the queue %q exists in vhost %q but is not a durable queue with arguments %v (RabbitMQ: %s): delete it, or change its entry in Config.Queues", q.Name, cs.conn.Config.Vhost, q.Args, ae.Reason)
 			}
 			return s.setupErr(cs, fmt.Errorf("amqpsink: declare queue %q: %w", q.Name, err))
 		}
 		for _, k := range q.BindingKeys {
 			if err := ch.QueueBind(q.Name, k, ex, false, nil); err != nil {
-				return s.setupErr(cs, fmt.Errorf("amqpsink: bind queue %q to exchange %q with key %q: %w", q.Name, ex, k, err))
+				return s.setupErr(cs, fmt.Errorf("amqpsink: bind queue %q to exchange %q with binding key %q: %w", q.Name, ex, k, err))
 			}
 		}
 		s.log.Info("amqpsink: declared queue", "queue", q.Name, "exchange", ex, "binding_keys", q.BindingKeys)
 	}
 	return nil
+}
+
+// The errors below speak RabbitMQ (exchange, queue, binding key) and name
+// what fixes them twice: the flag of outbox relay, where the setting comes
+// from one, and the Config field of a program that builds the sink itself.
+
+// noExchange says that exchange does not exist in vhost, and how to make
+// it exist.
+func (s *Sink) noExchange(exchange, vhost string) string {
+	if exchange != s.cfg.Exchange {
+		return fmt.Sprintf("the exchange %q (from Config.Route) does not exist in vhost %q: declare it (Setup declares Config.Exchange only)", exchange, vhost)
+	}
+	return fmt.Sprintf("the exchange %q does not exist in vhost %q: check its name (--amqp-exchange; Config.Exchange), declare it (a durable %s exchange), "+
+		"or let the relay declare it at start-up (--amqp-declare; Config.Declare, then Setup)", exchange, vhost, s.cfg.ExchangeType)
+}
+
+// noBinding says that no queue is bound to receive a message of r, and
+// how to bind one.
+func noBinding(r route) string {
+	return fmt.Sprintf("no queue is bound to the exchange %q with a binding key that matches the routing key %q; bind a queue "+
+		"(rabbitmqadmin declare binding source=%q destination=QUEUE routing_key=%q; Config.Queues), or route the event to a key a queue is bound with "+
+		"(--destination, --route-by, --route-replacement; Config.Route)", r.exchange, r.key, r.exchange, r.key)
+}
+
+// accessRefused says that the URL's user may not publish to exchange.
+func accessRefused(exchange, vhost string) string {
+	return fmt.Sprintf("access refused: the user of the URL may not publish to the exchange %q in vhost %q (grant it write permission: rabbitmqctl set_permissions)", exchange, vhost)
 }
 
 // setupErr marks err Unavailable when the connection is gone.
@@ -720,13 +748,13 @@ func (s *Sink) check(m *sink.Message, r *route) error {
 	}
 	switch {
 	case len(r.exchange) > 255:
-		return fmt.Errorf("%s: exchange name of %d bytes, at most 255 allowed (check Config.Route)", pre(), len(r.exchange))
+		return fmt.Errorf("%s: exchange name of %d bytes from Config.Route: RabbitMQ allows at most 255", pre(), len(r.exchange))
 	case len(r.key) > 255:
-		return fmt.Errorf("%s: routing key of %d bytes, at most 255 allowed", pre(), len(r.key))
+		return fmt.Errorf("%s: routing key (the destination) of %d bytes: RabbitMQ allows at most 255", pre(), len(r.key))
 	case len(m.ID) > 255:
 		return fmt.Errorf("%s: message id of %d bytes, AMQP's message-id holds at most 255", pre(), len(m.ID))
 	case s.cfg.MaxMessageSize > 0 && len(m.Value) > s.cfg.MaxMessageSize:
-		return fmt.Errorf("%s: body of %d bytes exceeds Config.MaxMessageSize of %d bytes (set it to the broker's max_message_size)", pre(), len(m.Value), s.cfg.MaxMessageSize)
+		return fmt.Errorf("%s: body of %d bytes exceeds the largest message the sink sends, %d bytes (RabbitMQ's max_message_size; Config.MaxMessageSize)", pre(), len(m.Value), s.cfg.MaxMessageSize)
 	}
 	for _, h := range m.Headers {
 		if len(h.Key) > 255 {
@@ -807,10 +835,10 @@ func (s *Sink) checkExchanges(j *job, cs *connState, todo []int) []int {
 		var ae *amqp.Error
 		switch {
 		case errors.As(err, &ae) && ae.Code == amqp.NotFound && !cs.conn.IsClosed():
-			j.set(i, sink.Permanent(fmt.Errorf("amqpsink: publish to exchange %q with routing key %q: exchange does not exist in vhost %q (declare it, or set Config.Declare and call Setup): %w",
-				r.exchange, r.key, cs.conn.Config.Vhost, err)))
+			j.set(i, sink.Permanent(fmt.Errorf("amqpsink: publish to exchange %q with routing key %q: %s: %w",
+				r.exchange, r.key, s.noExchange(r.exchange, cs.conn.Config.Vhost), err)))
 		case errors.As(err, &ae) && ae.Code == amqp.AccessRefused && !cs.conn.IsClosed():
-			j.set(i, sink.Permanent(fmt.Errorf("amqpsink: publish to exchange %q with routing key %q: access refused (does the user have permission on the exchange?): %w", r.exchange, r.key, err)))
+			j.set(i, sink.Permanent(fmt.Errorf("amqpsink: publish to exchange %q with routing key %q: %s: %w", r.exchange, r.key, accessRefused(r.exchange, cs.conn.Config.Vhost), err)))
 		default:
 			j.set(i, s.lostErr(cs, r, fmt.Errorf("check that the exchange exists: %w", err)))
 		}
@@ -926,7 +954,7 @@ func (s *Sink) batch(j *job, cs *connState, idx []int) (unresolved []int, cause 
 		case <-p.dc.Done():
 		case <-timer.C:
 			reuse = false // its confirm may still arrive
-			j.set(p.i, s.lostErr(cs, j.routes[p.i], fmt.Errorf("no confirm within Config.ConfirmTimeout (%v)", s.cfg.ConfirmTimeout)))
+			j.set(p.i, s.lostErr(cs, j.routes[p.i], fmt.Errorf("no confirm within %v (Config.ConfirmTimeout)", s.cfg.ConfirmTimeout)))
 			window = window[1:]
 			return true
 		case <-j.stop:
@@ -942,8 +970,8 @@ func (s *Sink) batch(j *job, cs *connState, idx []int) (unresolved []int, cause 
 		r := j.routes[p.i]
 		switch {
 		case p.dc.Acked() && p.returned != nil:
-			j.set(p.i, sink.Permanent(fmt.Errorf("amqpsink: publish to exchange %q with routing key %q: %w (%d %s): no queue is bound to receive it; bind a queue (e.g. with Config.Queues) or fix Config.Route",
-				r.exchange, r.key, ErrUnroutable, p.returned.ReplyCode, p.returned.ReplyText)))
+			j.set(p.i, sink.Permanent(fmt.Errorf("amqpsink: publish to exchange %q with routing key %q: %w (%d %s): %s",
+				r.exchange, r.key, ErrUnroutable, p.returned.ReplyCode, p.returned.ReplyText, noBinding(r))))
 		case p.dc.Acked():
 			j.set(p.i, nil)
 		case pc.ch.IsClosed():
@@ -1069,9 +1097,9 @@ func (s *Sink) rejectedErr(cs *connState, m *sink.Message, r route, cause error)
 	errors.As(cause, &ae)
 	switch ae.Code {
 	case amqp.NotFound:
-		return sink.Permanent(fmt.Errorf("%s: exchange does not exist in vhost %q (declare it, or set Config.Declare and call Setup): %w", pre, cs.conn.Config.Vhost, cause))
+		return sink.Permanent(fmt.Errorf("%s: %s: %w", pre, s.noExchange(r.exchange, cs.conn.Config.Vhost), cause))
 	case amqp.AccessRefused:
-		return sink.Permanent(fmt.Errorf("%s: access refused (does the user have write permission on the exchange?): %w", pre, cause))
+		return sink.Permanent(fmt.Errorf("%s: %s: %w", pre, accessRefused(r.exchange, cs.conn.Config.Vhost), cause))
 	default:
 		return sink.Permanent(fmt.Errorf("%s: the broker rejected the message (body of %d bytes; a body over the broker's max_message_size is rejected like this): %w", pre, len(m.Value), cause))
 	}

@@ -280,7 +280,10 @@ func TestUnroutableIsPermanentFailure(t *testing.T) {
 		if !sink.IsPermanent(err) || sink.IsUnavailable(err) || !errors.Is(err, ErrUnroutable) {
 			t.Errorf("unroutable message %d: %v; want permanent, wrapping ErrUnroutable", i, err)
 		}
-		for _, want := range []string{e.exchange, e.prefix + ".nobody-listens", "no queue is bound"} {
+		// RabbitMQ's words, and what fixes it for the relay's user and
+		// for a program's.
+		for _, want := range []string{e.exchange, e.prefix + ".nobody-listens", "no queue is bound to the exchange", "binding key", "routing key",
+			"--destination", "Config.Queues", "Config.Route"} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("unroutable message %d: error %q does not mention %q", i, err, want)
 			}
@@ -314,7 +317,7 @@ func TestMissingExchangeIsPermanentAndSparesTheBatch(t *testing.T) {
 		if errs[0] != nil || errs[2] != nil {
 			t.Fatalf("round %d: messages to an existing exchange: %v, %v", round, errs[0], errs[2])
 		}
-		if !sink.IsPermanent(errs[1]) || !strings.Contains(errs[1].Error(), "exchange does not exist") || !strings.Contains(errs[1].Error(), missing) {
+		if !sink.IsPermanent(errs[1]) || !strings.Contains(errs[1].Error(), fmt.Sprintf("the exchange %q (from Config.Route) does not exist", missing)) {
 			t.Fatalf("round %d: message to a missing exchange: %v; want a permanent error naming it", round, errs[1])
 		}
 	}
@@ -537,11 +540,14 @@ func TestSetup(t *testing.T) {
 	e.queues = append(e.queues, qName)
 	e.mu.Unlock()
 
-	// Without Declare, a missing exchange is reported.
+	// Without Declare, a missing exchange is reported, with the relay's
+	// flags and the Config fields that fix it.
 	s := e.newSink(t, nil)
 	err := s.Setup(testenv.Context(t, 30*time.Second))
-	if err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), e.exchange) || !strings.Contains(err.Error(), "Config.Declare") {
-		t.Fatalf("Setup without Declare on a missing exchange: %v", err)
+	for _, want := range []string{fmt.Sprintf("the exchange %q does not exist", e.exchange), "--amqp-exchange", "Config.Exchange", "--amqp-declare", "Config.Declare"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Setup without Declare on a missing exchange: %v; want it to say %q", err, want)
+		}
 	}
 
 	cfg := &Config{Exchange: e.exchange, Declare: true, Queues: []Queue{{Name: qName, BindingKeys: []string{"orders.#", "payments.*"}}}}
@@ -582,8 +588,10 @@ func TestSetup(t *testing.T) {
 	}
 	// Another type for an existing exchange is reported.
 	err = e.newSink(t, &Config{Exchange: e.exchange, ExchangeType: "fanout", Declare: true}).Setup(testenv.Context(t, 30*time.Second))
-	if err == nil || !strings.Contains(err.Error(), "other settings") {
-		t.Fatalf("Setup with another exchange type: %v", err)
+	for _, want := range []string{fmt.Sprintf("the exchange %q exists", e.exchange), "is not a durable fanout exchange", "--amqp-exchange", "Config.ExchangeType"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Setup with another exchange type: %v; want it to say %q", err, want)
+		}
 	}
 }
 
@@ -598,7 +606,7 @@ func TestConfigErrors(t *testing.T) {
 		{Config{Queues: []Queue{{Name: "q", BindingKeys: []string{"#"}}}}, "Declare"},
 		{Config{Declare: true, Queues: []Queue{{Name: "q"}}}, "BindingKeys"},
 		{Config{Declare: true, Queues: []Queue{{BindingKeys: []string{"#"}}}}, "Name"},
-		{Config{Exchange: strings.Repeat("x", 256)}, "Exchange"},
+		{Config{Exchange: strings.Repeat("x", 256)}, "(--amqp-exchange; Config.Exchange)"},
 	} {
 		if _, err := normalize(&tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want an error about %s", tc.cfg, err, tc.want)

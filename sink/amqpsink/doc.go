@@ -21,6 +21,12 @@
 // the exchange exists (a passive declare). Setup can declare the exchange
 // and the queues at start-up (Config.Declare).
 //
+// The errors speak RabbitMQ (exchange, queue, binding key, routing key,
+// vhost) and name what fixes them twice: the flag of outbox relay, which
+// builds this sink from --amqp-exchange and --amqp-declare, and the Config
+// field of a program that builds it itself ("declare it, or let the relay
+// declare it at start-up (--amqp-declare; Config.Declare, then Setup)").
+//
 // # Message format
 //
 // The Value is the body, published as is, persistent (delivery mode 2), with
