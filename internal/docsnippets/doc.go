@@ -14,7 +14,8 @@
 //
 //   - A block whose first line that is neither blank nor a // comment
 //     starts with "package " is a complete Go file. It is built as it is,
-//     as a package of its own (a package main is built, never run).
+//     as a package of its own (a package main is built, never run, but
+//     for the README's quick start: see below).
 //   - Any other ```go block is a fragment: a list of statements. It is
 //     compiled as the body of a function, in a file whose package clause is
 //     generated and whose imports and package-level declarations come from
@@ -50,6 +51,14 @@
 // removes at the end; its name starts with an underscore, so that ./...
 // never matches it. Compiler errors carry the Markdown file's name and
 // line (through //line directives), not the generated file's.
+//
+// # The quick start
+//
+// The README's quick start (the block starting "// Command quickstart") is
+// also run, on a PostgreSQL database and an embedded NATS JetStream server
+// of the test's own put in place of the ones it names: it must log what it
+// published where ("published OrderPlaced of order 1 to
+// outbox.event.order in stream OUTBOX") and stop cleanly on SIGINT.
 //
 // # Links
 //
