@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -14,14 +15,13 @@ import (
 	"github.com/outboxkit/outbox/sink"
 )
 
+// loop is the batch loop: claim, publish, record, until ctx ends. A claim
+// that fails, or a batch that meets a broker outage, is reported to that
+// dependency's outage tracker, which logs the outage once and says how long
+// to wait before the next claim (at most breakerMax: the next claim is the
+// next try).
 func (r *Relay) loop(ctx, pubCtx context.Context) {
-	var (
-		failures       int // consecutive claims that failed (database)
-		brokerFailures int // consecutive batches that met a broker outage
-		dbDown         time.Time
-		brokerDown     time.Time // when the first of them failed
-	)
-	wk := newWakeups(r.src, r.cfg.PollInterval, r.log)
+	wk := newWakeups(r.src, r.cfg.PollInterval, r.db)
 	for ctx.Err() == nil {
 		leases := r.leases.snapshot()
 		if len(leases) == 0 || r.pauses.refresh(ctx) {
@@ -37,19 +37,10 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if failures == 0 {
-				dbDown = time.Now()
-			}
-			failures++
-			d := backoff.Delay(failures, breakerBase, breakerMax)
-			r.log.Error("relay: claim failed; retrying", "err", err, "retry_in", d, "failures", failures)
-			sleep(ctx, d)
+			sleep(ctx, r.db.Fail(opClaim, err))
 			continue
 		}
-		if failures > 0 {
-			r.log.Warn("relay: recovered: the database answers again", "failures", failures, "down_for", time.Since(dbDown).Round(time.Millisecond))
-			failures = 0 // a broker outage counts anew below
-		}
+		r.db.OK()
 		recs := b.Records()
 		r.metrics.Claimed(len(recs))
 		if len(recs) == 0 {
@@ -63,8 +54,13 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 		r.stage(StageClaimed, len(recs))
 		full := len(recs) == limit
 		wk.claimed(ctx, len(recs), full)
-		clean, outage := r.process(pubCtx, b, recs)
+		clean, retry, outage := r.process(pubCtx, b, recs)
 		r.leases.inFlight.RUnlock()
+		if retry > 0 {
+			// The outcome was not recorded: the database fails.
+			sleep(ctx, retry)
+			continue
+		}
 		if outage == nil && r.pauses.stall() {
 			// Paused events the claim could not leave out: they would
 			// come back at once.
@@ -75,10 +71,16 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 			// A backlog: work it off in lanes.
 			outage = r.lanes(ctx, pubCtx)
 		}
-		if outage == nil && brokerFailures > 0 {
-			r.log.Warn("relay: recovered: the broker takes messages again", "failures", brokerFailures, "down_for", time.Since(brokerDown).Round(time.Millisecond))
-			brokerFailures = 0
+		if outage != nil {
+			if ctx.Err() != nil {
+				return // stopping: publishes in flight were cut short
+			}
+			// The next claim publishes the batch again: the probe of the
+			// broker, every breakerMax at most.
+			sleep(ctx, r.broker.Fail("publish", outage))
+			continue
 		}
+		r.broker.OK()
 		if clean && !full {
 			switch wk.caughtUp(ctx) {
 			case claimAgain:
@@ -89,19 +91,9 @@ func (r *Relay) loop(ctx, pubCtx context.Context) {
 				continue
 			}
 		}
-		if outage == nil {
-			if wk.steady && !full {
-				r.linger(ctx, claimed)
-			}
-			continue
+		if wk.steady && !full {
+			r.linger(ctx, claimed)
 		}
-		if brokerFailures == 0 {
-			brokerDown = time.Now()
-		}
-		brokerFailures++
-		d := backoff.Delay(brokerFailures, breakerBase, breakerMax)
-		r.log.Warn("relay: the broker is unreachable; backing off without spending attempts", "retry_in", d, "failures", brokerFailures, "err", outage)
-		sleep(ctx, d)
 	}
 }
 
@@ -165,8 +157,11 @@ func (r *Relay) lanes(ctx, pubCtx context.Context) error {
 					return
 				}
 				r.stage(StageClaimed, len(recs))
-				_, out := r.process(pubCtx, b, recs)
+				_, retry, out := r.process(pubCtx, b, recs)
 				r.leases.inFlight.RUnlock()
+				if retry > 0 {
+					return // the main loop's next claim meets the database
+				}
 				if out != nil {
 					mu.Lock()
 					if outage == nil {
@@ -191,12 +186,12 @@ func (r *Relay) waitForWork(ctx context.Context, d time.Duration) {
 	wctx, cancel := context.WithCancel(ctx)
 	r.leases.setWake(cancel)
 	err := r.src.Wait(wctx, d)
+	if err != nil && wctx.Err() == nil {
+		r.db.Fail("wait for wake-up", err)
+		sleep(wctx, d) // polling; newly acquired partitions end it too
+	}
 	r.leases.setWake(nil)
 	cancel()
-	if err != nil && wctx.Err() == nil {
-		r.log.Warn("relay: waiting for wake-up failed; polling", "err", err)
-		sleep(ctx, d)
-	}
 }
 
 // process publishes one claimed batch and records the outcome. The events
@@ -210,8 +205,10 @@ func (r *Relay) waitForWork(ctx context.Context, d time.Duration) {
 // succeeded. process then returns the outage so the relay backs off as a
 // whole; otherwise it returns nil. clean reports that every record was
 // published and recorded, none of them after an earlier failure: nothing
-// of the batch's partitions became claimable by the batch itself.
-func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) (clean bool, outage error) {
+// of the batch's partitions became claimable by the batch itself. retry,
+// when positive, says the database failed to record the outcome: the
+// caller waits that long before it claims again.
+func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outboxdriver.Record) (clean bool, retry time.Duration, outage error) {
 	// The claim's transaction sits idle while the batch is published, and
 	// the server ends it after one lease TTL: publishing must finish well
 	// before. Messages without an answer by then count as an outage.
@@ -291,7 +288,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			}
 			endFailed(out.Failed, failed, false)
 			b.Release(ctx)
-			return false, err
+			return false, 0, err
 		}
 		for j, err := range results {
 			rec, a := &recs[pos[j]], wave[j]
@@ -346,7 +343,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 	}
 	if len(out.Published) == 0 && len(out.Failed) == 0 {
 		b.Release(ctx)
-		return false, outage
+		return false, 0, outage
 	}
 	r.stage(StagePublished, len(out.Published))
 	for i, f := range out.Failed {
@@ -367,10 +364,15 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 		// ids) by whoever owns their partitions next.
 		if errors.Is(err, outboxdriver.ErrLeaseLost) {
 			r.log.Warn("relay: lease lost mid-batch; outcome refused, the new owner republishes", "events", len(recs), "err", err)
-		} else {
-			r.log.Error("relay: recording the outcome failed; acknowledged events will be republished", "events", len(out.Published), "err", err)
+			return false, 0, outage
 		}
-		return false, outage
+		// Said once per outage; the outage's lines count the rest.
+		level := slog.LevelError
+		if r.db.Down() {
+			level = slog.LevelDebug
+		}
+		r.log.Log(ctx, level, "relay: recording the outcome failed; acknowledged events will be republished", "events", len(out.Published), "err", err)
+		return false, r.db.Fail("record outcome", err), outage
 	}
 	r.stage(StageRecorded, len(recs))
 	for i, f := range out.Failed {
@@ -392,7 +394,7 @@ func (r *Relay) process(ctx context.Context, b outboxdriver.Batch, recs []outbox
 			break
 		}
 	}
-	return clean, outage
+	return clean, 0, outage
 }
 
 // failedEvent is what process keeps about the event of out.Failed[i].

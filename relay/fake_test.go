@@ -7,12 +7,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/sink"
 )
 
 // discard is a logger for tests whose logs say nothing they check.
 var discard = slog.New(slog.DiscardHandler)
+
+// discardOutage is a database outage tracker that logs nowhere.
+func discardOutage() *backoff.Outage {
+	db, _ := newOutages(discard)
+	return db
+}
 
 // fakeSource is an in-memory outboxdriver.Source. Claim hands out the
 // queued batches of records, then empty ones; every claim, wait, idle

@@ -83,31 +83,21 @@ func (s *leaseState) wakeLoop() {
 }
 
 // manageLeases keeps the relay registered and its fair share of partitions
-// leased, every third of the lease TTL, until ctx ends.
+// leased, every third of the lease TTL, until ctx ends. After a round that
+// failed it tries again sooner, as the database outage's backoff says (at
+// most breakerMax), so that leases are renewed, or taken again, within
+// about a second of the database's return.
 func (r *Relay) manageLeases(ctx context.Context) {
 	every := r.cfg.LeaseTTL / 3
-	t := time.NewTicker(every)
-	defer t.Stop()
-	var (
-		failures int       // upkeeps that failed in a row
-		down     time.Time // when the first of them did
-	)
 	for {
-		switch ok := r.upkeep(ctx); {
-		case !ok && ctx.Err() == nil:
-			if failures == 0 {
-				down = time.Now()
-			}
-			failures++
-		case ok && failures > 0:
-			r.log.Warn("relay: recovered: lease upkeep reaches the database again", "failures", failures,
-				"down_for", time.Since(down).Round(time.Millisecond))
-			failures = 0
+		start := time.Now()
+		next := every
+		if ok, retry := r.upkeep(ctx); !ok {
+			next = min(every, retry)
 		}
-		select {
-		case <-ctx.Done():
+		sleep(ctx, time.Until(start.Add(next)))
+		if ctx.Err() != nil {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -116,27 +106,29 @@ func (r *Relay) manageLeases(ctx context.Context) {
 // above the fair share or acquire up to it. The fair share is the ceiling
 // of partitions / live relays, so a newcomer gets partitions as soon as the
 // others have shed theirs. It reports whether the round reached the
-// database at every step.
-func (r *Relay) upkeep(ctx context.Context) bool {
+// database at every step and, when not, how long to wait before the next.
+// Failures go to the database's outage tracker, which logs them.
+func (r *Relay) upkeep(ctx context.Context) (ok bool, retry time.Duration) {
 	ttl := r.cfg.LeaseTTL
+	fail := func(err error) (bool, time.Duration) {
+		if ctx.Err() != nil {
+			return false, 0
+		}
+		return false, r.db.Fail(opUpkeep, err)
+	}
 	start := time.Now() // the database dates the renewed leases later than this
 	relays, partitions, err := r.src.Heartbeat(ctx, ttl)
 	if err != nil {
-		if ctx.Err() == nil {
-			r.log.Warn("relay: lease upkeep failed; partitions are kept until their leases expire", "err", err)
-		}
-		return false
+		return fail(err)
 	}
 	owned := r.leases.owns()
 	var kept []outboxdriver.Lease
 	if len(owned) > 0 {
 		if kept, err = r.src.Renew(ctx, owned, ttl); err != nil {
-			if ctx.Err() == nil {
-				r.log.Warn("relay: renewing leases failed", "err", err)
-			}
-			return false
+			return fail(err)
 		}
 	}
+	r.db.OK()
 	if lost := len(owned) - len(kept); lost > 0 {
 		r.log.Warn("relay: leases lost to another relay", "lost", lost)
 	}
@@ -150,17 +142,14 @@ func (r *Relay) upkeep(ctx context.Context) bool {
 		err := r.src.Release(ctx, extra, false)
 		r.leases.inFlight.Unlock()
 		if err != nil && ctx.Err() == nil {
-			r.log.Warn("relay: releasing leases failed; they expire by themselves", "err", err)
+			r.db.Fail("lease release", err) // they expire by themselves
 		}
 		r.log.Info("relay: released partitions for other relays", "released", len(extra), "owned", len(kept), "relays", relays)
 	case len(kept) < share:
 		got, err := r.src.Acquire(ctx, share-len(kept), ttl)
 		if err != nil {
-			if ctx.Err() == nil {
-				r.log.Warn("relay: acquiring leases failed", "err", err)
-			}
 			r.leases.set(kept, start, ttl, false)
-			return false
+			return fail(err)
 		}
 		if len(got) > 0 {
 			kept = append(kept, got...)
@@ -170,13 +159,13 @@ func (r *Relay) upkeep(ctx context.Context) bool {
 			r.stage(StageAcquired, len(got))
 			r.leases.wakeLoop()
 			r.metrics.PartitionsOwned(len(kept))
-			return true
+			return true, 0
 		}
 	}
 	r.leases.set(kept, start, ttl, true)
 	r.metrics.PartitionsOwned(len(kept))
 	r.cleanup(ctx, kept)
-	return true
+	return true, 0
 }
 
 // maxCleanupRounds bounds one upkeep's cleanup; the rest waits for the next.
@@ -191,7 +180,7 @@ func (r *Relay) cleanup(ctx context.Context, leases []outboxdriver.Lease) {
 		n, err := r.src.Cleanup(ctx, leases, r.cfg.CleanupAfter, r.cfg.CleanupBatch)
 		if err != nil {
 			if ctx.Err() == nil {
-				r.log.Warn("relay: cleanup of published rows failed", "err", err)
+				r.db.Fail("cleanup", err) // tried again at the next upkeep
 			}
 			return
 		}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/route"
 )
@@ -35,6 +36,7 @@ type pauses struct {
 	every  time.Duration
 	byType bool // the destination depends on the aggregate type alone
 	log    *slog.Logger
+	db     *backoff.Outage // reads are calls of the database
 
 	mu      sync.Mutex
 	set     pauseSet
@@ -47,13 +49,14 @@ type pauses struct {
 	ahead sync.WaitGroup  // the read ahead, waited for when the relay stops
 }
 
-func newPauses(src outboxdriver.Source, every time.Duration, byType bool, log *slog.Logger) *pauses {
-	return &pauses{src: src, every: every, byType: byType, log: log, learned: map[string]string{}}
+func newPauses(src outboxdriver.Source, every time.Duration, byType bool, log *slog.Logger, db *backoff.Outage) *pauses {
+	return &pauses{src: src, every: every, byType: byType, log: log, db: db, learned: map[string]string{}}
 }
 
 // refresh reads the pauses when the last read is a poll interval old,
 // and reports whether everything is paused. A failed read keeps the last
-// set (the claim that follows meets the same database).
+// set (the claim that follows meets the same database); it is reported to
+// the database's outage tracker, which logs it.
 func (p *pauses) refresh(ctx context.Context) (all bool) {
 	return p.refreshFrom(ctx, p.src)
 }
@@ -90,15 +93,19 @@ func (p *pauses) refreshFrom(ctx context.Context, r pauseReader) (all bool) {
 	}
 	p.mu.Unlock()
 	all, err := p.read(ctx, r)
-	if err != nil && ctx.Err() == nil {
-		p.log.Warn("relay: reading the pauses failed; keeping the last known", "err", err)
+	switch {
+	case err == nil:
+		p.db.OK()
+	case ctx.Err() == nil:
+		p.db.Fail(opPauses, err) // the claim that follows backs off
 	}
 	return all
 }
 
 // readAhead reads the pauses before they are due. It gives up when they
 // fall due (the claims then read them themselves, and report a failure)
-// and fails silently.
+// and fails silently; a success tells the outage tracker the database
+// answers.
 func (p *pauses) readAhead() {
 	defer func() {
 		p.mu.Lock()
@@ -107,7 +114,9 @@ func (p *pauses) readAhead() {
 	}()
 	rctx, cancel := context.WithTimeout(p.bg, p.every)
 	defer cancel()
-	_, _ = p.read(rctx, p.src)
+	if _, err := p.read(rctx, p.src); err == nil {
+		p.db.OK()
+	}
 }
 
 // start lets claims read ahead within ctx, the relay's claims' context;

@@ -42,7 +42,8 @@ func TestClaimsDoNotWaitForAPauseReadAhead(t *testing.T) {
 
 	// The test ages the view itself; an hour never passes.
 	const every = time.Hour
-	p := newPauses(src, every, false, discard)
+	db, _ := newOutages(discard)
+	p := newPauses(src, every, false, discard, db)
 	bg, stop := context.WithCancel(ctx)
 	defer stop()
 	p.start(bg)

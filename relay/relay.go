@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/internal/tracing"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -216,11 +217,38 @@ const DefaultLanes = 4
 const DefaultBatchSize = 500
 
 // The whole relay backs off between these bounds while the database or the
-// broker is unreachable.
+// broker fails: 100 ms doubling to 1 s, with jitter. The cap is also how
+// often a relay tries a dependency that is down, so that it resumes within
+// about a second of its return; a try costs one call that fails at once
+// while the dependency is down (a refused connection, or a sink's publish
+// that fails without sending while its client is disconnected).
 const (
 	breakerBase = 100 * time.Millisecond
-	breakerMax  = 10 * time.Second
+	breakerMax  = time.Second
 )
+
+// The operations named in the database outage's lines.
+const (
+	opClaim  = "claim"
+	opUpkeep = "lease upkeep"
+	opPauses = "pauses read"
+)
+
+// newOutages returns the trackers of the relay's two dependencies: every
+// path that calls the database reports to one, the batch loop's publishes
+// to the other, so that each outage is logged once (docs/operations.md,
+// Logs during outages).
+func newOutages(log *slog.Logger) (db, broker *backoff.Outage) {
+	db = backoff.NewOutage(backoff.OutageConfig{Log: log, Level: slog.LevelError, Base: breakerBase, Max: breakerMax,
+		Down:      "relay: the database fails; backing off until it answers",
+		Still:     "relay: the database still fails",
+		Recovered: "relay: recovered: the database answers again"})
+	broker = backoff.NewOutage(backoff.OutageConfig{Log: log, Level: slog.LevelWarn, Base: breakerBase, Max: breakerMax,
+		Down:      "relay: the broker is unreachable; backing off without spending attempts",
+		Still:     "relay: the broker is still unreachable",
+		Recovered: "relay: recovered: the broker takes messages again"})
+	return db, broker
+}
 
 // Relay moves events from a Source to a Sink.
 type Relay struct {
@@ -238,6 +266,9 @@ type Relay struct {
 
 	leases leaseState
 	pauses *pauses
+
+	db     *backoff.Outage // every call of the source that reaches the database
+	broker *backoff.Outage // the batches' publishes
 
 	tracing   *tracing.Provider
 	sys       attribute.KeyValue // messaging.system of snk
@@ -274,8 +305,9 @@ func New(src outboxdriver.Source, snk sink.Sink, cfg *Config) (*Relay, error) {
 	if m == nil {
 		m = nopMetrics{}
 	}
+	db, broker := newOutages(c.Logger)
 	r := &Relay{src: src, snk: snk, cfg: c, log: c.Logger, metrics: m, tracing: tracing.NewProvider(c.TracerProvider),
-		pauses: newPauses(src, c.PollInterval, c.Router.ByAggregateType(), c.Logger)}
+		pauses: newPauses(src, c.PollInterval, c.Router.ByAggregateType(), c.Logger, db), db: db, broker: broker}
 	r.sys = r.system()
 	return r, nil
 }
@@ -309,6 +341,8 @@ func (r *Relay) Start(ctx context.Context) error {
 			r.log.Warn("relay: releasing leases at stop failed; they expire by themselves", "err", err)
 		}
 		r.metrics.PartitionsOwned(0)
+		r.db.End()
+		r.broker.End()
 		close(r.done)
 	}()
 	return nil

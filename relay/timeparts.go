@@ -16,8 +16,12 @@ func (r *Relay) maintainPartitions(ctx context.Context) {
 	kept := map[string]bool{} // logged already
 	for {
 		changes, err := r.src.MaintainTimePartitions(ctx, m)
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("relay: time partition maintenance failed; retried next round", "err", err)
+		switch {
+		case err == nil:
+			r.db.OK()
+		case ctx.Err() == nil:
+			// Retried next round; logged by the outage tracker.
+			r.db.Fail("time partition maintenance", err)
 		}
 		now := map[string]bool{}
 		for _, c := range changes {

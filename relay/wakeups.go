@@ -2,9 +2,9 @@ package relay
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -42,7 +42,7 @@ const (
 // the relay out of the registry.
 type wakeups struct {
 	src   outboxdriver.Source
-	log   *slog.Logger
+	db    *backoff.Outage // registrations are calls of the database
 	poll  time.Duration
 	wakes bool // the source's Wait returns soon after a commit
 
@@ -60,8 +60,8 @@ type wakeups struct {
 	steady bool
 }
 
-func newWakeups(src outboxdriver.Source, poll time.Duration, log *slog.Logger) *wakeups {
-	return &wakeups{src: src, log: log, poll: poll, wakes: src.WakesOnCommit(), wait: minWait}
+func newWakeups(src outboxdriver.Source, poll time.Duration, db *backoff.Outage) *wakeups {
+	return &wakeups{src: src, db: db, poll: poll, wakes: src.WakesOnCommit(), wait: minWait}
 }
 
 // step is what the main loop does after a clean batch short of full.
@@ -89,7 +89,7 @@ const relook = driverkit.WakeViewMaxAge + 5*time.Millisecond
 // it is renewed after one.
 func (s *wakeups) register(ctx context.Context) {
 	if err := s.src.SetIdle(ctx, 3*s.poll); err != nil && ctx.Err() == nil {
-		s.log.Warn("relay: cannot register for wake-ups; polling", "err", err)
+		s.db.Fail("wake-up registration", err) // polling meanwhile
 	}
 	s.fresh = !s.idle
 	s.idle, s.idleSince = true, time.Now()
@@ -141,7 +141,7 @@ func (s *wakeups) claimed(ctx context.Context, n int, full bool) {
 	if s.idle && (full || (s.wakes && s.flow >= leaveFlow)) {
 		s.idle, s.steady = false, !full
 		if err := s.src.SetIdle(ctx, 0); err != nil && ctx.Err() == nil {
-			s.log.Warn("relay: cannot leave idle state", "err", err)
+			s.db.Fail("wake-up registration", err) // it expires by itself
 		}
 	}
 }

@@ -47,7 +47,7 @@ func mustRegister(t *testing.T, wk *wakeups) {
 func registered(t *testing.T, wakes bool) (*fakeSource, *wakeups) {
 	t.Helper()
 	src := &fakeSource{wakes: wakes}
-	wk := newWakeups(src, poll, discard)
+	wk := newWakeups(src, poll, discardOutage())
 	mustRegister(t, wk)
 	wantLog(t, src, "set-idle 300ms")
 	return src, wk
@@ -151,7 +151,7 @@ func TestWakeupsRenewTheRegistrationAfterAPollInterval(t *testing.T) {
 func TestWakeupsCaughtUpWaitsOnlyForACommitWakeup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		unregistered := newWakeups(&fakeSource{wakes: true}, poll, discard)
+		unregistered := newWakeups(&fakeSource{wakes: true}, poll, discardOutage())
 		if got := unregistered.caughtUp(ctx); got != carryOn {
 			t.Errorf("not registered: caughtUp %v, want carryOn", got)
 		}

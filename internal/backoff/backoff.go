@@ -1,5 +1,7 @@
 // Package backoff computes the delays between attempts that the relay and
-// the inbox consumer wait: exponential, capped, with jitter.
+// the inbox consumer wait: exponential, capped, with jitter; and tracks the
+// outages of a dependency for every path that calls it (Outage), so that
+// they log an outage once and back off alike.
 package backoff
 
 import (

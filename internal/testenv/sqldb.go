@@ -81,10 +81,10 @@ func WriteSQL(ctx context.Context, db *sql.DB, w outboxdriver.Writer[*sql.Tx], t
 // DSN naming a database the tests may create databases next to).
 const envMySQL = "OUTBOX_TEST_MYSQL_DSN"
 
-// MySQL opens the test MySQL/MariaDB (interpolateParams and parseTime
-// on) on database name ("" keeps the DSN's), closed when the test ends.
-// It fails, saying how to start MariaDB, when the server does not answer.
-func MySQL(t testing.TB, name string) *sql.DB {
+// MySQLConfig is the configuration MySQL connects with: the test
+// MySQL/MariaDB, interpolateParams and parseTime on, on database name (""
+// keeps the DSN's). A test that connects through a proxy changes its Addr.
+func MySQLConfig(t testing.TB, name string) *mysql.Config {
 	t.Helper()
 	dsn := os.Getenv(envMySQL)
 	if dsn == "" {
@@ -98,6 +98,15 @@ func MySQL(t testing.TB, name string) *sql.DB {
 	if name != "" {
 		cfg.DBName = name
 	}
+	return cfg
+}
+
+// MySQL opens the test MySQL/MariaDB (interpolateParams and parseTime
+// on) on database name ("" keeps the DSN's), closed when the test ends.
+// It fails, saying how to start MariaDB, when the server does not answer.
+func MySQL(t testing.TB, name string) *sql.DB {
+	t.Helper()
+	cfg := MySQLConfig(t, name)
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)

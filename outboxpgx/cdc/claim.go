@@ -37,9 +37,17 @@ func partitionOf(k aggKey) int {
 // earlier event is still in flight (in this or another batch), waiting for
 // a retry or held behind a dead letter. Under a lease
 // it does not stream yet, it starts the stream (which first creates what
-// is missing) and returns what is decoded so far, often nothing. It
-// returns the error that ended the stream before, once, and streams again
-// at the next claim.
+// is missing) and returns what is decoded so far, often nothing.
+//
+// Once a stream failed, claims fail until log tailing works again: a
+// claim that finds the stream ended starts it again and waits (up to
+// restartWait) until the new one reads, streaming from the slot or
+// reading the table, and fails with the error that ended the stream
+// meanwhile. A claim passes only when the database answered the stream's
+// set-up, not from memory while it is down: the relay judges an outage by
+// the claims (docs/operations.md, Logs during outages). The claim that
+// finds a stream ended that did read returns why at once, and the next one
+// starts it again.
 func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit int) (outboxdriver.Batch, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("outboxpgx: claim limit %d must be positive", limit)
@@ -62,16 +70,39 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 		st = s.st
 	}
 	if st != nil && st.ended() {
-		err := st.err
+		wasUp := st.isUp()
+		if st.err != nil {
+			s.failed = st.err
+		}
 		s.st = nil
 		s.resetLocked()
-		s.mu.Unlock()
-		return nil, err
+		if wasUp && st.err != nil {
+			// A stream that read broke: say why, once; the next claim
+			// starts it again.
+			s.mu.Unlock()
+			return nil, st.err
+		}
+		st = nil
 	}
 	if st == nil {
 		s.startStream(l)
+		st = s.st
+		if s.failed == nil {
+			s.mu.Unlock()
+			return b, nil
+		}
+	}
+	failed := s.failed
+	s.mu.Unlock()
+	if failed != nil {
+		if err := st.awaitUp(ctx, failed); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	if s.st != st {
 		s.mu.Unlock()
-		return b, nil
+		return b, nil // stopped meanwhile
 	}
 	gen := s.gen
 	s.mu.Unlock()

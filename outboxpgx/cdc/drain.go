@@ -48,6 +48,7 @@ ORDER BY seq LIMIT $2`
 		return fmt.Errorf("outboxpgx: drain %s: %w", s.base.Table, err)
 	}
 	defer snap.Rollback(context.WithoutCancel(ctx))
+	st.markUp() // reads the table
 	var last int64 = -1 << 63
 	for {
 		room, err := st.waitRoom(ctx)

@@ -148,6 +148,7 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 		return fmt.Errorf("outboxpgx: read the state of slot %s: %w", s.cfg.Slot, err)
 	}
 	if found && walStatus != "lost" {
+		s.lossLogged.Store(false)
 		if !created {
 			return mark(ctx, slotCreated)
 		}
@@ -171,8 +172,14 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &same
 			if s.cfg.Mode == ModeInsertDelete {
 				events = "rows inserted and deleted in their transaction"
 			}
-			return fmt.Errorf("outboxpgx: replication slot %s %s: events written as %s after LSN %s, up to the start of a new slot (the WAL is at %s now), were not relayed and cannot be; to stream again from then on, accept the loss with UPDATE %s SET slot_created = false WHERE slot = '%s'",
+			err := fmt.Errorf("outboxpgx: replication slot %s %s: events written as %s after LSN %s, up to the start of a new slot (the WAL is at %s now), were not relayed and cannot be; to stream again from then on, accept the loss with UPDATE %s SET slot_created = false WHERE slot = '%s'",
 				s.cfg.Slot, what, events, from, now, s.cn.State, s.cfg.Slot)
+			// Said here once: the relay's claims fail with it from now on,
+			// and its outage lines repeat it only every 30 s.
+			if !s.lossLogged.Swap(true) {
+				s.base.Log.Error("outboxpgx: replication slot lost; not streaming", "slot", s.cfg.Slot, "err", err)
+			}
+			return err
 		}
 		s.base.Log.Error("outboxpgx: replication slot lost; making it again and relaying the rows still in the table first (no row is lost; logical decoding messages and insert+delete rows written meanwhile are)",
 			"slot", s.cfg.Slot, "lost", what, "confirmed_lsn", from)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -52,11 +53,14 @@ type Source struct {
 	leased     bool
 	leaseUntil time.Time // by the local clock, a bound the database's judgement is no later than
 	st         *stream
+	failed     error         // what ended the last stream, until one reads again (Claim)
 	deadLSN    pglogrepl.LSN // events of transactions up to it may be dead letters already
 	target     pglogrepl.LSN // the LSN to confirm next
 	closed     bool
 
 	wake chan struct{} // signalled when something may have become claimable
+
+	lossLogged atomic.Bool // the loss of the slot in message mode was logged
 
 	delays driverkit.ColumnProbe // deliver_at of the parked table (schema version 14)
 }

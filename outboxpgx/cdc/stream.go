@@ -27,6 +27,12 @@ type stream struct {
 	done   chan struct{}
 	err    error // why it ended; read after done
 
+	// up is closed once the stream reads: it streams from the slot, or
+	// reads the rows a new slot does not hold. The database answered
+	// every step before.
+	up     chan struct{}
+	upOnce sync.Once
+
 	// drained says the rows a new slot does not hold were relayed (or
 	// there were none to relay); the reader records it once they are.
 	drained bool
@@ -40,6 +46,61 @@ type stream struct {
 	kicked     bool
 	recvCancel context.CancelFunc
 	room       chan struct{} // signalled when events are done
+}
+
+// markUp records that the stream reads: it no longer fails, and claims
+// pass again after a stream that failed.
+func (st *stream) markUp() {
+	st.upOnce.Do(func() {
+		s := st.src
+		s.mu.Lock()
+		if st.current() {
+			s.failed = nil
+		}
+		s.mu.Unlock()
+		close(st.up)
+	})
+}
+
+// awaitUp waits, after a stream failed (failed is its error), until st
+// reads, and returns nil; or until st ends, and returns why; or for at
+// most restartWait, and returns failed: claims fail while log tailing
+// does not work, so that the relay sees one outage rather than a failure
+// and a success at every restart.
+func (st *stream) awaitUp(ctx context.Context, failed error) error {
+	t := time.NewTimer(restartWait)
+	defer t.Stop()
+	select {
+	case <-st.up:
+		return nil
+	case <-st.done:
+		select {
+		case <-st.up: // up, then ended: the next claim returns why
+			return nil
+		default:
+		}
+		return st.err
+	case <-t.C:
+		return failed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// restartWait bounds how long a claim waits for a stream started after a
+// failure to read (or to fail): at most the relay's backoff, so that claims
+// go on at its pace while a restart takes long (a drain, a stale streamer
+// to stop).
+const restartWait = time.Second
+
+// isUp reports whether the stream read.
+func (st *stream) isUp() bool {
+	select {
+	case <-st.up:
+		return true
+	default:
+		return false
+	}
 }
 
 func (st *stream) ended() bool {
@@ -106,7 +167,7 @@ func (s *Source) resetLocked() {
 // startStream starts streaming under lease l. s.mu is held.
 func (s *Source) startStream(l outboxdriver.Lease) {
 	ctx, cancel := context.WithCancel(context.Background())
-	st := &stream{src: s, epoch: l.Epoch, cancel: cancel, done: make(chan struct{}), room: make(chan struct{}, 1)}
+	st := &stream{src: s, epoch: l.Epoch, cancel: cancel, done: make(chan struct{}), up: make(chan struct{}), room: make(chan struct{}, 1)}
 	s.resetLocked()
 	s.st = st
 	go func() {
@@ -117,7 +178,9 @@ func (s *Source) startStream(l outboxdriver.Lease) {
 			err = errors.New("outboxpgx: the replication stream ended")
 		}
 		if err != nil {
-			s.base.Log.Error("outboxpgx: log tailing stopped", "slot", s.cfg.Slot, "err", err)
+			// The next claim returns err: the relay logs it, once per
+			// outage.
+			s.base.Log.Debug("outboxpgx: log tailing stopped", "slot", s.cfg.Slot, "err", err)
 		}
 		st.err = err
 		close(st.done)
@@ -178,6 +241,7 @@ func (st *stream) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		st.markUp()
 		err = st.read(ctx, conn, until)
 		st.close(conn)
 		var unstream *unstreamError

@@ -40,6 +40,11 @@ const (
 // flight, so longer subjects are rejected before sending.
 const maxSubjectLen = 3840
 
+// reconnectWait is how long a lost connection of Dial's waits between
+// tries of the server list: each try is one connection attempt, which a
+// server that is down refuses at once.
+const reconnectWait = 250 * time.Millisecond
+
 // ErrClosed is returned for every message published after Close.
 var ErrClosed = errors.New("natssink: sink is closed")
 
@@ -141,8 +146,11 @@ func New(js jetstream.JetStream, cfg *Config) (*Sink, error) {
 // tls://host:port; several URLs may be separated by commas), creates a
 // JetStream context whose async publish window is Config.MaxPending and
 // returns a Sink that owns the connection: Close drains and closes it. The
-// connection reconnects without limit after it is lost. Like New, Dial does
-// not touch the stream; call EnsureStream.
+// connection reconnects without limit after it is lost, trying every
+// reconnectWait (plus the client's jitter, up to 100 ms) rather than the
+// client's default 2 s, so that a relay publishes again within about a
+// second of the server's return. Like New, Dial does not touch the stream;
+// call EnsureStream.
 func Dial(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
 	c, err := normalize(cfg)
 	if err != nil {
@@ -160,6 +168,7 @@ func Dial(ctx context.Context, rawURL string, cfg *Config) (*Sink, error) {
 	opts := []nats.Option{
 		nats.Name("outboxkit-natssink"),
 		nats.MaxReconnects(-1),
+		nats.ReconnectWait(reconnectWait),
 		// Fail publishes at once while disconnected instead of buffering
 		// them: the outbox is the buffer.
 		nats.ReconnectBufSize(-1),
