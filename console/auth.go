@@ -74,6 +74,20 @@ func (s *sessions) get(id string) *session {
 	return &cp
 }
 
+// peek returns the live session id names without noting its use (nil
+// when there is none or it expired): for the audit of a refused request.
+func (s *sessions) peek(id string) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	x := s.m[id]
+	now := s.now()
+	if x == nil || now.Sub(x.lastSeen) > s.idle || now.Sub(x.created) > s.maxAge {
+		return nil
+	}
+	cp := *x
+	return &cp
+}
+
 func (s *sessions) delete(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -247,7 +247,7 @@ func (s *Server) login(q *req) {
 	v := loginView{Next: next, Name: name}
 	c, err := r.Cookie(loginCookie)
 	if err != nil || !sameToken(q.formValue("token"), c.Value) {
-		s.ops.Refused(q.ctx(), ops.Actor{Name: oneLine(name, 64)}, "sign in", "the sign-in form's token is missing or wrong (from "+ip+")")
+		s.ops.Refused(q.ctx(), ops.Actor{Name: oneLine(name, 64)}, "sign in", "the sign-in form's token is missing or wrong (from "+ip+")", ops.Subject{})
 		v.Error = "The sign-in form expired. Please try again."
 		s.renderLogin(q, http.StatusForbidden, v)
 		return

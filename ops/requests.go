@@ -237,7 +237,7 @@ func (o *Ops) createRequest(ctx context.Context, a Actor, kind string, params []
 // an approver other than a approves, the dead letter gets them and is
 // retried with its id. The audit keeps the before and after.
 func (o *Ops) RequestRepair(ctx context.Context, a Actor, p RepairParams, reason string) (Request, error) {
-	if err := o.allow(ctx, a, "propose a repair", Act); err != nil {
+	if err := o.Allow(ctx, a, "propose a repair", Act, Subject{Event: p.EventID}); err != nil {
 		return Request{}, err
 	}
 	if err := checkReason(reason, true); err != nil {
@@ -390,7 +390,7 @@ func knownState(s string) bool {
 
 // Request returns one request.
 func (o *Ops) Request(ctx context.Context, a Actor, id string) (Request, error) {
-	if err := o.allow(ctx, a, "view a request", Read); err != nil {
+	if err := o.Allow(ctx, a, "view a request", Read, Subject{Request: id}); err != nil {
 		return Request{}, err
 	}
 	return o.request(ctx, id)
@@ -436,7 +436,7 @@ func (o *Ops) Reject(ctx context.Context, a Actor, id, note string) (Request, er
 
 func (o *Ops) decide(ctx context.Context, a Actor, id, to, note string) (Request, error) {
 	verb := map[string]string{outboxdriver.StateApproved: "approve", outboxdriver.StateRejected: "reject"}[to]
-	if err := o.allow(ctx, a, verb+" a request", Approve); err != nil {
+	if err := o.Allow(ctx, a, verb+" a request", Approve, Subject{Request: id}); err != nil {
 		return Request{}, err
 	}
 	if err := checkReason(note, false); err != nil {
@@ -460,7 +460,7 @@ func (o *Ops) decide(ctx context.Context, a Actor, id, to, note string) (Request
 // Cancel cancels a request that has not finished; an executing replay
 // stops after its current batch (what it re-enqueued stays).
 func (o *Ops) Cancel(ctx context.Context, a Actor, id, reason string) (Request, error) {
-	if err := o.allow(ctx, a, "cancel a request", Act); err != nil {
+	if err := o.Allow(ctx, a, "cancel a request", Act, Subject{Request: id}); err != nil {
 		return Request{}, err
 	}
 	if err := checkReason(reason, false); err != nil {
