@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -354,8 +355,8 @@ func (s *Server) authenticate(q *req) bool {
 	r := q.r
 	ip := clientIP(r)
 	if h := r.Header.Get("Authorization"); h != "" {
-		if s.fails.blocked("ip:" + ip) {
-			q.fail(http.StatusTooManyRequests, "too many failed attempts from your address: try again later")
+		if wait := s.fails.blockedFor("ip:" + ip); wait > 0 {
+			q.tooMany(wait, "too many failed attempts from your address")
 			return false
 		}
 		tok, ok := strings.CutPrefix(h, "Bearer ")
@@ -366,7 +367,7 @@ func (s *Server) authenticate(q *req) bool {
 		if u == nil {
 			why := "unknown API token from " + ip
 			if s.fails.fail("ip:" + ip) {
-				why += "; this address is blocked for " + s.cfg.LoginWindow.String()
+				why += "; this address is blocked for " + roundDuration(s.fails.blockedFor("ip:"+ip))
 			}
 			s.ops.Refused(q.ctx(), ops.Actor{Name: "(bad token)"}, r.Method+" "+r.URL.Path, why, ops.Subject{})
 			q.w.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)
@@ -475,6 +476,38 @@ func (q *req) fail(status int, msg string) {
 		Text    string
 		Message string
 	}{status, http.StatusText(status), msg})
+}
+
+// tooMany answers a client blocked for wait after too many failed
+// sign-ins: 429 with Retry-After, saying how long (msg says why).
+func (q *req) tooMany(wait time.Duration, msg string) {
+	secs := retryAfter(q.w, wait)
+	msg += ": try again in " + waitText(wait)
+	if q.api {
+		q.json(http.StatusTooManyRequests, map[string]any{"error": map[string]any{"status": http.StatusTooManyRequests, "message": msg, "retry_after_seconds": secs}})
+		return
+	}
+	q.fail(http.StatusTooManyRequests, msg)
+}
+
+// retryAfter sets the Retry-After header of a client blocked for wait and
+// returns its seconds (rounded up).
+func retryAfter(w http.ResponseWriter, wait time.Duration) int64 {
+	secs := int64((wait + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	return secs
+}
+
+// waitText says how long wait is, rounded up: "14 minutes", "40 seconds".
+func waitText(wait time.Duration) string {
+	unit, n := "second", int64((wait+time.Second-1)/time.Second)
+	if wait > time.Minute {
+		unit, n = "minute", int64((wait+time.Minute-1)/time.Minute)
+	}
+	if n != 1 {
+		unit += "s"
+	}
+	return strconv.FormatInt(n, 10) + " " + unit
 }
 
 // failErr answers q with the status err calls for.

@@ -252,8 +252,9 @@ func (s *Server) login(q *req) {
 		s.renderLogin(q, http.StatusForbidden, v)
 		return
 	}
-	if s.fails.blocked("ip:"+ip, "user:"+name) {
-		v.Error = "Too many failed sign-ins. Try again later."
+	if wait := s.fails.blockedFor("ip:"+ip, "user:"+name); wait > 0 {
+		retryAfter(q.w, wait)
+		v.Error = "Too many failed sign-ins from your address or for this name. Try again in " + waitText(wait) + "."
 		s.renderLogin(q, http.StatusTooManyRequests, v)
 		return
 	}
@@ -261,7 +262,7 @@ func (s *Server) login(q *req) {
 	if u == nil {
 		detail := "wrong name or password (from " + ip + ")"
 		if s.fails.fail("ip:"+ip, "user:"+name) {
-			detail += "; further sign-ins from this address or for this name are blocked for " + s.cfg.LoginWindow.String()
+			detail += "; further sign-ins from this address or for this name are blocked for " + roundDuration(s.fails.blockedFor("ip:"+ip, "user:"+name))
 		}
 		s.record(q, ops.Actor{Name: oneLine(name, 64)}, ops.ActionLoginFailed, detail)
 		v.Error = "Wrong name or password."
