@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -98,7 +99,7 @@ type ReplayPreview struct {
 }
 
 // The actor the console's own housekeeping is audited under.
-var system = outboxdriver.Acting{Name: "(outbox)", Role: "system"}
+var system = outboxdriver.Acting{Name: driverkit.SystemActor, Role: driverkit.SystemRole}
 
 // expire marks the requests past their expiry expired.
 func (o *Ops) expire(ctx context.Context) error {
@@ -704,8 +705,7 @@ func (e *Executor) repair(ctx context.Context, r Request) error {
 		}
 		headers = b
 	}
-	by := outboxdriver.Acting{Name: r.Requester, Role: r.RequesterRole, Reason: "repair request " + r.ID + " approved by " + r.DecidedBy}
-	return o.st.RepairDeadLetter(ctx, o.t, r.ID, e.cfg.Name, r.Epoch, p.EventID, p.Payload, headers, by)
+	return o.st.RepairDeadLetter(ctx, o.t, r.ID, e.cfg.Name, r.Epoch, p.EventID, p.Payload, headers, driverkit.RepairRetry(r))
 }
 
 // PruneAudit deletes the audit rows older than before: the audit's one
