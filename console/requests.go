@@ -71,6 +71,9 @@ type repairView struct {
 	CurrentNote             string
 	CurrentHdr, ProposedHdr map[string]string
 	Gone                    bool
+	// Changes is what the repair changes, when the dead letter is there.
+	Changes []ops.Change
+	More    int
 }
 
 func (s *Server) requestJSON(r outboxdriver.Request) requestJSON {
@@ -296,6 +299,12 @@ func (s *Server) requestPage(q *req) {
 				rv.Current, rv.CurrentNote, rv.CurrentHdr = d.Payload, d.PayloadNote, d.Headers
 			} else {
 				rv.Gone = true
+			}
+			if diff, err := s.ops.DiffRepair(q.ctx(), q.actor, p); err == nil {
+				rv.Changes, rv.More = diff.Changes, diff.More
+				if p.Payload != nil {
+					rv.Proposed = diff.Proposed // masked with the event's own paths
+				}
 			}
 			v.Repair = rv
 		}

@@ -356,11 +356,14 @@ func (n *jnode) restore(orig *jnode, path []string) int {
 
 // MaskJSON returns JSON as shown to users: indented, with the sensitive
 // paths masked (text that is not JSON is hidden when any path is set).
+// It names no event type, so it masks every path sensitive in any event:
+// the configured ones and every contract's.
 func (o *Ops) MaskJSON(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
-	return o.view(outboxdriver.DeadLetterDetail{Payload: b}).Payload
+	paths, masks := o.sensitiveForAny()
+	return o.viewMasked(outboxdriver.DeadLetterDetail{Payload: b}, -1, paths, masks).Payload
 }
 
 // Requests lists requests, newest first (state "" lists all).
