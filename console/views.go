@@ -36,6 +36,7 @@ func parseViews() (map[string]*template.Template, error) {
 		},
 		"dur":   roundDuration,
 		"short": func(s string, n int) string { return oneLine(s, n) },
+		"gist":  errorGist,
 		"may":   func(a ops.Actor, p string) bool { return a.Role.May(ops.Permission(p)) },
 		"now":   untilNow,
 		"list":  func(xs ...string) []string { return xs },
@@ -397,6 +398,31 @@ func roundDuration(d time.Duration) string {
 		return d.Round(time.Second).String()
 	}
 }
+
+// errorGist is what a list shows of a last error: all of it up to
+// gistHead+gistTail characters, else its start and its end with the
+// middle left out, each cut at a space. The end is the larger part: an
+// error wrapped in Go reads from the outermost operation to its cause
+// ("publish to exchange ...: message returned as unroutable (312
+// NO_ROUTE): ..."), so the cause and what follows it are near the end.
+func errorGist(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	r := []rune(s)
+	if len(r) <= gistHead+gistTail {
+		return s
+	}
+	head, tail := string(r[:gistHead]), string(r[len(r)-gistTail:])
+	if i := strings.LastIndexByte(head, ' '); i > gistHead/2 {
+		head = head[:i]
+	}
+	if i := strings.IndexByte(tail, ' '); i >= 0 && i < gistTail/4 {
+		tail = tail[i+1:]
+	}
+	return head + " … " + tail
+}
+
+// The parts of a long error errorGist keeps, in characters.
+const gistHead, gistTail = 60, 140
 
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
