@@ -19,7 +19,16 @@ type overviewJSON struct {
 	Table string `json:"table"`
 	ops.StatusJSON
 	BacklogByKind []backlogGroupJSON `json:"backlog_by_kind"`
-	Relays        []relayJSON        `json:"relays"`
+	// BacklogByDestination is null when it was not counted; the note
+	// says why (or what it leaves out).
+	BacklogByDestination     []destinationJSON `json:"backlog_by_destination"`
+	BacklogByDestinationNote string            `json:"backlog_by_destination_note,omitempty"`
+	Relays                   []relayJSON       `json:"relays"`
+}
+
+type destinationJSON struct {
+	ops.DestinationBacklog
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 }
 
 type backlogGroupJSON struct {
@@ -66,6 +75,13 @@ func (s *Server) overviewAPI(q *req) {
 	for _, g := range in.Backlog {
 		js.BacklogByKind = append(js.BacklogByKind, backlogGroupJSON{g, g.OldestAge.Seconds()})
 	}
+	if in.Destinations != nil {
+		js.BacklogByDestination = []destinationJSON{}
+	}
+	for _, d := range in.Destinations {
+		js.BacklogByDestination = append(js.BacklogByDestination, destinationJSON{d, d.OldestAge.Seconds()})
+	}
+	js.BacklogByDestinationNote = in.DestinationsNote
 	for _, r := range in.Relays {
 		js.Relays = append(js.Relays, relayJSON{r, r.ExpiresIn.Seconds()})
 	}

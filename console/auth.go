@@ -74,6 +74,20 @@ func (s *sessions) get(id string) *session {
 	return &cp
 }
 
+// peek returns the live session id names without noting its use (nil
+// when there is none or it expired): for the audit of a refused request.
+func (s *sessions) peek(id string) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	x := s.m[id]
+	now := s.now()
+	if x == nil || now.Sub(x.lastSeen) > s.idle || now.Sub(x.created) > s.maxAge {
+		return nil
+	}
+	cp := *x
+	return &cp
+}
+
 func (s *sessions) delete(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,16 +123,22 @@ func newLimiter(now func() time.Time, max int, window time.Duration) *limiter {
 }
 
 // blocked reports whether any of keys is blocked now.
-func (l *limiter) blocked(keys ...string) bool {
+func (l *limiter) blocked(keys ...string) bool { return l.blockedFor(keys...) > 0 }
+
+// blockedFor is how long the longest blocked of keys stays blocked (0:
+// none is): until the oldest of the max failures that block it is a
+// window old.
+func (l *limiter) blockedFor(keys ...string) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
+	var longest time.Duration
 	for _, k := range keys {
-		if len(l.recent(k, now)) >= l.max {
-			return true
+		if f := l.recent(k, now); len(f) >= l.max {
+			longest = max(longest, f[len(f)-l.max].Add(l.window).Sub(now))
 		}
 	}
-	return false
+	return longest
 }
 
 // fail counts a failure for every key and reports whether one of them is

@@ -93,9 +93,16 @@ func TestBrowser(t *testing.T) {
 	if err := r.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM `+r.tb.Qualified("")+` WHERE id = $1 AND published_at IS NULL)`, target).Scan(&back); err != nil || !back {
 		t.Fatalf("the retried event is not pending in the outbox (%v)", err)
 	}
+	// The event's audit: the retry, after the three refused attempts (each
+	// naming the event).
 	recs, err := r.st.FindAudit(r.ctx, r.tb, outboxdriver.AuditQuery{EventID: target, Limit: 10})
-	if err != nil || len(recs) != 1 || recs[0].Action != "retry" || recs[0].Actor != "otto" || recs[0].Role != "operator" || recs[0].Reason != "broker fixed" {
+	if err != nil || len(recs) != 4 || recs[0].Action != "retry" || recs[0].Actor != "otto" || recs[0].Role != "operator" || recs[0].Reason != "broker fixed" {
 		t.Fatalf("audit of the retried event: %+v, %v", recs, err)
+	}
+	for _, a := range recs[1:] {
+		if a.Action != ops.ActionDenied {
+			t.Fatalf("audit of the retried event: %+v; want the retry and three refusals", recs)
+		}
 	}
 	r.browserControl(t, do, shot)
 

@@ -3,6 +3,8 @@ package console
 import (
 	"context"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,29 +38,50 @@ func (s *Server) Sample(ctx context.Context) {
 // SampleOnce records one sample of the table now.
 func (s *Server) SampleOnce(ctx context.Context) error { return s.ops.Sample(ctx) }
 
-// chart is a server-drawn SVG line chart of the backlog and the publish
-// rate over the last hour.
+// chart is a server-drawn SVG line chart of the backlog (left axis) and
+// the publish rate (right axis) over the last hour, with time labels.
 type chart struct {
-	W, H                float64
-	Backlog, Rate       string // polyline points
-	MaxBacklog, MaxRate string
-	Points              int
+	W, H                   float64 // the drawing
+	Left, Right, Top, Base float64 // the plot area's edges
+	Backlog, Rate          string  // polyline points
+	Times, Counts, Rates   []tick  // the axes' labels
+	// PeakRate and LastRate are the highest and the newest publish rate
+	// measured; PeakBacklog the highest backlog.
+	PeakRate, LastRate, PeakBacklog string
+	Points                          int
+	Discarded                       int64 // dead letters discarded meanwhile, not counted as published
+}
+
+// tick is one label of an axis at Pos (x for time, y for values).
+type tick struct {
+	Pos   float64
+	Label string
 }
 
 // newChart draws samples (oldest first) ending at now. The publish rate
-// between two samples is what was inserted, less what the backlog grew
-// by, less what was dead-lettered, per second.
+// between two samples is the positions handed out (inserts), less what
+// the backlog grew by, less what the dead letters grew by, less the dead
+// letters discarded (the audit's discard rows), per second. A negative
+// remainder (a discard audited before the sample saw it) is carried into
+// the next interval rather than drawn.
 func newChart(samples []outboxdriver.Sample, now time.Time) chart {
-	c := chart{W: 640, H: 140, Points: len(samples)}
+	c := chart{W: 720, H: 200, Left: 64, Right: 656, Top: 10, Base: 172, Points: len(samples)}
+	start := now.Add(-chartWindow)
+	x := func(at time.Time) float64 {
+		return c.Left + (c.Right-c.Left)*float64(at.Sub(start))/float64(chartWindow)
+	}
+	for t := start.Truncate(15 * time.Minute); !t.After(now); t = t.Add(15 * time.Minute) {
+		if !t.Before(start) {
+			c.Times = append(c.Times, tick{x(t), t.UTC().Format("15:04")})
+		}
+	}
 	if len(samples) < 2 {
 		return c
 	}
-	start := now.Add(-chartWindow)
-	x := func(at time.Time) float64 { return c.W * float64(at.Sub(start)) / float64(chartWindow) }
 	rates := make([]float64, len(samples))
-	var maxB, maxR float64 = 1, 1
+	var peakB, peakR, carry float64
 	for i, sm := range samples {
-		maxB = max(maxB, float64(sm.Backlog))
+		peakB = max(peakB, float64(sm.Backlog))
 		if i == 0 {
 			continue
 		}
@@ -67,20 +90,66 @@ func newChart(samples []outboxdriver.Sample, now time.Time) chart {
 		if dt <= 0 {
 			continue
 		}
-		published := float64((sm.LastSeq - p.LastSeq) - (sm.Backlog - p.Backlog) - (sm.DeadLetters - p.DeadLetters))
-		rates[i] = max(published/dt, 0)
-		maxR = max(maxR, rates[i])
+		c.Discarded += sm.Discarded
+		published := float64((sm.LastSeq-p.LastSeq)-(sm.Backlog-p.Backlog)-(sm.DeadLetters-p.DeadLetters)-sm.Discarded) + carry
+		carry = min(published, 0)
+		rates[i] = max(published, 0) / dt
+		peakR = max(peakR, rates[i])
+	}
+	topB, topR := niceCeil(peakB), niceCeil(peakR)
+	y := func(v, top float64) float64 { return c.Base - (c.Base-c.Top)*v/top }
+	for _, f := range []float64{0, 0.5, 1} {
+		c.Counts = append(c.Counts, tick{y(topB*f, topB), countText(topB * f)})
+		c.Rates = append(c.Rates, tick{y(topR*f, topR), tickRate(topR * f)})
 	}
 	var b, r strings.Builder
 	for i, sm := range samples {
-		fmt.Fprintf(&b, "%.1f,%.1f ", x(sm.At), c.H-c.H*float64(sm.Backlog)/maxB)
+		fmt.Fprintf(&b, "%.1f,%.1f ", x(sm.At), y(float64(sm.Backlog), topB))
 		if i > 0 {
-			fmt.Fprintf(&r, "%.1f,%.1f ", x(sm.At), c.H-c.H*rates[i]/maxR)
+			fmt.Fprintf(&r, "%.1f,%.1f ", x(sm.At), y(rates[i], topR))
 		}
 	}
 	c.Backlog, c.Rate = strings.TrimSpace(b.String()), strings.TrimSpace(r.String())
-	c.MaxBacklog, c.MaxRate = fmt.Sprintf("%.0f", maxB), fmt.Sprintf("%.1f/s", maxR)
+	c.PeakBacklog, c.PeakRate, c.LastRate = countText(peakB), rateText(peakR), rateText(rates[len(rates)-1])
 	return c
+}
+
+// niceCeil is the top of an axis that shows v: 1, 2, 2.5 or 5 times a
+// power of ten, at least v (1 for nothing to show).
+func niceCeil(v float64) float64 {
+	if v <= 0 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 2.5, 5, 10} {
+		if m*p >= v {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+// countText writes a count or an axis value: 950, 1.25, 12.5k, 1.5M.
+func countText(v float64) string {
+	switch {
+	case v >= 1e6:
+		return strconv.FormatFloat(v/1e6, 'g', 3, 64) + "M"
+	case v >= 1e4:
+		return strconv.FormatFloat(v/1e3, 'g', 3, 64) + "k"
+	}
+	return strconv.FormatFloat(math.Round(v*1000)/1000, 'f', -1, 64)
+}
+
+// tickRate writes an axis value in events per second.
+func tickRate(v float64) string { return countText(v) + "/s" }
+
+// rateText writes a measured rate in events per second, to two
+// significant digits below 10: 0/s, 0.067/s, 4.1/s, 12/s, 1.2k/s.
+func rateText(v float64) string {
+	if v < 10 {
+		return strconv.FormatFloat(v, 'g', 2, 64) + "/s"
+	}
+	return strconv.FormatFloat(math.Round(v), 'f', -1, 64) + "/s"
 }
 
 // with adds the insight to the overview: the registered relays (also

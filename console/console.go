@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -81,11 +82,30 @@ type Route struct {
 	Method, Pattern string
 	// Public routes need no sign-in; API routes answer JSON.
 	Public, API bool
+	// Permission is what the route needs of a signed-in user's role
+	// (none for a public route and for signing out). It is checked before
+	// anything the request sends is read: a role without it gets 403 and
+	// a denied audit row, whatever the input.
+	Permission ops.Permission
 }
 
 type route struct {
 	Route
-	h func(*req)
+	op string // what the route does, for a denied audit row
+	h  func(*req)
+}
+
+// subject is what a request to rt is about, from its path alone: the
+// request of /requests/{id}, else the event {id} names.
+func (rt route) subject(r *http.Request) ops.Subject {
+	id := r.PathValue("id")
+	if id == "" {
+		return ops.Subject{}
+	}
+	if strings.Contains(rt.Pattern, "/requests/{id}") {
+		return ops.Subject{Request: id}
+	}
+	return ops.Subject{Event: id}
 }
 
 // New returns a console over o. It fails when there are no users and
@@ -145,7 +165,7 @@ func New(o *ops.Ops, cfg *Config) (*Server, error) {
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.Method+" "+rt.Pattern, s.wrap(rt))
 	}
-	s.mux.HandleFunc("/", s.wrap(route{Route{Public: true}, func(q *req) {
+	s.mux.HandleFunc("/", s.wrap(route{Route: Route{Public: true}, h: func(q *req) {
 		q.api = strings.HasPrefix(q.r.URL.Path, "/api/")
 		q.fail(http.StatusNotFound, "no such page")
 	}}))
@@ -171,14 +191,30 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 type nonceKey struct{}
 
+// routeMaker makes a route; a GET route needs the read permission.
+type routeMaker func(method, pattern string, h func(*req)) route
+
+// needs is r needing permission p to do op.
+func needs(p ops.Permission, op string, r route) route {
+	r.Permission, r.op = p, op
+	return r
+}
+
 func (s *Server) routeTable() []route {
-	html := func(method, pattern string, h func(*req)) route {
-		return route{Route{Method: method, Pattern: pattern}, h}
+	var html, api routeMaker
+	html = func(method, pattern string, h func(*req)) route {
+		r := route{Route: Route{Method: method, Pattern: pattern}, h: h}
+		if method == http.MethodGet {
+			r.Permission, r.op = ops.Read, "view "+pattern
+		}
+		return r
 	}
-	api := func(method, pattern string, h func(*req)) route {
-		return route{Route{Method: method, Pattern: pattern, API: true}, h}
+	api = func(method, pattern string, h func(*req)) route {
+		r := html(method, pattern, h)
+		r.API = true
+		return r
 	}
-	public := func(r route) route { r.Public = true; return r }
+	public := func(r route) route { r.Public, r.Permission, r.op = true, "", ""; return r }
 	return append([]route{
 		public(html("GET", "/login", s.loginPage)),
 		public(html("POST", "/login", s.login)),
@@ -187,37 +223,47 @@ func (s *Server) routeTable() []route {
 		html("GET", "/{$}", s.overviewPage),
 		html("GET", "/dead-letters", s.deadLettersPage),
 		html("GET", "/dead-letters/{id}", s.deadLetterPage),
-		html("POST", "/dead-letters/{id}/retry", s.actPage("retry")),
-		html("POST", "/dead-letters/{id}/discard", s.actPage("discard")),
+		needs(ops.Act, opRetry, html("POST", "/dead-letters/{id}/retry", s.actPage("retry"))),
+		needs(ops.Act, opDiscard, html("POST", "/dead-letters/{id}/discard", s.actPage("discard"))),
 		html("GET", "/audit", s.auditPage),
 		public(api("GET", "/api/v1/openapi.json", s.openAPI)),
 		api("GET", "/api/v1/overview", s.overviewAPI),
 		api("GET", "/api/v1/dead-letters", s.deadLettersAPI),
 		api("GET", "/api/v1/dead-letters/{id}", s.deadLetterAPI),
-		api("POST", "/api/v1/dead-letters/{id}/retry", s.actAPI("retry")),
-		api("POST", "/api/v1/dead-letters/{id}/discard", s.actAPI("discard")),
+		needs(ops.Act, opRetry, api("POST", "/api/v1/dead-letters/{id}/retry", s.actAPI("retry"))),
+		needs(ops.Act, opDiscard, api("POST", "/api/v1/dead-letters/{id}/discard", s.actAPI("discard"))),
 		api("GET", "/api/v1/audit", s.auditAPI),
 		// Pauses and held aggregates (control.go).
 		html("GET", "/pauses", s.pausesPage),
-		html("POST", "/pauses", s.pausePage),
-		html("POST", "/pauses/{scope}/resume", s.resumePage),
+		needs(ops.Act, "pause", html("POST", "/pauses", s.pausePage)),
+		needs(ops.Act, "resume", html("POST", "/pauses/{scope}/resume", s.resumePage)),
 		html("GET", "/held", s.heldPage),
-		html("POST", "/held/{id}/release", s.releasePage),
+		needs(ops.Act, opRelease, html("POST", "/held/{id}/release", s.releasePage)),
 		api("GET", "/api/v1/pauses", s.pausesAPI),
-		api("POST", "/api/v1/pauses/{scope}/pause", s.pauseAPI(true)),
-		api("POST", "/api/v1/pauses/{scope}/resume", s.pauseAPI(false)),
+		needs(ops.Act, "pause", api("POST", "/api/v1/pauses/{scope}/pause", s.pauseAPI(true))),
+		needs(ops.Act, "resume", api("POST", "/api/v1/pauses/{scope}/resume", s.pauseAPI(false))),
 		api("GET", "/api/v1/held", s.heldAPI),
-		api("POST", "/api/v1/held/{id}/release", s.releaseAPI),
-		html("POST", "/dead-letters/{id}/reveal", s.revealPage),
-		api("POST", "/api/v1/dead-letters/{id}/reveal", s.revealAPI),
+		needs(ops.Act, opRelease, api("POST", "/api/v1/held/{id}/release", s.releaseAPI)),
+		needs(ops.Act, opReveal, html("POST", "/dead-letters/{id}/reveal", s.revealPage)),
+		needs(ops.Act, opReveal, api("POST", "/api/v1/dead-letters/{id}/reveal", s.revealAPI)),
 		html("GET", "/failure-groups", s.failureGroupsPage),
-		html("POST", "/failure-groups/{group}/retry", s.groupActPage("retry")),
-		html("POST", "/failure-groups/{group}/discard", s.groupActPage("discard")),
+		needs(ops.Act, opGroupRetry, html("POST", "/failure-groups/{group}/retry", s.groupActPage("retry"))),
+		needs(ops.Act, opGroupDiscard, html("POST", "/failure-groups/{group}/discard", s.groupActPage("discard"))),
 		api("GET", "/api/v1/failure-groups", s.failureGroupsAPI),
-		api("POST", "/api/v1/failure-groups/{group}/retry", s.groupActAPI("retry")),
-		api("POST", "/api/v1/failure-groups/{group}/discard", s.groupActAPI("discard")),
+		needs(ops.Act, opGroupRetry, api("POST", "/api/v1/failure-groups/{group}/retry", s.groupActAPI("retry"))),
+		needs(ops.Act, opGroupDiscard, api("POST", "/api/v1/failure-groups/{group}/discard", s.groupActAPI("discard"))),
 	}, s.requestRoutes(html, api)...)
 }
+
+// What the routes do, as a denied audit row says it (the words of ops).
+const (
+	opRetry        = "retry dead letters"
+	opDiscard      = "discard dead letters"
+	opRelease      = "release a held aggregate"
+	opReveal       = "reveal a masked payload field"
+	opGroupRetry   = "retry a failure group"
+	opGroupDiscard = "discard a failure group"
+)
 
 // req is one request being answered.
 type req struct {
@@ -251,7 +297,7 @@ func (s *Server) wrap(rt route) http.HandlerFunc {
 		what := r.Method + " " + r.URL.Path
 		if !safeMethod(r.Method) {
 			if err := s.cop.Check(r); err != nil {
-				s.ops.Refused(q.ctx(), ops.Actor{Name: "(anonymous)"}, what, "cross-origin request from "+clientIP(r))
+				s.ops.Refused(q.ctx(), s.claimant(r), what, "cross-origin request from "+clientIP(r), rt.subject(r))
 				q.fail(http.StatusForbidden, "cross-origin request refused")
 				return
 			}
@@ -266,14 +312,40 @@ func (s *Server) wrap(rt route) http.HandlerFunc {
 					tok = r.PostFormValue("csrf")
 				}
 				if !sameToken(tok, q.sess.csrf) {
-					s.ops.Refused(q.ctx(), q.actor, what, "missing or wrong CSRF token")
+					s.ops.Refused(q.ctx(), q.actor, what, "missing or wrong CSRF token", rt.subject(r))
 					q.fail(http.StatusForbidden, "missing or wrong CSRF token: reload the page and try again")
+					return
+				}
+			}
+			// The role first: a role that may not do it learns nothing
+			// from the errors of its input.
+			if rt.Permission != "" {
+				if err := s.ops.Allow(q.ctx(), q.actor, rt.op, rt.Permission, rt.subject(r)); err != nil {
+					q.failErr(err)
 					return
 				}
 			}
 		}
 		rt.h(q)
 	}
+}
+
+// claimant is who a request says it comes from, for the audit of a
+// refusal that happens before it is authenticated: the user of its
+// session or API token, or "(anonymous)". It neither starts nor refreshes
+// a session.
+func (s *Server) claimant(r *http.Request) ops.Actor {
+	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		if u := s.dir.token(strings.TrimSpace(tok)); u != nil {
+			return u.Actor()
+		}
+	}
+	if c, err := r.Cookie(s.cookie); err == nil {
+		if x := s.sess.peek(c.Value); x != nil {
+			return x.actor
+		}
+	}
+	return ops.Actor{Name: "(anonymous)"}
 }
 
 // authenticate finds who sends q: an API token, a session cookie, or (dev
@@ -283,8 +355,8 @@ func (s *Server) authenticate(q *req) bool {
 	r := q.r
 	ip := clientIP(r)
 	if h := r.Header.Get("Authorization"); h != "" {
-		if s.fails.blocked("ip:" + ip) {
-			q.fail(http.StatusTooManyRequests, "too many failed attempts from your address: try again later")
+		if wait := s.fails.blockedFor("ip:" + ip); wait > 0 {
+			q.tooMany(wait, "too many failed attempts from your address")
 			return false
 		}
 		tok, ok := strings.CutPrefix(h, "Bearer ")
@@ -295,9 +367,9 @@ func (s *Server) authenticate(q *req) bool {
 		if u == nil {
 			why := "unknown API token from " + ip
 			if s.fails.fail("ip:" + ip) {
-				why += "; this address is blocked for " + s.cfg.LoginWindow.String()
+				why += "; this address is blocked for " + roundDuration(s.fails.blockedFor("ip:"+ip))
 			}
-			s.ops.Refused(q.ctx(), ops.Actor{Name: "(bad token)"}, r.Method+" "+r.URL.Path, why)
+			s.ops.Refused(q.ctx(), ops.Actor{Name: "(bad token)"}, r.Method+" "+r.URL.Path, why, ops.Subject{})
 			q.w.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)
 			q.fail(http.StatusUnauthorized, "unknown API token")
 			return false
@@ -404,6 +476,38 @@ func (q *req) fail(status int, msg string) {
 		Text    string
 		Message string
 	}{status, http.StatusText(status), msg})
+}
+
+// tooMany answers a client blocked for wait after too many failed
+// sign-ins: 429 with Retry-After, saying how long (msg says why).
+func (q *req) tooMany(wait time.Duration, msg string) {
+	secs := retryAfter(q.w, wait)
+	msg += ": try again in " + waitText(wait)
+	if q.api {
+		q.json(http.StatusTooManyRequests, map[string]any{"error": map[string]any{"status": http.StatusTooManyRequests, "message": msg, "retry_after_seconds": secs}})
+		return
+	}
+	q.fail(http.StatusTooManyRequests, msg)
+}
+
+// retryAfter sets the Retry-After header of a client blocked for wait and
+// returns its seconds (rounded up).
+func retryAfter(w http.ResponseWriter, wait time.Duration) int64 {
+	secs := int64((wait + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	return secs
+}
+
+// waitText says how long wait is, rounded up: "14 minutes", "40 seconds".
+func waitText(wait time.Duration) string {
+	unit, n := "second", int64((wait+time.Second-1)/time.Second)
+	if wait > time.Minute {
+		unit, n = "minute", int64((wait+time.Minute-1)/time.Minute)
+	}
+	if n != 1 {
+		unit += "s"
+	}
+	return strconv.FormatInt(n, 10) + " " + unit
 }
 
 // failErr answers q with the status err calls for.

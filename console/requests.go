@@ -18,25 +18,29 @@ import (
 // approves (docs/console.md, Requests).
 
 // requestRoutes are the pages and API calls of requests.
-func (s *Server) requestRoutes(html, api func(method, pattern string, h func(*req)) route) []route {
+func (s *Server) requestRoutes(html, api routeMaker) []route {
+	const (
+		approve, reject, cancel = "approve a request", "reject a request", "cancel a request"
+		replay, repair          = "request a replay", "propose a repair"
+	)
 	return []route{
 		html("GET", "/requests", s.requestsPage),
 		html("GET", "/requests/{id}", s.requestPage),
-		html("POST", "/requests/{id}/approve", s.decidePage("approve")),
-		html("POST", "/requests/{id}/reject", s.decidePage("reject")),
-		html("POST", "/requests/{id}/cancel", s.decidePage("cancel")),
+		needs(ops.Approve, approve, html("POST", "/requests/{id}/approve", s.decidePage("approve"))),
+		needs(ops.Approve, reject, html("POST", "/requests/{id}/reject", s.decidePage("reject"))),
+		needs(ops.Act, cancel, html("POST", "/requests/{id}/cancel", s.decidePage("cancel"))),
 		html("GET", "/replay", s.replayPage),
-		html("POST", "/replay", s.replayCreatePage),
+		needs(ops.Act, replay, html("POST", "/replay", s.replayCreatePage)),
 		html("GET", "/dead-letters/{id}/repair", s.repairPage),
-		html("POST", "/dead-letters/{id}/repair", s.repairCreatePage),
+		needs(ops.Act, repair, html("POST", "/dead-letters/{id}/repair", s.repairCreatePage)),
 		api("GET", "/api/v1/requests", s.requestsAPI),
 		api("GET", "/api/v1/requests/{id}", s.requestAPI),
 		api("GET", "/api/v1/replay/preview", s.previewAPI),
-		api("POST", "/api/v1/requests/replay", s.replayAPI),
-		api("POST", "/api/v1/requests/repair", s.repairAPI),
-		api("POST", "/api/v1/requests/{id}/approve", s.decideAPI("approve")),
-		api("POST", "/api/v1/requests/{id}/reject", s.decideAPI("reject")),
-		api("POST", "/api/v1/requests/{id}/cancel", s.decideAPI("cancel")),
+		needs(ops.Act, replay, api("POST", "/api/v1/requests/replay", s.replayAPI)),
+		needs(ops.Act, repair, api("POST", "/api/v1/requests/repair", s.repairAPI)),
+		needs(ops.Approve, approve, api("POST", "/api/v1/requests/{id}/approve", s.decideAPI("approve"))),
+		needs(ops.Approve, reject, api("POST", "/api/v1/requests/{id}/reject", s.decideAPI("reject"))),
+		needs(ops.Act, cancel, api("POST", "/api/v1/requests/{id}/cancel", s.decideAPI("cancel"))),
 	}
 }
 
@@ -67,6 +71,9 @@ type repairView struct {
 	CurrentNote             string
 	CurrentHdr, ProposedHdr map[string]string
 	Gone                    bool
+	// Changes is what the repair changes, when the dead letter is there.
+	Changes []ops.Change
+	More    int
 }
 
 func (s *Server) requestJSON(r outboxdriver.Request) requestJSON {
@@ -292,6 +299,12 @@ func (s *Server) requestPage(q *req) {
 				rv.Current, rv.CurrentNote, rv.CurrentHdr = d.Payload, d.PayloadNote, d.Headers
 			} else {
 				rv.Gone = true
+			}
+			if diff, err := s.ops.DiffRepair(q.ctx(), q.actor, p); err == nil {
+				rv.Changes, rv.More = diff.Changes, diff.More
+				if p.Payload != nil {
+					rv.Proposed = diff.Proposed // masked with the event's own paths
+				}
 			}
 			v.Repair = rv
 		}

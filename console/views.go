@@ -36,6 +36,7 @@ func parseViews() (map[string]*template.Template, error) {
 		},
 		"dur":   roundDuration,
 		"short": func(s string, n int) string { return oneLine(s, n) },
+		"gist":  errorGist,
 		"may":   func(a ops.Actor, p string) bool { return a.Role.May(ops.Permission(p)) },
 		"now":   untilNow,
 		"list":  func(xs ...string) []string { return xs },
@@ -247,13 +248,14 @@ func (s *Server) login(q *req) {
 	v := loginView{Next: next, Name: name}
 	c, err := r.Cookie(loginCookie)
 	if err != nil || !sameToken(q.formValue("token"), c.Value) {
-		s.ops.Refused(q.ctx(), ops.Actor{Name: oneLine(name, 64)}, "sign in", "the sign-in form's token is missing or wrong (from "+ip+")")
+		s.ops.Refused(q.ctx(), ops.Actor{Name: oneLine(name, 64)}, "sign in", "the sign-in form's token is missing or wrong (from "+ip+")", ops.Subject{})
 		v.Error = "The sign-in form expired. Please try again."
 		s.renderLogin(q, http.StatusForbidden, v)
 		return
 	}
-	if s.fails.blocked("ip:"+ip, "user:"+name) {
-		v.Error = "Too many failed sign-ins. Try again later."
+	if wait := s.fails.blockedFor("ip:"+ip, "user:"+name); wait > 0 {
+		retryAfter(q.w, wait)
+		v.Error = "Too many failed sign-ins from your address or for this name. Try again in " + waitText(wait) + "."
 		s.renderLogin(q, http.StatusTooManyRequests, v)
 		return
 	}
@@ -261,7 +263,7 @@ func (s *Server) login(q *req) {
 	if u == nil {
 		detail := "wrong name or password (from " + ip + ")"
 		if s.fails.fail("ip:"+ip, "user:"+name) {
-			detail += "; further sign-ins from this address or for this name are blocked for " + s.cfg.LoginWindow.String()
+			detail += "; further sign-ins from this address or for this name are blocked for " + roundDuration(s.fails.blockedFor("ip:"+ip, "user:"+name))
 		}
 		s.record(q, ops.Actor{Name: oneLine(name, 64)}, ops.ActionLoginFailed, detail)
 		v.Error = "Wrong name or password."
@@ -396,6 +398,31 @@ func roundDuration(d time.Duration) string {
 		return d.Round(time.Second).String()
 	}
 }
+
+// errorGist is what a list shows of a last error: all of it up to
+// gistHead+gistTail characters, else its start and its end with the
+// middle left out, each cut at a space. The end is the larger part: an
+// error wrapped in Go reads from the outermost operation to its cause
+// ("publish to exchange ...: message returned as unroutable (312
+// NO_ROUTE): ..."), so the cause and what follows it are near the end.
+func errorGist(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	r := []rune(s)
+	if len(r) <= gistHead+gistTail {
+		return s
+	}
+	head, tail := string(r[:gistHead]), string(r[len(r)-gistTail:])
+	if i := strings.LastIndexByte(head, ' '); i > gistHead/2 {
+		head = head[:i]
+	}
+	if i := strings.IndexByte(tail, ' '); i >= 0 && i < gistTail/4 {
+		tail = tail[i+1:]
+	}
+	return head + " … " + tail
+}
+
+// The parts of a long error errorGist keeps, in characters.
+const gistHead, gistTail = 60, 140
 
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")

@@ -77,7 +77,7 @@ var ErrNotHeld = fmt.Errorf("the dead letter holds no aggregate: %w", ErrNotFoun
 // own). Order within the aggregate is given up on purpose, so a reason is
 // required. A dead letter that holds no aggregate is ErrNotHeld.
 func (o *Ops) Release(ctx context.Context, a Actor, id, reason string) (outboxdriver.HeldAggregate, error) {
-	if err := o.allow(ctx, a, "release a held aggregate", Act); err != nil {
+	if err := o.Allow(ctx, a, "release a held aggregate", Act, Subject{Event: id}); err != nil {
 		return outboxdriver.HeldAggregate{}, err
 	}
 	id, err := ParseID(id)

@@ -222,18 +222,44 @@ func (o *Ops) Table() outboxdriver.Table { return o.t }
 // MaxPage is the largest page one call returns.
 func (o *Ops) MaxPage() int { return o.cfg.MaxPage }
 
-// allow checks that a's role has p for operation op; a refusal is audited
-// and returned as a *DeniedError.
-func (o *Ops) allow(ctx context.Context, a Actor, op string, p Permission) error {
+// Subject names what an operation is about, for its audit rows: an event,
+// a request, or neither. A value that is not a well-formed id is left out.
+type Subject struct {
+	Event, Request string
+}
+
+// ids returns s's ids in canonical form, each empty unless well-formed.
+func (s Subject) ids() (event, request string) {
+	if u, err := uuid.Parse(s.Event); err == nil {
+		event = u.String()
+	}
+	if u, err := uuid.Parse(s.Request); err == nil {
+		request = u.String()
+	}
+	return event, request
+}
+
+// Allow checks that a's role has permission p for operation op, before
+// anything else of the call is read: a refusal is audited as a denied row
+// naming about's event or request, and returned as a *DeniedError. Every
+// operation checks its permission itself too; Allow lets a caller (the
+// console) refuse a role before it parses the input it would pass on, so
+// that a role that may not act learns nothing from the input's errors.
+func (o *Ops) Allow(ctx context.Context, a Actor, op string, p Permission, about Subject) error {
 	if a.Name != "" && a.Role.May(p) {
 		return nil
 	}
-	err := &DeniedError{Actor: a, Operation: op, Need: p}
+	event, request := about.ids()
 	o.record(ctx, outboxdriver.AuditRecord{
 		Actor: a.Name, Action: ActionDenied, Detail: op + ": needs the " + string(p) + " permission",
-		Role: string(a.Role),
+		Role: string(a.Role), EventID: event, RequestID: request,
 	})
-	return err
+	return &DeniedError{Actor: a, Operation: op, Need: p}
+}
+
+// allow is Allow about nothing in particular.
+func (o *Ops) allow(ctx context.Context, a Actor, op string, p Permission) error {
+	return o.Allow(ctx, a, op, p, Subject{})
 }
 
 // record appends r to the audit, or logs why it could not.
@@ -251,11 +277,13 @@ func (o *Ops) Record(ctx context.Context, r outboxdriver.AuditRecord) error {
 }
 
 // Refused records that a request by a was refused before any operation
-// ran (a missing CSRF token, a bad API token): what was asked and why.
-func (o *Ops) Refused(ctx context.Context, a Actor, what, why string) {
+// ran (a missing CSRF token, a bad API token): what was asked and why, and
+// the event or request it was about.
+func (o *Ops) Refused(ctx context.Context, a Actor, what, why string, about Subject) {
+	event, request := about.ids()
 	o.record(ctx, outboxdriver.AuditRecord{
 		Actor: a.Name, Action: ActionDenied, Detail: what + ": " + why,
-		Role: string(a.Role),
+		Role: string(a.Role), EventID: event, RequestID: request,
 	})
 }
 
@@ -310,7 +338,7 @@ func (o *Ops) DeadLetters(ctx context.Context, a Actor, q outboxdriver.DeadLette
 // DeadLetter returns one dead letter with its payload (masked) and
 // headers.
 func (o *Ops) DeadLetter(ctx context.Context, a Actor, id string) (View, error) {
-	if err := o.allow(ctx, a, "view a dead letter", Read); err != nil {
+	if err := o.Allow(ctx, a, "view a dead letter", Read, Subject{Event: id}); err != nil {
 		return View{}, err
 	}
 	u, err := ParseID(id)
@@ -343,7 +371,11 @@ func (o *Ops) Discard(ctx context.Context, a Actor, ids []string, reason string)
 }
 
 func (o *Ops) move(ctx context.Context, a Actor, op string, ids []string, reason string, do func([]string, outboxdriver.Acting) ([]string, error)) ([]string, error) {
-	if err := o.allow(ctx, a, op, Act); err != nil {
+	var about Subject
+	if len(ids) == 1 {
+		about.Event = ids[0]
+	}
+	if err := o.Allow(ctx, a, op, Act, about); err != nil {
 		return nil, err
 	}
 	if ids != nil && len(ids) == 0 {

@@ -94,9 +94,10 @@ func TestRolesAndAudit(t *testing.T) {
 	if len(denied) != 8 {
 		t.Fatalf("%d audit rows after 8 refusals: %+v", len(denied), denied)
 	}
-	for _, d := range denied {
-		if d.Action != ops.ActionDenied || d.EventID != "" || !strings.Contains(d.Detail, "dead letters") {
-			t.Fatalf("refusal audited as %+v", d)
+	for i, d := range denied { // newest first: a discard of all, then a retry of ids[0]
+		event := map[int]string{0: "", 1: ids[0]}[i%2]
+		if d.Action != ops.ActionDenied || d.EventID != event || !strings.Contains(d.Detail, "dead letters") {
+			t.Fatalf("refusal audited as %+v; want the event %q named", d, event)
 		}
 	}
 	if denied[len(denied)-1].Actor != "vera" || denied[len(denied)-1].Role != "viewer" {
@@ -134,8 +135,15 @@ func TestRolesAndAudit(t *testing.T) {
 			t.Fatalf("audit row %d = %+v; want %s of %s by otto (operator) for %q", i, got, w.action, w.id, w.reason)
 		}
 	}
-	if byEvent, err := o.Audit(r.ctx, viewer, outboxdriver.AuditQuery{EventID: ids[0], Limit: 10}); err != nil || len(byEvent) != 1 || byEvent[0].Action != "retry" {
+	// The event's audit: the retry, and the four refused retries before it.
+	byEvent, err := o.Audit(r.ctx, viewer, outboxdriver.AuditQuery{EventID: ids[0], Limit: 10})
+	if err != nil || len(byEvent) != 5 || byEvent[0].Action != "retry" {
 		t.Fatalf("audit of event %s = %+v, %v", ids[0], byEvent, err)
+	}
+	for _, a := range byEvent[1:] {
+		if a.Action != ops.ActionDenied {
+			t.Fatalf("audit of event %s: %+v; want the retry and four refusals", ids[0], byEvent)
+		}
 	}
 	if older, err := o.Audit(r.ctx, viewer, outboxdriver.AuditQuery{Before: recs[0].ID, Action: "retry", Limit: 10}); err != nil || len(older) != 1 || older[0].ID != recs[1].ID {
 		t.Fatalf("audit before %d = %+v, %v", recs[0].ID, older, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/internal/confval"
+	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -98,7 +99,7 @@ type ReplayPreview struct {
 }
 
 // The actor the console's own housekeeping is audited under.
-var system = outboxdriver.Acting{Name: "(outbox)", Role: "system"}
+var system = outboxdriver.Acting{Name: driverkit.SystemActor, Role: driverkit.SystemRole}
 
 // expire marks the requests past their expiry expired.
 func (o *Ops) expire(ctx context.Context) error {
@@ -237,7 +238,7 @@ func (o *Ops) createRequest(ctx context.Context, a Actor, kind string, params []
 // an approver other than a approves, the dead letter gets them and is
 // retried with its id. The audit keeps the before and after.
 func (o *Ops) RequestRepair(ctx context.Context, a Actor, p RepairParams, reason string) (Request, error) {
-	if err := o.allow(ctx, a, "propose a repair", Act); err != nil {
+	if err := o.Allow(ctx, a, "propose a repair", Act, Subject{Event: p.EventID}); err != nil {
 		return Request{}, err
 	}
 	if err := checkReason(reason, true); err != nil {
@@ -355,11 +356,14 @@ func (n *jnode) restore(orig *jnode, path []string) int {
 
 // MaskJSON returns JSON as shown to users: indented, with the sensitive
 // paths masked (text that is not JSON is hidden when any path is set).
+// It names no event type, so it masks every path sensitive in any event:
+// the configured ones and every contract's.
 func (o *Ops) MaskJSON(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
-	return o.view(outboxdriver.DeadLetterDetail{Payload: b}).Payload
+	paths, masks := o.sensitiveForAny()
+	return o.viewMasked(outboxdriver.DeadLetterDetail{Payload: b}, -1, paths, masks).Payload
 }
 
 // Requests lists requests, newest first (state "" lists all).
@@ -390,7 +394,7 @@ func knownState(s string) bool {
 
 // Request returns one request.
 func (o *Ops) Request(ctx context.Context, a Actor, id string) (Request, error) {
-	if err := o.allow(ctx, a, "view a request", Read); err != nil {
+	if err := o.Allow(ctx, a, "view a request", Read, Subject{Request: id}); err != nil {
 		return Request{}, err
 	}
 	return o.request(ctx, id)
@@ -436,7 +440,7 @@ func (o *Ops) Reject(ctx context.Context, a Actor, id, note string) (Request, er
 
 func (o *Ops) decide(ctx context.Context, a Actor, id, to, note string) (Request, error) {
 	verb := map[string]string{outboxdriver.StateApproved: "approve", outboxdriver.StateRejected: "reject"}[to]
-	if err := o.allow(ctx, a, verb+" a request", Approve); err != nil {
+	if err := o.Allow(ctx, a, verb+" a request", Approve, Subject{Request: id}); err != nil {
 		return Request{}, err
 	}
 	if err := checkReason(note, false); err != nil {
@@ -460,7 +464,7 @@ func (o *Ops) decide(ctx context.Context, a Actor, id, to, note string) (Request
 // Cancel cancels a request that has not finished; an executing replay
 // stops after its current batch (what it re-enqueued stays).
 func (o *Ops) Cancel(ctx context.Context, a Actor, id, reason string) (Request, error) {
-	if err := o.allow(ctx, a, "cancel a request", Act); err != nil {
+	if err := o.Allow(ctx, a, "cancel a request", Act, Subject{Request: id}); err != nil {
 		return Request{}, err
 	}
 	if err := checkReason(reason, false); err != nil {
@@ -704,8 +708,7 @@ func (e *Executor) repair(ctx context.Context, r Request) error {
 		}
 		headers = b
 	}
-	by := outboxdriver.Acting{Name: r.Requester, Role: r.RequesterRole, Reason: "repair request " + r.ID + " approved by " + r.DecidedBy}
-	return o.st.RepairDeadLetter(ctx, o.t, r.ID, e.cfg.Name, r.Epoch, p.EventID, p.Payload, headers, by)
+	return o.st.RepairDeadLetter(ctx, o.t, r.ID, e.cfg.Name, r.Epoch, p.EventID, p.Payload, headers, driverkit.RepairRetry(r))
 }
 
 // PruneAudit deletes the audit rows older than before: the audit's one

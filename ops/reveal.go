@@ -18,7 +18,7 @@ const ActionReveal = "reveal"
 // permission and a reason, and the audit row is written before anything
 // is shown: when it cannot be written, nothing is revealed.
 func (o *Ops) Reveal(ctx context.Context, a Actor, id, path, reason string) (View, error) {
-	if err := o.allow(ctx, a, "reveal a masked payload field", Act); err != nil {
+	if err := o.Allow(ctx, a, "reveal a masked payload field", Act, Subject{Event: id}); err != nil {
 		return View{}, err
 	}
 	u, err := ParseID(id)

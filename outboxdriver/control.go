@@ -140,4 +140,9 @@ type Sample struct {
 	// LastSeq is the highest position handed out: inserts between two
 	// samples are the difference.
 	LastSeq int64 `json:"last_seq"`
+	// Discarded counts the dead letters discarded after the previous
+	// sample listed and up to this one, by the audit's discard rows (0 for
+	// the first sample listed): a discard lowers DeadLetters without a
+	// publish.
+	Discarded int64 `json:"discarded"`
 }

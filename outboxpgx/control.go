@@ -485,13 +485,18 @@ ON CONFLICT (at) DO NOTHING`, keep.Milliseconds(), c.backlog.n, c.oldestAge, c.d
 	return nil
 }
 
-// Samples lists t's samples since a time, oldest first. A table that
-// predates the samples table has none.
+// Samples lists t's samples since a time, oldest first, each with the
+// discards audited since the previous one. A table that predates the
+// samples table has none.
 func (d *Driver) Samples(ctx context.Context, t outboxdriver.Table, since time.Time) ([]outboxdriver.Sample, error) {
 	if _, err := d.names(t); err != nil {
 		return nil, err
 	}
-	rows, err := d.pool.Query(ctx, `SELECT at, backlog, oldest_age, dead_letters, last_seq FROM `+t.WithDefaults().Qualified("_samples")+` WHERE at >= $1 ORDER BY at`, since)
+	t = t.WithDefaults()
+	rows, err := d.pool.Query(ctx, `SELECT x.at, x.backlog, x.oldest_age, x.dead_letters, x.last_seq,
+       (SELECT count(*) FROM `+t.Qualified("_audit")+` a WHERE a.action = 'discard' AND a.at > x.prev AND a.at <= x.at)
+FROM (SELECT at, backlog, oldest_age, dead_letters, last_seq, lag(at) OVER (ORDER BY at) AS prev FROM `+t.Qualified("_samples")+` WHERE at >= $1) x
+ORDER BY x.at`, since)
 	if err != nil {
 		if isUndefinedTable(err) {
 			if ok, merr := migrated(ctx, d.pool, t); merr == nil && !ok {

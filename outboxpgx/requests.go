@@ -210,14 +210,7 @@ RETURNING `+requestCols, id, executor, stale.Milliseconds()))
 		if err != nil {
 			return err
 		}
-		detail := "started by executor " + executor
-		if out.Epoch > 1 {
-			detail = fmt.Sprintf("resumed by executor %s (epoch %d) after %d events", executor, out.Epoch, out.Done)
-		}
-		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			Actor: out.DecidedBy, Action: "execute", Detail: out.Kind + " " + detail,
-			Role: out.DecidedRole, RequestID: id,
-		})
+		return d.requestAudit(ctx, tx, t, driverkit.ExecuteAudit(out, executor))
 	})
 	return out, err
 }
@@ -246,14 +239,7 @@ func (d *Driver) FinishRequest(ctx context.Context, t outboxdriver.Table, id, ex
 			id, state, msg); err != nil {
 			return err
 		}
-		action, detail := "finish", fmt.Sprintf("%s done: %d events re-enqueued", r.Kind, r.Done)
-		if state == outboxdriver.StateFailed {
-			action, detail = "fail", fmt.Sprintf("%s failed after %d events: %s", r.Kind, r.Done, msg)
-		}
-		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			Actor: r.DecidedBy, Action: action, Detail: detail,
-			Role: r.DecidedRole, RequestID: id,
-		})
+		return d.requestAudit(ctx, tx, t, driverkit.FinishAudit(r, state, msg))
 	})
 }
 
@@ -471,11 +457,7 @@ WHERE id = $1 RETURNING coalesce(payload::text, 'null'), headers::text`, id, nul
 		}
 		bb, _ := json.Marshal(before)
 		ab, _ := json.Marshal(map[string]any{"payload": json.RawMessage(newPayload), "headers": json.RawMessage(newHeaders)})
-		if err := d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			Actor: r.Requester, Action: "repair", EventID: id,
-			Detail: "payload and headers replaced as approved by " + r.DecidedBy + "; retried with the same id",
-			Role:   r.RequesterRole, Reason: r.Reason, RequestID: req, Before: bb, After: ab,
-		}); err != nil {
+		if err := d.requestAudit(ctx, tx, t, driverkit.RepairAudit(r, id, bb, ab)); err != nil {
 			return err
 		}
 		moved, err := d.retryDeadLettersOn(ctx, tx, t, []string{id}, by)
@@ -490,10 +472,7 @@ WHERE id = $1 RETURNING coalesce(payload::text, 'null'), headers::text`, id, nul
 		if err != nil {
 			return err
 		}
-		return d.requestAudit(ctx, tx, t, outboxdriver.AuditRecord{
-			Actor: r.DecidedBy, Action: "finish", EventID: id, Detail: "repair done: the dead letter is back in the outbox",
-			Role: r.DecidedRole, RequestID: req,
-		})
+		return d.requestAudit(ctx, tx, t, driverkit.RepairDoneAudit(r, id))
 	})
 }
 

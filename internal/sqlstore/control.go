@@ -426,13 +426,17 @@ SELECT `+s.d.Now+`,
 	return nil
 }
 
-// Samples lists t's samples since a time, oldest first.
+// Samples lists t's samples since a time, oldest first, each with the
+// discards audited since the previous one.
 func (s Store) Samples(ctx context.Context, t outboxdriver.Table, since time.Time) ([]outboxdriver.Sample, error) {
 	db, n, err := s.open(t)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `SELECT `+s.d.TimeText("at")+`, backlog, oldest_age, dead_letters, last_seq FROM `+n.samples+` WHERE at >= ? ORDER BY at`, s.d.TimeArg(since))
+	rows, err := db.QueryContext(ctx, `SELECT `+s.d.TimeText("x.at")+`, x.backlog, x.oldest_age, x.dead_letters, x.last_seq,
+       (SELECT count(*) FROM `+n.audit+` a WHERE a.action = 'discard' AND a.at > x.prev AND a.at <= x.at)
+FROM (SELECT at, backlog, oldest_age, dead_letters, last_seq, lag(at) OVER (ORDER BY at) AS prev FROM `+n.samples+` WHERE at >= ?) x
+ORDER BY x.at`, s.d.TimeArg(since))
 	if err != nil {
 		return nil, s.fail(ctx, t, "samples of", err)
 	}
@@ -440,7 +444,7 @@ func (s Store) Samples(ctx context.Context, t outboxdriver.Table, since time.Tim
 	var out []outboxdriver.Sample
 	for rows.Next() {
 		var x outboxdriver.Sample
-		if err := rows.Scan(timeCol{&x.At}, &x.Backlog, &x.OldestAge, &x.DeadLetters, &x.LastSeq); err != nil {
+		if err := rows.Scan(timeCol{&x.At}, &x.Backlog, &x.OldestAge, &x.DeadLetters, &x.LastSeq, &x.Discarded); err != nil {
 			return nil, s.fail(ctx, t, "samples of", err)
 		}
 		out = append(out, x)

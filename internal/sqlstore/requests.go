@@ -254,14 +254,7 @@ func (s Store) ClaimRequest(ctx context.Context, t outboxdriver.Table, id, execu
 			return err
 		}
 		out = r.Request
-		detail := "started by executor " + executor
-		if out.Epoch > 1 {
-			detail = fmt.Sprintf("resumed by executor %s (epoch %d) after %d events", executor, out.Epoch, out.Done)
-		}
-		return s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			Actor: out.DecidedBy, Action: "execute", Detail: out.Kind + " " + detail,
-			Role: out.DecidedRole, RequestID: out.ID,
-		})
+		return s.audit(ctx, tx, n, driverkit.ExecuteAudit(out, executor))
 	})
 	return out, err
 }
@@ -291,14 +284,7 @@ func (s Store) FinishRequest(ctx context.Context, t outboxdriver.Table, id, exec
 		if _, err := tx.ExecContext(ctx, `UPDATE `+n.requests+" SET state = ?, `error` = ?, finished_at = "+s.d.Now+` WHERE id = ?`, state, msg, r.ID); err != nil {
 			return err
 		}
-		action, detail := "finish", fmt.Sprintf("%s done: %d events re-enqueued", r.Kind, r.Done)
-		if state == outboxdriver.StateFailed {
-			action, detail = "fail", fmt.Sprintf("%s failed after %d events: %s", r.Kind, r.Done, msg)
-		}
-		return s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			Actor: r.DecidedBy, Action: action, Detail: detail,
-			Role: r.DecidedRole, RequestID: r.ID,
-		})
+		return s.audit(ctx, tx, n, driverkit.FinishAudit(r.Request, state, msg))
 	})
 }
 
@@ -598,11 +584,7 @@ func (s Store) RepairDeadLetter(ctx context.Context, t outboxdriver.Table, req, 
 		}
 		bb, _ := json.Marshal(before)
 		ab, _ := json.Marshal(map[string]any{"payload": rawOrNull(newPayload), "headers": rawOrNull(newHeaders)})
-		if err := s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			Actor: r.Requester, Action: "repair", EventID: u,
-			Detail: "payload and headers replaced as approved by " + r.DecidedBy + "; retried with the same id",
-			Role:   r.RequesterRole, Reason: r.Reason, RequestID: r.ID, Before: bb, After: ab,
-		}); err != nil {
+		if err := s.audit(ctx, tx, n, driverkit.RepairAudit(r.Request, u, bb, ab)); err != nil {
 			return err
 		}
 		moved, err := s.moveIn(ctx, tx, n, []string{u}, by, "retry")
@@ -615,10 +597,7 @@ func (s Store) RepairDeadLetter(ctx context.Context, t outboxdriver.Table, req, 
 		if _, err := tx.ExecContext(ctx, `UPDATE `+n.requests+" SET state = 'done', total = 1, done = 1, `cursor` = 1, heartbeat_at = "+s.d.Now+", finished_at = "+s.d.Now+` WHERE id = ?`, r.ID); err != nil {
 			return err
 		}
-		return s.audit(ctx, tx, n, outboxdriver.AuditRecord{
-			Actor: r.DecidedBy, Action: "finish", EventID: u, Detail: "repair done: the dead letter is back in the outbox",
-			Role: r.DecidedRole, RequestID: r.ID,
-		})
+		return s.audit(ctx, tx, n, driverkit.RepairDoneAudit(r.Request, u))
 	})
 }
 
