@@ -113,6 +113,8 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{audit_guard_trg}}", q(t.Name+"_audit_ro"),
 		"{{audit_guard_trunc_trg}}", q(t.Name+"_audit_rot"),
 		"{{audit_prune_fn}}", t.Qualified("_audit_prune"),
+		"{{audit_prune_sig}}", QuoteLiteral(t.Qualified("_audit_prune")+"(timestamptz, text, text, text)"),
+		"{{audit_literal}}", QuoteLiteral(n.Audit),
 		"{{audit_at_idx}}", q(t.Name+"_audit_at"),
 		"{{audit_at_idx_q}}", t.Qualified("_audit_at"),
 		"{{dl_group_idx}}", q(t.Name+"_dl_group"),

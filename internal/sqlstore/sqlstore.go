@@ -60,6 +60,15 @@ type Dialect struct {
 	LastSeq func(t outboxdriver.Table) (string, []any)
 	// NoTable reports the error of a table that does not exist.
 	NoTable func(error) bool
+	// PruneProc names, quoted and qualified, the stored procedure that
+	// prunes t's audit as its definer, the tables' owner (MySQL/MariaDB,
+	// schema version 5). Nil where the Store deletes under the marker
+	// itself: SQLite has no accounts (whoever can write the file can
+	// change anything), and a MySQL table of an earlier version.
+	PruneProc func(t outboxdriver.Table) string
+	// NoProc reports the error of a stored procedure that does not exist,
+	// and Denied that of a right the account lacks.
+	NoProc, Denied func(error) bool
 	// TxOptions are the options of the Store's write transactions.
 	TxOptions *sql.TxOptions
 	// ConsoleVersion is the first schema version with the console's
