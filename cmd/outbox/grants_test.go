@@ -338,6 +338,9 @@ func TestGrantsGiveEachRoleItsJobOnPostgreSQL(t *testing.T) {
 	if err != nil || !strings.Contains(out, want) || strings.Contains(out, "audit changeable") {
 		t.Fatalf("status after grants: %v\n%s\nwant %q", err, out, want)
 	}
+	if out, err := runInProcess(t, "", "status", "--db", pgURLAs(t, consoleRole), "--schema", tb.Schema); err != nil || !strings.Contains(out, want) {
+		t.Fatalf("status as the console: %v\n%s", err, out)
+	}
 
 	// The writer writes: WriteTx (one event, several, a delayed one), and
 	// both log-tailing modes (insert + delete through the table's
@@ -457,6 +460,12 @@ func TestGrantsGiveEachRoleItsJobOnPostgreSQL(t *testing.T) {
 	if n != 1 || actor != "dpo" || action != "audit-prune" || !strings.Contains(detail, "(database role "+owner+")") {
 		t.Fatalf("after the prune: %d row(s), the last %s %s %q; want the prune's own row naming the owner's role", n, actor, action, detail)
 	}
+	// The owner holds the DDL: it migrates down a version and up again.
+	for _, a := range [][]string{{"--down", "18"}, nil} {
+		if out, err := runInProcess(t, "", append([]string{"migrate", "--db", pgURLAs(t, owner), "--schema", tb.Schema}, a...)...); err != nil {
+			t.Fatalf("migrate %v as the owner: %v\n%s", a, err, out)
+		}
+	}
 }
 
 func sortedStrings(s ...string) []string {
@@ -554,6 +563,9 @@ func TestGrantsGiveEachAccountItsJobOnMySQL(t *testing.T) {
 	out, err = runInProcess(t, "", append([]string{"status"}, db...)...)
 	if err != nil || !strings.Contains(out, "separated: owner "+owner+"@%; rights on the table granted to "+strings.Join(sortedStrings(consoleUser+"@%", relayUser+"@%", writer+"@%"), ", ")) {
 		t.Fatalf("status after grants: %v\n%s", err, out)
+	}
+	if out, err := runInProcess(t, "", "status", "--db", myURLAs(t, consoleUser, name)); err != nil || !strings.Contains(out, "roles                     separated: rights on the table granted to "+consoleUser+"@%\n") {
+		t.Fatalf("status as the console (which sees its own grants): %v\n%s", err, out)
 	}
 
 	flow, poison := jobEvents()

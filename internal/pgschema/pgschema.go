@@ -162,8 +162,17 @@ func prepare(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, er
 // versions.
 func applied(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, error) {
 	n := NamesOf(t)
-	if err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+outboxdriver.QuoteIdent(t.Schema)); err != nil {
-		return nil, fmt.Errorf("create schema %s: %w", t.Schema, err)
+	// Only when missing: CREATE SCHEMA IF NOT EXISTS needs the CREATE right
+	// on the database even when the schema exists, which a role that owns
+	// the tables need not have (docs/security.md).
+	found, err := tx.Versions(ctx, `SELECT 1 FROM pg_namespace WHERE nspname = $1`, t.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("look up schema %s: %w", t.Schema, err)
+	}
+	if len(found) == 0 {
+		if err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+outboxdriver.QuoteIdent(t.Schema)); err != nil {
+			return nil, fmt.Errorf("create schema %s: %w", t.Schema, err)
+		}
 	}
 	if err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+n.Migrations+` (
 		version    integer     PRIMARY KEY,
