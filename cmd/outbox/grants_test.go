@@ -35,6 +35,7 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/route"
 	"github.com/outboxkit/outbox/sink"
@@ -688,4 +689,95 @@ func TestGrantsGiveEachAccountItsJobOnMySQL(t *testing.T) {
 	if n != 1 || actor != "dpo" || action != "audit-prune" || !strings.Contains(detail, "(database account "+owner+"@") {
 		t.Fatalf("after the prune: %d row(s), the last %s %s %q; want the prune's own row naming the owner's account", n, actor, action, detail)
 	}
+}
+
+// pgPoolAs is a pool on the database of dbURL that connects as role.
+func pgPoolAs(t *testing.T, dbURL, role string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Log tailing with separated roles: with the relay's grants, the
+// REPLICATION attribute and a publication the owner made (what the
+// output of outbox grants says to run), a relay on the relay's role
+// streams what the writer wrote, in table mode and in insert + delete
+// mode, dead-letters and parks.
+func TestGrantsLetTheRelayTailTheLog(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 3*time.Minute)
+	admin := testenv.CDCPool(t)
+	cdcURL := testenv.CDCDatabaseURL(t)
+	tb := outboxdriver.Table{Schema: testenv.Name("t"), Name: "outbox"}
+	drv := outboxpgx.New(admin)
+	testenv.CDCTurn(t, admin, func() {
+		if _, err := drv.Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: 4}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	roles := testenv.Pool(t)
+	owner, _ := testenv.PoolAs(t, roles, "outbox_owner", `GRANT CREATE ON DATABASE `+testenv.CDCDatabase+` TO %s`)
+	writer, _ := testenv.PoolAs(t, roles, "outbox_writer")
+	relayRole, _ := testenv.PoolAs(t, roles, "outbox_relay", `ALTER ROLE %s REPLICATION`)
+	// Registered after the roles: runs before their cleanup, and drops
+	// what they own and hold here (the slot, the publication, the tables).
+	testenv.DropSlotAtEnd(t, admin, func(ctx context.Context) error {
+		if _, err := drv.MigrateDown(ctx, tb, 0); err != nil {
+			return err
+		}
+		_, err := admin.Exec(ctx, `DROP SCHEMA IF EXISTS `+outboxdriver.QuoteIdent(tb.Schema)+` CASCADE`)
+		return err
+	})
+	out, err := runInProcess(t, "", "grants", "--db", cdcURL, "--schema", tb.Schema, "--writer", writer, "--relay", relayRole, "--owner", owner, "--apply")
+	if err != nil {
+		t.Fatalf("grants --apply: %v\n%s", err, out)
+	}
+	ownerPool, writerPool, relayPool := pgPoolAs(t, cdcURL, owner), pgPoolAs(t, cdcURL, writer), pgPoolAs(t, cdcURL, relayRole)
+	testenv.CDCTurn(t, admin, func() {
+		if _, err := ownerPool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(cdc.DefaultSlot(tb))+` FOR TABLE `+tb.Qualified("")+` WITH (publish = 'insert, truncate')`); err != nil {
+			t.Fatalf("the owner's publication: %v", err)
+		}
+	})
+	src, err := cdc.NewSource(relayPool, tb, &cdc.Config{SourceConfig: outboxdriver.SourceConfig{RelayName: "relay-1", Logger: slog.New(slog.NewTextHandler(&testenv.Buffer{}, nil))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	testenv.CDCTurn(t, admin, func() {
+		if err := src.Setup(ctx); err != nil {
+			t.Fatalf("set up log tailing as the relay: %v", err)
+		}
+	})
+	flow, poison := jobEvents()
+	flow = flow[:5] // not the delayed one: insert + delete mode refuses delayed events
+	flowIDs := ids(flow)
+	ids(poison)
+	w, err := outbox.New(outboxpgx.New(writerPool), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(ctx, append(flow[:3], poison...)...); err != nil {
+		t.Fatalf("the writer's rows: %v", err)
+	}
+	wd, err := outbox.New(outboxpgx.New(writerPool, outboxpgx.WithInsertDelete()), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wd.Write(ctx, flow[3:]...); err != nil {
+		t.Fatalf("the writer in insert + delete mode: %v", err)
+	}
+	drain(t, ctx, src, flowIDs, func() (int64, error) {
+		var n int64
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM `+tb.Qualified("_dead_letter")).Scan(&n)
+		return n, err
+	})
 }

@@ -329,7 +329,7 @@ func planPostgres(c pgCatalog, r Roles) Plan {
 		p.Notes = append(p.Notes,
 			"Log tailing (relay --source cdc) needs what no GRANT gives:",
 			"  as a superuser: ALTER ROLE "+q(r.Relay)+" REPLICATION;",
-			"  as the owner (only a table's owner may publish it): CREATE PUBLICATION "+q(c.publisher)+" FOR TABLE "+t.Qualified("")+" WITH (publish = 'insert, truncate');",
+			"  as a superuser, or as the owner with CREATE on the database: CREATE PUBLICATION "+q(c.publisher)+" FOR TABLE "+t.Qualified("")+" WITH (publish = 'insert, truncate');",
 			"  the relay makes its replication slot itself.")
 	}
 	return p
