@@ -781,3 +781,65 @@ func TestGrantsLetTheRelayTailTheLog(t *testing.T) {
 		return n, err
 	})
 }
+
+// Time partitions with separated roles: the relay's role makes and drops
+// partitions (through the maintenance function, which runs as the owner:
+// the partitions it makes are the owner's), cleans up the default
+// partition, and the console reads their status.
+func TestGrantsLetTheRelayMaintainTimePartitions(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	admin := testenv.Pool(t)
+	tb := testenv.Table(t, admin)
+	if _, err := outboxpgx.New(admin).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: 4, TimePartitions: outboxdriver.TimePartitionsDay}); err != nil {
+		t.Fatal(err)
+	}
+	owner, _ := testenv.PoolAs(t, admin, "outbox_owner")
+	writer, writerPool := testenv.PoolAs(t, admin, "outbox_writer")
+	relayRole, relayPool := testenv.PoolAs(t, admin, "outbox_relay")
+	consoleRole, _ := testenv.PoolAs(t, admin, "outbox_console")
+	if out, err := runInProcess(t, "", "grants", "--db", dbURL(), "--schema", tb.Schema, "--writer", writer, "--relay", relayRole, "--console", consoleRole, "--owner", owner, "--apply"); err != nil {
+		t.Fatalf("grants --apply: %v\n%s", err, out)
+	}
+	// Tomorrow's partition goes missing; the relay's maintenance makes it.
+	tomorrow := tb.Name + "_p" + time.Now().UTC().AddDate(0, 0, 1).Format("20060102")
+	if _, err := admin.Exec(ctx, `DROP TABLE `+tb.Qualified(strings.TrimPrefix(tomorrow, tb.Name))); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runInProcess(t, "", "retention", "--db", pgURLAs(t, relayRole), "--schema", tb.Schema, "--actor", "relay")
+	if err != nil || !strings.Contains(out, tomorrow) {
+		t.Fatalf("retention as the relay: %v\n%s", err, out)
+	}
+	var by string
+	if err := admin.QueryRow(ctx, `SELECT pg_get_userbyid(relowner)::text FROM pg_class WHERE oid = to_regclass($1)`, tb.Qualified(strings.TrimPrefix(tomorrow, tb.Name))).Scan(&by); err != nil || by != owner {
+		t.Fatalf("the partition the relay made is owned by %q (%v); want the owner %s", by, err, owner)
+	}
+	w, err := outbox.New(outboxpgx.New(writerPool), &outbox.Config{Schema: tb.Schema, Table: tb.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow, poison := jobEvents()
+	flowIDs := ids(flow)
+	ids(poison)
+	if err := w.Write(ctx, append(flow, poison...)...); err != nil {
+		t.Fatalf("the writer on a table partitioned by time: %v", err)
+	}
+	src, err := outboxpgx.New(relayPool).NewSource(tb, &outboxdriver.SourceConfig{Retention: outboxdriver.RetentionKeep, RelayName: "relay-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, src, flowIDs, func() (int64, error) {
+		var n int64
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM `+tb.Qualified("_dead_letter")).Scan(&n)
+		return n, err
+	})
+	src.Close()
+	// What the relay's cleanup runs on the default partition.
+	if _, err := relayPool.Exec(ctx, `DELETE FROM `+tb.Qualified("_pdefault")+` WHERE false`); err != nil {
+		t.Fatalf("the relay's cleanup of the default partition: %v", err)
+	}
+	out, err = runInProcess(t, "", "status", "--db", pgURLAs(t, consoleRole), "--schema", tb.Schema)
+	if err != nil || !strings.Contains(out, "time partitions ") || !strings.Contains(out, "backlog                   3\n") {
+		t.Fatalf("status as the console: %v\n%s", err, out)
+	}
+}

@@ -148,7 +148,7 @@ func readPostgres(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table)
 		names = append(names, t.Name+g.suffix)
 	}
 	rows, err := pool.Query(ctx, `SELECT c.relname::text, c.relkind::text,
-       EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'i')
+       c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'i')
 FROM pg_class c
 WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = $1)
   AND c.relkind IN ('r', 'p', 'S')
