@@ -16,14 +16,14 @@ SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     stack text;
 BEGIN
-    -- The prune function's DELETE: it runs as the table's owner, and it is
-    -- the statement's caller (its frame is on the stack; the signature is
-    -- spelled with its schema under this search_path, as the stack spells
-    -- it).
+    -- The prune function's DELETE: it runs as the table's owner, and its
+    -- frame is on the stack. The stack names it by its signature, spelled
+    -- with its schema under this search_path as under the function's own
+    -- (the words around it follow lc_messages; the signature does not).
     IF TG_OP = 'DELETE'
        AND current_user = (SELECT r.rolname FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner WHERE c.oid = TG_RELID) THEN
         GET DIAGNOSTICS stack = PG_CONTEXT;
-        IF position(E'\nPL/pgSQL function ' || {{audit_prune_sig}}::regprocedure::text || ' line ' IN stack) > 0 THEN
+        IF position(' ' || {{audit_prune_sig}}::regprocedure::text || ' ' IN stack) > 0 THEN
             RETURN OLD;
         END IF;
     END IF;
