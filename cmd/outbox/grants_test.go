@@ -481,7 +481,10 @@ func sortedStrings(s ...string) []string {
 func TestGrantsRefusals(t *testing.T) {
 	t.Parallel()
 	_, db := migrated(t)
-	writer, _ := testenv.PoolAs(t, testenv.Pool(t), "outbox_writer")
+	admin := testenv.Pool(t)
+	writer, _ := testenv.PoolAs(t, admin, "outbox_writer")
+	owner, _ := testenv.PoolAs(t, admin, "outbox_owner")
+	member, _ := testenv.PoolAs(t, admin, "outbox_member", `GRANT `+owner+` TO %s`)
 	base := append([]string{"grants"}, db...)
 	for _, c := range []struct {
 		args []string
@@ -493,6 +496,7 @@ func TestGrantsRefusals(t *testing.T) {
 		{[]string{"--relay", "bad-name"}, `--relay "bad-name": a role name must be`},
 		{[]string{"--owner", writer}, "name at least one role"},
 		{[]string{"--writer", "x@host"}, "no @host"},
+		{[]string{"--console", member, "--owner", owner}, "--console " + member + ": the role is a member of the owner " + owner},
 	} {
 		failsWithOneLine(t, nil, c.want, append(base, c.args...)...)
 	}
@@ -555,6 +559,9 @@ func TestGrantsGiveEachAccountItsJobOnMySQL(t *testing.T) {
 		t.Fatalf("status before grants: %v\n%s", err, out)
 	}
 	failsWithOneLine(t, nil, "the account is the definer of the audit's prune procedure", append([]string{"grants", "--writer", owner}, db...)...)
+	wide, _ := testenv.MySQLAs(t, admin, "outbox_wide", name, "GRANT SELECT, DELETE ON `"+name+"`.* TO %s")
+	failsWithOneLine(t, nil, "--relay "+wide+"@%: the account holds DELETE on database "+name+", which no table grant narrows: revoke it first (REVOKE ALL PRIVILEGES ON `"+name+"`.* FROM '"+wide+"'@'%')",
+		append([]string{"grants", "--relay", wide}, db...)...)
 	args := append([]string{"grants", "--writer", writer, "--relay", relayUser, "--console", consoleUser}, db...)
 	for range 2 {
 		if out, err := runInProcess(t, "", append(args, "--apply")...); err != nil || !strings.Contains(out, "statement(s) applied") {
