@@ -49,6 +49,15 @@ var dialect = sqlstore.Dialect{
 	},
 	Migrated:  migrated,
 	Latest:    func() int { return migrations.Latest(all()) },
+	PruneProc: func(t outboxdriver.Table) string { return qualifier(t)("_audit_prune") },
+	NoProc: func(err error) bool {
+		var my *mysql.MySQLError
+		return errors.As(err, &my) && my.Number == 1305 // does not exist
+	},
+	Denied: func(err error) bool {
+		var my *mysql.MySQLError
+		return errors.As(err, &my) && (my.Number == 1370 || my.Number == 1142) // routine or table command denied
+	},
 	TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/pgschema"
@@ -484,13 +485,19 @@ func rawOrNull(s *string) json.RawMessage {
 }
 
 // PruneAudit deletes the audit rows of t older than before, through the
-// one function the audit table's guard lets delete, and records it.
+// one function the audit table's guard lets delete, and records it. The
+// function runs as the table's owner, and only roles granted EXECUTE on it
+// may call it (schema version 19; docs/security.md).
 func (d *Driver) PruneAudit(ctx context.Context, t outboxdriver.Table, before time.Time, by outboxdriver.Acting) (int64, error) {
 	if _, err := d.names(t); err != nil {
 		return 0, err
 	}
 	var n int64
 	err := d.pool.QueryRow(ctx, `SELECT `+t.Qualified("_audit_prune")+`($1, $2, $3, $4)`, before, by.Name, by.Role, by.Reason).Scan(&n)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return 0, fmt.Errorf("outboxpgx: prune the audit of %s: only the table's owner prunes the audit: run it with the owner's URL (docs/security.md): %w", t, err)
+	}
 	if err != nil {
 		return 0, d.fail(ctx, t, "prune the audit of", err)
 	}

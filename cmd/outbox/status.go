@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxkit/outbox/internal/grants"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -23,6 +24,18 @@ type statusJSON struct {
 	Schema string `json:"schema"`
 	Table  string `json:"table"`
 	ops.StatusJSON
+	// Roles says whether the table's jobs run under separate database
+	// roles (outbox grants); absent where it could not be read.
+	Roles *rolesJSON `json:"roles,omitempty"`
+}
+
+// rolesJSON is grants.Separation in `outbox status --json`.
+type rolesJSON struct {
+	Separated     bool     `json:"separated"`
+	Owner         string   `json:"owner,omitempty"`
+	Granted       []string `json:"granted,omitempty"`
+	AuditChangers []string `json:"audit_changers,omitempty"`
+	Text          string   `json:"text"`
 }
 
 func newStatus() *cobra.Command {
@@ -55,8 +68,12 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 	if err != nil {
 		return err
 	}
+	sep, sepErr := separation(ctx, db, t)
 	if asJSON {
 		js := statusJSON{Source: source, Schema: t.Schema, Table: t.Name, StatusJSON: ops.NewStatusJSON(st)}
+		if sep != nil {
+			js.Roles = &rolesJSON{Separated: sep.Separated, Owner: sep.Owner, Granted: sep.Granted, AuditChangers: sep.AuditChangers, Text: sep.Text}
+		}
 		return json.NewEncoder(out).Encode(js)
 	}
 	if source != "" {
@@ -83,6 +100,15 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "wake-ups                  the notify trigger, for every writer\n")
 	case outboxdriver.WakeupsWriters:
 		fmt.Fprintf(out, "wake-ups                  the library's writers (no trigger: plain-SQL writers' events wait for a relay's next look)\n")
+	}
+	switch {
+	case sepErr != nil:
+		fmt.Fprintf(out, "roles                     unknown: %v\n", sepErr)
+	case sep != nil:
+		fmt.Fprintf(out, "roles                     %s\n", sep.Text)
+		if len(sep.AuditChangers) > 0 {
+			fmt.Fprintf(out, "  audit changeable by     %s (revoke their UPDATE, DELETE and TRUNCATE on the audit: outbox grants)\n", strings.Join(sep.AuditChangers, ", "))
+		}
 	}
 	printTimePartitions(out, st.TimePartitions)
 	printPauses(out, st.Pauses)
@@ -203,4 +229,27 @@ func ranges(xs []int) string {
 		i = j + 1
 	}
 	return b.String()
+}
+
+// separation reads whether t runs with separated database roles, on the
+// database this command opened (nil for a Store it did not open).
+func separation(ctx context.Context, st outboxdriver.Store, t outboxdriver.Table) (*grants.Separation, error) {
+	cs, ok := st.(closingStore)
+	if !ok {
+		return nil, nil
+	}
+	var sep grants.Separation
+	var err error
+	switch cs.db.Scheme {
+	case "postgres":
+		sep, err = grants.CheckPostgres(ctx, cs.db.Pool, t)
+	case "mysql":
+		sep, err = grants.CheckMySQL(ctx, cs.db.SQL, t)
+	default:
+		sep = grants.Separation{Text: "none: SQLite has no roles; whoever can write the database file can change anything in it"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &sep, nil
 }

@@ -183,10 +183,14 @@ func (s sqlTx) Versions(ctx context.Context, q string, args ...any) ([]int, erro
 
 // Statements splits a migration into its statements, for drivers that run
 // one at a time: comment lines are dropped, and a statement ends with ";"
-// at the end of a line.
+// at the end of a line. A compound statement (the body of a stored
+// procedure) opens with a line that is BEGIN alone and closes with one
+// that is END; alone: the lines between, and the blocks they open the same
+// way, are part of it whatever they end with.
 func Statements(sqlText string) []string {
 	var out []string
 	var cur strings.Builder
+	depth := 0
 	for line := range strings.SplitSeq(sqlText, "\n") {
 		trimmed := strings.TrimSpace(line)
 		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
@@ -194,7 +198,14 @@ func Statements(sqlText string) []string {
 		}
 		cur.WriteString(line)
 		cur.WriteString("\n")
-		if strings.HasSuffix(trimmed, ";") {
+		switch upper := strings.ToUpper(trimmed); {
+		case upper == "BEGIN":
+			depth++
+			continue
+		case upper == "END;" && depth > 0:
+			depth--
+		}
+		if depth == 0 && strings.HasSuffix(trimmed, ";") {
 			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
 			cur.Reset()
 		}

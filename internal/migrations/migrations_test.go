@@ -159,3 +159,27 @@ SELECT 1`)
 		t.Fatalf("Statements = %q, want %q", got, want)
 	}
 }
+
+func TestStatementsKeepsCompoundStatementsWhole(t *testing.T) {
+	got := migrations.Statements(`DROP PROCEDURE IF EXISTS p;
+CREATE PROCEDURE p()
+BEGIN
+    DECLARE n INT DEFAULT 0;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    begin
+        ROLLBACK;
+        RESIGNAL;
+    END;
+    IF n = 0 THEN SET n = 1; END IF;
+    SELECT n;
+END;
+SELECT 2;`)
+	want := []string{
+		"DROP PROCEDURE IF EXISTS p",
+		"CREATE PROCEDURE p()\nBEGIN\n    DECLARE n INT DEFAULT 0;\n    DECLARE EXIT HANDLER FOR SQLEXCEPTION\n    begin\n        ROLLBACK;\n        RESIGNAL;\n    END;\n    IF n = 0 THEN SET n = 1; END IF;\n    SELECT n;\nEND",
+		"SELECT 2",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Statements = %q, want %q", got, want)
+	}
+}

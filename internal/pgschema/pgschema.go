@@ -123,6 +123,8 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{audit_guard_trg}}", q(t.Name+"_audit_ro"),
 		"{{audit_guard_trunc_trg}}", q(t.Name+"_audit_rot"),
 		"{{audit_prune_fn}}", t.Qualified("_audit_prune"),
+		"{{audit_prune_sig}}", QuoteLiteral(t.Qualified("_audit_prune")+"(timestamptz, text, text, text)"),
+		"{{audit_literal}}", QuoteLiteral(n.Audit),
 		"{{audit_at_idx}}", q(t.Name+"_audit_at"),
 		"{{audit_at_idx_q}}", t.Qualified("_audit_at"),
 		"{{dl_group_idx}}", q(t.Name+"_dl_group"),
@@ -170,8 +172,17 @@ func prepare(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, er
 // versions.
 func applied(ctx context.Context, tx Tx, t outboxdriver.Table) (map[int]bool, error) {
 	n := NamesOf(t)
-	if err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+outboxdriver.QuoteIdent(t.Schema)); err != nil {
-		return nil, fmt.Errorf("create schema %s: %w", t.Schema, err)
+	// Only when missing: CREATE SCHEMA IF NOT EXISTS needs the CREATE right
+	// on the database even when the schema exists, which a role that owns
+	// the tables need not have (docs/security.md).
+	found, err := tx.Versions(ctx, `SELECT 1 FROM pg_namespace WHERE nspname = $1`, t.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("look up schema %s: %w", t.Schema, err)
+	}
+	if len(found) == 0 {
+		if err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+outboxdriver.QuoteIdent(t.Schema)); err != nil {
+			return nil, fmt.Errorf("create schema %s: %w", t.Schema, err)
+		}
 	}
 	if err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+n.Migrations+` (
 		version    integer     PRIMARY KEY,

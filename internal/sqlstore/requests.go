@@ -609,9 +609,23 @@ func rawOrNull(s sql.NullString) json.RawMessage {
 }
 
 // PruneAudit deletes the audit rows of t older than before, the one way
-// rows leave the append-only audit table (its guard lets a delete through
-// only while a transaction holds the mark this one sets), and records it.
+// rows leave the append-only audit table, and records it. On MySQL/MariaDB
+// it calls the prune procedure, which does it as the owner (only an
+// account granted EXECUTE on it may); on SQLite, and on a MySQL table of
+// an earlier version, it sets the mark the audit's guard looks for itself.
 func (s Store) PruneAudit(ctx context.Context, t outboxdriver.Table, before time.Time, by outboxdriver.Acting) (int64, error) {
+	if s.d.PruneProc != nil {
+		n, err := s.pruneProc(ctx, t, before, by)
+		if err == nil || !s.d.NoProc(err) {
+			if err != nil && s.d.Denied(err) {
+				return 0, fmt.Errorf("%s: prune the audit of %s: only the tables' owner (the account that ran migrate) prunes the audit: run it with the owner's URL (docs/security.md): %w", s.d.Driver, t, err)
+			}
+			if err != nil {
+				return 0, s.fail(ctx, t, "prune the audit of", err)
+			}
+			return n, nil
+		}
+	}
 	var count int64
 	err := s.requestTx(ctx, t, "prune the audit of", func(tx *sql.Tx, n tables) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO `+n.prune+` (id) VALUES (1)`); err != nil {
@@ -631,5 +645,17 @@ func (s Store) PruneAudit(ctx context.Context, t outboxdriver.Table, before time
 			by.Name, by.Role, fmt.Sprintf("deleted %d rows older than %s", count, before.UTC().Format(time.RFC3339Nano)), by.Reason)
 		return err
 	})
+	return count, err
+}
+
+// pruneProc calls the prune procedure, outside any transaction: it runs
+// in one of its own.
+func (s Store) pruneProc(ctx context.Context, t outboxdriver.Table, before time.Time, by outboxdriver.Acting) (int64, error) {
+	db, n, err := s.open(t)
+	if err != nil {
+		return 0, err
+	}
+	var count int64
+	err = db.QueryRowContext(ctx, `CALL `+s.d.PruneProc(n.t)+`(?, ?, ?, ?)`, s.d.TimeArg(before), by.Name, by.Role, by.Reason).Scan(&count)
 	return count, err
 }

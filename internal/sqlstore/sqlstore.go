@@ -66,6 +66,15 @@ type Dialect struct {
 	Migrated func(ctx context.Context, db *sql.DB, t outboxdriver.Table) (bool, error)
 	// Latest is the newest schema version the driver knows.
 	Latest func() int
+	// PruneProc names, quoted and qualified, the stored procedure that
+	// prunes t's audit as its definer, the tables' owner (MySQL/MariaDB,
+	// schema version 5). Nil where the Store deletes under the marker
+	// itself: SQLite has no accounts (whoever can write the file can
+	// change anything), and a MySQL table of an earlier version.
+	PruneProc func(t outboxdriver.Table) string
+	// NoProc reports the error of a stored procedure that does not exist,
+	// and Denied that of a right the account lacks.
+	NoProc, Denied func(error) bool
 	// TxOptions are the options of the Store's write transactions.
 	TxOptions *sql.TxOptions
 }

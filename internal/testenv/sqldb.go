@@ -81,16 +81,20 @@ func WriteSQL(ctx context.Context, db *sql.DB, w outboxdriver.Writer[*sql.Tx], t
 // DSN naming a database the tests may create databases next to).
 const envMySQL = "OUTBOX_TEST_MYSQL_DSN"
 
+// mysqlDSN is the test MySQL/MariaDB's DSN.
+func mysqlDSN() string {
+	if dsn := os.Getenv(envMySQL); dsn != "" {
+		return dsn
+	}
+	return "root@tcp(127.0.0.1:3306)/test"
+}
+
 // MySQLConfig is the configuration MySQL connects with: the test
 // MySQL/MariaDB, interpolateParams and parseTime on, on database name (""
 // keeps the DSN's). A test that connects through a proxy changes its Addr.
 func MySQLConfig(t testing.TB, name string) *mysql.Config {
 	t.Helper()
-	dsn := os.Getenv(envMySQL)
-	if dsn == "" {
-		dsn = "root@tcp(127.0.0.1:3306)/test"
-	}
-	cfg, err := mysql.ParseDSN(dsn)
+	cfg, err := mysql.ParseDSN(mysqlDSN())
 	if err != nil {
 		t.Fatalf("%s: %v", envMySQL, err)
 	}
@@ -145,4 +149,45 @@ func NullStrings(t testing.TB, ctx context.Context, db *sql.DB, query string) ma
 		t.Fatal(err)
 	}
 	return got
+}
+
+// MySQLAs creates an account (any host, no password) named after prefix,
+// runs grants (each a statement with %s where the quoted account goes)
+// through admin, and returns the account's user name and a pool that
+// connects as it to database name. The account goes when the test ends.
+func MySQLAs(t testing.TB, admin *sql.DB, prefix, name string, grants ...string) (string, *sql.DB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	user := Name(prefix)
+	account := "'" + user + "'@'%'"
+	if _, err := admin.ExecContext(ctx, `CREATE USER `+account); err != nil {
+		t.Fatalf("create account %s: %v", account, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, `DROP USER IF EXISTS `+account); err != nil {
+			t.Logf("drop account %s: %v", account, err)
+		}
+	})
+	for _, g := range grants {
+		if _, err := admin.ExecContext(ctx, strings.ReplaceAll(g, "%s", account)); err != nil {
+			t.Fatalf("%s: %v", g, err)
+		}
+	}
+	cfg, err := mysql.ParseDSN(mysqlDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd, cfg.DBName = user, "", name
+	cfg.InterpolateParams, cfg.ParseTime = true, true
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := sql.OpenDB(conn)
+	as.SetMaxOpenConns(20)
+	t.Cleanup(func() { as.Close() })
+	return user, as
 }
