@@ -665,3 +665,30 @@ VALUES (gen_random_uuid(), 'order', 'delayed', 'Paid', '{"n": 2}')`); err != nil
 		t.Fatal(err) // also: n=2 published before n=1
 	}
 }
+
+// The warning that the server keeps WAL for slots without bound is logged
+// once per source, however often the source checks the server, and only
+// when the setting is unbounded.
+func TestCDCUnboundedSlotWarningOncePerSource(t *testing.T) {
+	t.Parallel()
+	f := newCDC(t)
+	logged := &lockedLog{t: t}
+	f.log = slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var keep string
+	if err := f.pool.QueryRow(f.ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err != nil {
+		t.Fatal(err)
+	}
+	src := f.source("checker", nil)
+	for range 5 {
+		if err := src.Check(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := 0
+	if keep == "-1" {
+		want = 1
+	}
+	if n := logged.lines("max_slot_wal_keep_size is unbounded"); n != want {
+		t.Fatalf("max_slot_wal_keep_size = %s: the warning was logged %d times in five checks, want %d:\n%s", keep, n, want, logged)
+	}
+}

@@ -61,6 +61,7 @@ type Source struct {
 	wake chan struct{} // signalled when something may have become claimable
 
 	lossLogged atomic.Bool // the loss of the slot in message mode was logged
+	keepWarned atomic.Bool // the unbounded max_slot_wal_keep_size was logged
 
 	delays driverkit.ColumnProbe // deliver_at of the parked table (schema version 14)
 }
