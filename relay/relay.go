@@ -69,7 +69,7 @@ type Config struct {
 	// to claim at most, given BatchSize; an answer outside 1 to
 	// BatchSize counts as BatchSize. While it answers less than
 	// BatchSize, the relay works a backlog with one batch in flight: the
-	// lanes stand down. relayd.Fleet sets it, so that a flooded source's
+	// lanes stand down. fleet.Fleet (package relayd/fleet) sets it, so that a flooded source's
 	// claims and deletes shrink while other sources of the same process
 	// have work (docs/operations.md, One relay for many databases).
 	ClaimLimit func(batchSize int) int
