@@ -141,6 +141,8 @@ func testLogTailingBacklog(t *testing.T, mode cdc.Mode) {
 		}
 		return nil
 	})
+	t.Logf("%s mode, broker unreachable: backlog %d (exact %v), oldest %.2fs, %d bytes of WAL not confirmed",
+		mode, first.Backlog, first.BacklogExact, first.OldestUnpublishedAgeSeconds, *first.WALBytesPending)
 	await.Eventually(t, time.Minute, func() error {
 		if v := metric(regA, "outbox_backlog_events"); v != n {
 			return fmt.Errorf("outbox_backlog_events = %v, want %d", v, n)
