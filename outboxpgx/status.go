@@ -196,8 +196,29 @@ ORDER BY l.partition`, args...)
 		if err != nil {
 			return st, fmt.Errorf("outboxpgx: status of %s: replication slots: %w", t, err)
 		}
+		addSlotBacklogs(&st)
 	}
 	return st, nil
+}
+
+// addSlotBacklogs adds to st's backlog and oldest age what the streamers
+// of its slots recorded: the events they decoded and have not published
+// that are not rows of the table (docs/cdc.md).
+func addSlotBacklogs(st *outboxdriver.Status) {
+	for _, s := range st.Slots {
+		b := s.Backlog
+		if b == nil {
+			st.BacklogInWAL = true // no streamer of this version recorded one
+			continue
+		}
+		st.Backlog += b.Events
+		if b.OldestAge > st.OldestUnpublishedAge {
+			st.OldestUnpublishedAge, st.OldestAgeEstimated = b.OldestAge, b.OldestEstimated
+		}
+		if b.Mode != "table" {
+			st.BacklogInWAL = true
+		}
+	}
 }
 
 // backlogColumns are the SQL expressions of the columns BacklogBy groups

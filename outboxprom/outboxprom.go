@@ -237,8 +237,8 @@ func (m *Metrics) DeadLetteredAs(dest string, class relay.DeadLetterClass) {
 }
 
 var (
-	backlogDesc = prometheus.NewDesc("outbox_backlog_events", "Unpublished events in the outbox table.", nil, nil)
-	ageDesc     = prometheus.NewDesc("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished event (0 when none).", nil, nil)
+	backlogDesc = prometheus.NewDesc("outbox_backlog_events", "Unpublished events: the table's rows, and under log tailing the events a streamer decoded and has not published that are not rows (message and insert+delete mode; those not decoded yet are not counted).", nil, nil)
+	ageDesc     = prometheus.NewDesc("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished event (0 when none): a row of the table, or under log tailing the commit of the oldest event decoded and not published.", nil, nil)
 	deadDesc    = prometheus.NewDesc("outbox_dead_letter_events", "Events in the dead-letter table.", nil, nil)
 	upDesc      = prometheus.NewDesc("outbox_status_up", "1 when the last status read from the database succeeded.", nil, nil)
 	heldDesc    = prometheus.NewDesc("outbox_held_aggregates", "Aggregates whose later events wait for an earlier one (retrying or dead-lettered under the hold policy).", nil, nil)
@@ -325,6 +325,11 @@ func (c *statusCollector) status(ch chan<- prometheus.Metric, st outboxdriver.St
 		}
 		if p.Owner == c.cfg.RelayName {
 			mine += p.Backlog
+		}
+	}
+	for _, s := range st.Slots {
+		if s.Backlog != nil && s.Owner == c.cfg.RelayName {
+			mine += s.Backlog.Events // log tailing: the streamer's events
 		}
 	}
 	gauge(unownedDesc, float64(unowned))

@@ -80,8 +80,12 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "source                    %s\n", source)
 	}
 	fmt.Fprintf(out, "table                     %s\n", t)
-	fmt.Fprintf(out, "backlog                   %d\n", st.Backlog)
-	fmt.Fprintf(out, "oldest unpublished age    %s\n", st.OldestUnpublishedAge.Round(1e6))
+	fmt.Fprintf(out, "backlog                   %d%s\n", st.Backlog, backlogNote(st))
+	age := st.OldestUnpublishedAge.Round(1e6).String()
+	if st.OldestAgeEstimated {
+		age += " (estimated: since a stopped streamer's last record, see cdc slot)"
+	}
+	fmt.Fprintf(out, "oldest unpublished age    %s\n", age)
 	fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
 	fmt.Fprintf(out, "published, kept           %d\n", st.Published)
 	fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
@@ -182,6 +186,19 @@ func printPartitions(out io.Writer, parts []outboxdriver.PartitionStatus) {
 	tw.Flush()
 }
 
+// backlogNote says, after the backlog, when it is a lower bound: events
+// of a log-tailing slot may wait in the WAL, not decoded yet.
+func backlogNote(st outboxdriver.Status) string {
+	if !st.BacklogInWAL {
+		return ""
+	}
+	var wal int64
+	for _, s := range st.Slots {
+		wal += s.UnconfirmedBytes
+	}
+	return fmt.Sprintf(" (at least: events still in the WAL, not decoded yet, are not counted; %d bytes of WAL not confirmed)", wal)
+}
+
 // printSlots lists the log-tailing replication slots.
 func printSlots(out io.Writer, slots []outboxdriver.SlotStatus) {
 	for _, s := range slots {
@@ -206,8 +223,38 @@ func printSlots(out io.Writer, slots []outboxdriver.SlotStatus) {
 		fmt.Fprintf(out, "  state                   %s\n", state)
 		fmt.Fprintf(out, "  lag (retained WAL)      %d bytes\n", s.LagBytes)
 		fmt.Fprintf(out, "  confirmed LSN           %s\n", confirmed)
+		fmt.Fprintf(out, "  WAL not confirmed       %d bytes\n", s.UnconfirmedBytes)
 		fmt.Fprintf(out, "  streamer                %s\n", owner)
+		printSlotBacklog(out, s.Backlog)
 	}
+}
+
+// printSlotBacklog shows what a slot's streamer last recorded of its
+// backlog.
+func printSlotBacklog(out io.Writer, b *outboxdriver.SlotBacklog) {
+	if b == nil {
+		fmt.Fprintf(out, "  decoded, not published  unknown: no streamer recorded it (a relay older than schema version 22, or none streamed yet)\n")
+		return
+	}
+	what := "events decoded from the WAL, not yet published (messages"
+	switch b.Mode {
+	case "insert-delete":
+		what += " and rows"
+	case "table":
+		what += "; rows count in the table's backlog"
+	}
+	fmt.Fprintf(out, "  decoded, not published  %d %s; mode %s)\n", b.Events, what, b.Mode)
+	if !b.OldestCommit.IsZero() {
+		fmt.Fprintf(out, "  oldest pending commit   %s (%s ago)\n", b.OldestCommit.Format("2006-01-02 15:04:05.000Z"), b.OldestAge.Round(1e6))
+	}
+	rec := fmt.Sprintf("%s ago", b.RecordAge.Round(1e6))
+	if b.Stale {
+		rec += ": stale, the streamer stopped recording (down, or cannot reach the database); events written since are not counted"
+		if b.OldestEstimated {
+			rec += ", and may have waited since then"
+		}
+	}
+	fmt.Fprintf(out, "  recorded                %s\n", rec)
 }
 
 // ranges renders sorted ints as "0-3,7,9-10".
