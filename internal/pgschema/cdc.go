@@ -21,6 +21,10 @@ type CDCNames struct {
 	// batch's outcome under the slot's lease), _cdc_mark (records rows
 	// published or dead-lettered) and _cdc_write (insert + delete).
 	Fence, Mark, Write string
+	// Emit is the function _cdc_emit (message mode, version 23), Slot the
+	// function _cdc_slot both it and Write call: they refuse to write
+	// while no slot of the table's exists.
+	Emit, Slot string
 }
 
 // CDCNamesOf returns the names of t's log-tailing companions.
@@ -32,6 +36,8 @@ func CDCNamesOf(t outboxdriver.Table) CDCNames {
 		Fence:  t.Qualified("_cdc_fence"),
 		Mark:   t.Qualified("_cdc_mark"),
 		Write:  t.Qualified("_cdc_write"),
+		Emit:   t.Qualified("_cdc_emit"),
+		Slot:   t.Qualified("_cdc_slot"),
 	}
 }
 

@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -510,8 +512,9 @@ END $$`)
 // A slot dropped while it is streamed: in table mode the relay reports it,
 // relays the rows still in the table, makes the slot again and streams on,
 // losing nothing and keeping each aggregate's order, while writers write
-// on; in message and insert+delete mode it stops with an error that names
-// the LSN range at risk, and makes no slot.
+// on; in message and insert+delete mode the writers are refused
+// (outboxpgx.ErrNoSlot) once the slot is gone, and the relay stops with an
+// error that names the LSN range at risk, and makes no slot.
 func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 	t.Parallel()
 	for _, mode := range modes {
@@ -531,9 +534,11 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 			f.write(ob, first)
 			f.waitFor(first.ID)
 
-			// Writers write on while the slot is dropped.
+			// Writers write on while the slot is dropped; in message and
+			// insert+delete mode they are refused once it is gone.
 			var mu sync.Mutex
 			written := map[string][]string{}
+			var refused atomic.Bool
 			stop, done := make(chan struct{}), make(chan struct{})
 			var stopOnce sync.Once
 			halt := func() { stopOnce.Do(func() { close(stop) }); <-done }
@@ -559,6 +564,10 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 						if tx != nil {
 							tx.Rollback(context.Background())
 						}
+						if mode != modeTable && errors.Is(err, outboxpgx.ErrNoSlot) {
+							refused.Store(true)
+							return
+						}
 						t.Errorf("write: %v", err)
 						return
 					}
@@ -575,7 +584,11 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 					f.streaming() // made again
 				}
 			})
-			time.Sleep(100 * time.Millisecond) // some written after it
+			if mode == modeTable {
+				time.Sleep(100 * time.Millisecond) // some written after it
+			} else {
+				f.eventually("the writer is refused", refused.Load)
+			}
 			halt()
 
 			if mode != modeTable {
