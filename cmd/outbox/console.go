@@ -163,7 +163,7 @@ in front terminates TLS.`,
 	fl.StringVar(&tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
 	fl.StringVar(&tlsKey, "tls-key", "", "the certificate's private key (PEM)")
 	fl.BoolVar(&proxyTLS, "proxy-tls", false, "a reverse proxy in front terminates TLS: mark cookies Secure and allow a non-loopback --addr without --tls-cert")
-	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only")
+	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only; refuses users and --oidc-issuer")
 	masks.register(cmd)
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&requestTTL, "request-ttl", ops.DefaultRequestTTL, "how long a replay or repair request may wait to be approved and carried out before it expires")
