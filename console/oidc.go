@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -192,13 +191,11 @@ func (a *attempts) add(x *attempt, now time.Time) string {
 			}
 		}
 	}
-	for len(a.m) >= a.max { // still full: the one expiring first goes
-		keys := make([]string, 0, len(a.m))
-		for k := range a.m {
-			keys = append(keys, k)
+	for k := range a.m { // still full: one goes
+		if len(a.m) < a.max {
+			break
 		}
-		sort.Slice(keys, func(i, j int) bool { return a.m[keys[i]].expires.Before(a.m[keys[j]].expires) })
-		delete(a.m, keys[0])
+		delete(a.m, k)
 	}
 	key := randomString(32)
 	a.m[key] = x
@@ -349,7 +346,7 @@ func (s *Server) oidcFinish(q *req) (ops.Actor, string, error) {
 	}
 	name, nameClaim := o.name(claims)
 	if name == "" {
-		return refuse(http.StatusForbidden, "The identity "+o.host+" sent has no usable name (claim "+nameClaim+"): a name is 1 to 128 printable characters.",
+		return refuse(http.StatusForbidden, "The identity "+o.host+" sent has no usable name (claim "+nameClaim+"): a name is 1 to 128 printable characters, starting with a letter or digit.",
 			"no usable name in claim "+nameClaim)
 	}
 	fail := func(page, detail string) (ops.Actor, string, error) {
@@ -386,9 +383,14 @@ func (o *OIDC) name(claims map[string]any) (string, string) {
 	return "", strings.Join(names, ", ")
 }
 
-// usableName is a name the audit can show on one line.
+// usableName is a name the audit can show on one line, starting with a
+// letter or digit: never one of the names in parentheses the console and
+// the executor write ("(anonymous)", "(outbox)").
 func usableName(s string) bool {
 	if len(s) > 128 || !utf8.ValidString(s) || strings.TrimSpace(s) != s {
+		return false
+	}
+	if first, _ := utf8.DecodeRuneInString(s); !unicode.IsLetter(first) && !unicode.IsDigit(first) {
 		return false
 	}
 	for _, r := range s {

@@ -30,6 +30,7 @@ func oidcRig(t *testing.T) (*rig, *provider, *testenv.Buffer) {
 	p.accounts["linus"] = map[string]any{"preferred_username": "linus", "groups": []any{"contractors"}}
 	p.accounts["nogroups"] = map[string]any{"preferred_username": "nogroups"}
 	p.accounts["otto"] = map[string]any{"preferred_username": "otto", "groups": "staff"} // a users-file name
+	p.accounts["system"] = map[string]any{"preferred_username": "(outbox)", "groups": "admins"}
 	logs := &testenv.Buffer{}
 	r := newRig(t, &rigOptions{users: true, oidc: p.oidc(oidcRoles, ""),
 		cfg: console.Config{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}})
@@ -185,7 +186,8 @@ func TestOIDCRoutes(t *testing.T) {
 // another issuer, for another audience, expired or signed with a key the
 // provider does not list, an account the provider refuses, an account
 // whose groups map to no role (the page names the claim read and its
-// values), one without the claim, and a name a users-file user has. Each
+// values), one without the claim, a name the console's own actors have,
+// and a name a users-file user has. Each
 // ends without a session and with a denied audit row.
 func TestOIDCRefusals(t *testing.T) {
 	t.Parallel()
@@ -223,6 +225,7 @@ func TestOIDCRefusals(t *testing.T) {
 			page:  `Your account linus has no role in this console: none of the values of the claim &#34;groups&#34; (&#34;contractors&#34;)`,
 			audit: `no role: claim groups holds "contractors", none mapped`},
 		{name: "no claim", account: "nogroups", status: 403, page: "has no role in this console", audit: "absent or empty"},
+		{name: "a name in parentheses", account: "system", status: 403, page: "has no usable name (claim preferred_username)", audit: "no usable name"},
 		{name: "a users-file name", account: "otto", status: 403, page: "is also a user of the console&#39;s users file", audit: "users-file"},
 	}
 	for _, c := range cases {
