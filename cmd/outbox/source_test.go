@@ -149,3 +149,32 @@ func TestBenchDrainsTheWALWithRelayProcesses(t *testing.T) {
 		}
 	})
 }
+
+// outbox cdc drop removes the slot that outbox migrate --cdc made, keeps
+// the table, and a second drop finds nothing left to drop but succeeds;
+// on a database other than PostgreSQL it says log tailing needs it.
+func TestCDCDropCommand(t *testing.T) {
+	tb, db := migratedFor(t, "cdc")
+	var stdout, stderr string
+	var code int
+	testenv.CDCTurn(t, db.pool, func() {
+		stdout, stderr, code = run(t, nil, append([]string{"cdc", "drop"}, db.flags...)...)
+	})
+	if code != 0 || !strings.Contains(stdout, "dropped replication slot "+cdc.DefaultSlot(tb)) {
+		t.Fatalf("outbox cdc drop: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	var slots int
+	if err := db.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, cdc.DefaultSlot(tb)).Scan(&slots); err != nil || slots != 0 {
+		t.Fatalf("after outbox cdc drop: %d slots, %v", slots, err)
+	}
+	if _, stderr, code := run(t, nil, append([]string{"status"}, db.flags...)...); code != 0 {
+		t.Fatalf("outbox status after the drop: exit %d: %s", code, stderr)
+	}
+	testenv.CDCTurn(t, db.pool, func() {
+		_, stderr, code = run(t, nil, append([]string{"cdc", "drop"}, db.flags...)...)
+	})
+	if code != 0 {
+		t.Fatalf("a second outbox cdc drop: exit %d: %s", code, stderr)
+	}
+	failsWithOneLine(t, nil, "log tailing needs PostgreSQL", "cdc", "drop", "--db", "sqlite://"+t.TempDir()+"/x.db")
+}
