@@ -248,6 +248,9 @@ func TestRelayOfTheReleaseBeforeOnANewerTable(t *testing.T) {
 			t.Fatalf("the error line does not say %s:\n%s", want, oldLog)
 		}
 	}
+	if st, err := r.drv.Status(ctx, r.tb); err != nil || st.RelaysFrom != latest {
+		t.Fatalf("status relays from %d (%v); want %d", st.RelaysFrom, err, latest)
+	}
 	// It holds no partition, so it claims nothing; a relay of this
 	// release takes them all.
 	r.write(ctx, 100)

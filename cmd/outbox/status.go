@@ -95,6 +95,16 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "parked events             %d\n", st.Parked)
 	}
 	fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+	if st.RelaysFrom > 0 {
+		fmt.Fprintf(out, "relays from               schema version %d\n", st.RelaysFrom)
+		if rs, err := db.Relays(ctx, t); err == nil {
+			for _, r := range rs {
+				if r.ExpiresIn > 0 && r.SchemaVersion < st.RelaysFrom {
+					fmt.Fprintf(out, "relay behind the table    %s (%s): it claims nothing until replaced (docs/operations.md, Upgrades)\n", r.Name, outboxdriver.DescribeRelayVersion(r))
+				}
+			}
+		}
+	}
 	switch st.Wakeups {
 	case outboxdriver.WakeupsTrigger:
 		fmt.Fprintf(out, "wake-ups                  the notify trigger, for every writer\n")
