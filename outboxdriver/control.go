@@ -131,8 +131,8 @@ type RelayStatus struct {
 	ExpiresIn time.Duration `json:"-"`
 	// SchemaVersion is the newest schema version the relay's code knows;
 	// 0 when unknown: a relay of a release before schema version 20
-	// (PostgreSQL; MySQL 6, SQLite 4) records none, and counts as older
-	// than any version.
+	// (PostgreSQL; MySQL/MariaDB 6, SQLite 4), or on a table before it,
+	// records none, and counts as older than any version.
 	SchemaVersion int `json:"schema_version"`
 	// Release is the release of the relay's code (its module version), ""
 	// when unknown.

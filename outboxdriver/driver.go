@@ -266,8 +266,8 @@ type Status struct {
 	// newest this build knows.
 	SchemaVersion, LatestSchemaVersion int
 	// RelaysFrom is the oldest relay schema version the table works with
-	// as the table records it (0: every relay, or not recorded: PostgreSQL
-	// records it from schema version 20, the others do not yet). A live relay older than it claims nothing
+	// as the table records it (0: every relay, or not recorded: from
+	// schema version 20 on PostgreSQL, 6 on MySQL/MariaDB, 4 on SQLite). A live relay older than it claims nothing
 	// (docs/operations.md, Upgrades).
 	RelaysFrom int
 	// Estimated says which counts are estimates (none, from Status).
