@@ -99,9 +99,15 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "relays from               schema version %d\n", st.RelaysFrom)
 		if rs, err := db.Relays(ctx, t); err == nil {
 			for _, r := range rs {
-				if r.ExpiresIn > 0 && r.SchemaVersion < st.RelaysFrom {
-					fmt.Fprintf(out, "relay behind the table    %s (%s): it claims nothing until replaced (docs/operations.md, Upgrades)\n", r.Name, outboxdriver.DescribeRelayVersion(r))
+				if r.ExpiresIn <= 0 || r.SchemaVersion >= st.RelaysFrom {
+					continue
 				}
+				what := "it claims nothing until replaced"
+				if r.SchemaVersion == 0 {
+					// A relay that records no version cannot tell either.
+					what = "it cannot tell, and may skip rows or ignore what the table needs: replace it"
+				}
+				fmt.Fprintf(out, "relay behind the table    %s (%s): %s (docs/operations.md, Upgrades)\n", r.Name, outboxdriver.DescribeRelayVersion(r), what)
 			}
 		}
 	}
