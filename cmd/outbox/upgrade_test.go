@@ -99,6 +99,9 @@ SELECT gen_random_uuid(), 'order', 'o' || (g % 8), 'Placed', '{}' FROM generate_
 		if n := strings.Count(text, "relay behind the table"); n != 1 {
 			return fmt.Errorf("status lists %d relays behind the table; want old-relay only:\n%s", n, text)
 		}
+		if st := statusJSONOf(t, flags); st.RelaysFrom != pgschema.RelaysFrom(pgschema.Latest()) || len(st.RelaysBehind) != 1 || st.RelaysBehind[0].Name != "old-relay" {
+			return fmt.Errorf("status --json: relays_from %d, relays_behind %+v; want old-relay", st.RelaysFrom, st.RelaysBehind)
+		}
 		return nil
 	})
 }
@@ -108,6 +111,9 @@ type statusOf struct {
 	Backlog       int64 `json:"backlog"`
 	SchemaVersion int   `json:"schema_version"`
 	RelaysFrom    int   `json:"relays_from"`
+	RelaysBehind  []struct {
+		Name string `json:"name"`
+	} `json:"relays_behind"`
 }
 
 func statusJSONOf(t *testing.T, flags []string) statusOf {
