@@ -26,16 +26,19 @@ type StatusJSON struct {
 	// OldestPendingCommitAt is the commit time of the oldest transaction
 	// a slot's streamer decoded and has not published (not a row of the
 	// table); omitted when none.
-	OldestPendingCommitAt *time.Time      `json:"oldest_pending_commit_at,omitempty"`
-	DeadLetters           int64           `json:"dead_letters"`
-	PublishedKept         int64           `json:"published_kept"`
-	HeldAggregates        int64           `json:"held_aggregates"`
-	OldestHeldAgeSeconds  float64         `json:"oldest_held_age_seconds"`
-	ParkedEvents          int64           `json:"parked_events"`
-	DelayedEvents         int64           `json:"delayed_events"`
-	SchemaVersion         int             `json:"schema_version"`
-	LatestSchemaVersion   int             `json:"latest_schema_version"`
-	Partitions            []PartitionJSON `json:"partitions"`
+	OldestPendingCommitAt *time.Time `json:"oldest_pending_commit_at,omitempty"`
+	DeadLetters           int64      `json:"dead_letters"`
+	PublishedKept         int64      `json:"published_kept"`
+	HeldAggregates        int64      `json:"held_aggregates"`
+	OldestHeldAgeSeconds  float64    `json:"oldest_held_age_seconds"`
+	ParkedEvents          int64      `json:"parked_events"`
+	DelayedEvents         int64      `json:"delayed_events"`
+	SchemaVersion         int        `json:"schema_version"`
+	LatestSchemaVersion   int        `json:"latest_schema_version"`
+	// RelaysFrom is the oldest relay schema version the table works with
+	// (0: every relay; docs/operations.md, Upgrades).
+	RelaysFrom int             `json:"relays_from"`
+	Partitions []PartitionJSON `json:"partitions"`
 	// Pauses lists the pauses in force, oldest first.
 	Pauses []outboxdriver.Pause `json:"pauses"`
 	// Estimated names the counts above that are estimates (a large table,
@@ -99,7 +102,7 @@ func NewStatusJSON(st outboxdriver.Status) StatusJSON {
 		Backlog: st.Backlog, OldestUnpublishedAgeSeconds: st.OldestUnpublishedAge.Seconds(),
 		DeadLetters: st.DeadLetters, PublishedKept: st.Published, HeldAggregates: st.Held,
 		OldestHeldAgeSeconds: st.OldestHeldAge.Seconds(), ParkedEvents: st.Parked, DelayedEvents: st.Delayed,
-		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion,
+		SchemaVersion: st.SchemaVersion, LatestSchemaVersion: st.LatestSchemaVersion, RelaysFrom: st.RelaysFrom,
 		Partitions:     make([]PartitionJSON, 0, len(st.Partitions)),
 		Pauses:         append([]outboxdriver.Pause{}, st.Pauses...),
 		TimePartitions: st.TimePartitions,

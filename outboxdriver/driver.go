@@ -265,6 +265,11 @@ type Status struct {
 	// SchemaVersion is the applied migration; LatestSchemaVersion the
 	// newest this build knows.
 	SchemaVersion, LatestSchemaVersion int
+	// RelaysFrom is the oldest relay schema version the table works with
+	// as the table records it (0: every relay, or not recorded: from
+	// schema version 20 on PostgreSQL, 6 on MySQL/MariaDB, 4 on SQLite). A live relay older than it claims nothing
+	// (docs/operations.md, Upgrades).
+	RelaysFrom int
 	// Estimated says which counts are estimates (none, from Status).
 	Estimated Estimated
 	// Pauses lists the pauses in force.

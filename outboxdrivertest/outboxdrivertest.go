@@ -115,6 +115,7 @@ var cases = []testCase{
 	{name: "DelayedClaimKeepsOrder", run: (*suite).testDelayedClaimKeepsOrder},
 	{name: "DelayedRelay", run: (*suite).testDelayedRelay},
 	{name: "ClaimBeforeDeliverAt", run: (*suite).testClaimBeforeDeliverAt},
+	{name: "RelayVersions", run: (*suite).testRelayVersions},
 	{name: "Cleanup", run: (*suite).testCleanup},
 	{name: "Status", run: (*suite).testStatus},
 	{name: "BacklogBy", run: (*suite).testBacklogBy},

@@ -72,6 +72,13 @@ func (d *Driver) status(ctx context.Context, t outboxdriver.Table, exactUpTo int
     (SELECT coalesce(max(version), 0) FROM `+n.Migrations+`)`).
 			Scan(&st.Backlog, &ageSeconds, &st.Published, &st.DeadLetters, &st.SchemaVersion)
 	}
+	if err == nil {
+		// Recorded from schema version 20; before it, relays record no
+		// version to hold against one.
+		if st.SchemaVersion >= pgschema.RelayVersionsSince {
+			err = db.QueryRow(ctx, pgschema.CheckSchemaSQL(t.WithDefaults())).Scan(&st.SchemaVersion, &st.RelaysFrom)
+		}
+	}
 	if err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}

@@ -71,6 +71,9 @@ type Metrics struct {
 	retries       *prometheus.CounterVec
 	owned         prometheus.Gauge
 	commitToPub   prometheus.Histogram
+	schemaBad     prometheus.Gauge
+	schemaTable   prometheus.Gauge
+	schemaRelay   prometheus.Gauge
 
 	dests   *labels
 	total   atomic.Int64 // events published by this relay
@@ -82,6 +85,7 @@ type Metrics struct {
 var (
 	_ relay.Metrics           = (*Metrics)(nil)
 	_ relay.DeadLetterClasses = (*Metrics)(nil)
+	_ relay.SchemaMetrics     = (*Metrics)(nil)
 )
 
 // New registers the relay's metrics on reg. If status is not nil, the
@@ -133,6 +137,16 @@ func NewWithConfig(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 			Help:    "Time from an event's insertion to the broker's acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18), // 0.5ms .. ~65s
 		}),
+		schemaBad: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_schema_incompatible",
+			Help: "1 while the outbox table needs a newer relay than this one (it claims nothing then), else 0 (docs/operations.md, Upgrades).",
+		}),
+		schemaTable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_schema_table_version", Help: "The outbox table's schema version, as this relay last read it.",
+		}),
+		schemaRelay: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_schema_relay_version", Help: "The newest schema version this relay's code knows.",
+		}),
 		dests: &labels{max: c.MaxDestinations, seen: map[string]bool{}},
 		start: time.Now(),
 	}
@@ -144,7 +158,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 		Name: "outbox_lease_renewal_age_seconds",
 		Help: "Seconds since this relay's last lease upkeep that reached the database; since start when none yet.",
 	}, func() float64 { return m.since(&m.leaseAt) })
-	cs := []prometheus.Collector{m.published, m.publishErrors, m.deadLettered, m.deadByClass, m.claimed, m.retries, m.owned, m.commitToPub, ages, lease}
+	cs := []prometheus.Collector{m.published, m.publishErrors, m.deadLettered, m.deadByClass, m.claimed, m.retries, m.owned, m.commitToPub, m.schemaBad, m.schemaTable, m.schemaRelay, ages, lease}
 	if c.Status != nil || c.Destinations != nil {
 		cs = append(cs, &statusCollector{cfg: c, m: m, rate: rateWindow{span: c.RateWindow, samples: []sample{{at: m.start}}}})
 	}
@@ -226,6 +240,17 @@ func (m *Metrics) Retried(dest string) { m.retries.WithLabelValues(dest).Inc() }
 func (m *Metrics) PartitionsOwned(n int) {
 	m.owned.Set(float64(n))
 	m.leaseAt.Store(time.Now().UnixNano())
+}
+
+// SchemaChecked implements relay.SchemaMetrics.
+func (m *Metrics) SchemaChecked(c outboxdriver.SchemaCheck) {
+	bad := 0.0
+	if !c.Compatible() {
+		bad = 1
+	}
+	m.schemaBad.Set(bad)
+	m.schemaTable.Set(float64(c.TableVersion))
+	m.schemaRelay.Set(float64(c.RelayVersion))
 }
 
 // DeadLettered implements relay.Metrics.

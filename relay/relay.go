@@ -266,6 +266,7 @@ type Relay struct {
 
 	leases leaseState
 	pauses *pauses
+	schema schemaState
 
 	db     *backoff.Outage // every call of the source that reaches the database
 	broker *backoff.Outage // the batches' publishes
@@ -385,8 +386,9 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 }
 
 // Ready reports whether the relay is working: its last lease upkeep reached
-// the database within one lease TTL.
-func (r *Relay) Ready() bool { return r.leases.ready(r.cfg.LeaseTTL) }
+// the database within one lease TTL, and its table works with its code
+// (SchemaCheck).
+func (r *Relay) Ready() bool { return r.leases.ready(r.cfg.LeaseTTL) && !r.schema.isBlocked() }
 
 // Partitions returns the partitions this relay leases now.
 func (r *Relay) Partitions() []outboxdriver.Lease { return r.leases.snapshot() }

@@ -27,6 +27,28 @@ type statusJSON struct {
 	// Roles says whether the table's jobs run under separate database
 	// roles (outbox grants); absent where it could not be read.
 	Roles *rolesJSON `json:"roles,omitempty"`
+	// RelaysBehind are the live relays older than relays_from (schema
+	// version 0: a release that records none); absent when there is none.
+	RelaysBehind []outboxdriver.RelayStatus `json:"relays_behind,omitempty"`
+}
+
+// relaysBehind lists the live relays of t older than the oldest relay
+// schema version st says the table works with.
+func relaysBehind(ctx context.Context, db outboxdriver.Store, t outboxdriver.Table, st outboxdriver.Status) []outboxdriver.RelayStatus {
+	if st.RelaysFrom == 0 {
+		return nil
+	}
+	rs, err := db.Relays(ctx, t)
+	if err != nil {
+		return nil
+	}
+	var out []outboxdriver.RelayStatus
+	for _, r := range rs {
+		if r.ExpiresIn > 0 && r.SchemaVersion < st.RelaysFrom {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // rolesJSON is grants.Separation in `outbox status --json`.
@@ -69,8 +91,9 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		return err
 	}
 	sep, sepErr := separation(ctx, db, t)
+	behind := relaysBehind(ctx, db, t, st)
 	if asJSON {
-		js := statusJSON{Source: source, Schema: t.Schema, Table: t.Name, StatusJSON: ops.NewStatusJSON(st)}
+		js := statusJSON{Source: source, Schema: t.Schema, Table: t.Name, StatusJSON: ops.NewStatusJSON(st), RelaysBehind: behind}
 		if sep != nil {
 			js.Roles = &rolesJSON{Separated: sep.Separated, Owner: sep.Owner, Granted: sep.Granted, AuditChangers: sep.AuditChangers, Text: sep.Text}
 		}
@@ -99,6 +122,17 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "parked events             %d\n", st.Parked)
 	}
 	fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+	if st.RelaysFrom > 0 {
+		fmt.Fprintf(out, "relays from               schema version %d\n", st.RelaysFrom)
+	}
+	for _, r := range behind {
+		what := "it claims nothing until replaced"
+		if r.SchemaVersion == 0 {
+			// A relay that records no version cannot tell either.
+			what = "it cannot tell, and may skip rows or ignore what the table needs: replace it"
+		}
+		fmt.Fprintf(out, "relay behind the table    %s (%s): %s (docs/operations.md, Upgrades)\n", r.Name, outboxdriver.DescribeRelayVersion(r), what)
+	}
 	switch st.Wakeups {
 	case outboxdriver.WakeupsTrigger:
 		fmt.Fprintf(out, "wake-ups                  the notify trigger, for every writer\n")
