@@ -79,4 +79,3 @@ func (p MaskPath) Validate() error {
 	}
 	return nil
 }
-
