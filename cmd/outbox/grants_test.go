@@ -174,8 +174,14 @@ func consoleJob(t *testing.T, ctx context.Context, st outboxdriver.Store, tb out
 	for _, dl := range page.DeadLetters {
 		byAgg[dl.AggregateID] = dl.ID
 	}
+	_, err = o.MaskPaths(ctx, viewer)
+	step("list the masked paths", err)
 	_, err = o.DeadLetter(ctx, viewer, byAgg["poison-a"])
 	step("show a dead letter", err)
+	// Only the owner changes the masking stored with the table.
+	if _, err := o.AddMaskPath(ctx, operator, outboxdriver.MaskPath{Path: "card"}, "x"); err == nil {
+		t.Errorf("the console stored a masked path; want it refused: only the owner changes the masking")
+	}
 	held, err := o.Held(ctx, viewer, 10)
 	step("list held aggregates", err)
 	if len(held) != 3 {
@@ -281,6 +287,8 @@ func pgForbidden(tb outboxdriver.Table) []string {
 		`ALTER TABLE ` + tb.Qualified("_audit") + ` DISABLE TRIGGER ALL`,
 		`DROP TRIGGER ` + outboxdriver.QuoteIdent(tb.Name+"_audit_ro") + ` ON ` + tb.Qualified("_audit"),
 		`SELECT ` + tb.Qualified("_audit_prune") + `(now(), 'mallory', 'operator', 'gone')`,
+		`INSERT INTO ` + tb.Qualified("_masking") + ` (path, source, actor) VALUES ('x', 'operator', 'mallory')`,
+		`DELETE FROM ` + tb.Qualified("_masking"),
 	}
 }
 
@@ -602,6 +610,8 @@ func TestGrantsGiveEachAccountItsJobOnMySQL(t *testing.T) {
 		"DROP TRIGGER `" + name + "`.`outbox_audit_del`",
 		"CALL " + q("_audit_prune") + "(UTC_TIMESTAMP(6), 'mallory', 'operator', 'gone')",
 		"INSERT INTO " + q("_audit_prune") + " (id) VALUES (CONNECTION_ID())",
+		"INSERT INTO " + q("_masking") + " (path, source, actor) VALUES ('x', 'operator', 'mallory')",
+		"DELETE FROM " + q("_masking"),
 	}
 	denied := []uint16{1142, 1143, 1370} // table, column, routine command denied
 	for _, stmt := range append([]string{

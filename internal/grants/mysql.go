@@ -38,6 +38,9 @@ var myTables = []myRights{
 	{suffix: "_audit", console: "SELECT, INSERT"},
 	{suffix: "_migrations", relay: "SELECT", console: "SELECT"},
 	{suffix: "_pause", relay: "SELECT", console: "SELECT, INSERT, DELETE"},
+	// The masking stored with the table: read by every process that shows
+	// a payload, changed by the owner alone (`outbox mask`).
+	{suffix: "_masking", relay: "SELECT", console: "SELECT"},
 	{suffix: "_samples", console: "SELECT, INSERT, DELETE"},
 	{suffix: "_requests", console: "SELECT, INSERT, UPDATE"},
 	{suffix: "_audit_prune"},

@@ -55,6 +55,9 @@ var pgTables = []pgRights{
 	{suffix: "_audit", relay: "SELECT (id)", console: "SELECT, INSERT"},
 	{suffix: "_migrations", relay: "SELECT", console: "SELECT"},
 	{suffix: "_pause", relay: "SELECT", console: "SELECT, INSERT, DELETE"},
+	// The masking stored with the table: every process that shows a
+	// payload reads it; only the owner (`outbox mask`) changes it.
+	{suffix: "_masking", relay: "SELECT", console: "SELECT"},
 	{suffix: "_samples", console: "SELECT, INSERT, DELETE"},
 	{suffix: "_requests", console: "SELECT, INSERT, UPDATE"},
 	{suffix: "_cdc", relay: "SELECT, INSERT, UPDATE", console: "SELECT"},
