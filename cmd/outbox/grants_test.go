@@ -860,3 +860,68 @@ func TestGrantsLetTheRelayMaintainTimePartitions(t *testing.T) {
 		t.Fatalf("status as the console: %v\n%s", err, out)
 	}
 }
+
+// A default partition the maintenance makes again (it was dropped) gets
+// the rights `outbox grants` gave the one before: the relay cleans it up
+// directly and the console reads it, with no new run of `outbox grants`,
+// and a new run changes nothing there. The writer gets nothing.
+func TestGrantsFollowARecreatedDefaultPartition(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	admin := testenv.Pool(t)
+	tb := testenv.Table(t, admin)
+	if _, err := outboxpgx.New(admin).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: 4, TimePartitions: outboxdriver.TimePartitionsDay}); err != nil {
+		t.Fatal(err)
+	}
+	owner, _ := testenv.PoolAs(t, admin, "outbox_owner")
+	writer, _ := testenv.PoolAs(t, admin, "outbox_writer")
+	relayRole, relayPool := testenv.PoolAs(t, admin, "outbox_relay")
+	consoleRole, consolePool := testenv.PoolAs(t, admin, "outbox_console")
+	grants := func() {
+		t.Helper()
+		if out, err := runInProcess(t, "", "grants", "--db", dbURL(), "--schema", tb.Schema, "--writer", writer, "--relay", relayRole, "--console", consoleRole, "--owner", owner, "--apply"); err != nil {
+			t.Fatalf("grants --apply: %v\n%s", err, out)
+		}
+	}
+	def := tb.Qualified("_pdefault")
+	acl := func() string {
+		t.Helper()
+		var s string
+		if err := admin.QueryRow(ctx, `SELECT coalesce(string_agg(pg_get_userbyid(a.grantee) || ':' || a.privilege_type, ',' ORDER BY 1), '')
+FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a WHERE c.oid = to_regclass($1) AND a.grantee <> c.relowner`, def).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	grants()
+	given := acl()
+	if !strings.Contains(given, relayRole+":DELETE") || !strings.Contains(given, consoleRole+":SELECT") {
+		t.Fatalf("after outbox grants the default partition's rights are %q", given)
+	}
+
+	// Dropped (it was empty), made again by the relay's maintenance.
+	if _, err := admin.Exec(ctx, `DROP TABLE `+def); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runInProcess(t, "", "retention", "--db", pgURLAs(t, relayRole), "--schema", tb.Schema, "--actor", "relay")
+	if err != nil || !strings.Contains(out, tb.Name+"_pdefault") {
+		t.Fatalf("retention as the relay: %v\n%s", err, out)
+	}
+	if got := acl(); got != given {
+		t.Fatalf("the default partition made again has the rights %q; want those outbox grants gave, %q", got, given)
+	}
+	if strings.Contains(given, writer+":") {
+		t.Fatalf("the writer holds rights on the default partition: %q", given)
+	}
+	if _, err := relayPool.Exec(ctx, `DELETE FROM `+def+` WHERE published_at IS NOT NULL`); err != nil {
+		t.Fatalf("the relay's cleanup of the default partition made again: %v", err)
+	}
+	var n int
+	if err := consolePool.QueryRow(ctx, `SELECT count(*) FROM `+def).Scan(&n); err != nil {
+		t.Fatalf("the console's read of the default partition made again: %v", err)
+	}
+	grants()
+	if got := acl(); got != given {
+		t.Fatalf("outbox grants run again changed the default partition's rights to %q from %q", got, given)
+	}
+}

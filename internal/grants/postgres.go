@@ -65,8 +65,10 @@ var pgTables = []pgRights{
 	{suffix: "_cdc_parked", relay: "SELECT, INSERT, DELETE", console: "SELECT"},
 	{suffix: "_tparts", relay: "SELECT", console: "SELECT"},
 	// A table partitioned by time: the relay cleans up the default
-	// partition itself; the others go with their partition.
-	{suffix: pgschema.DefaultPartitionSuffix, relay: "SELECT, DELETE", console: "SELECT"},
+	// partition itself; the others go with their partition. A default
+	// partition the maintenance makes again gets the SELECT and DELETE
+	// the roles hold on the outbox table (migration 22): the same.
+	{suffix: pgschema.DefaultPartitionSuffix, relay: "SELECT, DELETE", console: "SELECT, DELETE"},
 	// The writers' wake-up view (and the notify trigger) read it.
 	{suffix: "_awake", sequence: true, writer: "SELECT"},
 }
