@@ -925,3 +925,115 @@ FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a WHERE c.oid = to_regcl
 		t.Fatalf("outbox grants run again changed the default partition's rights to %q from %q", got, given)
 	}
 }
+
+// mariaDBRole creates a MariaDB role named from prefix, dropped when the
+// test ends, with grants (%s is the role).
+func mariaDBRole(t *testing.T, admin *sql.DB, prefix string, grants ...string) string {
+	t.Helper()
+	ctx := testenv.Context(t, 30*time.Second)
+	role := testenv.Name(prefix)
+	if _, err := admin.ExecContext(ctx, "CREATE ROLE "+role); err != nil {
+		t.Fatalf("create role %s (MariaDB): %v", role, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP ROLE IF EXISTS "+role); err != nil {
+			t.Logf("drop role %s: %v", role, err)
+		}
+	})
+	for _, g := range grants {
+		if _, err := admin.ExecContext(ctx, strings.ReplaceAll(g, "%s", role)); err != nil {
+			t.Fatalf("%s: %v", g, err)
+		}
+	}
+	return role
+}
+
+// MariaDB roles as the jobs: `outbox grants` gives each role its job,
+// and accounts that hold the role as their default role do the job and
+// nothing more. A role that holds, through another role, rights on the
+// whole database is refused, as such an account is.
+func TestGrantsGiveMariaDBRolesTheirJobs(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 4*time.Minute)
+	admin := mysqlDB(t, mysqlServerURL())
+	var version string
+	if err := admin.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(version, "MariaDB") {
+		t.Fatalf("the test server is %s; this test needs MariaDB (bash .ci/test --setup-only starts it)", version)
+	}
+	name := testenv.MySQLDatabase(t, admin, "t")
+	tb := outboxdriver.Table{Schema: name, Name: "outbox"}
+	db := []string{"--db", mysqlURL(t, name)}
+	if out, stderr, code := run(t, nil, append([]string{"migrate"}, db...)...); code != 0 {
+		t.Fatalf("migrate: %d %s %s", code, out, stderr)
+	}
+	q := func(suffix string) string { return "`" + name + "`.`outbox" + suffix + "`" }
+	writerRole := mariaDBRole(t, admin, "outbox_wrole")
+	relayRole := mariaDBRole(t, admin, "outbox_rrole")
+	consoleRole := mariaDBRole(t, admin, "outbox_crole")
+	as := func(prefix, role string) *sql.DB {
+		_, conn := testenv.MySQLAs(t, admin, prefix, name, "GRANT "+role+" TO %s", "SET DEFAULT ROLE "+role+" FOR %s")
+		return conn
+	}
+	writerDB, relayDB, consoleDB := as("outbox_wuser", writerRole), as("outbox_ruser", relayRole), as("outbox_cuser", consoleRole)
+
+	// A role with DELETE on the whole database through another role.
+	wide := mariaDBRole(t, admin, "outbox_wide", "GRANT SELECT, DELETE ON `"+name+"`.* TO %s")
+	nested := mariaDBRole(t, admin, "outbox_nested", "GRANT "+wide+" TO %s")
+	failsWithOneLine(t, nil, "--relay "+nested+": the role holds DELETE on database "+name+" through the role "+wide+", which no table grant narrows",
+		append([]string{"grants", "--relay", nested}, db...)...)
+
+	args := append([]string{"grants", "--writer", writerRole, "--relay", relayRole, "--console", consoleRole}, db...)
+	out, err := runInProcess(t, "", args...)
+	if err != nil || !strings.Contains(out, "GRANT SELECT ON "+q("_masking")+" TO '"+consoleRole+"'") || !strings.Contains(out, "role "+relayRole) {
+		t.Fatalf("grants to roles: %v\n%s", err, out)
+	}
+	if out, err := runInProcess(t, "", append(args, "--apply")...); err != nil || !strings.Contains(out, "statement(s) applied") {
+		t.Fatalf("grants --apply: %v\n%s", err, out)
+	}
+
+	flow, poison := jobEvents()
+	flowIDs := ids(flow)
+	ids(poison)
+	w, err := outbox.New(outboxmysql.New(writerDB), &outbox.Config{Schema: name, Table: "outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(ctx, append(flow, poison...)...); err != nil {
+		t.Fatalf("the writer through its role: %v", err)
+	}
+	src, err := outboxmysql.New(relayDB).NewSource(tb, &outboxdriver.SourceConfig{Retention: outboxdriver.RetentionKeep, RelayName: "relay-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, src, flowIDs, func() (int64, error) {
+		var n int64
+		err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+q("_dead_letter")).Scan(&n)
+		return n, err
+	})
+	src.Close()
+	consoleJob(t, ctx, outboxmysql.New(consoleDB), tb)
+
+	denied := []uint16{1142, 1143, 1370}
+	for _, c := range []struct {
+		who  string
+		conn *sql.DB
+		stmt string
+	}{
+		{"writer", writerDB, "SELECT COUNT(*) FROM " + q("")},
+		{"writer", writerDB, "DELETE FROM " + q("")},
+		{"relay", relayDB, "INSERT INTO " + q("_pause") + " (scope, actor, reason) VALUES ('all', 'r', '')"},
+		{"relay", relayDB, "DELETE FROM " + q("_masking")},
+		{"console", consoleDB, "UPDATE " + q("_leases") + " SET owner = 'me'"},
+		{"console", consoleDB, "INSERT INTO " + q("_masking") + " (path, source, actor) VALUES ('x', 'operator', 'mallory')"},
+		{"console", consoleDB, "DELETE FROM " + q("_audit")},
+		{"console", consoleDB, "DROP TABLE " + q("_dead_letter")},
+	} {
+		_, err := c.conn.ExecContext(ctx, c.stmt)
+		myRefused(t, c.who+" through its role", c.stmt, err, denied...)
+	}
+}
