@@ -158,6 +158,9 @@ names stay until 'outbox mask remove' removes them.`,
 				for _, p := range want {
 					changed, err := o.AddMaskPath(ctx, cliActor(actor), p, reason)
 					if err != nil {
+						if added == 0 {
+							return err
+						}
 						return fmt.Errorf("mask import: after %d path(s) stored: %w", added, err)
 					}
 					if changed {
