@@ -122,6 +122,7 @@ var cases = []testCase{
 	{name: "Wait", run: (*suite).testWait},
 	{name: "RelayEndToEnd", run: (*suite).testRelayEndToEnd},
 	{name: "PauseResume", run: (*suite).testPauseResume},
+	{name: "Masking", run: (*suite).testMasking},
 	{name: "TwoRelaysEndToEnd", run: (*suite).testTwoRelaysEndToEnd, multiRelay: true,
 		why: "two relays at once on one table while writers commit, one stopped mid-stream"},
 }

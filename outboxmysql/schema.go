@@ -84,6 +84,7 @@ func render(sqlText string, t outboxdriver.Table, partitions int) string {
 		"{{held}}", n.Held,
 		"{{audit}}", n.Audit,
 		"{{pause}}", q("_pause"),
+		"{{masking}}", q("_masking"),
 		"{{samples}}", q("_samples"),
 		"{{requests}}", q("_requests"),
 		"{{audit_prune}}", q("_audit_prune"),

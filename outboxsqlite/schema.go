@@ -115,6 +115,7 @@ func render(sql string, t outboxdriver.Table, partitions int) string {
 		"{{audit_name}}", q(t.Name+"_audit"),
 		"{{dead_letter_name}}", q(t.Name+"_dead_letter"),
 		"{{pause}}", t.Qualified("_pause"),
+		"{{masking}}", t.Qualified("_masking"),
 		"{{samples}}", t.Qualified("_samples"),
 		"{{requests}}", t.Qualified("_requests"),
 		"{{requests_name}}", q(t.Name+"_requests"),

@@ -55,6 +55,9 @@ var pgTables = []pgRights{
 	{suffix: "_audit", relay: "SELECT (id)", console: "SELECT, INSERT"},
 	{suffix: "_migrations", relay: "SELECT", console: "SELECT"},
 	{suffix: "_pause", relay: "SELECT", console: "SELECT, INSERT, DELETE"},
+	// The masking stored with the table: every process that shows a
+	// payload reads it; only the owner (`outbox mask`) changes it.
+	{suffix: "_masking", relay: "SELECT", console: "SELECT"},
 	{suffix: "_samples", console: "SELECT, INSERT, DELETE"},
 	{suffix: "_requests", console: "SELECT, INSERT, UPDATE"},
 	{suffix: "_cdc", relay: "SELECT, INSERT, UPDATE", console: "SELECT"},
@@ -62,8 +65,10 @@ var pgTables = []pgRights{
 	{suffix: "_cdc_parked", relay: "SELECT, INSERT, DELETE", console: "SELECT"},
 	{suffix: "_tparts", relay: "SELECT", console: "SELECT"},
 	// A table partitioned by time: the relay cleans up the default
-	// partition itself; the others go with their partition.
-	{suffix: pgschema.DefaultPartitionSuffix, relay: "SELECT, DELETE", console: "SELECT"},
+	// partition itself; the others go with their partition. A default
+	// partition the maintenance makes again gets the SELECT and DELETE
+	// the roles hold on the outbox table (migration 22): the same.
+	{suffix: pgschema.DefaultPartitionSuffix, relay: "SELECT, DELETE", console: "SELECT, DELETE"},
 	// The writers' wake-up view (and the notify trigger) read it.
 	{suffix: "_awake", sequence: true, writer: "SELECT"},
 }

@@ -237,3 +237,26 @@ func TestBehind(t *testing.T) {
 		t.Fatalf("Behind with the floor applied already = %v; want nil: only pending migrations count", err)
 	}
 }
+
+// Versions need not be contiguous: Up applies every version not applied
+// yet, whatever the highest one applied is: 21 and 22 above a gap, and 20
+// once it arrives below them.
+func TestUpAppliesVersionsAcrossAGap(t *testing.T) {
+	apply := func(ms []migrations.Migration, done map[int]bool) []int {
+		t.Helper()
+		ran, err := migrations.Up(ms, done, func(m migrations.Migration) error { done[m.Version] = true; return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ran
+	}
+	done := map[int]bool{19: true}
+	gap := []migrations.Migration{{Version: 19}, {Version: 21}, {Version: 22}}
+	if ran := apply(gap, done); !reflect.DeepEqual(ran, []int{21, 22}) {
+		t.Fatalf("Up above a gap ran %v; want [21 22]", ran)
+	}
+	filled := []migrations.Migration{{Version: 19}, {Version: 20}, {Version: 21}, {Version: 22}}
+	if ran := apply(filled, done); !reflect.DeepEqual(ran, []int{20}) {
+		t.Fatalf("Up once the gap is filled ran %v; want [20]", ran)
+	}
+}

@@ -96,6 +96,7 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{held}}", n.Held,
 		"{{audit}}", n.Audit,
 		"{{pause}}", t.Qualified("_pause"),
+		"{{masking}}", t.Qualified("_masking"),
 		"{{samples}}", t.Qualified("_samples"),
 		"{{pending_idx}}", q(t.Name+"_pending"),
 		"{{by_part_idx}}", q(t.Name+"_by_part"),
