@@ -137,6 +137,10 @@ type Decoder struct {
 	checksum    uint8
 	postHeaders []byte
 	tables      map[uint64]*TableMapEvent
+	// SkipTable, when set, says which tables' rows events are not
+	// decoded (the checksum is still verified): a relay of one table
+	// skips the rest of the log cheaply.
+	SkipTable func(schema, table string) bool
 }
 
 // NewDecoder returns a decoder for a stream whose events carry a checksum

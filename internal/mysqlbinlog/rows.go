@@ -54,6 +54,9 @@ type TableMapEvent struct {
 	// Meta is each column's type metadata (lengths, precision).
 	Meta     []uint16
 	Nullable []bool
+	// Skipped says the decoder's SkipTable left the table out: its rows
+	// events are not decoded.
+	Skipped bool
 }
 
 // RowsEvent carries the rows one statement inserted, updated or deleted.
@@ -68,6 +71,8 @@ type RowsEvent struct {
 	Rows [][]any
 	// EndOfStatement marks the statement's last rows event.
 	EndOfStatement bool
+	// Skipped says the table is one SkipTable leaves out: Rows is nil.
+	Skipped bool
 }
 
 // FixedLength is the byte length of column i when it is CHAR or BINARY
@@ -165,6 +170,9 @@ func (d *Decoder) tableMap(body []byte) (*TableMapEvent, error) {
 		return nil, r.err
 	}
 	// Optional metadata (signedness, charsets, names) follows; unused.
+	if d.SkipTable != nil {
+		tm.Skipped = d.SkipTable(tm.Schema, tm.Table)
+	}
 	d.tables[tm.TableID] = tm
 	return tm, nil
 }
@@ -209,7 +217,10 @@ func (d *Decoder) rows(t EventType, body []byte) (*RowsEvent, error) {
 	if n != uint64(len(tm.Types)) {
 		return nil, fmt.Errorf("%w: rows event of %d columns for table %s.%s of %d", ErrMalformed, n, tm.Schema, tm.Table, len(tm.Types))
 	}
-	ev := &RowsEvent{Type: t, Table: tm, EndOfStatement: flags&1 != 0}
+	ev := &RowsEvent{Type: t, Table: tm, EndOfStatement: flags&1 != 0, Skipped: tm.Skipped}
+	if tm.Skipped {
+		return ev, nil
+	}
 	present := bitmap(&r, int(n))
 	presentAfter := present
 	update := t == UpdateRowsV1EventType || t == UpdateRowsV2EventType

@@ -315,3 +315,27 @@ func TestDecodeMalformed(t *testing.T) {
 		}
 	}
 }
+
+// TestSkipTable: the rows of a table SkipTable leaves out are not
+// decoded, and their events still pass the checksum.
+func TestSkipTable(t *testing.T) {
+	evs := readFixture(t)
+	d := NewDecoder(1)
+	d.SkipTable = func(schema, table string) bool { return table == "fx" }
+	skipped := 0
+	for _, raw := range evs {
+		ev, err := d.Decode(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, ok := ev.Body.(*RowsEvent); ok {
+			if !r.Skipped || r.Rows != nil {
+				t.Fatalf("rows of a skipped table decoded: %+v", r)
+			}
+			skipped++
+		}
+	}
+	if skipped != 3 {
+		t.Fatalf("%d rows events skipped, want 3", skipped)
+	}
+}
