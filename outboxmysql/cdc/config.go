@@ -60,8 +60,9 @@ type Config struct {
 	// underscores, at most 64.
 	Name string
 	// ServerID is the server id the replication connection registers
-	// with: unique among the server's replicas. Defaults to one derived
-	// from the table and Name (in 1<<30 .. 1<<31).
+	// with: unique among the server's replicas (a second replica with the
+	// same id ends the first one's stream). Defaults to one derived from
+	// the database, the table and Name (in 1<<30 .. 1<<31).
 	ServerID uint32
 	// Mode says what a lost position means. Defaults to ModeTable.
 	Mode Mode
@@ -113,7 +114,13 @@ func (cfg *Config) resolve(t outboxdriver.Table) (Config, *mysql.Config, error) 
 		return c, nil, fmt.Errorf("binlog: streamer name %q: use 1 to 64 letters, digits and underscores", c.Name)
 	}
 	if c.ServerID == 0 {
-		c.ServerID = serverIDOf(t.String() + "/" + c.Name)
+		// Two streamers with one server id make the server end the older
+		// one's dump: the id names the database, the table and Name.
+		schema := t.Schema
+		if schema == "" {
+			schema = mc.DBName
+		}
+		c.ServerID = serverIDOf(schema + "." + t.Name + "/" + c.Name)
 	}
 	if c.Mode != ModeTable && c.Mode != ModeInsertDelete {
 		return c, nil, fmt.Errorf("binlog: unknown mode %d", c.Mode)
