@@ -90,11 +90,24 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 		t.Stop()
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.st != st {
+		s.mu.Unlock()
 		return b, nil
 	}
-	evs := s.queue.claim(limit, time.Now())
+	evs := s.queue.claim(limit, time.Now(), partitionsOf(leases))
+	gen, until := s.gen, s.replayUntil
+	s.mu.Unlock()
+	if s.cfg.Mode == ModeTable && until.File != "" {
+		var err error
+		if evs, err = s.skipDone(ctx, gen, evs, until); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.gen {
+		return b, nil // the stream restarted meanwhile
+	}
 	b.gen, b.epoch, b.events = s.gen, l.Epoch, evs
 	if len(evs) > 0 {
 		b.Open()
@@ -104,6 +117,88 @@ func (s *Source) Claim(ctx context.Context, leases []outboxdriver.Lease, limit i
 		}
 	}
 	return b, nil
+}
+
+// skipDone drops from evs, as done, the events read again after a
+// restart (of transactions up to until, the last owner's high-water mark)
+// whose rows are no longer unpublished in the table: published or
+// dead-lettered before the restart. Those transactions committed long
+// before, so their rows are visible.
+func (s *Source) skipDone(ctx context.Context, gen int, evs []*event, until mysqlbinlog.Position) ([]*event, error) {
+	var check []*event
+	for _, e := range evs {
+		if e.tx != nil && e.tx.end.File != "" && !after(e.tx.end, until) {
+			check = append(check, e)
+		}
+	}
+	if len(check) == 0 {
+		return evs, nil
+	}
+	pending := map[string]bool{}
+	for c := range chunks(check) {
+		args := make([]any, len(c))
+		for i, e := range c {
+			args[i] = e.rec.ID
+		}
+		rows, err := s.db.QueryContext(ctx, `SELECT id FROM `+s.n.Table+` WHERE published_at IS NULL AND id IN (`+placeholders(len(c))+`)`, args...)
+		if err == nil {
+			for rows.Next() {
+				var id string
+				if err = rows.Scan(&id); err != nil {
+					break
+				}
+				pending[id] = true
+			}
+			err = errors.Join(err, rows.Err(), rows.Close())
+		}
+		if err != nil {
+			s.mu.Lock()
+			if gen == s.gen {
+				for _, e := range evs {
+					s.queue.release(e)
+				}
+			}
+			s.mu.Unlock()
+			return nil, fmt.Errorf("outboxmysql: claim: look up replayed rows: %w", err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen != s.gen {
+		return nil, nil
+	}
+	kept := evs[:0]
+	skipped := 0
+	for _, e := range evs {
+		if !pending[e.rec.ID] && e.tx != nil && e.tx.end.File != "" && !after(e.tx.end, until) {
+			s.queue.done(e)
+			skipped++
+			continue
+		}
+		kept = append(kept, e)
+	}
+	if skipped > 0 {
+		s.queue.advance()
+		if s.st != nil {
+			s.st.roomy()
+		}
+	}
+	return kept, nil
+}
+
+// partitionsOf returns which partitions leases name; nil when they name
+// all.
+func partitionsOf(leases []outboxdriver.Lease) *[numPartitions]bool {
+	if len(leases) >= numPartitions {
+		return nil
+	}
+	var in [numPartitions]bool
+	for _, l := range leases {
+		if l.Partition >= 0 && l.Partition < numPartitions {
+			in[l.Partition] = true
+		}
+	}
+	return &in
 }
 
 // batch is a claim of a binlog source: events held in memory, claimed
@@ -269,6 +364,19 @@ ON DUPLICATE KEY UPDATE event_id = VALUES(event_id), seq = VALUES(seq), reason =
 	}
 	for c := range chunks(plan.Flow) {
 		if err := exec(`DELETE FROM `+n.Held+` WHERE event_id IN (`+placeholders(len(c))+`)`, strs(c)...); err != nil {
+			return err
+		}
+	}
+	var hwm mysqlbinlog.Position
+	for _, es := range byID {
+		for _, e := range es {
+			if e.tx != nil && e.tx.end.File != "" && after(e.tx.end, hwm) {
+				hwm = e.tx.end
+			}
+		}
+	}
+	if hwm.File != "" && (len(plan.Published) > 0 || len(plan.DeadLetters) > 0) {
+		if err := s.saveHWM(ctx, tx, hwm); err != nil {
 			return err
 		}
 	}

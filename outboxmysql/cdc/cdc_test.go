@@ -62,16 +62,25 @@ func (f *fixture) source(relay string, mode cdc.Mode, ret outboxdriver.Retention
 
 func (f *fixture) acquire(src *cdc.Source, ttl time.Duration) []outboxdriver.Lease {
 	f.t.Helper()
-	if _, _, err := src.Heartbeat(f.ctx, ttl); err != nil {
+	_, n, err := src.Heartbeat(f.ctx, ttl)
+	if err != nil {
 		f.t.Fatal(err)
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
-		leases, err := src.Acquire(f.ctx, 1, ttl)
+		leases, err := src.Acquire(f.ctx, n, ttl)
 		if err != nil {
 			f.t.Fatal(err)
 		}
-		if len(leases) == 1 {
+		if len(leases) > 0 {
+			if len(leases) != n {
+				f.t.Fatalf("acquire %d partitions = %v", n, leases)
+			}
+			for _, l := range leases {
+				if l.Epoch != leases[0].Epoch {
+					f.t.Fatalf("acquire = %v: the log's partitions under different epochs", leases)
+				}
+			}
 			f.ttl = ttl
 			return leases
 		}
@@ -135,6 +144,14 @@ func (f *fixture) collect(src *cdc.Source, leases []outboxdriver.Lease, want int
 		got = append(got, recs...)
 	}
 	return got
+}
+
+// streaming makes sure src streams the log: it writes an event and
+// collects it.
+func (f *fixture) streaming(src *cdc.Source, leases []outboxdriver.Lease) {
+	f.t.Helper()
+	f.write(true, ev("warm-up", 0))
+	f.collect(src, leases, 1)
 }
 
 // checkOrder checks every aggregate's events arrived in write order
@@ -224,7 +241,8 @@ func TestBinlogRollbackNeverPublished(t *testing.T) {
 // TestBinlogResumeAfterCrash: a relay that stops without giving its lease
 // up (as after SIGKILL) leaves the position of its last finished batch;
 // the next relay takes over once the lease expired and publishes the
-// rest: nothing lost.
+// rest: nothing lost, and nothing recorded as published before comes
+// again (the rows of replayed transactions are checked).
 func TestBinlogResumeAfterCrash(t *testing.T) {
 	f := newFixture(t)
 	a := f.source("a", cdc.ModeTable, outboxdriver.RetentionKeep)
@@ -247,6 +265,15 @@ func TestBinlogResumeAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	rest := f.collect(b, leases, unpublished)
+	published := map[string]bool{}
+	for _, r := range first {
+		published[r.ID] = true
+	}
+	for _, r := range rest {
+		if published[r.ID] {
+			t.Errorf("event %s, published and recorded before the crash, was published again", r.ID)
+		}
+	}
 	all := map[string]bool{}
 	for _, r := range append(first, rest...) {
 		all[r.ID] = true
@@ -376,5 +403,85 @@ func TestBinlogPositionLost(t *testing.T) {
 			t.Fatal("no error within a minute for a lost position in insert-delete mode")
 		}
 		_ = strict.Wait(f.ctx, 100*time.Millisecond)
+	}
+}
+
+// TestBinlogLateCommitComesAfter: a transaction that began first and
+// committed last comes after the one that committed before it, also for
+// the same aggregate.
+func TestBinlogLateCommitComesAfter(t *testing.T) {
+	f := newFixture(t)
+	src := f.source("r1", cdc.ModeTable, outboxdriver.RetentionDelete)
+	leases := f.acquire(src, 10*time.Second)
+	f.streaming(src, leases)
+	early, err := f.db.BeginTx(f.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Rollback()
+	if _, err := early.ExecContext(f.ctx, "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES ('00000000-0000-4000-8000-0000000000e1', 'order', 'late', 'Step', '{\"n\": 2}')"); err != nil {
+		t.Fatal(err)
+	}
+	first := ev("late", 1)
+	first.ID = "00000000-0000-4000-8000-0000000000f1"
+	f.write(true, first)
+	if err := early.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	got := f.collect(src, leases, 2)
+	if got[0].ID != first.ID || got[1].ID != "00000000-0000-4000-8000-0000000000e1" {
+		t.Fatalf("order %s, %s: want the transaction committed first first", got[0].ID, got[1].ID)
+	}
+}
+
+// TestBinlogLanes: claims under disjoint sets of the lease's partitions
+// (the relay's lanes) hand out disjoint aggregates, in parallel.
+func TestBinlogLanes(t *testing.T) {
+	f := newFixture(t)
+	src := f.source("r1", cdc.ModeTable, outboxdriver.RetentionDelete)
+	leases := f.acquire(src, 10*time.Second)
+	f.streaming(src, leases)
+	for i := range 40 {
+		f.write(true, ev(fmt.Sprint("l", i), 1))
+	}
+	var even, odd []outboxdriver.Lease
+	for _, l := range leases {
+		if l.Partition%2 == 0 {
+			even = append(even, l)
+		} else {
+			odd = append(odd, l)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	seen := map[string]bool{}
+	for len(seen) < 40 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 40 events within a minute", len(seen))
+		}
+		a, err := src.Claim(f.ctx, even, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := src.Claim(f.ctx, odd, 100) // while a is in flight
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, batch := range []outboxdriver.Batch{a, b} {
+			var ids []string
+			for _, r := range batch.Records() {
+				if (r.Partition%2 == 0) != (batch == a) {
+					t.Fatalf("event of partition %d in the wrong lane", r.Partition)
+				}
+				if seen[r.ID] {
+					t.Fatalf("event %s in two batches", r.ID)
+				}
+				seen[r.ID] = true
+				ids = append(ids, r.ID)
+			}
+			if err := batch.Finish(f.ctx, outboxdriver.Outcome{Published: ids}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = src.Wait(f.ctx, 50*time.Millisecond)
 	}
 }

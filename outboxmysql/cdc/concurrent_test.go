@@ -17,7 +17,7 @@ func TestBinlogConcurrentWriters(t *testing.T) {
 	f := newFixture(t)
 	src := f.source("r1", cdc.ModeTable, outboxdriver.RetentionDelete)
 	leases := f.acquire(src, 10*time.Second)
-	f.collect(src, leases, 0)
+	f.streaming(src, leases)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	committed := 0

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"hash/fnv"
 	"time"
 
 	"github.com/outboxkit/outbox/internal/mysqlbinlog"
@@ -101,10 +102,26 @@ func (q *queue) markIf(done []*event) (mysqlbinlog.Position, string) {
 	return mark, gtid
 }
 
-// claim hands out up to limit pending, due events in commit order, none
-// of an aggregate that has an earlier event not done, is held behind a
-// dead letter or is of a type left out.
-func (q *queue) claim(limit int, now time.Time) []*event {
+// numPartitions is how many partitions a binlog source presents the log
+// as (the most lanes a relay may have). One lease covers them all, with
+// one epoch; each aggregate hashes into one of them, so that the relay's
+// lanes keep batches of different aggregates in flight at once.
+const numPartitions = 64
+
+// partitionOf is the partition of aggregate k.
+func partitionOf(k aggKey) int {
+	h := fnv.New32a()
+	h.Write([]byte(k.typ))
+	h.Write([]byte{0})
+	h.Write([]byte(k.id))
+	return int(h.Sum32() % numPartitions)
+}
+
+// claim hands out up to limit pending, due events of the partitions in
+// parts (nil: all) in commit order, none of an aggregate that has an
+// earlier event not done, is held behind a dead letter or is of a type
+// left out.
+func (q *queue) claim(limit int, now time.Time, parts *[numPartitions]bool) []*event {
 	var out []*event
 	blocked := map[aggKey]bool{}
 	for _, t := range q.txns {
@@ -113,7 +130,8 @@ func (q *queue) claim(limit int, now time.Time) []*event {
 				continue
 			}
 			k := e.key()
-			ok := e.state == statePending && !blocked[k] && !e.due.After(now) && !q.skip[k.typ]
+			ok := e.state == statePending && !blocked[k] && !e.due.After(now) && !q.skip[k.typ] &&
+				(parts == nil || parts[e.rec.Partition])
 			if _, held := q.held[k]; held {
 				ok = false
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
+	"github.com/outboxkit/outbox/internal/mysqlbinlog"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
 )
@@ -47,8 +48,12 @@ type Source struct {
 	st     *stream
 	failed error // what ended the last stream, until one reads again
 	saved  savedPos
-	closed bool
-	wake   chan struct{}
+	// replayUntil is the high-water mark the last stream's owner saved:
+	// events of transactions up to it may be published already (table
+	// mode checks their rows before handing them out).
+	replayUntil mysqlbinlog.Position
+	closed      bool
+	wake        chan struct{}
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
@@ -128,8 +133,9 @@ func (s *Source) signal() {
 }
 
 // Heartbeat registers the relay as alive and releases the aggregates
-// held behind dead letters an operator discarded or retried. The one
-// lease covers the whole log: relays and partitions are 1.
+// held behind dead letters an operator discarded or retried. The log's
+// one lease covers all of the source's partitions: every relay's fair
+// share is all of them, and the first to lease the log streams.
 func (s *Source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
 	s.base.NoteTTL(ttl)
 	if _, err := s.db.ExecContext(ctx, `INSERT INTO `+s.n.Relays+` (relay, expires_at)
@@ -161,7 +167,7 @@ ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`, s.base.Cfg.RelayName, 
 			s.signal()
 		}
 	}
-	return 1, 1, nil
+	return 1, numPartitions, nil
 }
 
 // readHeld reads the aggregates held behind dead letters.
@@ -193,7 +199,8 @@ func migrateHint(err error) error {
 }
 
 // Acquire takes the log's lease when nobody holds it (free, or
-// expired), with a new epoch.
+// expired), with a new epoch, and returns the first n of the source's
+// partitions (at most all), each with the lease's epoch.
 func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	var epoch int64
 	got := false
@@ -226,7 +233,11 @@ func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outbo
 	s.lease, s.leased = l, true
 	s.mu.Unlock()
 	s.base.Log.Info("outboxmysql: leased the binary log; streaming", "name", s.cfg.Name, "epoch", epoch)
-	return []outboxdriver.Lease{l}, nil
+	leases := make([]outboxdriver.Lease, min(n, numPartitions))
+	for i := range leases {
+		leases[i] = outboxdriver.Lease{Partition: i, Epoch: epoch}
+	}
+	return leases, nil
 }
 
 // Renew extends the lease. Once it is lost, the stream stops at once.

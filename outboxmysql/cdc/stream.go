@@ -160,10 +160,9 @@ func (st *stream) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outboxmysql: binlog: %w", err)
 	}
-	var file sql.NullString
-	var pos sql.NullInt64
-	var gtid sql.NullString
-	if err := s.db.QueryRowContext(ctx, `SELECT file, pos, gtid FROM `+s.bl+` WHERE name = ?`, s.cfg.Name).Scan(&file, &pos, &gtid); err != nil {
+	var file, gtid, hwmFile sql.NullString
+	var pos, hwmPos sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, `SELECT file, pos, gtid, hwm_file, hwm_pos FROM `+s.bl+` WHERE name = ?`, s.cfg.Name).Scan(&file, &pos, &gtid, &hwmFile, &hwmPos); err != nil {
 		return fmt.Errorf("outboxmysql: binlog: read the saved position: %w", migrateHint(err))
 	}
 	held, err := s.readHeld(ctx)
@@ -200,6 +199,7 @@ func (st *stream) run(ctx context.Context) error {
 		return errStopped
 	}
 	s.queue.held = held
+	s.replayUntil = mysqlbinlog.Position{File: hwmFile.String, Offset: uint32(hwmPos.Int64)}
 	s.mu.Unlock()
 	if !file.Valid {
 		var drained *txn
@@ -316,6 +316,7 @@ FROM `+s.n.Table+` WHERE published_at IS NULL ORDER BY seq`)
 
 // finishRecord fills the record's payload and headers from the columns.
 func finishRecord(e *event) {
+	e.rec.Partition = partitionOf(e.key())
 	driverkit.SetPayload(&e.rec, e.payload, e.payload != nil, e.raw)
 	e.rec.Headers, e.rec.HeadersErr = driverkit.DecodeHeaders(e.headers)
 }
@@ -474,6 +475,14 @@ func (s *Source) fence(ctx context.Context, tx *sql.Tx, epoch int64) error {
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && !ok) {
 		return driverkit.LeaseLost(s.base.Cfg.RelayName)
 	}
+	return err
+}
+
+// saveHWM writes the high-water mark, when it is past the saved one.
+func (s *Source) saveHWM(ctx context.Context, tx *sql.Tx, p mysqlbinlog.Position) error {
+	_, err := tx.ExecContext(ctx, `UPDATE `+s.bl+` SET hwm_file = ?, hwm_pos = ?
+WHERE name = ? AND (hwm_file IS NULL OR hwm_file < ? OR (hwm_file = ? AND hwm_pos < ?))`,
+		p.File, p.Offset, s.cfg.Name, p.File, p.File, p.Offset)
 	return err
 }
 

@@ -5,7 +5,10 @@
 -- file and pos are the place in the binary log up to which every event
 -- was published or dead-lettered (NULL: none yet; the relay then relays
 -- the rows in the table and streams from a consistent position); gtid is
--- the server's GTID position there, for an operator. Idempotent, like
+-- the server's GTID position there, for an operator. hwm_file and hwm_pos
+-- are the end of the latest transaction an event of which was published
+-- or dead-lettered: after a crash, events up to there whose rows are
+-- marked already are not published again (table mode). Idempotent, like
 -- every migration: MySQL commits DDL at once.
 CREATE TABLE IF NOT EXISTS {{binlog}} (
     name       VARCHAR(64)  CHARACTER SET ascii NOT NULL PRIMARY KEY,
@@ -15,5 +18,7 @@ CREATE TABLE IF NOT EXISTS {{binlog}} (
     file       VARCHAR(255) NULL,
     pos        BIGINT       NULL,
     gtid       TEXT         NULL,
+    hwm_file   VARCHAR(255) NULL,
+    hwm_pos    BIGINT       NULL,
     updated_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
 ) ENGINE=InnoDB;
