@@ -485,3 +485,81 @@ func TestBinlogLanes(t *testing.T) {
 		_ = src.Wait(f.ctx, 50*time.Millisecond)
 	}
 }
+
+// claimN claims until a batch of n events comes (renewing the lease).
+func (f *fixture) claimN(src *cdc.Source, leases []outboxdriver.Lease, n int) outboxdriver.Batch {
+	f.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := src.Renew(f.ctx, leases, f.ttl); err != nil {
+			f.t.Fatal(err)
+		}
+		b, err := src.Claim(f.ctx, leases, 100)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if len(b.Records()) == n {
+			return b
+		}
+		if len(b.Records()) > n {
+			f.t.Fatalf("claimed %d events, want %d", len(b.Records()), n)
+		}
+		b.Release(f.ctx)
+		if time.Now().After(deadline) {
+			f.t.Fatalf("no batch of %d events within a minute", n)
+		}
+		_ = src.Wait(f.ctx, 50*time.Millisecond)
+	}
+}
+
+// TestBinlogRetryAndDeadLetter: a retried event comes again after its
+// delay, its aggregate's later event behind it; a dead letter under the
+// hold policy goes to the dead-letter table, holds its aggregate, and an
+// operator's discard (the held row removed) releases it at the next
+// heartbeat.
+func TestBinlogRetryAndDeadLetter(t *testing.T) {
+	f := newFixture(t)
+	src := f.source("r1", cdc.ModeTable, outboxdriver.RetentionDelete)
+	leases := f.acquire(src, 10*time.Second)
+	f.streaming(src, leases)
+	f.write(true, ev("h", 1), ev("h", 2))
+	b := f.claimN(src, leases, 1)
+	first := b.Records()[0]
+	if err := b.Finish(f.ctx, outboxdriver.Outcome{Failed: []outboxdriver.Failure{{ID: first.ID, Err: errors.New("broker said no"), RetryAfter: 200 * time.Millisecond}}}); err != nil {
+		t.Fatal(err)
+	}
+	b = f.claimN(src, leases, 1)
+	if again := b.Records()[0]; again.ID != first.ID || again.Attempts != 1 {
+		t.Fatalf("after a retry came %s (attempts %d), want %s again with 1 attempt", again.ID, again.Attempts, first.ID)
+	}
+	if err := b.Finish(f.ctx, outboxdriver.Outcome{Failed: []outboxdriver.Failure{{ID: first.ID, Err: errors.New("poison"), DeadLetter: true, Hold: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	var lastErr string
+	var held bool
+	if err := f.db.QueryRowContext(f.ctx, "SELECT last_error, held FROM outbox_dead_letter WHERE id = ?", first.ID).Scan(&lastErr, &held); err != nil || lastErr != "poison" || !held {
+		t.Fatalf("dead letter: %q held %v (%v)", lastErr, held, err)
+	}
+	var rows int
+	if err := f.db.QueryRowContext(f.ctx, "SELECT COUNT(*) FROM outbox WHERE id = ?", first.ID).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("the dead letter's row is still in the table (%d, %v)", rows, err)
+	}
+	// Held: the aggregate's second event waits.
+	nb, err := src.Claim(f.ctx, leases, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(nb.Records()); n != 0 {
+		t.Fatalf("%d events of a held aggregate claimed", n)
+	}
+	nb.Release(f.ctx)
+	if _, err := f.db.ExecContext(f.ctx, "DELETE FROM outbox_held WHERE event_id = ?", first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := src.Heartbeat(f.ctx, f.ttl); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.collect(src, leases, 1); !strings.Contains(string(got[0].Payload), "2") {
+		t.Fatalf("after the discard came %s, want the aggregate's second event", got[0].Payload)
+	}
+}
