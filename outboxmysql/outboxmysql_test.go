@@ -299,17 +299,6 @@ func TestManyEventsInOneWrite(t *testing.T) {
 	}
 }
 
-// migrationCount is the number of schema versions (numbers may have
-// gaps: branches reserve theirs).
-func migrationCount(t *testing.T) int {
-	t.Helper()
-	ups, err := filepath.Glob(filepath.Join("migrations", "*.up.sql"))
-	if err != nil || len(ups) == 0 {
-		t.Fatalf("migrations: %v (%d files)", err, len(ups))
-	}
-	return len(ups)
-}
-
 // TestMigrateConcurrentlyAndAgain runs four migrators at once (the named
 // lock lets one apply the migrations, the others find nothing to do), then
 // simulates a migration cut short (MySQL commits DDL at once): the
@@ -323,6 +312,13 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 	db := openDB(t, name)
 	ctx := testenv.Context(t, time.Minute)
 	tb := outboxdriver.Table{Schema: name, Name: "orders_outbox"}
+	// Versions need not be contiguous: count the migrations, not the
+	// latest version.
+	ups, err := filepath.Glob("migrations/*.up.sql")
+	if err != nil || len(ups) == 0 {
+		t.Fatalf("the migrations: %v, %v", ups, err)
+	}
+	versions := len(ups)
 	var wg sync.WaitGroup
 	applied := make([][]int, 4)
 	errs := make([]error, 4)
@@ -339,7 +335,6 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 		}
 		total += len(applied[i])
 	}
-	versions := migrationCount(t)
 	if total != versions {
 		t.Fatalf("migrators applied %v together, want each of the %d versions once", applied, versions)
 	}

@@ -38,10 +38,9 @@ func TestOpenWithLogTailing(t *testing.T) {
 	}
 	url := testenv.CDCDatabaseURL(t)
 	before := goroutinesOnly()
-	rl, err := relayd.Open(ctx, url, testenv.NATSURL(), &relayd.Options{
+	rl, err := relayd.Open(ctx, url, natsSink(t, ctx, testenv.NATSURL(), prefix), &relayd.Options{
 		Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceCDC,
 		Relay: relay.Config{Router: router, LeaseTTL: time.Second},
-		Sink:  relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -110,12 +109,12 @@ func TestOpenRefusesAnUnknownSource(t *testing.T) {
 	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: "debezium"})
+	_, err := relayd.Open(ctx, testenv.DatabaseURL(), newTrackedSink(), &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: "debezium"})
 	if err == nil || !strings.Contains(err.Error(), `unknown source "debezium"`) {
 		t.Fatalf("Open with source debezium = %v", err)
 	}
 	// The binary log is MySQL's and MariaDB's.
-	_, err = relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceBinlog})
+	_, err = relayd.Open(ctx, testenv.DatabaseURL(), newTrackedSink(), &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceBinlog})
 	if err == nil || !strings.Contains(err.Error(), "needs MySQL or MariaDB") {
 		t.Fatalf("Open with source binlog on PostgreSQL = %v", err)
 	}
