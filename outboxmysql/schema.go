@@ -90,6 +90,7 @@ func render(sqlText string, t outboxdriver.Table, partitions int) string {
 		"{{audit_prune}}", q("_audit_prune"),
 		"{{audit_upd}}", q("_audit_upd"),
 		"{{audit_del}}", q("_audit_del"),
+		"{{binlog}}", q("_binlog"),
 		"{{partitions}}", strconv.Itoa(partitions),
 		"{{partition_rows}}", rows.String(),
 	).Replace(sqlText)

@@ -109,8 +109,13 @@ func TestOpenRefusesAnUnknownSource(t *testing.T) {
 	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err := relayd.Open(ctx, testenv.DatabaseURL(), newTrackedSink(), &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: "binlog"})
-	if err == nil || !strings.Contains(err.Error(), `unknown source "binlog"`) {
-		t.Fatalf("Open with source binlog = %v", err)
+	_, err := relayd.Open(ctx, testenv.DatabaseURL(), newTrackedSink(), &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: "debezium"})
+	if err == nil || !strings.Contains(err.Error(), `unknown source "debezium"`) {
+		t.Fatalf("Open with source debezium = %v", err)
+	}
+	// The binary log is MySQL's and MariaDB's.
+	_, err = relayd.Open(ctx, testenv.DatabaseURL(), newTrackedSink(), &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceBinlog})
+	if err == nil || !strings.Contains(err.Error(), "needs MySQL or MariaDB") {
+		t.Fatalf("Open with source binlog on PostgreSQL = %v", err)
 	}
 }

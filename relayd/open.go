@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxmysql"
+	binlog "github.com/outboxkit/outbox/outboxmysql/cdc"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/outboxsqlite"
@@ -204,4 +205,21 @@ func cdcSource(ctx context.Context, db *DB, t outboxdriver.Table, cfg *cdc.Confi
 		return nil, err
 	}
 	return src, nil
+}
+
+// binlogSource opens log tailing of the MySQL/MariaDB binary log; the
+// replication connection uses the database URL's server and account
+// unless cfg names a DSN.
+func binlogSource(db *DB, dbURL string, t outboxdriver.Table, cfg *binlog.Config) (outboxdriver.Source, error) {
+	if db.Scheme != "mysql" {
+		return nil, fmt.Errorf("binary log tailing (--source binlog) needs MySQL or MariaDB; %s relays with --source poll", db.Scheme)
+	}
+	if cfg.DSN == "" {
+		mc, err := mySQLConfig(dbURL)
+		if err != nil {
+			return nil, err
+		}
+		cfg.DSN = mc.FormatDSN()
+	}
+	return binlog.NewSource(db.SQL, t, cfg)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
+	binlog "github.com/outboxkit/outbox/outboxmysql/cdc"
 	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/outboxprom"
 	"github.com/outboxkit/outbox/relay"
@@ -39,6 +40,10 @@ type Options struct {
 	// default: claims rows, woken by LISTEN/NOTIFY) or SourceCDC (tails
 	// PostgreSQL's WAL through logical replication; docs/cdc.md).
 	Source string
+	// Binlog configures log tailing of MySQL/MariaDB (Source
+	// SourceBinlog): mode, streamer name, server id. Its DSN defaults to
+	// the database URL's, its SourceConfig is taken as CDC's.
+	Binlog binlog.Config
 	// CDC configures log tailing (Source SourceCDC): slot, publication,
 	// mode, whether to create what is missing. Its SourceConfig is taken
 	// from Retention, RelayName and Relay.Logger above.
@@ -72,6 +77,8 @@ type Options struct {
 const (
 	SourcePoll = "poll"
 	SourceCDC  = "cdc"
+	// SourceBinlog tails the MySQL/MariaDB binary log (docs/binlog.md).
+	SourceBinlog = "binlog"
 )
 
 // Relay is a relay opened by Open, with everything it opened.
@@ -147,8 +154,12 @@ func Open(ctx context.Context, dbURL string, snk sink.Sink, opts *Options) (_ *R
 		c := o.CDC
 		c.SourceConfig = srcCfg
 		rl.src, err = cdcSource(ctx, rl.db, t, &c)
+	case SourceBinlog:
+		c := o.Binlog
+		c.SourceConfig = srcCfg
+		rl.src, err = binlogSource(rl.db, dbURL, t, &c)
 	default:
-		err = fmt.Errorf("relayd: unknown source %q: use %s or %s", o.Source, SourcePoll, SourceCDC)
+		err = fmt.Errorf("relayd: unknown source %q: use %s, %s or %s", o.Source, SourcePoll, SourceCDC, SourceBinlog)
 	}
 	if err != nil {
 		return nil, err

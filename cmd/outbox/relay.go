@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/outboxdriver"
+	binlog "github.com/outboxkit/outbox/outboxmysql/cdc"
 	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
@@ -36,15 +37,17 @@ func newRelay() *cobra.Command {
 		poison      string
 		// The relay's defaults for the fields no flag sets: a flag's
 		// value is used as given, zero included (docs/cli.md).
-		rcfg      = relay.Config{}.WithDefaults()
-		source    string
-		cdcCfg    cdc.Config
-		cdcCreate bool
-		cdcMode   string
-		contracts contractFlags
-		ce        cloudEventsFlags
-		rec       relayReconcile
-		fl        fleetFlags
+		rcfg       = relay.Config{}.WithDefaults()
+		source     string
+		cdcCfg     cdc.Config
+		cdcCreate  bool
+		cdcMode    string
+		binlogCfg  binlog.Config
+		binlogMode string
+		contracts  contractFlags
+		ce         cloudEventsFlags
+		rec        relayReconcile
+		fl         fleetFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -66,6 +69,13 @@ REPLICATION; it creates its publication and replication slot when they are
 missing (--cdc-create=false: an error instead). One relay streams a slot at
 a time; others wait as standbys and take over within about two --lease-ttl.
 See docs/cdc.md.
+
+--source binlog tails the MySQL/MariaDB binary log instead: the relay
+registers as a replica and publishes the outbox table's inserted rows in
+commit order. It needs log_bin, binlog_format=ROW, binlog_row_image=FULL and
+an account with REPLICATION SLAVE and REPLICATION CLIENT (BINLOG MONITOR on
+MariaDB); one relay streams the table at a time, standbys take over. See
+docs/binlog.md.
 
 Several outbox tables from one process: repeat --db, or list the sources
 (database, schema, table, weight, sink and routing) in a YAML file with
@@ -195,6 +205,9 @@ Sinks (--sink):
 			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdcCfg, cdcCreate, cdcMode); err != nil {
 				return err
 			}
+			if opts.Binlog, err = binlogOptions(cmd, source, binlogCfg, binlogMode); err != nil {
+				return err
+			}
 			if fleet {
 				return fl.run(ctx, cmd, fleetRun{
 					table: t, route: rc, sinks: &sf, sinkOptions: sinkOpts, ce: &ce, contracts: registry, template: *opts,
@@ -246,7 +259,9 @@ Sinks (--sink):
 	cmd.Flags().DurationVar(&rcfg.Linger, "linger", 0, "while traffic is light, wait this long between claims so events gather into fuller batches (less CPU, up to this much more latency)")
 	cmd.Flags().IntVar(&rcfg.Lanes, "lanes", relay.DefaultLanes, "batches kept in flight at once while working off a backlog (1 turns pipelining off)")
 	cmd.Flags().DurationVar(&poll, "poll-interval", 500*time.Millisecond, "longest wait for a wake-up before looking again")
-	cmd.Flags().StringVar(&source, "source", relayd.SourcePoll, "how committed events are found: poll (claim rows) or cdc (tail PostgreSQL's WAL; docs/cdc.md)")
+	cmd.Flags().StringVar(&source, "source", relayd.SourcePoll, "how committed events are found: poll (claim rows), cdc (tail PostgreSQL's WAL; docs/cdc.md) or binlog (tail the MySQL/MariaDB binary log; docs/binlog.md)")
+	cmd.Flags().StringVar(&binlogMode, "binlog-mode", "table", "with --source binlog: how writers write events, table (rows) or insert-delete (rows deleted again in the same transaction); decides what a purged position means")
+	cmd.Flags().Uint32Var(&binlogCfg.ServerID, "binlog-server-id", 0, "with --source binlog: the server id the relay registers as a replica with (default: derived from the table)")
 	cmd.Flags().StringVar(&cdcCfg.Slot, "cdc-slot", "", "with --source cdc: replication slot (default outbox_<schema>_<table>)")
 	cmd.Flags().StringVar(&cdcCfg.Publication, "cdc-publication", "", "with --source cdc: publication of the table's inserts (default: the slot's name)")
 	cmd.Flags().BoolVar(&cdcCreate, "cdc-create", true, "with --source cdc: create the publication and the slot when missing")
@@ -298,10 +313,27 @@ func relayConfigFlags() relayFlags {
 	}
 }
 
+// binlogOptions checks the --binlog-* flags.
+func binlogOptions(cmd *cobra.Command, source string, c binlog.Config, mode string) (binlog.Config, error) {
+	if source != relayd.SourceBinlog {
+		for _, name := range []string{"binlog-mode", "binlog-server-id"} {
+			if cmd.Flags().Changed(name) {
+				return c, fmt.Errorf("--%s goes with --source binlog", name)
+			}
+		}
+		return c, nil
+	}
+	var err error
+	if c.Mode, err = binlog.ParseMode(mode); err != nil {
+		return c, fmt.Errorf("--binlog-mode: %w", err)
+	}
+	return c, nil
+}
+
 // cdcOptions checks the --source and --cdc-* flags.
 func cdcOptions(cmd *cobra.Command, source string, c cdc.Config, create bool, mode string) (string, cdc.Config, error) {
 	switch source {
-	case relayd.SourcePoll:
+	case relayd.SourcePoll, relayd.SourceBinlog:
 		for _, name := range []string{"cdc-slot", "cdc-publication", "cdc-create", "cdc-mode"} {
 			if cmd.Flags().Changed(name) {
 				return "", c, fmt.Errorf("--%s goes with --source cdc", name)
@@ -310,7 +342,7 @@ func cdcOptions(cmd *cobra.Command, source string, c cdc.Config, create bool, mo
 		return source, c, nil
 	case relayd.SourceCDC:
 	default:
-		return "", c, fmt.Errorf("--source %q: use poll or cdc", source)
+		return "", c, fmt.Errorf("--source %q: use poll, cdc or binlog", source)
 	}
 	var err error
 	if c.Mode, err = cdc.ParseMode(mode); err != nil {

@@ -1,0 +1,2 @@
+-- Back to version 7: no log tailing state.
+DROP TABLE IF EXISTS {{binlog}};
