@@ -112,7 +112,8 @@ func TestConformance(t *testing.T) {
 			}
 			return int(info.NumPending) + info.NumAckPending, nil
 		},
-		Ordered: true,
-		Settle:  30 * time.Second,
+		Ordered:    true,
+		DedupeByID: true, // natssink sets Nats-Msg-Id
+		Settle:     30 * time.Second,
 	})
 }
