@@ -3,10 +3,11 @@
 // the handler and the commit in one transaction), and acknowledge it only
 // after that transaction committed.
 //
-// Packages natsconsumer (NATS JetStream), kafkaconsumer (Kafka) and
-// amqpconsumer (RabbitMQ) adapt it to their broker; an adapter for another
-// broker implements [Delivery] and submits each received message to an
-// [Engine], and passes the conformance suite of package consumertest.
+// Packages natsconsumer (NATS JetStream), kafkaconsumer (Kafka),
+// amqpconsumer (RabbitMQ) and redisconsumer (Redis Streams) adapt it to
+// their broker; an adapter for another broker implements [Delivery],
+// submits each received message to an [Engine], and passes the conformance
+// suite of package consumertest.
 //
 // What the Engine does with a message:
 //
