@@ -2,8 +2,6 @@ package mqttconsumer
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/consumer"
+	"github.com/outboxkit/outbox/inbox/internal/envelope"
 	"github.com/outboxkit/outbox/internal/confval"
 )
 
@@ -322,64 +321,10 @@ func (c *Consumer[TTx]) receive(_ mqtt.Client, m mqtt.Message) {
 	}
 }
 
-// envelope is sink.Envelope's JSON.
-type envelope struct {
-	ID            string          `json:"id"`
-	Destination   string          `json:"destination"`
-	Key           *string         `json:"key"`
-	KeyBase64     *string         `json:"key_base64"`
-	Headers       []header        `json:"headers"`
-	Payload       json.RawMessage `json:"payload"`
-	PayloadBase64 *string         `json:"payload_base64"`
-}
-
-type header struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
-}
-
-// message reads an envelope; anything else becomes a message without an
-// event id, whose payload is what was received.
+// message reads mqttsink's envelope; anything else becomes a message
+// without an event id, whose payload is what was received.
 func message(m mqtt.Message) inbox.Message {
-	var e envelope
-	if err := json.Unmarshal(m.Payload(), &e); err != nil || e.ID == "" {
-		msg := inbox.NewMessage(m.Topic(), nil, nil, m.Payload())
-		msg.System = "mqtt"
-		return msg
-	}
-	hdr := make(map[string]string, len(e.Headers)+1)
-	for _, h := range e.Headers {
-		if _, ok := hdr[h.Key]; !ok {
-			hdr[h.Key] = h.Value
-		}
-	}
-	if _, ok := hdr[inbox.HeaderID]; !ok {
-		hdr[inbox.HeaderID] = e.ID
-	}
-	var key []byte
-	switch {
-	case e.Key != nil:
-		key = []byte(*e.Key)
-	case e.KeyBase64 != nil:
-		key, _ = base64.StdEncoding.DecodeString(*e.KeyBase64)
-	}
-	var payload []byte
-	switch {
-	case e.PayloadBase64 != nil:
-		p, err := base64.StdEncoding.DecodeString(*e.PayloadBase64)
-		if err != nil {
-			p = m.Payload() // kept as received for the dead letter
-			delete(hdr, inbox.HeaderID)
-		}
-		payload = p
-	case len(e.Payload) > 0 && string(e.Payload) != "null":
-		payload = e.Payload
-	}
-	dest := e.Destination
-	if dest == "" {
-		dest = m.Topic()
-	}
-	msg := inbox.NewMessage(dest, key, hdr, payload)
+	msg := envelope.Message(m.Topic(), m.Payload())
 	msg.System = "mqtt"
 	return msg
 }
