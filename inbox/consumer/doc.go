@@ -5,10 +5,10 @@
 //
 // Packages natsconsumer (NATS JetStream), kafkaconsumer (Kafka),
 // amqpconsumer (RabbitMQ), redisconsumer (Redis Streams), mqttconsumer
-// (MQTT) and pubsubconsumer (Google Pub/Sub) adapt it to their broker; an
-// adapter for another broker implements [Delivery], submits each received
-// message to an [Engine], and passes the conformance suite of package
-// consumertest.
+// (MQTT), pubsubconsumer (Google Pub/Sub) and kinesisconsumer (Kinesis)
+// adapt it to their broker; an adapter for another broker implements
+// [Delivery], submits each received message to an [Engine], and passes the
+// conformance suite of package consumertest.
 //
 // What the Engine does with a message:
 //
