@@ -31,6 +31,15 @@ const (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// disconnect disconnects a test's own client and waits until Paho's
+// goroutine finished (its Disconnect may return before).
+func disconnect(c mqtt.Client) {
+	c.Disconnect(100)
+	for deadline := time.Now().Add(5 * time.Second); c.IsConnected() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // conformanceEnv is one conformance test's topic prefix and persistent
 // session (created before anything is published, so the broker keeps every
 // message for it), published to by mqttsink; each adapter connects under
@@ -59,7 +68,7 @@ func newConformanceEnv(t *testing.T) *conformanceEnv {
 		o := mqtt.NewClientOptions().AddBroker("tcp://" + brokerAddr).SetClientID(e.session).SetCleanSession(true)
 		c := mqtt.NewClient(o)
 		if tok := c.Connect(); tok.WaitTimeout(10*time.Second) && tok.Error() == nil {
-			c.Disconnect(100)
+			disconnect(c)
 		}
 	})
 	s, err := mqttsink.Dial(ctx, brokerURL, nil)
@@ -94,7 +103,7 @@ func (e *conformanceEnv) pending(t *testing.T) (int, error) {
 	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		return 0, fmt.Errorf("connect as the session: %v", tok.Error())
 	}
-	defer c.Disconnect(100)
+	defer disconnect(c)
 	consumertest.PublishAll(t, e.sink, []sink.Message{{ID: string(marker), Destination: e.prefix + ".marker", Value: []byte(`{}`)}})
 	select {
 	case <-seen:

@@ -195,7 +195,7 @@ func (c *Consumer[TTx]) Start(ctx context.Context) error {
 	c.stopped = true
 	c.stop()
 	c.mu.Unlock()
-	client.Disconnect(0)
+	disconnect(client)
 	_ = c.eng.Stop(context.Background())
 	return fmt.Errorf("mqttconsumer: connect to %s as %q: %w", c.broker, c.cfg.ClientID, err)
 }
@@ -277,10 +277,10 @@ func CreateSession(ctx context.Context, cfg *Config) error {
 	}
 	tok := client.Connect()
 	if !tok.WaitTimeout(timeout) || tok.Error() != nil {
-		client.Disconnect(0)
+		disconnect(client)
 		return fmt.Errorf("mqttconsumer: connect to %s as %q: %w", c.broker, c.cfg.ClientID, tokenErr(tok))
 	}
-	defer client.Disconnect(250)
+	defer disconnect(client)
 	if err := subscribe(client, c.cfg.Topics, timeout); err != nil {
 		return fmt.Errorf("mqttconsumer: %w", err)
 	}
@@ -345,8 +345,20 @@ func (c *Consumer[TTx]) Stop(ctx context.Context) error {
 	client := c.client
 	c.mu.Unlock()
 	err := c.eng.Stop(ctx)
-	client.Disconnect(250) // lets the last acknowledgements out
+	disconnect(client)
 	return err
+}
+
+// disconnect disconnects client, letting the last acknowledgements out,
+// and waits (for up to 5s) until Paho finished: its Disconnect returns
+// after the quiesce time while its own goroutine may still be closing the
+// connection.
+func disconnect(client mqtt.Client) {
+	client.Disconnect(250)
+	deadline := time.Now().Add(5 * time.Second)
+	for client.IsConnected() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Run starts the Consumer and stops it gracefully when ctx ends, letting

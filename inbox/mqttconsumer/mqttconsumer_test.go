@@ -100,7 +100,7 @@ func TestReadsWhatTheSinkWrites(t *testing.T) {
 	if tok := raw.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("connect: %v; %s", tok.Error(), startHint)
 	}
-	defer raw.Disconnect(100)
+	defer disconnect(raw)
 	if tok := raw.Publish(e.prefix+"/raw", 1, false, []byte("not an envelope")); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("publish: %v", tok.Error())
 	}
