@@ -16,6 +16,9 @@ type session struct {
 	csrf     string
 	created  time.Time
 	lastSeen time.Time
+	// password: signed in with a users-file password, so the session
+	// follows the users file when it is reloaded.
+	password bool
 }
 
 // sessions holds the live sessions.
@@ -34,7 +37,10 @@ func newSessions(now func() time.Time, idle, maxAge time.Duration) *sessions {
 
 // create starts a session for a; a fresh id every time, so an id known
 // before the login is worth nothing after it.
-func (s *sessions) create(a ops.Actor) *session {
+func (s *sessions) create(a ops.Actor) *session { return s.start(a, false) }
+
+// start is create, for a user of the users file when password.
+func (s *sessions) start(a ops.Actor, password bool) *session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -50,7 +56,7 @@ func (s *sessions) create(a ops.Actor) *session {
 		}
 		delete(s.m, oldest.id)
 	}
-	x := &session{id: randomString(32), actor: a, csrf: randomString(32), created: now, lastSeen: now}
+	x := &session{id: randomString(32), actor: a, csrf: randomString(32), created: now, lastSeen: now, password: password}
 	s.m[x.id] = x
 	return x
 }
@@ -86,6 +92,15 @@ func (s *sessions) peek(id string) *session {
 	}
 	cp := *x
 	return &cp
+}
+
+// setRole changes the role of session id.
+func (s *sessions) setRole(id string, r ops.Role) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if x := s.m[id]; x != nil {
+		x.actor.Role = r
+	}
 }
 
 func (s *sessions) delete(id string) {

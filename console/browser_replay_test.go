@@ -17,6 +17,7 @@ import (
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink/natssink"
 )
 
 // A real browser and a real relay (relayd, retention keep) to NATS
@@ -35,10 +36,13 @@ func TestBrowserReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl, err := relayd.Open(r.ctx, testenv.DatabaseURL(), testenv.NATSURL(), &relayd.Options{
+	snk, err := natssink.DialStream(r.ctx, testenv.NATSURL(), &natssink.Config{Stream: prefix, NoCreateStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := relayd.Open(r.ctx, testenv.DatabaseURL(), snk, &relayd.Options{
 		Schema: r.tb.Schema, Table: r.tb.Name, Retention: outboxdriver.RetentionKeep,
 		Relay: relay.Config{Router: router, PollInterval: 50 * time.Millisecond, LeaseTTL: time.Second},
-		Sink:  relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
 	})
 	if err != nil {
 		t.Fatal(err)

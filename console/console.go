@@ -15,6 +15,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outbox/internal/confval"
@@ -33,13 +34,20 @@ func OpenAPI() []byte { return append([]byte(nil), openAPI...) }
 
 // Config configures a Server.
 type Config struct {
-	// Users may sign in. Without any, New refuses unless Dev is set.
+	// Users may sign in with a password, and call the API with their
+	// tokens. Without any, New refuses unless OIDC or Dev is set.
+	// Server.SetUsers replaces them while the console runs.
 	Users *Users
+	// OIDC, when set, signs users in through an OpenID Connect provider
+	// (NewOIDC); the sign-in page shows its button. Password sign-in stays
+	// for the users of Users, if any; API tokens come from Users only.
+	OIDC *OIDC
 	// Dev runs the console for development: without users, every browser
 	// is signed in as "dev" with the operator role; requests must name a
 	// loopback host (localhost, 127.0.0.1, [::1]), which keeps other
 	// sites' pages out through DNS rebinding. `outbox console --dev` also
-	// listens on the loopback only.
+	// listens on the loopback only. Dev with users or with OIDC is
+	// refused: a console with accounts is not a development console.
 	Dev bool
 	// SecureCookies marks the cookies Secure, names the session cookie
 	// with the __Host- prefix and sends Strict-Transport-Security. Set it
@@ -64,7 +72,7 @@ type Config struct {
 type Server struct {
 	ops    *ops.Ops
 	cfg    Config
-	dir    *directory
+	dir    atomic.Pointer[directory]
 	sess   *sessions
 	fails  *limiter
 	views  map[string]*template.Template
@@ -108,8 +116,9 @@ func (rt route) subject(r *http.Request) ops.Subject {
 	return ops.Subject{Event: id}
 }
 
-// New returns a console over o. It fails when there are no users and
-// cfg.Dev is not set.
+// New returns a console over o. It fails when there are no users, no
+// OIDC and cfg.Dev is not set, and when cfg.Dev is set with users or
+// OIDC.
 func New(o *ops.Ops, cfg *Config) (*Server, error) {
 	if o == nil {
 		return nil, errors.New("console: no ops")
@@ -143,10 +152,16 @@ func New(o *ops.Ops, cfg *Config) (*Server, error) {
 		}
 	}
 	dir := newDirectory(c.Users)
-	if dir.empty() && !c.Dev {
-		return nil, errors.New("console: no users, so nobody could sign in: add one with `outbox console user add NAME --role viewer|operator|approver`, or run with --dev on the loopback")
+	switch {
+	case c.Dev && !dir.empty():
+		return nil, errors.New("console: dev mode signs everyone in without a password, so it does not take users: drop --dev, or the users")
+	case c.Dev && c.OIDC != nil:
+		return nil, errors.New("console: dev mode signs everyone in without a password, so it does not take OpenID Connect: drop --dev, or the OIDC flags")
+	case dir.empty() && c.OIDC == nil && !c.Dev:
+		return nil, errors.New("console: no users, so nobody could sign in: add one with `outbox console user add NAME --role viewer|operator|approver`, configure OpenID Connect, or run with --dev on the loopback")
 	}
-	s := &Server{ops: o, cfg: c, dir: dir, log: confval.Logger(c.Logger), now: time.Now, cop: http.NewCrossOriginProtection()}
+	s := &Server{ops: o, cfg: c, log: confval.Logger(c.Logger), now: time.Now, cop: http.NewCrossOriginProtection()}
+	s.dir.Store(dir)
 	s.sess = newSessions(func() time.Time { return s.now() }, c.SessionIdle, c.SessionMax)
 	s.fails = newLimiter(func() time.Time { return s.now() }, c.LoginAttempts, c.LoginWindow)
 	s.cookie = "outbox_session"
@@ -171,6 +186,28 @@ func New(o *ops.Ops, cfg *Config) (*Server, error) {
 	}}))
 	return s, nil
 }
+
+// SetUsers replaces the users: new sign-ins and API tokens are checked
+// against u at once, and a session signed in with a password follows u at
+// its next request (it ends when its user is gone, takes a changed role).
+// A u that does not check is refused and the users stay as they were.
+func (s *Server) SetUsers(u *Users) error {
+	if u == nil {
+		u = &Users{}
+	}
+	if err := u.check(); err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	dir := newDirectory(u)
+	if s.cfg.Dev && !dir.empty() {
+		return errors.New("console: dev mode does not take users")
+	}
+	s.dir.Store(dir)
+	return nil
+}
+
+// directory is the users now.
+func (s *Server) directory() *directory { return s.dir.Load() }
 
 // Routes lists what the Server answers.
 func (s *Server) Routes() []Route {
@@ -252,7 +289,7 @@ func (s *Server) routeTable() []route {
 		api("GET", "/api/v1/failure-groups", s.failureGroupsAPI),
 		needs(ops.Act, opGroupRetry, api("POST", "/api/v1/failure-groups/{group}/retry", s.groupActAPI("retry"))),
 		needs(ops.Act, opGroupDiscard, api("POST", "/api/v1/failure-groups/{group}/discard", s.groupActAPI("discard"))),
-	}, s.requestRoutes(html, api)...)
+	}, append(s.requestRoutes(html, api), s.oidcRoutes(html, public)...)...)
 }
 
 // What the routes do, as a denied audit row says it (the words of ops).
@@ -336,7 +373,7 @@ func (s *Server) wrap(rt route) http.HandlerFunc {
 // a session.
 func (s *Server) claimant(r *http.Request) ops.Actor {
 	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		if u := s.dir.token(strings.TrimSpace(tok)); u != nil {
+		if u := s.directory().token(strings.TrimSpace(tok)); u != nil {
 			return u.Actor()
 		}
 	}
@@ -362,7 +399,7 @@ func (s *Server) authenticate(q *req) bool {
 		tok, ok := strings.CutPrefix(h, "Bearer ")
 		var u *User
 		if ok {
-			u = s.dir.token(strings.TrimSpace(tok))
+			u = s.directory().token(strings.TrimSpace(tok))
 		}
 		if u == nil {
 			why := "unknown API token from " + ip
@@ -378,12 +415,12 @@ func (s *Server) authenticate(q *req) bool {
 		return true
 	}
 	if c, err := r.Cookie(s.cookie); err == nil {
-		if x := s.sess.get(c.Value); x != nil {
+		if x := s.sess.get(c.Value); x != nil && s.current(x) {
 			q.sess, q.actor = x, x.actor
 			return true
 		}
 	}
-	if s.cfg.Dev && s.dir.empty() && r.Method == http.MethodGet && !q.api {
+	if s.cfg.Dev && s.directory().empty() && r.Method == http.MethodGet && !q.api {
 		x := s.sess.create(ops.Actor{Name: "dev", Role: ops.Operator})
 		s.setSession(q.w, x)
 		q.sess, q.actor = x, x.actor
@@ -400,6 +437,26 @@ func (s *Server) authenticate(q *req) bool {
 	}
 	q.fail(http.StatusUnauthorized, "your session ended: sign in again")
 	return false
+}
+
+// current brings a session signed in with a password up to date with the
+// users file: false (and the session ends) when its user is gone; a
+// changed role is taken.
+func (s *Server) current(x *session) bool {
+	if !x.password {
+		return true
+	}
+	u := s.directory().byName[x.actor.Name]
+	if u == nil {
+		s.sess.delete(x.id)
+		s.log.Info("console: session ended: its user is no longer in the users file", "user", x.actor.Name)
+		return false
+	}
+	if u.Role != x.actor.Role {
+		s.sess.setRole(x.id, u.Role)
+		x.actor.Role = u.Role
+	}
+	return true
 }
 
 func (s *Server) setSession(w http.ResponseWriter, x *session) {

@@ -3,7 +3,9 @@ package console_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -240,4 +242,59 @@ func TestRevealContractPath(t *testing.T) {
 			t.Fatalf("reveal of a path that is not sensitive: %v, want an input error", err)
 		}
 	})
+}
+
+// The overview lists each relay with the release and schema version it
+// runs with and when it last renewed its registration (issue 40): a relay
+// of this release as its heartbeat records it, and one of a release that
+// records none, as unknown; the JSON API carries the same.
+func TestOverviewShowsRelaysReleaseVersionAndRenewal(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	src, err := r.st.NewSource(r.tb, &outboxdriver.SourceConfig{RelayName: "relay-new"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if _, _, err := src.Heartbeat(r.ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.pool.Exec(r.ctx, `INSERT INTO `+r.tb.Qualified("_relays")+` (relay, expires_at) VALUES ('relay-old', now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	latest := r.st.LatestVersion()
+	b := r.browser()
+	b.login(r.users[ops.Viewer])
+	code, page := b.get("/")
+	body := string(page)
+	for _, want := range []string{
+		`<th>Release</th><th class="num">Schema version</th><th>Running since</th><th>Last renewal</th>`,
+		`<code>relay-new</code>`, fmt.Sprintf(`<td class="num relay-schema">%d</td>`, latest),
+		`<code>relay-old</code>`, `<td class="num relay-schema"><span class="muted">unknown (older)</span></td>`,
+		`<td class="relay-renewed"><span class="muted">unknown</span></td>`,
+	} {
+		if code != http.StatusOK || !strings.Contains(body, want) {
+			t.Fatalf("overview: %d, no %q in\n%s", code, want, body)
+		}
+	}
+	if !regexp.MustCompile(`<td class="relay-renewed">\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \([0-9.]+(ns|µs|ms|s|m) ago\)</td>`).MatchString(body) {
+		t.Fatalf("overview: no last renewal time for relay-new in\n%s", body)
+	}
+	acode, api := r.api("GET", "/api/v1/overview", r.users[ops.Viewer].token, nil)
+	var ov struct {
+		Relays []outboxdriver.RelayStatus `json:"relays"`
+	}
+	if acode != http.StatusOK || json.Unmarshal(api, &ov) != nil || len(ov.Relays) != 2 {
+		t.Fatalf("overview API: %d %s", acode, api)
+	}
+	byName := map[string]outboxdriver.RelayStatus{}
+	for _, x := range ov.Relays {
+		byName[x.Name] = x
+	}
+	if n := byName["relay-new"]; n.SchemaVersion != latest || n.Release == "" || n.RenewedAt.IsZero() {
+		t.Fatalf("relay-new in the API: %+v; want schema version %d, a release and a renewal", n, latest)
+	}
+	if o := byName["relay-old"]; o.SchemaVersion != 0 || o.Release != "" || !o.RenewedAt.IsZero() {
+		t.Fatalf("relay-old in the API: %+v; want everything unknown", o)
+	}
 }

@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,12 +47,20 @@ type rig struct {
 	op    *ops.Ops
 	url   string
 	users map[ops.Role]testUser
+	// accounts is the users file's content (nil without users).
+	accounts *console.Users
 }
 
 type rigOptions struct {
 	cfg     console.Config
 	users   bool                         // false: no users (dev mode tests)
 	migrate *outboxdriver.MigrateOptions // how the table is made (nil: the defaults)
+	// oidc, when set, is the console's OpenID Connect provider, made for
+	// the console's URL.
+	oidc func(consoleURL string) *console.OIDC
+	// localhost: the console's URL names localhost rather than 127.0.0.1
+	// (another site than a provider on 127.0.0.1).
+	localhost bool
 }
 
 // newRig is a rig on PostgreSQL.
@@ -80,20 +90,28 @@ func newRigOn(t *testing.T, db string, o *rigOptions) *rig {
 			x.token = tok
 			r.users[x.role] = x
 		}
-		cfg.Users = u
+		cfg.Users, r.accounts = u, u
 	}
 	op, err := ops.New(st, tb, &ops.Config{SensitivePaths: []string{"customer.email"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.op = op
+	// The listener first: an OIDC redirect URL names the console's port.
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { r.srv.ServeHTTP(w, req) }))
+	t.Cleanup(hs.Close)
+	r.url = "http://" + hs.Listener.Addr().String()
+	if o.localhost {
+		r.url = "http://localhost:" + strconv.Itoa(hs.Listener.Addr().(*net.TCPAddr).Port)
+	}
+	if o.oidc != nil {
+		cfg.OIDC = o.oidc(r.url)
+	}
 	r.srv, err = console.New(op, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(r.srv)
-	t.Cleanup(hs.Close)
-	r.url = hs.URL
+	hs.Start()
 	return r
 }
 

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -76,7 +77,7 @@ type repairView struct {
 	More    int
 }
 
-func (s *Server) requestJSON(r outboxdriver.Request) requestJSON {
+func (s *Server) requestJSON(ctx context.Context, r outboxdriver.Request) requestJSON {
 	js := requestJSON{Request: r}
 	js.Params = json.RawMessage(r.Params)
 	if r.Kind == outboxdriver.RequestRepair {
@@ -84,7 +85,7 @@ func (s *Server) requestJSON(r outboxdriver.Request) requestJSON {
 		if json.Unmarshal(r.Params, &p) == nil {
 			m := map[string]any{"event_id": p.EventID}
 			if p.Payload != nil {
-				m["payload"] = s.ops.MaskJSON(p.Payload)
+				m["payload"] = s.ops.MaskJSON(ctx, p.Payload)
 			}
 			if p.Headers != nil {
 				m["headers"] = p.Headers
@@ -108,7 +109,7 @@ func (s *Server) requestsAPI(q *req) {
 	}
 	out := make([]requestJSON, len(rs))
 	for i, r := range rs {
-		out[i] = s.requestJSON(r)
+		out[i] = s.requestJSON(q.ctx(), r)
 	}
 	q.json(http.StatusOK, map[string]any{"requests": out})
 }
@@ -127,7 +128,7 @@ func (s *Server) requestAPI(q *req) {
 		q.failErr(err)
 		return
 	}
-	q.json(http.StatusOK, s.requestJSON(r))
+	q.json(http.StatusOK, s.requestJSON(q.ctx(), r))
 }
 
 // replayQuery reads a replay's selection from query parameters or a
@@ -190,7 +191,7 @@ func (q *req) created(r outboxdriver.Request, err error) {
 		q.failErr(err)
 		return
 	}
-	q.json(http.StatusCreated, q.s.requestJSON(r))
+	q.json(http.StatusCreated, q.s.requestJSON(q.ctx(), r))
 }
 
 type repairBody struct {
@@ -233,7 +234,7 @@ func (s *Server) decideAPI(action string) func(*req) {
 			q.failErr(err)
 			return
 		}
-		q.json(http.StatusOK, s.requestJSON(r))
+		q.json(http.StatusOK, s.requestJSON(q.ctx(), r))
 	}
 }
 
@@ -259,7 +260,7 @@ func (s *Server) requestsPage(q *req) {
 	v := requestsView{State: state, States: []string{outboxdriver.StatePending, outboxdriver.StateApproved, outboxdriver.StateExecuting,
 		outboxdriver.StateDone, outboxdriver.StateFailed, outboxdriver.StateCancelled, outboxdriver.StateRejected, outboxdriver.StateExpired}}
 	for _, r := range rs {
-		v.Requests = append(v.Requests, s.requestJSON(r))
+		v.Requests = append(v.Requests, s.requestJSON(q.ctx(), r))
 	}
 	q.render(http.StatusOK, "requests", "Requests", v)
 }
@@ -270,7 +271,7 @@ func (s *Server) requestPage(q *req) {
 		q.failErr(err)
 		return
 	}
-	v := requestView{requestJSON: s.requestJSON(r), MayAct: q.actor.Role.May(ops.Act), MayDecide: q.actor.Role.May(ops.Approve)}
+	v := requestView{requestJSON: s.requestJSON(q.ctx(), r), MayAct: q.actor.Role.May(ops.Act), MayDecide: q.actor.Role.May(ops.Approve)}
 	v.Pending = r.State == outboxdriver.StatePending
 	v.Open = v.Pending || r.State == outboxdriver.StateApproved || r.State == outboxdriver.StateExecuting
 	v.Expired = r.State == outboxdriver.StateExpired
@@ -293,7 +294,7 @@ func (s *Server) requestPage(q *req) {
 		if json.Unmarshal(r.Params, &p) == nil {
 			rv := &repairView{EventID: p.EventID, ProposedHdr: p.Headers}
 			if p.Payload != nil {
-				rv.Proposed = s.ops.MaskJSON(p.Payload)
+				rv.Proposed = s.ops.MaskJSON(q.ctx(), p.Payload)
 			}
 			if d, err := s.ops.DeadLetter(q.ctx(), q.actor, p.EventID); err == nil {
 				rv.Current, rv.CurrentNote, rv.CurrentHdr = d.Payload, d.PayloadNote, d.Headers

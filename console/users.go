@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -59,11 +60,25 @@ var userName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
 
 // LoadUsers reads the users file at path. A file that does not exist
 // holds no users (the console then refuses to start unless in dev mode).
+// A file that its group or others may read or write is refused: it holds
+// the password hashes and decides who may do what.
 func LoadUsers(path string) (*Users, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &Users{}, nil
 	}
+	if err != nil {
+		return nil, fmt.Errorf("users file %s: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("users file %s: %w", path, err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("users file %s is open to its group or others (mode %04o): run `chmod 600 %s`", path, perm, path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("users file %s: %w", path, err)
 	}

@@ -18,7 +18,7 @@ import (
 // The views: each file under templates/ but the layout is one page, parsed
 // once with the layout.
 var viewNames = []string{"overview", "dead_letters", "dead_letter", "audit", "login", "error", "pauses", "held", "failure_groups",
-	"requests", "request", "replay", "repair"}
+	"requests", "request", "replay", "repair", "signed_in"}
 
 func parseViews() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -221,6 +221,10 @@ func (s *Server) auditPage(q *req) {
 type loginView struct {
 	Token, Next, Name, Error string
 	NoUsers                  bool
+	// Password: the users file has users, so the password form shows.
+	Password bool
+	// OIDC is the issuer's host when sign-in through it is on.
+	OIDC string
 }
 
 const loginCookie = "outbox_login"
@@ -233,7 +237,12 @@ func (s *Server) loginPage(q *req) {
 // cookie too: a sign-in must come from this form.
 func (s *Server) renderLogin(q *req, status int, v loginView) {
 	v.Token = randomString(24)
-	v.NoUsers = s.dir.empty()
+	dir := s.directory()
+	v.NoUsers = s.cfg.Dev && dir.empty()
+	v.Password = !dir.empty() || s.cfg.OIDC == nil
+	if s.cfg.OIDC != nil {
+		v.OIDC = s.cfg.OIDC.host
+	}
 	http.SetCookie(q.w, &http.Cookie{Name: loginCookie, Value: v.Token, Path: "/login", HttpOnly: true, Secure: s.cfg.SecureCookies,
 		SameSite: http.SameSiteStrictMode, MaxAge: 3600})
 	q.render(status, "login", "Sign in", v)
@@ -259,7 +268,7 @@ func (s *Server) login(q *req) {
 		s.renderLogin(q, http.StatusTooManyRequests, v)
 		return
 	}
-	u := s.dir.login(name, password)
+	u := s.directory().login(name, password)
 	if u == nil {
 		detail := "wrong name or password (from " + ip + ")"
 		if s.fails.fail("ip:"+ip, "user:"+name) {
@@ -271,7 +280,7 @@ func (s *Server) login(q *req) {
 		return
 	}
 	s.fails.reset("user:" + name)
-	x := s.sess.create(u.Actor())
+	x := s.sess.start(u.Actor(), true)
 	s.setSession(q.w, x)
 	http.SetCookie(q.w, &http.Cookie{Name: loginCookie, Path: "/login", MaxAge: -1})
 	s.record(q, u.Actor(), ops.ActionLogin, "from "+ip)

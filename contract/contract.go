@@ -512,6 +512,11 @@ func (r *Registry) ForbiddenPaths(c *Contract) []string {
 	return slices.Compact(out)
 }
 
+// RegistryPaths returns the registry's own sensitive and forbidden
+// paths (contracts.json's "sensitive" and "forbidden"), which apply to
+// every event.
+func (r *Registry) RegistryPaths() []string { return slices.Clone(r.sensitive) }
+
 // AllSensitivePaths returns every path SensitivePaths returns for any
 // event: the registry's own and every contract's.
 func (r *Registry) AllSensitivePaths() []string {

@@ -5,6 +5,7 @@ package deploy_test
 
 import (
 	"encoding/json"
+	"io"
 	"maps"
 	"os"
 	"regexp"
@@ -25,6 +26,7 @@ import (
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
+	"github.com/outboxkit/outbox/sink/stdoutsink"
 )
 
 // exported opens a relay of each source (polling, and log tailing, whose
@@ -71,7 +73,7 @@ func exported(t *testing.T) map[string]bool {
 	}{{relayd.SourcePoll, tb}, {relayd.SourceCDC, tb}, {relayd.SourcePoll, byTime}} {
 		source := c.source
 		reg := prometheus.NewRegistry()
-		rl, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: c.table.Schema, Table: c.table.Name, Source: source, Registerer: reg,
+		rl, err := relayd.Open(ctx, testenv.DatabaseURL(), stdoutsink.New(io.Discard), &relayd.Options{Schema: c.table.Schema, Table: c.table.Name, Source: source, Registerer: reg,
 			Relay: relay.Config{Contracts: contracts}})
 		if err != nil {
 			t.Fatalf("open a relay with source %s: %v", source, err)

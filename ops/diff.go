@@ -58,7 +58,10 @@ func (o *Ops) DiffRepair(ctx context.Context, a Actor, p RepairParams) (RepairDi
 	if err != nil {
 		return rd, err
 	}
-	paths, masks := o.sensitiveFor(d.AggregateType, d.Type)
+	paths, masks, err := o.sensitiveFor(ctx, d.AggregateType, d.Type)
+	if err != nil {
+		return rd, err
+	}
 	add := func(c Change) {
 		if len(rd.Changes) < MaxChanges {
 			rd.Changes = append(rd.Changes, c)

@@ -12,11 +12,14 @@
 // Roles:
 //
 //   - viewer reads everything: the overview, dead letters (payloads with
-//     the configured sensitive paths masked) and the audit.
+//     the sensitive paths masked: those stored with the table, the
+//     configured ones and the contracts') and the audit.
 //   - operator reads everything and acts: retries and discards dead
 //     letters (one at a time or a failure group), pauses and resumes the
-//     relays by scope, releases held aggregates, and reveals a masked
-//     payload field (audited before it is shown).
+//     relays by scope, releases held aggregates, reveals a masked payload
+//     field (audited before it is shown), and stores or removes masked
+//     paths with the table (which only the owner's database role may
+//     write: the command line's `outbox mask`).
 //   - approver reads everything and approves or rejects what other users
 //     request (two-person approval): a replay of published events kept in
 //     the table, or the repair of a dead letter's payload and headers. An

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -44,17 +45,28 @@ const Mask = "***"
 // maxShown is the largest payload shown; a larger one is summarised.
 const maxShown = 1 << 20
 
-func (o *Ops) view(d outboxdriver.DeadLetterDetail) View { return o.viewRevealing(d, -1) }
+func (o *Ops) view(ctx context.Context, d outboxdriver.DeadLetterDetail) View {
+	paths, masks, err := o.sensitiveFor(ctx, d.AggregateType, d.Type)
+	if err != nil {
+		return o.hidden(d, err)
+	}
+	return o.viewMasked(d, -1, paths, masks)
+}
 
-// viewRevealing is view with the sensitive path
-// o.sensitiveFor(d.AggregateType, d.Type)[reveal] shown.
-func (o *Ops) viewRevealing(d outboxdriver.DeadLetterDetail, reveal int) View {
-	paths, masks := o.sensitiveFor(d.AggregateType, d.Type)
-	return o.viewMasked(d, reveal, paths, masks)
+// hidden is the view of d without its payload, because the masking
+// stored with the table could not be read (err): what it would mask is
+// not known, so nothing is shown.
+func (o *Ops) hidden(d outboxdriver.DeadLetterDetail, err error) View {
+	o.log.Warn("ops: payload hidden", "event", d.ID, "err", err)
+	d.Payload, d.PayloadRaw = nil, nil
+	v := o.viewMasked(d, -1, nil, nil)
+	v.PayloadNote = "hidden: the masking stored with the table could not be read"
+	return v
 }
 
 // viewMasked is the view of d with the values at masks hidden, but for
-// masks[reveal] (paths[reveal]: the same paths as text).
+// masks[reveal] (paths[reveal]: the same paths as text). A mask of no
+// segment hides the whole payload.
 func (o *Ops) viewMasked(d outboxdriver.DeadLetterDetail, reveal int, paths []string, masks [][]string) View {
 	v := View{DeadLetter: d.DeadLetter, Seq: d.Seq, CreatedAt: d.CreatedAt, Headers: d.Headers, TraceContext: d.TraceContext,
 		Sensitive: paths}
@@ -106,23 +118,47 @@ func (o *Ops) viewMasked(d outboxdriver.DeadLetterDetail, reveal int, paths []st
 }
 
 // sensitiveFor returns an event's sensitive paths, the configured ones
-// first and then its contract's (each once), and the same paths parsed:
-// masks[i] is paths[i].
-func (o *Ops) sensitiveFor(aggregateType, eventType string) (paths []string, masks [][]string) {
-	if o.cfg.Contracts == nil {
-		return o.cfg.SensitivePaths, o.masks
+// first, then those stored with the table for it and its contract's
+// (each once), and the same paths parsed: masks[i] is paths[i]. When the
+// stored ones cannot be read it returns the error, with a mask of the
+// whole payload.
+func (o *Ops) sensitiveFor(ctx context.Context, aggregateType, eventType string) (paths []string, masks [][]string, err error) {
+	stored, err := o.storedMasks(ctx)
+	if err != nil {
+		return nil, [][]string{{}}, err
 	}
-	return o.withPaths(o.cfg.Contracts.SensitivePaths(aggregateType, eventType))
+	var extra []string
+	for _, p := range stored {
+		if p.Applies(aggregateType, eventType) {
+			extra = append(extra, p.Path)
+		}
+	}
+	if o.cfg.Contracts != nil {
+		extra = append(extra, o.cfg.Contracts.SensitivePaths(aggregateType, eventType)...)
+	}
+	paths, masks = o.withPaths(extra)
+	return paths, masks, nil
 }
 
 // sensitiveForAny is every path sensitive in any event: the configured
-// ones and every contract's. What names no event type (an audit row's
-// before and after) is masked with all of them.
-func (o *Ops) sensitiveForAny() (paths []string, masks [][]string) {
-	if o.cfg.Contracts == nil {
-		return o.cfg.SensitivePaths, o.masks
+// ones, every one stored with the table and every contract's. What names
+// no event type (an audit row's before and after) is masked with all of
+// them. When the stored ones cannot be read, the mask is the whole
+// payload.
+func (o *Ops) sensitiveForAny(ctx context.Context) (paths []string, masks [][]string) {
+	stored, err := o.storedMasks(ctx)
+	if err != nil {
+		o.log.Warn("ops: payload hidden", "err", err)
+		return nil, [][]string{{}}
 	}
-	return o.withPaths(o.cfg.Contracts.AllSensitivePaths())
+	var extra []string
+	for _, p := range stored {
+		extra = append(extra, p.Path)
+	}
+	if o.cfg.Contracts != nil {
+		extra = append(extra, o.cfg.Contracts.AllSensitivePaths()...)
+	}
+	return o.withPaths(extra)
 }
 
 // withPaths is the configured sensitive paths and then extra (each once),

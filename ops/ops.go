@@ -128,6 +128,12 @@ type Config struct {
 	// event's contract to SensitivePaths for that event's payload (a
 	// *contract.Registry).
 	Contracts SensitiveSource
+	// MaskRefresh is how long the paths stored with the table as
+	// sensitive (its masking: Store.MaskPaths, `outbox mask`) are kept
+	// before they are read again; they are masked besides SensitivePaths
+	// and Contracts' paths. A path added by another process is masked
+	// here within it. Defaults to DefaultMaskRefresh (2 seconds).
+	MaskRefresh time.Duration
 	// Logger defaults to warnings and errors as text on standard error.
 	Logger *slog.Logger
 
@@ -169,6 +175,8 @@ type Ops struct {
 	masks [][]string
 	log   *slog.Logger
 
+	stored maskCache
+
 	router *route.Router
 	kick   chan struct{}
 	now    func() time.Time
@@ -198,8 +206,11 @@ func New(st outboxdriver.Store, t outboxdriver.Table, cfg *Config) (*Ops, error)
 	if c.RepairMaxBytes == 0 {
 		c.RepairMaxBytes = DefaultRepairMaxBytes
 	}
-	if c.RequestTTL < 0 || c.RepairMaxBytes < 0 {
-		return nil, errors.New("ops: RequestTTL and RepairMaxBytes must be positive")
+	if c.MaskRefresh == 0 {
+		c.MaskRefresh = DefaultMaskRefresh
+	}
+	if c.RequestTTL < 0 || c.RepairMaxBytes < 0 || c.MaskRefresh < 0 {
+		return nil, errors.New("ops: RequestTTL, RepairMaxBytes and MaskRefresh must be positive")
 	}
 	router, err := route.New(c.Route)
 	if err != nil {
@@ -349,7 +360,7 @@ func (o *Ops) DeadLetter(ctx context.Context, a Actor, id string) (View, error) 
 	if err != nil {
 		return View{}, err
 	}
-	return o.view(d), nil
+	return o.view(ctx, d), nil
 }
 
 // Retry moves dead letters back into the outbox (ids nil: all of them),
@@ -430,7 +441,7 @@ func (o *Ops) Audit(ctx context.Context, a Actor, q outboxdriver.AuditQuery) ([]
 	}
 	recs, err := o.st.FindAudit(ctx, o.t, q)
 	for i := range recs {
-		recs[i].Before, recs[i].After = o.maskDiff(recs[i].Before), o.maskDiff(recs[i].After)
+		recs[i].Before, recs[i].After = o.maskDiff(ctx, recs[i].Before), o.maskDiff(ctx, recs[i].After)
 	}
 	return recs, err
 }

@@ -276,7 +276,10 @@ func (o *Ops) RequestRepair(ctx context.Context, a Actor, p RepairParams, reason
 		if d.Payload != nil && bytes.HasPrefix(bytes.TrimSpace(d.Payload), []byte("{")) && !bytes.HasPrefix(bytes.TrimSpace(p.Payload), []byte("{")) {
 			return Request{}, &InputError{"payload", "the stored payload is a JSON object: propose an object"}
 		}
-		_, masks := o.sensitiveFor(d.AggregateType, d.Type)
+		_, masks, err := o.sensitiveFor(ctx, d.AggregateType, d.Type)
+		if err != nil {
+			return Request{}, err
+		}
 		if p.Payload, err = unmask(p.Payload, d.Payload, masks); err != nil {
 			return Request{}, &InputError{"payload", err.Error()}
 		}
@@ -357,12 +360,12 @@ func (n *jnode) restore(orig *jnode, path []string) int {
 // MaskJSON returns JSON as shown to users: indented, with the sensitive
 // paths masked (text that is not JSON is hidden when any path is set).
 // It names no event type, so it masks every path sensitive in any event:
-// the configured ones and every contract's.
-func (o *Ops) MaskJSON(b []byte) string {
+// the configured ones, those stored with the table and every contract's.
+func (o *Ops) MaskJSON(ctx context.Context, b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
-	paths, masks := o.sensitiveForAny()
+	paths, masks := o.sensitiveForAny(ctx)
 	return o.viewMasked(outboxdriver.DeadLetterDetail{Payload: b}, -1, paths, masks).Payload
 }
 
@@ -743,8 +746,8 @@ func ParseTime(field, s string) (time.Time, error) {
 
 // maskDiff masks the payload of an audit row's before or after
 // ({"payload": ..., "headers": ...}), as every payload shown is masked.
-func (o *Ops) maskDiff(b json.RawMessage) json.RawMessage {
-	paths, masks := o.sensitiveForAny()
+func (o *Ops) maskDiff(ctx context.Context, b json.RawMessage) json.RawMessage {
+	paths, masks := o.sensitiveForAny(ctx)
 	if len(b) == 0 || len(masks) == 0 {
 		return b
 	}

@@ -25,7 +25,11 @@ func (o *Ops) Reveal(ctx context.Context, a Actor, id, path, reason string) (Vie
 	if err != nil {
 		return View{}, err
 	}
-	if o.cfg.Contracts == nil { // the paths are known before the event is read
+	stored, err := o.storedMasks(ctx)
+	if err != nil {
+		return View{}, err
+	}
+	if o.cfg.Contracts == nil && len(stored) == 0 { // the paths are known before the event is read
 		if err := checkRevealPath(o.cfg.SensitivePaths, path); err != nil {
 			return View{}, err
 		}
@@ -37,7 +41,10 @@ func (o *Ops) Reveal(ctx context.Context, a Actor, id, path, reason string) (Vie
 	if err != nil {
 		return View{}, err
 	}
-	paths, _ := o.sensitiveFor(d.AggregateType, d.Type)
+	paths, masks, err := o.sensitiveFor(ctx, d.AggregateType, d.Type)
+	if err != nil {
+		return View{}, err
+	}
 	if err := checkRevealPath(paths, path); err != nil {
 		return View{}, err
 	}
@@ -51,7 +58,7 @@ func (o *Ops) Reveal(ctx context.Context, a Actor, id, path, reason string) (Vie
 	}); err != nil {
 		return View{}, fmt.Errorf("ops: reveal: the audit row could not be written, so nothing is revealed: %w", err)
 	}
-	return o.viewRevealing(d, at), nil
+	return o.viewMasked(d, at, paths, masks), nil
 }
 
 // checkRevealPath checks that path is one of an event's sensitive paths,

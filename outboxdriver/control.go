@@ -129,6 +129,17 @@ type RelayStatus struct {
 	// ExpiresIn is how long its registration still runs without a
 	// heartbeat (negative: it is gone).
 	ExpiresIn time.Duration `json:"-"`
+	// SchemaVersion is the newest schema version the relay's code knows;
+	// 0 when unknown: a relay of a release before schema version 20
+	// (PostgreSQL; MySQL/MariaDB 6, SQLite 4), or on a table before it,
+	// records none, and counts as older than any version.
+	SchemaVersion int `json:"schema_version"`
+	// Release is the release of the relay's code (its module version), ""
+	// when unknown.
+	Release string `json:"release"`
+	// RenewedAt is when the relay last renewed its registration (database
+	// clock); zero when unknown (a table before those versions).
+	RenewedAt time.Time `json:"renewed_at"`
 }
 
 // Sample is one of the console's samples of a table.

@@ -265,6 +265,11 @@ type Status struct {
 	// SchemaVersion is the applied migration; LatestSchemaVersion the
 	// newest this build knows.
 	SchemaVersion, LatestSchemaVersion int
+	// RelaysFrom is the oldest relay schema version the table works with
+	// as the table records it (0: every relay, or not recorded: from
+	// schema version 20 on PostgreSQL, 6 on MySQL/MariaDB, 4 on SQLite). A live relay older than it claims nothing
+	// (docs/operations.md, Upgrades).
+	RelaysFrom int
 	// Estimated says which counts are estimates (none, from Status).
 	Estimated Estimated
 	// Pauses lists the pauses in force.
@@ -278,6 +283,17 @@ type Status struct {
 	// Wakeups says who wakes an idle relay (PostgreSQL): WakeupsTrigger
 	// or WakeupsWriters; "" where relays only poll.
 	Wakeups string
+	// BacklogInWAL says events may wait in the WAL of a log-tailing slot
+	// that are not counted (PostgreSQL): in message and insert+delete mode
+	// the Backlog counts, beyond the table's rows, the events the slot's
+	// streamer decoded and has not published (SlotStatus.Backlog), not
+	// those not decoded yet; it is then a lower bound, and the slots'
+	// UnconfirmedBytes say how much WAL is not confirmed. Also set for a
+	// slot whose streamer recorded no backlog yet.
+	BacklogInWAL bool
+	// OldestAgeEstimated says OldestUnpublishedAge was taken from a
+	// stale record of a slot's streamer (SlotBacklog.OldestEstimated).
+	OldestAgeEstimated bool
 }
 
 // Estimated says which counts of a Status are estimates
@@ -304,6 +320,43 @@ type SlotStatus struct {
 	WALStatus string
 	// Owner is the relay that holds the slot's lease ("" when nobody).
 	Owner string
+	// UnconfirmedBytes is the WAL past the slot's confirmed LSN: the
+	// server's current WAL position minus confirmed_flush_lsn. Events not
+	// decoded yet are in it, and whatever else the database wrote.
+	UnconfirmedBytes int64
+	// Backlog is what the slot's streamer last recorded of the events it
+	// decoded and has not yet published or dead-lettered; nil when no
+	// streamer recorded one (schema version 22).
+	Backlog *SlotBacklog
+}
+
+// SlotBacklog is the backlog of a log-tailing slot as its streamer last
+// recorded it, about every second while it streams (docs/cdc.md).
+type SlotBacklog struct {
+	// Mode is the streamer's CDC mode: table, message or insert-delete.
+	Mode string
+	// Events counts the events decoded and not yet published or
+	// dead-lettered that are not rows of the table (a row is counted in
+	// the table's backlog): logical decoding messages, and in
+	// insert-delete mode also rows. Events not decoded yet are not
+	// counted.
+	Events int64
+	// OldestCommit is the commit time of the oldest transaction with such
+	// an event; zero when there is none.
+	OldestCommit time.Time
+	// OldestAge is the age of that oldest event when read; 0 when none is
+	// pending. When the record is stale and none was pending, it is the
+	// record's age, OldestEstimated set: events written since may have
+	// waited that long.
+	OldestAge       time.Duration
+	OldestEstimated bool
+	// RecordedAt is when the streamer recorded it (the database's clock),
+	// RecordAge how long ago that was when read.
+	RecordedAt time.Time
+	RecordAge  time.Duration
+	// Stale says the record is older than a few record intervals: the
+	// streamer stopped, or cannot reach the database.
+	Stale bool
 }
 
 // PartitionStatus is one partition's lease as the database sees it.

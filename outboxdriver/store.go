@@ -159,6 +159,21 @@ type Store interface {
 	// retention command, and records that it did, as by.
 	PruneAudit(ctx context.Context, t Table, before time.Time, by Acting) (int64, error)
 
+	// MaskPaths lists the payload paths stored with t as sensitive (its
+	// masking), by aggregate type, event type and path; none for a table
+	// that predates the masking table. It wraps ErrNotMigrated when t
+	// does not exist.
+	MaskPaths(ctx context.Context, t Table) ([]MaskPath, error)
+	// AddMaskPath stores p (its Actor and At are set from by and the
+	// database's clock) and audits it as by, in one transaction; it
+	// reports false, writing nothing, when the same path is stored for
+	// the same scope already.
+	AddMaskPath(ctx context.Context, t Table, p MaskPath, by Acting) (bool, error)
+	// RemoveMaskPath deletes the stored path p.Path of p's scope and
+	// audits it as by, in one transaction; it reports false, writing
+	// nothing, when there is none.
+	RemoveMaskPath(ctx context.Context, t Table, p MaskPath, by Acting) (bool, error)
+
 	// CreateRequest stores r (pending) and audits it as by.
 	CreateRequest(ctx context.Context, t Table, r Request, by Acting) error
 	// GetRequest returns one request; it wraps ErrNotFound.

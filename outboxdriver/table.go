@@ -129,6 +129,11 @@ type MigrateOptions struct {
 	// table; "" leaves the table as it is (a new table gets the trigger).
 	// docs/relay.md, wake-ups.
 	Wakeups string
+	// IgnoreRelaysBehind applies the migrations even while live relays
+	// hold leases that cannot work with one of them; without it Migrate
+	// refuses, before applying anything, with a *RelaysBehindError
+	// (docs/operations.md, Upgrades).
+	IgnoreRelaysBehind bool
 }
 
 // Who wakes an idle relay on PostgreSQL (MigrateOptions.Wakeups).

@@ -177,7 +177,10 @@ func (s *suite) testClaimBeforeDeliverAt(t *testing.T) {
 	if got := e.claim(src, leases, 10); !sameIDs(ids(got), []string{id}) {
 		t.Fatalf("claim on a table at version %d = %v; want %s", s.h.DeliverAtVersion-1, describe(got), id)
 	}
-	if _, err := s.h.Store.Migrate(e.ctx, e.table, nil); err != nil {
+	// The relay registered on a table too old to record its version, so
+	// it counts as older than the migrations with a relays floor: that it
+	// is of this build is the operator's word (outbox migrate --force).
+	if _, err := s.h.Store.Migrate(e.ctx, e.table, &outboxdriver.MigrateOptions{IgnoreRelaysBehind: true}); err != nil {
 		t.Fatalf("%s: migrate: %v", s.h.Name, err)
 	}
 	if err := s.h.ExecDelay(e.ctx, e.table, id, "deliver_at", time.Hour); err != nil {

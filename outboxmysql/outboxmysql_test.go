@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -311,6 +312,13 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 	db := openDB(t, name)
 	ctx := testenv.Context(t, time.Minute)
 	tb := outboxdriver.Table{Schema: name, Name: "orders_outbox"}
+	// Versions need not be contiguous (a gap waits for another branch's
+	// migration): count the migrations, not the latest version.
+	ups, err := filepath.Glob("migrations/*.up.sql")
+	if err != nil || len(ups) == 0 {
+		t.Fatalf("the migrations: %v, %v", ups, err)
+	}
+	versions := len(ups)
 	var wg sync.WaitGroup
 	applied := make([][]int, 4)
 	errs := make([]error, 4)
@@ -327,8 +335,8 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 		}
 		total += len(applied[i])
 	}
-	if total != outboxmysql.New(nil).LatestVersion() {
-		t.Fatalf("migrators applied %v together, want each of the %d versions once", applied, outboxmysql.New(nil).LatestVersion())
+	if total != versions {
+		t.Fatalf("migrators applied %v together, want each of the %d versions once", applied, versions)
 	}
 	if _, err := db.ExecContext(ctx, "DELETE FROM orders_outbox_migrations"); err != nil {
 		t.Fatal(err)
@@ -337,14 +345,14 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 		t.Fatalf("rerun with 8 partitions over a half-done migration with 16: %v", err)
 	}
 	vs, err := outboxmysql.New(db).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: 16})
-	if err != nil || len(vs) != outboxmysql.New(nil).LatestVersion() {
+	if err != nil || len(vs) != versions {
 		t.Fatalf("rerun applied %v, %v", vs, err)
 	}
 	var leases int
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders_outbox_leases").Scan(&leases); err != nil || leases != 16 {
 		t.Fatalf("%d leases (%v), want 16", leases, err)
 	}
-	if vs, err := outboxmysql.New(db).MigrateDown(ctx, tb, 0); err != nil || len(vs) != outboxmysql.New(nil).LatestVersion() {
+	if vs, err := outboxmysql.New(db).MigrateDown(ctx, tb, 0); err != nil || len(vs) != versions {
 		t.Fatalf("migrate down: %v, %v", vs, err)
 	}
 	var left int

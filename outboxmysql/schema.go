@@ -80,9 +80,11 @@ func render(sqlText string, t outboxdriver.Table, partitions int) string {
 		"{{leases}}", n.Leases,
 		"{{claims}}", n.Claims,
 		"{{relays}}", n.Relays,
+		"{{migrations}}", n.Migrations,
 		"{{held}}", n.Held,
 		"{{audit}}", n.Audit,
 		"{{pause}}", q("_pause"),
+		"{{masking}}", q("_masking"),
 		"{{samples}}", q("_samples"),
 		"{{requests}}", q("_requests"),
 		"{{audit_prune}}", q("_audit_prune"),
@@ -200,12 +202,25 @@ func (m *migrator) exec(ctx context.Context, sqlText string) error {
 }
 
 // up applies every migration not yet applied and returns their versions.
-func (m *migrator) up(ctx context.Context, partitions int) ([]int, error) {
+func (m *migrator) up(ctx context.Context, partitions int, ignoreRelaysBehind bool) ([]int, error) {
 	done, err := m.applied(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return migrations.Up(all(), done, func(mg migrations.Migration) error {
+	ms := all()
+	if !ignoreRelaysBehind {
+		relays, err := liveRelays(ctx, m.conn, m.n)
+		if err != nil {
+			return nil, err
+		}
+		if err := migrations.Behind(ms, done, relays); err != nil {
+			if e, ok := err.(*outboxdriver.RelaysBehindError); ok {
+				e.Table = m.t
+			}
+			return nil, err
+		}
+	}
+	return migrations.Up(ms, done, func(mg migrations.Migration) error {
 		if mg.Version == 1 {
 			if err := m.checkHalfDone(ctx, partitions); err != nil {
 				return err
@@ -214,11 +229,75 @@ func (m *migrator) up(ctx context.Context, partitions int) ([]int, error) {
 		if err := m.exec(ctx, render(mg.Up, m.t, partitions)); err != nil {
 			return fmt.Errorf("migration %03d_%s (its steps are idempotent: run migrate again once the cause is fixed): %w", mg.Version, mg.Name, err)
 		}
-		if _, err := m.conn.ExecContext(ctx, `INSERT INTO `+m.n.Migrations+` (version, name) VALUES (?, ?)`, mg.Version, mg.Name); err != nil {
+		record, args := `INSERT INTO `+m.n.Migrations+` (version, name) VALUES (?, ?)`, []any{mg.Version, mg.Name}
+		if mg.Version >= relayVersionsSince {
+			record, args = `INSERT INTO `+m.n.Migrations+` (version, name, relays_from) VALUES (?, ?, ?)`, append(args, mg.RelaysFrom)
+		}
+		if _, err := m.conn.ExecContext(ctx, record, args...); err != nil {
 			return fmt.Errorf("record migration %d: %w", mg.Version, err)
+		}
+		if mg.Version == relayVersionsSince {
+			for _, e := range ms {
+				if e.RelaysFrom > 0 && e.Version < relayVersionsSince {
+					if _, err := m.conn.ExecContext(ctx, `UPDATE `+m.n.Migrations+` SET relays_from = ? WHERE version = ?`, e.RelaysFrom, e.Version); err != nil {
+						return fmt.Errorf("record the relays migration %d works with: %w", e.Version, err)
+					}
+				}
+			}
 		}
 		return nil
 	})
+}
+
+// relayVersionsSince is the schema version whose migration records each
+// relay's schema version, release and renewal, and each applied
+// migration's relays_from (docs/operations.md, Upgrades).
+const relayVersionsSince = 6
+
+// relaysSQL lists the relays of the registry n.Relays, with their versions
+// when withVersions (schema version relayVersionsSince).
+func relaysSQL(n driverkit.Names, withVersions bool) string {
+	cols := "0, '', NULL"
+	if withVersions {
+		cols = "COALESCE(schema_version, 0), `release`, DATE_FORMAT(renewed_at, '%Y-%m-%d %H:%i:%s.%f')"
+	}
+	return `SELECT relay, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), ` + cols + ` FROM ` + n.Relays + ` ORDER BY relay`
+}
+
+// liveRelays lists the relays whose registration has not expired: none
+// when the table has no registry yet.
+func liveRelays(ctx context.Context, q interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}, n driverkit.Names) ([]outboxdriver.RelayStatus, error) {
+	rows, err := q.QueryContext(ctx, relaysSQL(n, true))
+	if isNoSuchTable(err) || isNoSuchColumn(err) {
+		rows, err = q.QueryContext(ctx, relaysSQL(n, false))
+	}
+	if isNoSuchTable(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the relays: %w", err)
+	}
+	defer rows.Close()
+	var out []outboxdriver.RelayStatus
+	for rows.Next() {
+		var r outboxdriver.RelayStatus
+		var micros int64
+		var renewed sql.NullString
+		if err := rows.Scan(&r.Name, &micros, &r.SchemaVersion, &r.Release, &renewed); err != nil {
+			return nil, fmt.Errorf("read the relays: %w", err)
+		}
+		if micros <= 0 {
+			continue
+		}
+		r.ExpiresIn = time.Duration(micros) * time.Microsecond
+		if renewed.Valid {
+			r.RenewedAt, _ = time.Parse("2006-01-02 15:04:05.000000", renewed.String)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // checkHalfDone refuses to finish a first migration that an earlier run
@@ -287,7 +366,7 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 	if o.Wakeups != "" {
 		return nil, fmt.Errorf("outboxmysql: %w", outboxdriver.ErrNoWakeups)
 	}
-	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.up(ctx, o.Partitions) })
+	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.up(ctx, o.Partitions, o.IgnoreRelaysBehind) })
 }
 
 // MigrateDown reverts migrations of t newer than target; target 0 drops

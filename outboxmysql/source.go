@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -25,6 +26,12 @@ type source struct {
 	idleVar atomic.Value             // string: the server variable that bounds a claim's idle time ("" until known)
 	exclude atomic.Pointer[[]string] // aggregate types the claims leave out (paused)
 	delays  driverkit.ColumnProbe    // the deliver_at column (schema version 4)
+	// versions is the relays' schema_version column (relayVersionsSince).
+	versions driverkit.ColumnProbe
+	// latest is the newest schema version this relay's code knows, which
+	// it records and checks the table against (CheckSchema).
+	latest  int
+	release string
 }
 
 var _ outboxdriver.Source = (*source)(nil)
@@ -40,7 +47,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 	if err := validate(t); err != nil {
 		return nil, err
 	}
-	s := &source{db: db, n: namesOf(t)}
+	s := &source{db: db, n: namesOf(t), latest: migrations.Latest(all()), release: driverkit.Release()}
 	if err := s.Init(t, cfg); err != nil {
 		return nil, fmt.Errorf("outboxmysql: %w", err)
 	}
@@ -562,17 +569,64 @@ func (s *source) Close() error { return nil }
 // and the partitions.
 func (s *source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
 	s.NoteTTL(ttl)
-	if _, err := s.db.ExecContext(ctx, `INSERT INTO `+s.n.Relays+` (relay, expires_at)
+	register := `INSERT INTO ` + s.n.Relays + ` (relay, expires_at)
 VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
-ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`, s.Cfg.RelayName, ttl.Microseconds()); err != nil {
+ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)`
+	args := []any{s.Cfg.RelayName, ttl.Microseconds()}
+	count := `SELECT (SELECT COUNT(*) FROM ` + s.n.Relays + ` WHERE expires_at > UTC_TIMESTAMP(6)),
+       (SELECT COUNT(*) FROM ` + s.n.Leases + `)`
+	if s.hasVersions(ctx) {
+		// Relays too old for the table claim nothing: they are left out
+		// of the share (docs/operations.md, Upgrades).
+		register = `INSERT INTO ` + s.n.Relays + " (relay, expires_at, schema_version, `release`, renewed_at)" + `
+VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at), schema_version = VALUES(schema_version),
+    ` + "`release` = VALUES(`release`)" + `, renewed_at = VALUES(renewed_at)`
+		args = append(args, s.latest, s.release)
+		count = `SELECT (SELECT COUNT(*) FROM ` + s.n.Relays + ` WHERE expires_at > UTC_TIMESTAMP(6)
+          AND COALESCE(schema_version, 0) >= (SELECT COALESCE(MAX(relays_from), 0) FROM ` + s.n.Migrations + `)),
+       (SELECT COUNT(*) FROM ` + s.n.Leases + `)`
+	}
+	if _, err := s.db.ExecContext(ctx, register, args...); err != nil {
 		return 0, 0, fmt.Errorf("outboxmysql: heartbeat: %w", err)
 	}
-	err = s.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+s.n.Relays+` WHERE expires_at > UTC_TIMESTAMP(6)),
-       (SELECT COUNT(*) FROM `+s.n.Leases+`)`).Scan(&relays, &partitions)
-	if err != nil {
+	if err = s.db.QueryRowContext(ctx, count).Scan(&relays, &partitions); err != nil {
 		return 0, 0, fmt.Errorf("outboxmysql: heartbeat: %w", err)
 	}
 	return relays, partitions, nil
+}
+
+// hasVersions reports whether the relays registry records the relays'
+// versions (relayVersionsSince): a relay of this build on a table not
+// migrated yet registers as before.
+func (s *source) hasVersions(ctx context.Context) bool {
+	return s.versions.Has(func() (bool, error) {
+		var n int
+		err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.columns
+WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = 'schema_version'`, schemaArg(s.Table), s.Table.Name+"_relays").Scan(&n)
+		return n > 0, err
+	}, nil)
+}
+
+// CheckSchema reads the table's schema version and the oldest relay
+// version it works with (outboxdriver.SchemaChecker).
+func (s *source) CheckSchema(ctx context.Context) (outboxdriver.SchemaCheck, error) {
+	c := outboxdriver.SchemaCheck{RelayVersion: s.latest}
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM `+s.n.Migrations).Scan(&c.TableVersion); err != nil {
+		return c, fmt.Errorf("outboxmysql: read the schema version of %s: %w", s.Table, err)
+	}
+	if c.TableVersion < relayVersionsSince {
+		done := map[int]bool{}
+		for v := 1; v <= c.TableVersion; v++ {
+			done[v] = true
+		}
+		c.RelaysFrom = migrations.RelaysFrom(all(), done)
+		return c, nil
+	}
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0), COALESCE(MAX(relays_from), 0) FROM `+s.n.Migrations).Scan(&c.TableVersion, &c.RelaysFrom); err != nil {
+		return c, fmt.Errorf("outboxmysql: read the schema version of %s: %w", s.Table, err)
+	}
+	return c, nil
 }
 
 // Acquire takes up to n free or expired partitions, lowest first, each

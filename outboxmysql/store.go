@@ -68,6 +68,11 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
 	if ageMicros > 0 {
 		st.OldestUnpublishedAge = time.Duration(ageMicros) * time.Microsecond
 	}
+	if st.SchemaVersion >= relayVersionsSince {
+		if err := db.QueryRowContext(ctx, `SELECT COALESCE(MAX(relays_from), 0) FROM `+n.Migrations).Scan(&st.RelaysFrom); err != nil {
+			return fail(err)
+		}
+	}
 	if st.SchemaVersion < 2 {
 		return st, nil
 	}
@@ -130,4 +135,10 @@ func (d *Driver) EstimateStatus(ctx context.Context, t outboxdriver.Table, _ int
 func isNoSuchTable(err error) bool {
 	var my *mysql.MySQLError
 	return errors.As(err, &my) && my.Number == 1146
+}
+
+// isNoSuchColumn reports MySQL's error of an unknown column.
+func isNoSuchColumn(err error) bool {
+	var my *mysql.MySQLError
+	return errors.As(err, &my) && my.Number == 1054
 }

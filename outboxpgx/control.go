@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -445,16 +446,16 @@ func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriv
 	if err != nil {
 		return nil, err
 	}
-	rows, err := d.pool.Query(ctx, `SELECT relay, started_at, extract(epoch FROM expires_at - clock_timestamp())::float8 FROM `+n.Relays+` ORDER BY relay`)
+	withVersions, err := hasColumn(ctx, d.pool, n.Relays, "schema_version")
+	if err != nil {
+		return nil, d.fail(ctx, t, "relays of", err)
+	}
+	rows, err := d.pool.Query(ctx, pgschema.RelaysSQL(t.WithDefaults(), withVersions))
 	if err != nil {
 		return nil, d.fail(ctx, t, "relays of", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxdriver.RelayStatus, error) {
-		var x outboxdriver.RelayStatus
-		var secs float64
-		err := r.Scan(&x.Name, &x.Started, &secs)
-		x.ExpiresIn = time.Duration(secs * float64(time.Second))
-		return x, err
+		return pgschema.ScanRelay(r.Scan)
 	})
 	if err != nil {
 		return nil, d.fail(ctx, t, "relays of", err)

@@ -77,11 +77,13 @@ type Option func(*Driver)
 // decoding messages instead of rows (message mode,
 // docs/cdc.md#the-three-write-modes): WriteTx, Write, Queue and a Tx from
 // Begin emit one pg_logical_emit_message(true, MessagePrefix(table),
-// content) per event, with the content format of MessageVersion. Nothing
-// is inserted, so nothing is left to delete or vacuum; only a relay with
+// content) per event, with the content format of MessageVersion, through
+// the table's function _cdc_emit (schema version 23). Nothing is
+// inserted, so nothing is left to delete or vacuum; only a relay with
 // --source cdc (package outboxpgx/cdc) reads such events, and only what is
-// written while its replication slot exists: create the slot first
-// (`outbox migrate --cdc`, or start the relay).
+// written while its replication slot exists: the function refuses, and the
+// write fails wrapping ErrNoSlot, while no slot of the table's exists.
+// Create it first (`outbox migrate --cdc`, or start the relay).
 func WithMessages() Option { return func(d *Driver) { d.messages, d.insertDelete = true, false } }
 
 // WithInsertDelete makes the Driver write each event as a row and delete
@@ -89,7 +91,9 @@ func WithMessages() Option { return func(d *Driver) { d.messages, d.insertDelete
 // docs/cdc.md#the-three-write-modes; Debezium's recommended pattern): the
 // INSERT reaches the WAL, so a relay with --source cdc publishes it, and
 // the table stays empty. The polling relay never sees such events: use it
-// only with log tailing. It needs the table migrated to version 4.
+// only with log tailing. It needs the table migrated to version 4; from
+// version 23 the write fails, wrapping ErrNoSlot, while no replication
+// slot of the table's exists.
 func WithInsertDelete() Option { return func(d *Driver) { d.insertDelete, d.messages = true, false } }
 
 // WithoutWakeups makes the Driver's inserts send no wake-up to an idle
@@ -207,7 +211,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table, 
 	}
 	sql, args := d.statement(t, rows)
 	_, err := tx.Exec(ctx, sql, args...)
-	return err
+	return writeFailed(err)
 }
 
 // Insert inserts rows in a statement of its own on the Driver's pool (one
@@ -224,7 +228,7 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 	}
 	sql, args := d.statement(t, rows)
 	_, err := d.pool.Exec(ctx, sql, args...)
-	return err
+	return writeFailed(err)
 }
 
 // QueueInsert queues the INSERT of rows on batch, which must be a

@@ -1,6 +1,10 @@
 package outboxpgx
 
 import (
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -21,17 +25,38 @@ const MessageVersion = pgschema.MessageVersion
 func MessagePrefix(t outboxdriver.Table) string { return pgschema.MessagePrefix(t) }
 
 // messageStatement returns the statement that emits rows as messages of
-// table t, in order, and its arguments.
+// table t, in order, and its arguments: the call of t's _cdc_emit, which
+// refuses while no replication slot of t's exists (version 23), so that
+// no event is written where no relay will ever read it.
 func messageStatement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
-	prefix := MessagePrefix(t)
-	if len(rows) == 1 {
-		return `SELECT pg_logical_emit_message(true, $1, $2::text)`, []any{prefix, string(pgschema.AppendMessage(nil, &rows[0]))}
-	}
 	contents := make([]string, len(rows))
 	var buf []byte
 	for i := range rows {
 		buf = pgschema.AppendMessage(buf[:0], &rows[i])
 		contents[i] = string(buf)
 	}
-	return `SELECT pg_logical_emit_message(true, $1, m.c) FROM unnest($2::text[]) WITH ORDINALITY AS m(c, i) ORDER BY m.i`, []any{prefix, contents}
+	return `SELECT ` + pgschema.CDCNamesOf(t).Emit + `($1::text[])`, []any{contents}
+}
+
+// ErrNoSlot is wrapped by the error of a write in message or insert +
+// delete mode (WithMessages, WithInsertDelete) while no replication slot
+// of the table's exists: nothing was written, because no relay would ever
+// read it. Create the slot (`outbox migrate --cdc`, cdc.Source.Setup, or a
+// relay with --source cdc) before writers write.
+var ErrNoSlot = errors.New("outboxpgx: no replication slot relays the table")
+
+// noSlotError is the database's refusal, which also is ErrNoSlot.
+type noSlotError struct{ err error }
+
+func (e noSlotError) Error() string   { return e.err.Error() }
+func (e noSlotError) Unwrap() []error { return []error{ErrNoSlot, e.err} }
+
+// writeFailed returns err, marked as ErrNoSlot when it is the refusal of
+// _cdc_slot.
+func writeFailed(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Hint == "outbox-no-slot" {
+		return noSlotError{err}
+	}
+	return err
 }

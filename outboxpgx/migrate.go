@@ -20,6 +20,20 @@ func (m migrateTx) Exec(ctx context.Context, sql string, args ...any) error {
 	return err
 }
 
+func (m migrateTx) Each(ctx context.Context, sql string, args []any, row func(scan func(dest ...any) error) error) error {
+	rows, err := m.tx.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := row(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
 func (m migrateTx) Versions(ctx context.Context, sql string, args ...any) ([]int, error) {
 	rows, err := m.tx.Query(ctx, sql, args...)
 	if err != nil {

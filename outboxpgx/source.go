@@ -38,7 +38,14 @@ type source struct {
 	exclude    atomic.Pointer[[]string] // aggregate types the claim leaves out (paused)
 	pauseTable atomic.Int32             // what the last read of the pauses found (pauseTable*)
 	delays     driverkit.ColumnProbe    // the deliver_at column (schema version 12)
-	byTime     atomic.Int32             // whether the table is partitioned by time: 0 not known yet, 1 no, 2 yes
+	versions   driverkit.ColumnProbe    // the relays' schema_version column (pgschema.RelayVersionsSince)
+	// latest is the newest schema version this relay's code knows, which
+	// it records and checks the table against (CheckSchema): the
+	// migrations' latest; tests set a lower one to play a relay of the
+	// release before.
+	latest  int
+	release string
+	byTime  atomic.Int32 // whether the table is partitioned by time: 0 not known yet, 1 no, 2 yes
 }
 
 // claimSQL returns the claim for the table's schema: with the deliver_at
@@ -77,6 +84,11 @@ type queries struct {
 	markPublishedIn                                                                            string
 	settings, claim, markPublished, unhold, retry, holdRetry, deadLetter, holdDead, idle, busy string
 	heartbeat, relays, acquire, renew, release, unregister, fence, cleanup                     string
+	// heartbeatVersions and relaysVersions are heartbeat and relays for a
+	// registry that records the relays' versions: the heartbeat records
+	// this relay's, and the count leaves out relays too old for the table
+	// (they stop claiming: docs/operations.md, Upgrades).
+	heartbeatVersions, relaysVersions string
 	// cleanupDefault is cleanup for a table partitioned by time: only the
 	// default partition's rows are deleted one by one; the others go with
 	// their partition (docs/retention.md).
@@ -202,6 +214,13 @@ VALUES ($1, clock_timestamp() + $2 * interval '1 millisecond')
 ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at`,
 		relays: `SELECT (SELECT count(*) FROM ` + n.Relays + ` WHERE expires_at > clock_timestamp()),
        (SELECT count(*) FROM ` + n.Leases + `)`,
+		heartbeatVersions: `INSERT INTO ` + n.Relays + ` (relay, expires_at, schema_version, release, renewed_at)
+VALUES ($1, clock_timestamp() + $2 * interval '1 millisecond', $3, $4, clock_timestamp())
+ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at, schema_version = excluded.schema_version,
+    release = excluded.release, renewed_at = excluded.renewed_at`,
+		relaysVersions: `SELECT (SELECT count(*) FROM ` + n.Relays + ` WHERE expires_at > clock_timestamp()
+          AND coalesce(schema_version, 0) >= (SELECT coalesce(max(relays_from), 0) FROM ` + n.Migrations + `)),
+       (SELECT count(*) FROM ` + n.Leases + `)`,
 		acquire: `WITH free AS MATERIALIZED (
     SELECT partition FROM ` + n.Leases + `
     WHERE owner IS NULL OR expires_at <= clock_timestamp()
@@ -250,7 +269,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 	}
 	h := fnv.New32a()
 	h.Write([]byte("outbox.partition:" + t.String()))
-	src := &source{pool: d.pool, names: pgschema.NamesOf(t), lockKey: int32(h.Sum32())}
+	src := &source{pool: d.pool, names: pgschema.NamesOf(t), lockKey: int32(h.Sum32()), latest: pgschema.Latest(), release: driverkit.Release()}
 	if err := src.Init(t, cfg); err != nil {
 		return nil, fmt.Errorf("outboxpgx: %w", err)
 	}
@@ -632,12 +651,46 @@ func (s *source) Close() error {
 func (s *source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
 	s.NoteTTL(ttl)
 	var pb pgx.Batch
-	pb.Queue(s.q.heartbeat, s.Cfg.RelayName, ttl.Milliseconds())
-	pb.Queue(s.q.relays).QueryRow(func(row pgx.Row) error { return row.Scan(&relays, &partitions) })
+	if s.hasVersions(ctx) {
+		pb.Queue(s.q.heartbeatVersions, s.Cfg.RelayName, ttl.Milliseconds(), s.latest, s.release)
+		pb.Queue(s.q.relaysVersions).QueryRow(func(row pgx.Row) error { return row.Scan(&relays, &partitions) })
+	} else {
+		pb.Queue(s.q.heartbeat, s.Cfg.RelayName, ttl.Milliseconds())
+		pb.Queue(s.q.relays).QueryRow(func(row pgx.Row) error { return row.Scan(&relays, &partitions) })
+	}
 	if err := s.pool.SendBatch(ctx, &pb).Close(); err != nil {
 		return 0, 0, fmt.Errorf("outboxpgx: heartbeat: %w", err)
 	}
 	return relays, partitions, nil
+}
+
+// hasVersions reports whether the relays registry records the relays'
+// versions (schema version 20): a relay of this build on a table not
+// migrated yet registers as before.
+func (s *source) hasVersions(ctx context.Context) bool {
+	return s.versions.Has(func() (bool, error) {
+		return hasColumn(ctx, s.pool, s.names.Relays, "schema_version")
+	}, nil)
+}
+
+// CheckSchema reads the table's schema version and the oldest relay
+// version it works with (outboxdriver.SchemaChecker): a table of a newer
+// release records the latter with every migration.
+func (s *source) CheckSchema(ctx context.Context) (outboxdriver.SchemaCheck, error) {
+	c := outboxdriver.SchemaCheck{RelayVersion: s.latest}
+	v, err := schemaVersion(ctx, s.pool, s.Table)
+	if err != nil {
+		return c, fmt.Errorf("outboxpgx: read the schema version of %s: %w", s.Table, err)
+	}
+	c.TableVersion = v
+	if v < pgschema.RelayVersionsSince {
+		c.RelaysFrom = pgschema.RelaysFrom(v)
+		return c, nil
+	}
+	if err := s.pool.QueryRow(ctx, pgschema.CheckSchemaSQL(s.Table)).Scan(&c.TableVersion, &c.RelaysFrom); err != nil {
+		return c, fmt.Errorf("outboxpgx: read the schema version of %s: %w", s.Table, err)
+	}
+	return c, nil
 }
 
 // Acquire takes up to n free or expired partitions, lowest first.

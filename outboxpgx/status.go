@@ -72,6 +72,13 @@ func (d *Driver) status(ctx context.Context, t outboxdriver.Table, exactUpTo int
     (SELECT coalesce(max(version), 0) FROM `+n.Migrations+`)`).
 			Scan(&st.Backlog, &ageSeconds, &st.Published, &st.DeadLetters, &st.SchemaVersion)
 	}
+	if err == nil {
+		// Recorded from schema version 20; before it, relays record no
+		// version to hold against one.
+		if st.SchemaVersion >= pgschema.RelayVersionsSince {
+			err = db.QueryRow(ctx, pgschema.CheckSchemaSQL(t.WithDefaults())).Scan(&st.SchemaVersion, &st.RelaysFrom)
+		}
+	}
 	if err != nil {
 		return st, fmt.Errorf("outboxpgx: status of %s: %w", t, err)
 	}
@@ -196,8 +203,29 @@ ORDER BY l.partition`, args...)
 		if err != nil {
 			return st, fmt.Errorf("outboxpgx: status of %s: replication slots: %w", t, err)
 		}
+		addSlotBacklogs(&st)
 	}
 	return st, nil
+}
+
+// addSlotBacklogs adds to st's backlog and oldest age what the streamers
+// of its slots recorded: the events they decoded and have not published
+// that are not rows of the table (docs/cdc.md).
+func addSlotBacklogs(st *outboxdriver.Status) {
+	for _, s := range st.Slots {
+		b := s.Backlog
+		if b == nil {
+			st.BacklogInWAL = true // no streamer of this version recorded one
+			continue
+		}
+		st.Backlog += b.Events
+		if b.OldestAge > st.OldestUnpublishedAge {
+			st.OldestUnpublishedAge, st.OldestAgeEstimated = b.OldestAge, b.OldestEstimated
+		}
+		if b.Mode != "table" {
+			st.BacklogInWAL = true
+		}
+	}
 }
 
 // backlogColumns are the SQL expressions of the columns BacklogBy groups

@@ -17,15 +17,17 @@ type CDCStatsFunc func(ctx context.Context) (outboxdriver.SlotStatus, time.Durat
 var (
 	cdcLabels      = []string{"slot"}
 	cdcLagBytes    = prometheus.NewDesc("outbox_cdc_slot_lag_bytes", "WAL the replication slot retains: the server's current WAL position minus the slot's restart LSN.", cdcLabels, nil)
+	cdcUnconfirmed = prometheus.NewDesc("outbox_cdc_slot_unconfirmed_bytes", "WAL past the replication slot's confirmed LSN: the server's current WAL position minus confirmed_flush_lsn (events not decoded yet are in it).", cdcLabels, nil)
 	cdcLagSeconds  = prometheus.NewDesc("outbox_cdc_lag_seconds", "Time since the commit of the oldest transaction whose events the relay has not yet published (0 when none is pending).", cdcLabels, nil)
 	cdcActive      = prometheus.NewDesc("outbox_cdc_slot_active", "1 when a relay streams the replication slot, 0 when nobody does (or the slot is missing).", cdcLabels, nil)
 	cdcExists      = prometheus.NewDesc("outbox_cdc_slot_exists", "1 when the replication slot exists and is not invalidated.", cdcLabels, nil)
 	cdcStatusUp    = prometheus.NewDesc("outbox_cdc_status_up", "1 when the last read of the replication slot succeeded.", cdcLabels, nil)
-	cdcDescriptors = []*prometheus.Desc{cdcLagBytes, cdcLagSeconds, cdcActive, cdcExists, cdcStatusUp}
+	cdcDescriptors = []*prometheus.Desc{cdcLagBytes, cdcUnconfirmed, cdcLagSeconds, cdcActive, cdcExists, cdcStatusUp}
 )
 
 // RegisterCDC registers the metrics of a log-tailing relay's replication
-// slot on reg: outbox_cdc_slot_lag_bytes, outbox_cdc_lag_seconds,
+// slot on reg: outbox_cdc_slot_lag_bytes,
+// outbox_cdc_slot_unconfirmed_bytes, outbox_cdc_lag_seconds,
 // outbox_cdc_slot_active, outbox_cdc_slot_exists and
 // outbox_cdc_status_up, labelled with the slot's name and read from stats
 // at each scrape (bounded by a 5s timeout).
@@ -58,6 +60,7 @@ func (c *cdcCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(cdcStatusUp, 1)
 	exists := st.Exists && st.WALStatus != "lost"
 	gauge(cdcLagBytes, float64(st.LagBytes))
+	gauge(cdcUnconfirmed, float64(st.UnconfirmedBytes))
 	gauge(cdcLagSeconds, lag.Seconds())
 	gauge(cdcActive, b2f(exists && st.Active))
 	gauge(cdcExists, b2f(exists))

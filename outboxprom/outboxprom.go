@@ -71,6 +71,9 @@ type Metrics struct {
 	retries       *prometheus.CounterVec
 	owned         prometheus.Gauge
 	commitToPub   prometheus.Histogram
+	schemaBad     prometheus.Gauge
+	schemaTable   prometheus.Gauge
+	schemaRelay   prometheus.Gauge
 
 	dests   *labels
 	total   atomic.Int64 // events published by this relay
@@ -82,6 +85,7 @@ type Metrics struct {
 var (
 	_ relay.Metrics           = (*Metrics)(nil)
 	_ relay.DeadLetterClasses = (*Metrics)(nil)
+	_ relay.SchemaMetrics     = (*Metrics)(nil)
 )
 
 // New registers the relay's metrics on reg. If status is not nil, the
@@ -133,6 +137,16 @@ func NewWithConfig(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 			Help:    "Time from an event's insertion to the broker's acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18), // 0.5ms .. ~65s
 		}),
+		schemaBad: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_schema_incompatible",
+			Help: "1 while the outbox table needs a newer relay than this one (it claims nothing then), else 0 (docs/operations.md, Upgrades).",
+		}),
+		schemaTable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_schema_table_version", Help: "The outbox table's schema version, as this relay last read it.",
+		}),
+		schemaRelay: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_schema_relay_version", Help: "The newest schema version this relay's code knows.",
+		}),
 		dests: &labels{max: c.MaxDestinations, seen: map[string]bool{}},
 		start: time.Now(),
 	}
@@ -144,7 +158,7 @@ func NewWithConfig(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 		Name: "outbox_lease_renewal_age_seconds",
 		Help: "Seconds since this relay's last lease upkeep that reached the database; since start when none yet.",
 	}, func() float64 { return m.since(&m.leaseAt) })
-	cs := []prometheus.Collector{m.published, m.publishErrors, m.deadLettered, m.deadByClass, m.claimed, m.retries, m.owned, m.commitToPub, ages, lease}
+	cs := []prometheus.Collector{m.published, m.publishErrors, m.deadLettered, m.deadByClass, m.claimed, m.retries, m.owned, m.commitToPub, m.schemaBad, m.schemaTable, m.schemaRelay, ages, lease}
 	if c.Status != nil || c.Destinations != nil {
 		cs = append(cs, &statusCollector{cfg: c, m: m, rate: rateWindow{span: c.RateWindow, samples: []sample{{at: m.start}}}})
 	}
@@ -228,6 +242,17 @@ func (m *Metrics) PartitionsOwned(n int) {
 	m.leaseAt.Store(time.Now().UnixNano())
 }
 
+// SchemaChecked implements relay.SchemaMetrics.
+func (m *Metrics) SchemaChecked(c outboxdriver.SchemaCheck) {
+	bad := 0.0
+	if !c.Compatible() {
+		bad = 1
+	}
+	m.schemaBad.Set(bad)
+	m.schemaTable.Set(float64(c.TableVersion))
+	m.schemaRelay.Set(float64(c.RelayVersion))
+}
+
 // DeadLettered implements relay.Metrics.
 func (m *Metrics) DeadLettered(dest string) { m.deadLettered.WithLabelValues(dest).Inc() }
 
@@ -237,8 +262,8 @@ func (m *Metrics) DeadLetteredAs(dest string, class relay.DeadLetterClass) {
 }
 
 var (
-	backlogDesc = prometheus.NewDesc("outbox_backlog_events", "Unpublished events in the outbox table.", nil, nil)
-	ageDesc     = prometheus.NewDesc("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished event (0 when none).", nil, nil)
+	backlogDesc = prometheus.NewDesc("outbox_backlog_events", "Unpublished events: the table's rows, and under log tailing the events a streamer decoded and has not published that are not rows (message and insert+delete mode; those not decoded yet are not counted).", nil, nil)
+	ageDesc     = prometheus.NewDesc("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished event (0 when none): a row of the table, or under log tailing the commit of the oldest event decoded and not published.", nil, nil)
 	deadDesc    = prometheus.NewDesc("outbox_dead_letter_events", "Events in the dead-letter table.", nil, nil)
 	upDesc      = prometheus.NewDesc("outbox_status_up", "1 when the last status read from the database succeeded.", nil, nil)
 	heldDesc    = prometheus.NewDesc("outbox_held_aggregates", "Aggregates whose later events wait for an earlier one (retrying or dead-lettered under the hold policy).", nil, nil)
@@ -325,6 +350,11 @@ func (c *statusCollector) status(ch chan<- prometheus.Metric, st outboxdriver.St
 		}
 		if p.Owner == c.cfg.RelayName {
 			mine += p.Backlog
+		}
+	}
+	for _, s := range st.Slots {
+		if s.Backlog != nil && s.Owner == c.cfg.RelayName {
+			mine += s.Backlog.Events // log tailing: the streamer's events
 		}
 	}
 	gauge(unownedDesc, float64(unowned))

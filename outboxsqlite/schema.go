@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/migrations"
@@ -107,12 +108,14 @@ func render(sql string, t outboxdriver.Table, partitions int) string {
 		"{{dead_letter}}", n.DeadLetter,
 		"{{leases}}", n.Leases,
 		"{{relays}}", n.Relays,
+		"{{migrations}}", n.Migrations,
 		"{{held}}", n.Held,
 		"{{held_name}}", q(t.Name+"_held"),
 		"{{audit}}", n.Audit,
 		"{{audit_name}}", q(t.Name+"_audit"),
 		"{{dead_letter_name}}", q(t.Name+"_dead_letter"),
 		"{{pause}}", t.Qualified("_pause"),
+		"{{masking}}", t.Qualified("_masking"),
 		"{{samples}}", t.Qualified("_samples"),
 		"{{requests}}", t.Qualified("_requests"),
 		"{{requests_name}}", q(t.Name+"_requests"),
@@ -189,12 +192,39 @@ func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table
 		return nil, fmt.Errorf("outboxsqlite: %w", outboxdriver.ErrNoWakeups)
 	}
 	return inTx(ctx, tx, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
-		ran, err := migrations.Up(all(), done, func(m migrations.Migration) error {
+		ms := all()
+		if !o.IgnoreRelaysBehind {
+			relays, err := liveRelays(ctx, tx, t)
+			if err != nil {
+				return nil, err
+			}
+			if err := migrations.Behind(ms, done, relays); err != nil {
+				if e, ok := err.(*outboxdriver.RelaysBehindError); ok {
+					e.Table = t
+				}
+				return nil, fmt.Errorf("outboxsqlite: migrate %s: %w", t, err)
+			}
+		}
+		mig := namesOf(t).Migrations
+		ran, err := migrations.Up(ms, done, func(m migrations.Migration) error {
 			if _, err := tx.ExecContext(ctx, render(m.Up, t, o.Partitions)); err != nil {
 				return fmt.Errorf("migration %03d_%s: %s", m.Version, m.Name, oneLine(err))
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+namesOf(t).Migrations+` (version, name) VALUES (?, ?)`, m.Version, m.Name); err != nil {
+			record, args := `INSERT INTO `+mig+` (version, name) VALUES (?, ?)`, []any{m.Version, m.Name}
+			if m.Version >= relayVersionsSince {
+				record, args = `INSERT INTO `+mig+` (version, name, relays_from) VALUES (?, ?, ?)`, append(args, m.RelaysFrom)
+			}
+			if _, err := tx.ExecContext(ctx, record, args...); err != nil {
 				return fmt.Errorf("record migration %d: %w", m.Version, err)
+			}
+			if m.Version == relayVersionsSince {
+				for _, e := range ms {
+					if e.RelaysFrom > 0 && e.Version < relayVersionsSince {
+						if _, err := tx.ExecContext(ctx, `UPDATE `+mig+` SET relays_from = ? WHERE version = ?`, e.RelaysFrom, e.Version); err != nil {
+							return fmt.Errorf("record the relays migration %d works with: %w", e.Version, err)
+						}
+					}
+				}
 			}
 			return nil
 		})
@@ -203,6 +233,50 @@ func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table
 		}
 		return ran, nil
 	})
+}
+
+// relayVersionsSince is the schema version whose migration records each
+// relay's schema version, release and renewal, and each applied
+// migration's relays_from (docs/operations.md, Upgrades).
+const relayVersionsSince = 4
+
+// liveRelays lists the relays of t whose registration has not expired:
+// none when the table has no registry yet.
+func liveRelays(ctx context.Context, tx *sql.Tx, t outboxdriver.Table) ([]outboxdriver.RelayStatus, error) {
+	n := namesOf(t)
+	q := func(withVersions bool) string {
+		cols := `0, '', NULL`
+		if withVersions {
+			cols = `coalesce(schema_version, 0), "release", renewed_at`
+		}
+		return `SELECT relay, (julianday(expires_at) - julianday('now')) * 86400.0, ` + cols + ` FROM ` + n.Relays + ` WHERE expires_at > ` + nowSQL + ` ORDER BY relay`
+	}
+	rows, err := tx.QueryContext(ctx, q(true))
+	if err != nil && strings.Contains(err.Error(), "no such column") {
+		rows, err = tx.QueryContext(ctx, q(false))
+	}
+	if err != nil && strings.Contains(err.Error(), "no such table") {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outboxsqlite: read the relays of %s: %s", t, oneLine(err))
+	}
+	defer rows.Close()
+	var out []outboxdriver.RelayStatus
+	for rows.Next() {
+		var r outboxdriver.RelayStatus
+		var renewed sql.NullString
+		var secs float64
+		if err := rows.Scan(&r.Name, &secs, &r.SchemaVersion, &r.Release, &renewed); err != nil {
+			return nil, fmt.Errorf("outboxsqlite: read the relays of %s: %s", t, oneLine(err))
+		}
+		if renewed.Valid {
+			r.RenewedAt, _ = time.Parse("2006-01-02 15:04:05.000", renewed.String)
+		}
+		r.ExpiresIn = time.Duration(secs * float64(time.Second))
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // MigrateDown reverts the migrations of t newer than target in one

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
+	"github.com/outboxkit/outbox/internal/migrations"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -40,6 +41,12 @@ type source struct {
 	// every claim, so a commit after it ends the next Wait at once.
 	exclude atomic.Pointer[[]string] // aggregate types the claims leave out (paused)
 	delays  driverkit.ColumnProbe    // the deliver_at column (schema version 3)
+	// versions is the relays' schema_version column (relayVersionsSince).
+	versions driverkit.ColumnProbe
+	// latest is the newest schema version this relay's code knows, which
+	// it records and checks the table against (CheckSchema).
+	latest  int
+	release string
 
 	seen   atomic.Int64
 	seenOK atomic.Bool
@@ -57,6 +64,10 @@ type queries struct {
 	claimNoDelays                                                            string // claim before schema version 3 (no deliver_at)
 	markPublished, unhold, retry, holdRetry, deadLetter, deleteOne, holdDead string
 	heartbeat, relays, acquire, renew, release, unregister, cleanup          string
+	// heartbeatVersions and relaysVersions are heartbeat and relays for a
+	// registry that records the relays' versions: relays too old for the
+	// table are left out of the share (docs/operations.md, Upgrades).
+	heartbeatVersions, relaysVersions, checkSchema string
 }
 
 // leasePairs matches the rows of a leases table l against the JSON object
@@ -121,6 +132,14 @@ WHERE event_id = excluded.event_id`,
 ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at`,
 		relays: `SELECT (SELECT count(*) FROM ` + n.Relays + ` WHERE expires_at > ` + nowSQL + `),
        (SELECT count(*) FROM ` + n.Leases + `)`,
+		heartbeatVersions: `INSERT INTO ` + n.Relays + ` (relay, expires_at, schema_version, "release", renewed_at)
+VALUES (?1, ` + nowPlusSQL(2) + `, ?3, ?4, ` + nowSQL + `)
+ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at, schema_version = excluded.schema_version,
+    "release" = excluded."release", renewed_at = excluded.renewed_at`,
+		relaysVersions: `SELECT (SELECT count(*) FROM ` + n.Relays + ` WHERE expires_at > ` + nowSQL + `
+          AND coalesce(schema_version, 0) >= (SELECT coalesce(max(relays_from), 0) FROM ` + n.Migrations + `)),
+       (SELECT count(*) FROM ` + n.Leases + `)`,
+		checkSchema: `SELECT coalesce(max(version), 0), coalesce(max(relays_from), 0) FROM ` + n.Migrations,
 		acquire: `UPDATE ` + n.Leases + ` SET owner = ?1, epoch = epoch + 1, expires_at = ` + nowPlusSQL(3) + `
 WHERE partition IN (
     SELECT partition FROM ` + n.Leases + `
@@ -158,7 +177,7 @@ func (d *Driver) NewSource(t outboxdriver.Table, cfg *outboxdriver.SourceConfig)
 	if err != nil {
 		return nil, err
 	}
-	s := &source{db: db}
+	s := &source{db: db, latest: migrations.Latest(all()), release: driverkit.Release()}
 	if err := s.Init(t, cfg); err != nil {
 		return nil, fmt.Errorf("outboxsqlite: %w", err)
 	}
@@ -536,13 +555,49 @@ func (s *source) Close() error {
 // and the partitions. ttl also becomes the life of a claim's marks.
 func (s *source) Heartbeat(ctx context.Context, ttl time.Duration) (relays, partitions int, err error) {
 	s.NoteTTL(ttl)
-	if _, err := s.db.ExecContext(ctx, s.q.heartbeat, s.Cfg.RelayName, ttl.Milliseconds()); err != nil {
+	register, count, args := s.q.heartbeat, s.q.relays, []any{s.Cfg.RelayName, ttl.Milliseconds()}
+	if s.hasVersions(ctx) {
+		register, count, args = s.q.heartbeatVersions, s.q.relaysVersions, append(args, s.latest, s.release)
+	}
+	if _, err := s.db.ExecContext(ctx, register, args...); err != nil {
 		return 0, 0, fmt.Errorf("outboxsqlite: heartbeat: %s", oneLine(err))
 	}
-	if err := s.db.QueryRowContext(ctx, s.q.relays).Scan(&relays, &partitions); err != nil {
+	if err := s.db.QueryRowContext(ctx, count).Scan(&relays, &partitions); err != nil {
 		return 0, 0, fmt.Errorf("outboxsqlite: heartbeat: %s", oneLine(err))
 	}
 	return relays, partitions, nil
+}
+
+// hasVersions reports whether the relays registry records the relays'
+// versions (relayVersionsSince): a relay of this build on a table not
+// migrated yet registers as before.
+func (s *source) hasVersions(ctx context.Context) bool {
+	return s.versions.Has(func() (bool, error) {
+		var n int
+		err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?1, ?2) WHERE name = 'schema_version'`, s.Table.Name+"_relays", s.Table.Schema).Scan(&n)
+		return n > 0, err
+	}, nil)
+}
+
+// CheckSchema reads the table's schema version and the oldest relay
+// version it works with (outboxdriver.SchemaChecker).
+func (s *source) CheckSchema(ctx context.Context) (outboxdriver.SchemaCheck, error) {
+	c := outboxdriver.SchemaCheck{RelayVersion: s.latest}
+	if err := s.db.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM `+namesOf(s.Table).Migrations).Scan(&c.TableVersion); err != nil {
+		return c, fmt.Errorf("outboxsqlite: read the schema version of %s: %s", s.Table, oneLine(err))
+	}
+	if c.TableVersion < relayVersionsSince {
+		done := map[int]bool{}
+		for v := 1; v <= c.TableVersion; v++ {
+			done[v] = true
+		}
+		c.RelaysFrom = migrations.RelaysFrom(all(), done)
+		return c, nil
+	}
+	if err := s.db.QueryRowContext(ctx, s.q.checkSchema).Scan(&c.TableVersion, &c.RelaysFrom); err != nil {
+		return c, fmt.Errorf("outboxsqlite: read the schema version of %s: %s", s.Table, oneLine(err))
+	}
+	return c, nil
 }
 
 // Acquire takes up to n free or expired partitions, lowest first, each

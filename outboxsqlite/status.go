@@ -69,6 +69,9 @@ func (d *Driver) Status(ctx context.Context, t outboxdriver.Table) (outboxdriver
     (SELECT coalesce((julianday('now') - julianday(min(held_at))) * 86400.0, 0) FROM `+n.Held+`),
     (SELECT coalesce(max(version), 0) FROM `+n.Migrations+`)`).
 		Scan(&st.Backlog, &ageSeconds, &st.Published, &st.DeadLetters, &st.Held, &heldSeconds, &st.SchemaVersion)
+	if err == nil && st.SchemaVersion >= relayVersionsSince {
+		err = tx.QueryRowContext(ctx, `SELECT coalesce(max(relays_from), 0) FROM `+n.Migrations).Scan(&st.RelaysFrom)
+	}
 	if err != nil {
 		return fail(err)
 	}

@@ -121,6 +121,15 @@ func (r *Relay) upkeep(ctx context.Context) (ok bool, retry time.Duration) {
 	if err != nil {
 		return fail(err)
 	}
+	if compatible, err := r.checkSchema(ctx); err != nil {
+		return fail(err)
+	} else if !compatible {
+		// It stays registered, so that outbox migrate, status and the
+		// console list it with its version; relays that work with the
+		// table leave it out of their share.
+		r.db.OK()
+		return true, 0
+	}
 	owned := r.leases.owns()
 	var kept []outboxdriver.Lease
 	if len(owned) > 0 {

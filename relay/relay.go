@@ -69,7 +69,7 @@ type Config struct {
 	// to claim at most, given BatchSize; an answer outside 1 to
 	// BatchSize counts as BatchSize. While it answers less than
 	// BatchSize, the relay works a backlog with one batch in flight: the
-	// lanes stand down. relayd.Fleet sets it, so that a flooded source's
+	// lanes stand down. fleet.Fleet (package relayd/fleet) sets it, so that a flooded source's
 	// claims and deletes shrink while other sources of the same process
 	// have work (docs/operations.md, One relay for many databases).
 	ClaimLimit func(batchSize int) int
@@ -266,6 +266,7 @@ type Relay struct {
 
 	leases leaseState
 	pauses *pauses
+	schema schemaState
 
 	db     *backoff.Outage // every call of the source that reaches the database
 	broker *backoff.Outage // the batches' publishes
@@ -385,8 +386,9 @@ func (r *Relay) Run(ctx context.Context, grace time.Duration) error {
 }
 
 // Ready reports whether the relay is working: its last lease upkeep reached
-// the database within one lease TTL.
-func (r *Relay) Ready() bool { return r.leases.ready(r.cfg.LeaseTTL) }
+// the database within one lease TTL, and its table works with its code
+// (SchemaCheck).
+func (r *Relay) Ready() bool { return r.leases.ready(r.cfg.LeaseTTL) && !r.schema.isBlocked() }
 
 // Partitions returns the partitions this relay leases now.
 func (r *Relay) Partitions() []outboxdriver.Lease { return r.leases.snapshot() }

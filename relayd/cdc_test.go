@@ -38,10 +38,9 @@ func TestOpenWithLogTailing(t *testing.T) {
 	}
 	url := testenv.CDCDatabaseURL(t)
 	before := goroutinesOnly()
-	rl, err := relayd.Open(ctx, url, testenv.NATSURL(), &relayd.Options{
+	rl, err := relayd.Open(ctx, url, natsSink(t, ctx, testenv.NATSURL(), prefix), &relayd.Options{
 		Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceCDC,
 		Relay: relay.Config{Router: router, LeaseTTL: time.Second},
-		Sink:  relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +109,7 @@ func TestOpenRefusesAnUnknownSource(t *testing.T) {
 	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: "binlog"})
+	_, err := relayd.Open(ctx, testenv.DatabaseURL(), newTrackedSink(), &relayd.Options{Schema: tb.Schema, Table: tb.Name, Source: "binlog"})
 	if err == nil || !strings.Contains(err.Error(), `unknown source "binlog"`) {
 		t.Fatalf("Open with source binlog = %v", err)
 	}

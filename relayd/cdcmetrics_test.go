@@ -50,11 +50,10 @@ func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 	url := testenv.CDCDatabaseURL(t)
 	open := func() (*relayd.Relay, *prometheus.Registry) {
 		reg := prometheus.NewRegistry()
-		rl, err := relayd.Open(ctx, url, testenv.NATSURL(), &relayd.Options{
+		rl, err := relayd.Open(ctx, url, natsSink(t, ctx, testenv.NATSURL(), prefix), &relayd.Options{
 			Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceCDC, Registerer: reg,
 			CDC:   cdc.Config{StatusInterval: 100 * time.Millisecond},
 			Relay: relay.Config{Router: router, LeaseTTL: time.Second},
-			Sink:  relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -59,10 +59,9 @@ func TestLogTailingSurvivesAnImmediateRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl, err := relayd.Open(ctx, pg.URL(), testenv.NATSURL(), &relayd.Options{
+	rl, err := relayd.Open(ctx, pg.URL(), natsSink(t, ctx, testenv.NATSURL(), prefix), &relayd.Options{
 		Source: relayd.SourceCDC,
 		Relay:  relay.Config{Router: router, LeaseTTL: time.Second, RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond},
-		Sink:   relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
 	})
 	if err != nil {
 		t.Fatal(err)

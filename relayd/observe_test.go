@@ -78,11 +78,10 @@ VALUES (gen_random_uuid(), 'order', E'poison\nid', 'Changed', $1::json) RETURNIN
 	r.nats = proxy(t, "127.0.0.1:4222", testenv.NATSURL())
 	dbURL := withHost(t, testenv.DatabaseURL(), r.db.Addr())
 	natsURL := withHost(t, testenv.NATSURL(), r.nats.Addr())
-	r.rl, err = relayd.Open(r.ctx, dbURL, natsURL, &relayd.Options{
+	r.rl, err = relayd.Open(r.ctx, dbURL, natsSink(t, r.ctx, natsURL, r.prefix), &relayd.Options{
 		Schema: tb.Schema, Table: tb.Name, Registerer: reg,
 		Relay: relay.Config{Router: router, PollInterval: 50 * time.Millisecond, LeaseTTL: time.Second, Logger: log,
 			RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond},
-		Sink: relayd.SinkOptions{NATSStream: r.prefix, NATSNoCreate: true},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -35,8 +35,6 @@ type Options struct {
 	// serves the sink and the source; it defaults to warnings and errors
 	// as text on standard error.
 	Relay relay.Config
-	// Sink holds the broker-specific options.
-	Sink SinkOptions
 	// Source picks how the relay finds committed events: SourcePoll (the
 	// default: claims rows, woken by LISTEN/NOTIFY) or SourceCDC (tails
 	// PostgreSQL's WAL through logical replication; docs/cdc.md).
@@ -54,7 +52,8 @@ type Options struct {
 	// drain estimate included (docs/operations.md, Metrics), and with
 	// SourceCDC its replication slot's (outboxprom.RegisterCDC); with
 	// Relay.Contracts (a *contract.Registry), the events let through
-	// without a contract (outboxprom.RegisterContracts).
+	// without a contract (outboxprom.RegisterContracts). A Metrics set in
+	// Relay keeps receiving every count beside them.
 	Registerer prometheus.Registerer
 	// OneCPUWhileIdle runs the process on one P (GOMAXPROCS=1) while the
 	// relay's batches come back short, and on the runtime's default from
@@ -63,12 +62,10 @@ type Options struct {
 	// trips, and one P spares the hand-offs between OS threads. It
 	// changes the whole process's GOMAXPROCS, so it suits a process that
 	// mostly relays; it does nothing when GOMAXPROCS is set in the
-	// environment. `outbox relay` turns it on.
+	// environment. It is off by default, because a library must not
+	// change its host's GOMAXPROCS unasked; `outbox relay`, a process of
+	// its own, turns it on: that is the one difference between the two.
 	OneCPUWhileIdle bool
-
-	// sink, when set, is the sink to publish through instead of opening
-	// one from the URL (a Fleet's shared sink); Stop closes it as any.
-	sink sink.Sink
 }
 
 // The sources Options.Source names.
@@ -92,15 +89,27 @@ type Relay struct {
 }
 
 // Open opens the database dbURL names (postgres://, mysql://, sqlite://),
-// checks that the outbox table is migrated, opens the sink sinkURL names
-// (nats://, kafka://, amqp://, redis://, mqtt://, https://, stdout:), and
-// a relay between them. It does not start relaying (Start). opts may be
-// nil.
-func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, err error) {
+// checks that the outbox table is migrated, and makes a relay from it to
+// snk. It does not start relaying (Start). opts may be nil.
+//
+// Open takes snk over: Stop closes it, and so does Open when it fails. A
+// sink is opened by its package (natssink.DialStream, kafkasink.Dial,
+// ...), so that a program links only the brokers it uses, or from a URL by
+// package sink/sinkurl, which links them all.
+func Open(ctx context.Context, dbURL string, snk sink.Sink, opts *Options) (_ *Relay, err error) {
+	if snk == nil {
+		return nil, errors.New("relayd: Open: nil sink")
+	}
 	o := Options{}
 	if opts != nil {
 		o = *opts
 	}
+	rl := &Relay{snk: snk}
+	defer func() {
+		if err != nil {
+			rl.close()
+		}
+	}()
 	// The relay's own check, before anything is opened.
 	cfg := o.Relay.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -116,12 +125,7 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	if maxConns == 0 {
 		maxConns = int32(cfg.Lanes + 3)
 	}
-	rl := &Relay{log: log}
-	defer func() {
-		if err != nil {
-			rl.close()
-		}
-	}()
+	rl.log = log
 	if rl.db, err = OpenDB(ctx, dbURL, maxConns); err != nil {
 		return nil, err
 	}
@@ -133,11 +137,6 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 	}
 	rl.table = t
 	if err := rl.checkTable(ctx); err != nil {
-		return nil, err
-	}
-	if o.sink != nil {
-		rl.snk = o.sink
-	} else if rl.snk, err = OpenSink(ctx, sinkURL, &o.Sink, log); err != nil {
 		return nil, err
 	}
 	srcCfg := outboxdriver.SourceConfig{Retention: o.Retention, RelayName: o.RelayName, Logger: log}
@@ -168,8 +167,14 @@ func Open(ctx context.Context, dbURL, sinkURL string, opts *Options) (_ *Relay, 
 				return nil, err
 			}
 		}
-		if cfg.Metrics, err = newMetrics(o.Registerer, rl.db.Store, t, cfg.Router, rl.src.RelayName()); err != nil {
+		prom, err := newMetrics(o.Registerer, rl.db.Store, t, cfg.Router, rl.src.RelayName())
+		if err != nil {
 			return nil, err
+		}
+		if cfg.Metrics != nil {
+			cfg.Metrics = bothMetrics{prom: prom, own: cfg.Metrics}
+		} else {
+			cfg.Metrics = prom
 		}
 		if uc, ok := cfg.Contracts.(outboxprom.UncoveredCounter); ok {
 			if err := outboxprom.RegisterContracts(o.Registerer, uc); err != nil {
@@ -298,6 +303,14 @@ func (r *Relay) Store() outboxdriver.Store { return r.db.Store }
 
 // RelayName is the name this relay registers under.
 func (r *Relay) RelayName() string { return r.src.RelayName() }
+
+// Source is the source the relay claims from: the driver's polling source,
+// or with SourceCDC a *cdc.Source, whose Stats tell the replication slot's
+// state and lag.
+func (r *Relay) Source() outboxdriver.Source { return r.src }
+
+// Sink is the sink the relay publishes through (the one given to Open).
+func (r *Relay) Sink() sink.Sink { return r.snk }
 
 // destinationGroups is how many routed values the backlog by destination
 // reads at most per scrape; the rest is reported as outboxprom.Other.

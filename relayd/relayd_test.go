@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink"
 )
 
 // Open, Start, a write, Stop: the event reaches the broker at the fixed
@@ -41,10 +42,9 @@ func TestOpenRelaysAndStopClosesWhatItOpened(t *testing.T) {
 	opts := &relayd.Options{
 		Schema: tb.Schema, Table: tb.Name,
 		Relay: relay.Config{Router: router, PollInterval: 50 * time.Millisecond, LeaseTTL: time.Second},
-		Sink:  relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
 	}
 	before := goroutinesOnly()
-	rl, err := relayd.Open(ctx, testenv.DatabaseURL(), testenv.NATSURL(), opts)
+	rl, err := relayd.Open(ctx, testenv.DatabaseURL(), natsSink(t, ctx, testenv.NATSURL(), prefix), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,16 +78,20 @@ func goroutinesOnly() []goleak.Option {
 	return []goleak.Option{goleak.IgnoreCurrent()}
 }
 
-// Open refuses a table that `outbox migrate` never created, before it
-// dials the sink, and closes the pool it opened.
+// Open refuses a table that `outbox migrate` never created, and closes
+// the pool it opened and the sink it was given.
 func TestOpenFailsFastOnATableNotMigrated(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
 	before := goroutinesOnly()
-	_, err := relayd.Open(ctx, testenv.DatabaseURL(), "nats://127.0.0.1:1", &relayd.Options{Schema: tb.Schema, Table: tb.Name})
+	snk := newTrackedSink()
+	_, err := relayd.Open(ctx, testenv.DatabaseURL(), snk, &relayd.Options{Schema: tb.Schema, Table: tb.Name})
 	if !errors.Is(err, relayd.ErrNotMigrated) {
 		t.Fatalf("Open on a table not migrated: %v, want ErrNotMigrated", err)
+	}
+	if !snk.closed.Load() {
+		t.Fatal("a failed Open left the sink it was given open")
 	}
 	if err := goleak.Find(before...); err != nil {
 		t.Fatalf("a failed Open left goroutines behind: %v", err)
@@ -95,7 +99,8 @@ func TestOpenFailsFastOnATableNotMigrated(t *testing.T) {
 }
 
 // Bad input gets a clear error and opens nothing: a hostile table name, an
-// unknown database scheme, an unknown sink scheme.
+// unknown database scheme, no sink, the relay's own configuration. (An
+// unknown sink scheme is sinkurl's.)
 func TestOpenRefusesBadInput(t *testing.T) {
 	ctx := testenv.Context(t, time.Minute)
 	pool := testenv.Pool(t)
@@ -104,41 +109,35 @@ func TestOpenRefusesBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		name, db, sink string
-		opts           *relayd.Options
-		want           string
+		name, db string
+		sink     bool
+		opts     *relayd.Options
+		want     string
 	}{
-		{"hostile table", testenv.DatabaseURL(), "stdout:", &relayd.Options{Table: `x"; DROP TABLE y; --`}, "not a valid identifier"},
-		{"unknown database", "oracle://x", "stdout:", nil, `unknown scheme "oracle"`},
-		{"unknown sink", testenv.DatabaseURL(), "ftp://x", &relayd.Options{Schema: tb.Schema, Table: tb.Name}, `unknown scheme "ftp"`},
-		{"lanes", testenv.DatabaseURL(), "stdout:", &relayd.Options{Relay: relay.Config{Lanes: 65}}, "relay: Config.Lanes 65: use 1 to 64"},
+		{"hostile table", testenv.DatabaseURL(), true, &relayd.Options{Table: `x"; DROP TABLE y; --`}, "not a valid identifier"},
+		{"unknown database", "oracle://x", true, nil, `unknown scheme "oracle"`},
+		{"no sink", testenv.DatabaseURL(), false, &relayd.Options{Schema: tb.Schema, Table: tb.Name}, "relayd: Open: nil sink"},
+		{"lanes", testenv.DatabaseURL(), true, &relayd.Options{Relay: relay.Config{Lanes: 65}}, "relay: Config.Lanes 65: use 1 to 64"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := goroutinesOnly()
-			_, err := relayd.Open(ctx, c.db, c.sink, c.opts)
+			var snk sink.Sink
+			var tracked *trackedSink
+			if c.sink {
+				tracked = newTrackedSink()
+				snk = tracked
+			}
+			_, err := relayd.Open(ctx, c.db, snk, c.opts)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Open: %v, want an error saying %q", err, c.want)
+			}
+			if tracked != nil && !tracked.closed.Load() {
+				t.Fatal("a failed Open left the sink it was given open")
 			}
 			if err := goleak.Find(before...); err != nil {
 				t.Fatalf("a failed Open left goroutines behind: %v", err)
 			}
 		})
-	}
-}
-
-// A fleet's sources are checked as relay.New checks its Config, before
-// anything is opened: the error names the source and the field.
-func TestCheckSourcesChecksEachRelayConfig(t *testing.T) {
-	t.Parallel()
-	ok := relayd.FleetSource{Name: "a", DB: "postgres://db-a", Sink: "stdout:"}
-	bad := relayd.FleetSource{Name: "b", DB: "postgres://db-b", Sink: "stdout:", Options: relayd.Options{Relay: relay.Config{LeaseTTL: time.Millisecond}}}
-	if err := relayd.CheckSources([]relayd.FleetSource{ok}); err != nil {
-		t.Fatalf("CheckSources with the relay's defaults: %v", err)
-	}
-	err := relayd.CheckSources([]relayd.FleetSource{ok, bad})
-	var ce *relay.ConfigError
-	if !errors.As(err, &ce) || ce.Field != "LeaseTTL" || !strings.HasPrefix(err.Error(), `source "b": `) {
-		t.Fatalf("CheckSources: %v, want source \"b\" named and a *relay.ConfigError for LeaseTTL", err)
 	}
 }
 
@@ -151,7 +150,7 @@ func TestStopWithoutStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := goroutinesOnly()
-	rl, err := relayd.Open(ctx, testenv.DatabaseURL(), "stdout:", &relayd.Options{Schema: tb.Schema, Table: tb.Name, Retention: outboxdriver.RetentionKeep})
+	rl, err := relayd.Open(ctx, testenv.DatabaseURL(), newTrackedSink(), &relayd.Options{Schema: tb.Schema, Table: tb.Name, Retention: outboxdriver.RetentionKeep})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,10 +47,9 @@ func TestTwoPhaseCommitWritersWorkWhileARelayIsIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl, err := relayd.Open(ctx, testenv.DatabaseURL(), testenv.NATSURL(), &relayd.Options{
+	rl, err := relayd.Open(ctx, testenv.DatabaseURL(), natsSink(t, ctx, testenv.NATSURL(), prefix), &relayd.Options{
 		Schema: tb.Schema, Table: tb.Name,
 		Relay: relay.Config{Router: router, PollInterval: 200 * time.Millisecond, LeaseTTL: 2 * time.Second},
-		Sink:  relayd.SinkOptions{NATSStream: prefix, NATSNoCreate: true},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -83,7 +83,13 @@ func newAuditPrune() *cobra.Command {
 		Long: `Delete the audit rows older than --before. The audit table refuses UPDATE,
 DELETE and TRUNCATE from anyone else; this command goes through the one
 database function allowed to delete, which records what it deleted as a
-new audit row (action audit-prune) with --actor and --reason.`,
+new audit row (action audit-prune) with --actor and --reason.
+
+Run it as the owner role: connect with --db as the role that owns the
+tables (on MySQL/MariaDB the account that ran migrate, or one 'outbox grants
+--owner' named). The console's, the relay's and the writers' roles are
+refused, with an error saying that only the owner prunes (docs/security.md).
+SQLite has no roles: whoever can write the file prunes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if before == "" {

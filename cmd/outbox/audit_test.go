@@ -86,3 +86,13 @@ func TestAuditCommand(t *testing.T) {
 		t.Fatalf("after the prune: %+v", got)
 	}
 }
+
+// `outbox audit prune --help` says that it runs as the owner role, and
+// that the other roles are refused.
+func TestAuditPruneHelpNamesTheOwner(t *testing.T) {
+	t.Parallel()
+	out, err := runInProcess(t, "", "audit", "prune", "--help")
+	if err != nil || !strings.Contains(out, "Run it as the owner role") || !strings.Contains(out, "only the owner prunes") {
+		t.Fatalf("audit prune --help: %v\n%s", err, out)
+	}
+}

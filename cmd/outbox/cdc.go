@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -50,4 +51,79 @@ func (c *cdcSetupFlags) setup(ctx context.Context, out io.Writer, t outboxdriver
 	}
 	fmt.Fprintf(out, "%s: log tailing from replication slot %s, publication %s\n", t, src.Slot(), src.Publication())
 	return nil
+}
+
+// newCDC is `outbox cdc`: log tailing's slot, apart from the table.
+func newCDC() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cdc",
+		Short: "Manage log tailing's replication slot (PostgreSQL): drop it without dropping the table",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(newCDCDrop())
+	return cmd
+}
+
+func newCDCDrop() *cobra.Command {
+	var f dbFlags
+	var c cdcSetupFlags
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "drop",
+		Short: "Drop the table's replication slot (and its publication), which stops pinning WAL; the table stays",
+		Long: `Drop what outbox migrate --cdc or a relay with --source cdc made for the
+table: the replication slot (which keeps every WAL segment from its
+confirmed position on until it is dropped), its row in <table>_cdc, and
+the publication when it publishes this table alone. The table and its
+events stay. A relay with --source cdc, or outbox migrate --cdc, makes
+them again; in table mode its first act is to publish the rows still in
+the table. Writers in message and insert-delete mode are refused until
+then, so none of their events is lost.
+
+It refuses while a relay streams the slot. In message and insert-delete
+mode (--cdc-mode) the slot's WAL is the only copy of the events it has
+not yet relayed: it reads, without consuming, what the slot holds past
+its confirmed position, and refuses when that includes events of the
+table, unless --force (which loses them).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
+				if cs, ok := st.(closingStore); ok {
+					st = cs.Store
+				}
+				drv, ok := st.(*outboxpgx.Driver)
+				if !ok {
+					return fmt.Errorf("outbox cdc drop: log tailing needs PostgreSQL")
+				}
+				var err error
+				if c.cfg.Mode, err = cdc.ParseMode(c.mode); err != nil {
+					return fmt.Errorf("--cdc-mode: %w", err)
+				}
+				src, err := cdc.NewSource(drv.Pool(), t, &c.cfg)
+				if err != nil {
+					return err
+				}
+				defer src.Close()
+				pending, err := src.Drop(ctx, cdc.DropOptions{Force: force})
+				if err != nil {
+					if errors.Is(err, cdc.ErrPendingInSlot) {
+						return fmt.Errorf("%w (--force drops it all the same)", err)
+					}
+					return err
+				}
+				out := cmd.OutOrStdout()
+				fmt.Fprintf(out, "%s: dropped replication slot %s and its state (publication %s dropped if it published this table alone)\n", t, src.Slot(), src.Publication())
+				if pending > 0 {
+					fmt.Fprintf(out, "%s: %d event(s) the slot held and no relay published are lost (--force)\n", t, pending)
+				}
+				return nil
+			})
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&c.cfg.Slot, "cdc-slot", "", "replication slot (default outbox_<schema>_<table>)")
+	cmd.Flags().StringVar(&c.cfg.Publication, "cdc-publication", "", "publication of the table's inserts (default: the slot's name)")
+	cmd.Flags().StringVar(&c.mode, "cdc-mode", "table", "table, message or insert-delete, as the relay's --cdc-mode: in the last two, events the slot holds would be lost")
+	cmd.Flags().BoolVar(&force, "force", false, "drop even when, in message or insert-delete mode, the slot holds events not yet relayed (they are lost)")
+	return cmd
 }

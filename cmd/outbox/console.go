@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -44,6 +47,7 @@ func newConsole() *cobra.Command {
 	var rf routeFlags
 	var replayBatch int
 	var takeover time.Duration
+	var of oidcFlags
 	cmd := &cobra.Command{
 		Use:   "console",
 		Short: "Serve the operations console: web pages and a JSON API over the outbox, for users with roles (docs/console.md)",
@@ -53,10 +57,13 @@ events, repair of a dead letter: an operator requests, another user with the
 approver role approves, the console carries it out) and the audit, as web
 pages and as a JSON API under /api/v1.
 
-It refuses to start without users: add them with 'outbox console user add'.
---dev runs it without users on the loopback only, everyone signed in as an
-operator. A non-loopback address needs --tls-cert and --tls-key, or
---proxy-tls when a reverse proxy in front terminates TLS.`,
+It refuses to start without users: add them with 'outbox console user add',
+or sign people in through an OpenID Connect provider (--oidc-issuer and the
+other --oidc flags; the users file then serves break-glass passwords and API
+tokens). It re-reads the users file on SIGHUP. --dev runs it without users
+on the loopback only, everyone signed in as an operator. A non-loopback
+address needs --tls-cert and --tls-key, or --proxy-tls when a reverse proxy
+in front terminates TLS.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel)
@@ -71,8 +78,15 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 			if err != nil {
 				return err
 			}
-			if len(u.Users) == 0 && !dev {
-				return fmt.Errorf("no console users in %s, so nobody could sign in: add one with `outbox console user add NAME --role viewer|operator|approver --users %s`, or try it with --dev on the loopback", path, path)
+			oidcOn, err := of.check(cmd, dev)
+			if err != nil {
+				return err
+			}
+			switch {
+			case dev && len(u.Users) > 0:
+				return fmt.Errorf("--dev signs everyone in without a password, so it does not take users: %s has %d; drop --dev, or point --users at a file with none", path, len(u.Users))
+			case len(u.Users) == 0 && !dev && !oidcOn:
+				return fmt.Errorf("no console users in %s, so nobody could sign in: add one with `outbox console user add NAME --role viewer|operator|approver --users %s`, sign in through OpenID Connect with --oidc-issuer, or try it with --dev on the loopback", path, path)
 			}
 			loopback := console.LoopbackAddr(addr)
 			switch {
@@ -91,6 +105,12 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 			if err != nil {
 				return err
 			}
+			var oidc *console.OIDC
+			if oidcOn {
+				if oidc, err = of.provider(cmd.Context(), addr, tlsCert != "" || proxyTLS); err != nil {
+					return err
+				}
+			}
 			ocfg := &ops.Config{Logger: log, RequestTTL: requestTTL, Route: &rc}
 			if err := masks.apply(ocfg); err != nil {
 				return err
@@ -104,10 +124,17 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 				if status.SchemaVersion < status.LatestSchemaVersion {
 					return fmt.Errorf("%s is at schema version %d; the console needs %d: run `outbox migrate`", t, status.SchemaVersion, status.LatestSchemaVersion)
 				}
-				srv, err := console.New(o, &console.Config{Users: u, Dev: dev, SecureCookies: tlsCert != "" || proxyTLS, Logger: log})
+				srv, err := console.New(o, &console.Config{Users: u, OIDC: oidc, Dev: dev, SecureCookies: tlsCert != "" || proxyTLS, Logger: log})
 				if err != nil {
 					return err
 				}
+				// SIGHUP would end the process: take it before serving.
+				hup := make(chan os.Signal, 1)
+				signal.Notify(hup, syscall.SIGHUP)
+				defer signal.Stop(hup)
+				rctx, stopReloads := context.WithCancel(ctx)
+				defer stopReloads()
+				go reloadUsers(rctx, hup, srv, path, oidcOn, log)
 				sctx, stopSampling := context.WithCancel(ctx)
 				defer stopSampling()
 				go srv.Sample(sctx) // the overview's chart
@@ -136,15 +163,40 @@ operator. A non-loopback address needs --tls-cert and --tls-key, or
 	fl.StringVar(&tlsCert, "tls-cert", "", "serve HTTPS with this certificate (PEM)")
 	fl.StringVar(&tlsKey, "tls-key", "", "the certificate's private key (PEM)")
 	fl.BoolVar(&proxyTLS, "proxy-tls", false, "a reverse proxy in front terminates TLS: mark cookies Secure and allow a non-loopback --addr without --tls-cert")
-	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only")
+	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only; refuses users and --oidc-issuer")
 	masks.register(cmd)
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&requestTTL, "request-ttl", ops.DefaultRequestTTL, "how long a replay or repair request may wait to be approved and carried out before it expires")
 	fl.IntVar(&replayBatch, "replay-batch", ops.DefaultReplayBatchSize, "events a replay re-enqueues per transaction")
 	fl.DurationVar(&takeover, "takeover-after", ops.DefaultExecutorStale, "take over a request being carried out whose executor (a console that stopped or crashed) has not renewed its heartbeat for this long, and resume it from its cursor")
 	rf.register(cmd) // as the relay routes: a replay's destination filter follows it
+	of.register(cmd)
 	cmd.AddCommand(newConsoleUser())
 	return cmd
+}
+
+// reloadUsers re-reads the users file at every signal on hup until ctx
+// ends. A file that does not load leaves the users as they were.
+func reloadUsers(ctx context.Context, hup <-chan os.Signal, srv *console.Server, path string, oidc bool, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		u, err := console.LoadUsers(path)
+		if err == nil {
+			err = srv.SetUsers(u)
+		}
+		if err != nil {
+			log.Error("console: users file not reloaded; the users stay as they were", "file", path, "err", err)
+			continue
+		}
+		log.Info("console: users file reloaded", "file", path, "users", len(u.Users))
+		if len(u.Users) == 0 && !oidc {
+			log.Warn("console: the users file has no users and there is no OpenID Connect: nobody can sign in", "file", path)
+		}
+	}
 }
 
 // serveConsole listens on addr and serves srv until ctx ends.
@@ -237,7 +289,7 @@ func newConsoleUser() *cobra.Command {
 				fmt.Fprintf(out, "password:  %s\n", password)
 			}
 			fmt.Fprintf(out, "API token: %s\n", token)
-			fmt.Fprintln(out, "They are shown this once; the file keeps only their hashes. A running console reads the file when it starts.")
+			fmt.Fprintln(out, "They are shown this once; the file keeps only their hashes. A running console reads the file again on SIGHUP.")
 			return nil
 		},
 	}
@@ -264,7 +316,7 @@ func newConsoleUser() *cobra.Command {
 	}
 	remove := &cobra.Command{
 		Use:   "remove NAME",
-		Short: "Remove a user (a running console keeps them until it restarts)",
+		Short: "Remove a user (a running console drops them on SIGHUP)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := usersFile(users)

@@ -200,8 +200,8 @@ type maskFlags struct {
 }
 
 func (f *maskFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringArrayVar(&f.paths, "sensitive-path", nil, "JSON path masked in payloads, e.g. customer.email or cards.*.number (repeatable)")
-	cmd.Flags().StringVar(&f.contracts, "contracts", "", "contract registry folder: mask the sensitive and forbidden fields its contracts name")
+	cmd.Flags().StringArrayVar(&f.paths, "sensitive-path", nil, "JSON path masked in payloads, e.g. customer.email or cards.*.number (repeatable), besides those stored with the table (outbox mask)")
+	cmd.Flags().StringVar(&f.contracts, "contracts", "", "contract registry folder: mask the sensitive and forbidden fields its contracts name, besides those stored with the table (outbox mask import stores them)")
 }
 
 // apply sets cfg's sensitive paths and contracts.

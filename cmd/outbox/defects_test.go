@@ -57,7 +57,7 @@ func TestZeroValuesAreRefusedNotDefaults(t *testing.T) {
 		{append([]string{"dlq", "list", "--limit", "0"}, db...), "--limit 0: use 1 to"},
 		{append([]string{"dlq", "audit", "--limit", "0"}, db...), "--limit 0: use 1 to"},
 		{append([]string{"bench", "--lanes", "0"}, db...), "--lanes 0: use 1 to 64"},
-		{append([]string{"migrate", "--force"}, db...), "--force goes with --down 0"},
+		{append([]string{"migrate", "--force", "--down", "3"}, db...), "--force goes with the outbox tables' migration"},
 	} {
 		t.Run(c.want, func(t *testing.T) {
 			t.Parallel()

@@ -24,7 +24,9 @@ import (
 	"github.com/outboxkit/outbox/contract"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/relayd"
+	"github.com/outboxkit/outbox/relayd/fleet"
 	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink/sinkurl"
 )
 
 // fleetFlags are the flags of `outbox relay` that relay several outbox
@@ -42,10 +44,10 @@ func (fl *fleetFlags) register(cmd *cobra.Command, f *dbFlags) {
 	cmd.Flags().StringArrayVar(&fl.dbs, "db", nil, dbHelp+"; repeat to relay several databases from one process")
 	f.registerTable(cmd)
 	cmd.Flags().StringVar(&fl.config, "config", "", "relay the sources this YAML file lists (docs/operations.md, One relay for many databases); SIGHUP reloads it")
-	cmd.Flags().IntVar(&fl.turns, "publish-turns", relayd.DefaultBudgetTurns, "with several sources: publishes in flight at once across them")
-	cmd.Flags().IntVar(&fl.quantum, "publish-quantum", relayd.DefaultBudgetQuantum, "with several sources: most messages one source publishes per turn while another has work")
-	cmd.Flags().Float64Var(&fl.duty, "publish-duty", relayd.DefaultBudgetDuty, "with several sources: the share of the time a source of weight 1 may spend publishing while another has work, while it also claims at most 4 quanta at a time, one batch in flight (weight w: w times it; 1: no limit)")
-	cmd.Flags().DurationVar(&fl.window, "publish-window", relayd.DefaultBudgetWindow, "with several sources: a source has work for this long after its last publish")
+	cmd.Flags().IntVar(&fl.turns, "publish-turns", fleet.DefaultBudgetTurns, "with several sources: publishes in flight at once across them")
+	cmd.Flags().IntVar(&fl.quantum, "publish-quantum", fleet.DefaultBudgetQuantum, "with several sources: most messages one source publishes per turn while another has work")
+	cmd.Flags().Float64Var(&fl.duty, "publish-duty", fleet.DefaultBudgetDuty, "with several sources: the share of the time a source of weight 1 may spend publishing while another has work, while it also claims at most 4 quanta at a time, one batch in flight (weight w: w times it; 1: no limit)")
+	cmd.Flags().DurationVar(&fl.window, "publish-window", fleet.DefaultBudgetWindow, "with several sources: a source has work for this long after its last publish")
 }
 
 // mode sets f.db from a single --db and reports whether the flags ask for
@@ -83,15 +85,17 @@ func (fl *fleetFlags) mode(cmd *cobra.Command, f *dbFlags) (bool, error) {
 
 // fleetRun is what `outbox relay` parsed, the defaults of every source.
 type fleetRun struct {
-	table     outboxdriver.Table
-	route     route.Config
-	sinks     *sinkFlags
-	ce        *cloudEventsFlags
-	contracts *contract.Registry
-	template  relayd.Options
-	ln        net.Listener
-	grace     time.Duration
-	log       *slog.Logger
+	table outboxdriver.Table
+	route route.Config
+	sinks *sinkFlags
+	// sinkOptions are the broker-specific options of every source's sink.
+	sinkOptions sinkurl.Options
+	ce          *cloudEventsFlags
+	contracts   *contract.Registry
+	template    relayd.Options
+	ln          net.Listener
+	grace       time.Duration
+	log         *slog.Logger
 }
 
 // fleetFile is the YAML file --config names.
@@ -145,9 +149,9 @@ func readFleetFile(path string) (*fleetFile, error) {
 
 // sources builds the fleet's sources from --config, or from the --db
 // flags.
-func (fl *fleetFlags) sources(r *fleetRun) ([]relayd.FleetSource, error) {
+func (fl *fleetFlags) sources(r *fleetRun) ([]fleet.Source, error) {
 	if fl.config == "" {
-		out := make([]relayd.FleetSource, 0, len(fl.dbs))
+		out := make([]fleet.Source, 0, len(fl.dbs))
 		names := map[string]int{}
 		for _, db := range fl.dbs {
 			name := nameOfDB(db)
@@ -166,7 +170,7 @@ func (fl *fleetFlags) sources(r *fleetRun) ([]relayd.FleetSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]relayd.FleetSource, 0, len(ff.Sources))
+	out := make([]fleet.Source, 0, len(ff.Sources))
 	for i, fs := range ff.Sources {
 		if fs.Sink == "" {
 			fs.Sink = ff.Sink
@@ -177,7 +181,7 @@ func (fl *fleetFlags) sources(r *fleetRun) ([]relayd.FleetSource, error) {
 		}
 		out = append(out, s)
 	}
-	if err := relayd.CheckSources(out); err != nil {
+	if err := fleet.CheckSources(out); err != nil {
 		return nil, fmt.Errorf("%s: %w", fl.config, err)
 	}
 	return out, nil
@@ -185,10 +189,10 @@ func (fl *fleetFlags) sources(r *fleetRun) ([]relayd.FleetSource, error) {
 
 // source builds one source: the command line's settings with fs's
 // changes.
-func (r *fleetRun) source(fs fleetSource) (relayd.FleetSource, error) {
+func (r *fleetRun) source(fs fleetSource) (fleet.Source, error) {
 	o := r.template
 	if fs.DB == "" {
-		return relayd.FleetSource{}, errors.New("no db")
+		return fleet.Source{}, errors.New("no db")
 	}
 	t := r.table
 	if fs.Schema != "" {
@@ -199,7 +203,7 @@ func (r *fleetRun) source(fs fleetSource) (relayd.FleetSource, error) {
 	}
 	check := t.WithDefaults()
 	if err := check.Validate(); err != nil {
-		return relayd.FleetSource{}, err
+		return fleet.Source{}, err
 	}
 	o.Schema, o.Table = t.Schema, t.Name
 	sf := *r.sinks
@@ -208,7 +212,7 @@ func (r *fleetRun) source(fs fleetSource) (relayd.FleetSource, error) {
 	}
 	sinkURL, err := sf.sinkURL()
 	if err != nil {
-		return relayd.FleetSource{}, err
+		return fleet.Source{}, err
 	}
 	rc := r.route
 	if fs.Destination != "" {
@@ -216,7 +220,7 @@ func (r *fleetRun) source(fs fleetSource) (relayd.FleetSource, error) {
 	}
 	if fs.RouteBy != "" || fs.RouteRegex != "" || fs.RouteReplacement != "" {
 		if fs.Destination != "" {
-			return relayd.FleetSource{}, errors.New("destination sends every event to one destination: leave out route-by, route-regex and route-replacement")
+			return fleet.Source{}, errors.New("destination sends every event to one destination: leave out route-by, route-regex and route-replacement")
 		}
 		rc.Destination = ""
 		if rc.RouteBy == "" && rc.Regex == "" && rc.Replacement == "" {
@@ -236,10 +240,10 @@ func (r *fleetRun) source(fs fleetSource) (relayd.FleetSource, error) {
 		rc.HeaderColumns = fs.HeaderColumns
 	}
 	if rc.CloudEvents, err = r.ce.config(&sf, t, r.contracts); err != nil {
-		return relayd.FleetSource{}, err
+		return fleet.Source{}, err
 	}
 	if o.Relay.Router, err = route.New(&rc); err != nil {
-		return relayd.FleetSource{}, fmt.Errorf("routing: %w", err)
+		return fleet.Source{}, fmt.Errorf("routing: %w", err)
 	}
 	if fs.Weight == 0 {
 		fs.Weight = 1
@@ -250,9 +254,9 @@ func (r *fleetRun) source(fs fleetSource) (relayd.FleetSource, error) {
 	cfg.Weight = 0
 	fingerprint, err := yaml.Marshal(cfg)
 	if err != nil {
-		return relayd.FleetSource{}, err
+		return fleet.Source{}, err
 	}
-	return relayd.FleetSource{Name: fs.Name, DB: fs.DB, Sink: sinkURL, Weight: fs.Weight, Options: o, Config: string(fingerprint)}, nil
+	return fleet.Source{Name: fs.Name, DB: fs.DB, Sink: sinkURL, SinkOptions: r.sinkOptions, Weight: fs.Weight, Options: o, Config: string(fingerprint)}, nil
 }
 
 // nameOfDB names a source given by --db after its database's host, port
@@ -288,17 +292,17 @@ func (fl *fleetFlags) run(ctx context.Context, cmd *cobra.Command, r fleetRun) e
 	if err != nil {
 		return err
 	}
-	if err := relayd.CheckSources(srcs); err != nil {
+	if err := fleet.CheckSources(srcs); err != nil {
 		return err
 	}
-	budget, err := relayd.NewBudget(fl.turns, fl.quantum)
+	budget, err := fleet.NewBudget(fl.turns, fl.quantum)
 	if err != nil {
 		return err
 	}
 	if err := budget.Pace(fl.duty, fl.window); err != nil {
 		return err
 	}
-	fleet, err := relayd.NewFleet(&relayd.FleetOptions{Budget: budget, Metrics: r.ln != nil, Grace: r.grace, Logger: r.log})
+	flt, err := fleet.New(&fleet.Options{Budget: budget, Metrics: r.ln != nil, Grace: r.grace, Logger: r.log})
 	if err != nil {
 		return err
 	}
@@ -309,11 +313,11 @@ func (fl *fleetFlags) run(ctx context.Context, cmd *cobra.Command, r fleetRun) e
 	if r.ln != nil {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		srv := serveHTTP(r.ln, prometheus.Gatherers{reg, fleet}, r.log,
-			fleetHealth(fleet, false), fleetHealth(fleet, true))
+		srv := serveHTTP(r.ln, prometheus.Gatherers{reg, flt}, r.log,
+			fleetHealth(flt, false), fleetHealth(flt, true))
 		defer srv.Close()
 	}
-	if err := fleet.Start(ctx, srcs); err != nil {
+	if err := flt.Start(ctx, srcs); err != nil {
 		return err
 	}
 	names := make([]string, len(srcs))
@@ -326,7 +330,7 @@ func (fl *fleetFlags) run(ctx context.Context, cmd *cobra.Command, r fleetRun) e
 		case <-ctx.Done():
 			sctx, cancel := context.WithTimeout(context.Background(), r.grace)
 			defer cancel()
-			return fleet.Stop(sctx)
+			return flt.Stop(sctx)
 		case <-hup:
 			if fl.config == "" {
 				r.log.Warn("relay fleet: SIGHUP ignored: the sources come from --db flags; use --config to reload them")
@@ -334,7 +338,7 @@ func (fl *fleetFlags) run(ctx context.Context, cmd *cobra.Command, r fleetRun) e
 			}
 			srcs, err := fl.sources(&r)
 			if err == nil {
-				err = fleet.Reload(ctx, srcs)
+				err = flt.Reload(ctx, srcs)
 			}
 			if err != nil {
 				r.log.Error("relay fleet: reload refused; the running sources are kept", "config", fl.config, "err", err)
@@ -346,11 +350,11 @@ func (fl *fleetFlags) run(ctx context.Context, cmd *cobra.Command, r fleetRun) e
 // fleetHealth serves /healthz (always 200 while the process runs) or
 // /readyz (200 when every source is ready, 503 otherwise), one line per
 // source; ?source=NAME reports that source alone.
-func fleetHealth(fleet *relayd.Fleet, readiness bool) http.HandlerFunc {
+func fleetHealth(flt *fleet.Fleet, readiness bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, req *http.Request) {
-		hs := fleet.Health()
+		hs := flt.Health()
 		if name := req.URL.Query().Get("source"); name != "" {
-			var one []relayd.SourceHealth
+			var one []fleet.SourceHealth
 			for _, h := range hs {
 				if h.Name == name {
 					one = append(one, h)
@@ -369,11 +373,11 @@ func fleetHealth(fleet *relayd.Fleet, readiness bool) http.HandlerFunc {
 			if h.Table != "" {
 				fmt.Fprintf(&b, " table=%s", h.Table)
 			}
-			if h.Err != "" && h.State == relayd.SourceStarting {
+			if h.Err != "" && h.State == fleet.SourceStarting {
 				fmt.Fprintf(&b, " err=%q", h.Err)
 			}
 			b.WriteByte('\n')
-			ready = ready && h.State == relayd.SourceReady
+			ready = ready && h.State == fleet.SourceReady
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if readiness && !ready {

@@ -33,7 +33,9 @@ runs it: on PostgreSQL in one transaction; on MySQL/MariaDB, which commits
 each GRANT, statement by statement. Run it as a role that may grant (the
 owner, or a superuser; on MySQL/MariaDB an account that may read the mysql
 schema, such as root), after outbox migrate. The roles must exist; name
-MySQL accounts as USER or USER@HOST. --owner hands the tables to another
+MySQL accounts as USER or USER@HOST, or a MariaDB role (CREATE ROLE) by
+its name: the accounts that do its job need it as their default role (SET
+DEFAULT ROLE). --owner hands the tables to another
 role (on PostgreSQL; on MySQL/MariaDB it grants that account every right
 on them). Log tailing needs what no GRANT gives: the output says what to
 run as a superuser. SQLite has no roles: whoever can write the file can

@@ -174,8 +174,14 @@ func consoleJob(t *testing.T, ctx context.Context, st outboxdriver.Store, tb out
 	for _, dl := range page.DeadLetters {
 		byAgg[dl.AggregateID] = dl.ID
 	}
+	_, err = o.MaskPaths(ctx, viewer)
+	step("list the masked paths", err)
 	_, err = o.DeadLetter(ctx, viewer, byAgg["poison-a"])
 	step("show a dead letter", err)
+	// Only the owner changes the masking stored with the table.
+	if _, err := o.AddMaskPath(ctx, operator, outboxdriver.MaskPath{Path: "card"}, "x"); err == nil {
+		t.Errorf("the console stored a masked path; want it refused: only the owner changes the masking")
+	}
 	held, err := o.Held(ctx, viewer, 10)
 	step("list held aggregates", err)
 	if len(held) != 3 {
@@ -281,6 +287,8 @@ func pgForbidden(tb outboxdriver.Table) []string {
 		`ALTER TABLE ` + tb.Qualified("_audit") + ` DISABLE TRIGGER ALL`,
 		`DROP TRIGGER ` + outboxdriver.QuoteIdent(tb.Name+"_audit_ro") + ` ON ` + tb.Qualified("_audit"),
 		`SELECT ` + tb.Qualified("_audit_prune") + `(now(), 'mallory', 'operator', 'gone')`,
+		`INSERT INTO ` + tb.Qualified("_masking") + ` (path, source, actor) VALUES ('x', 'operator', 'mallory')`,
+		`DELETE FROM ` + tb.Qualified("_masking"),
 	}
 }
 
@@ -367,8 +375,12 @@ func TestGrantsGiveEachRoleItsJobOnPostgreSQL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := wm.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "cdc", Type: "OrderPlaced", Payload: []byte(`{}`)}); err != nil {
-			t.Fatalf("the writer in a log-tailing mode: %v", err)
+		// The writer may call the mode's function, which refuses the
+		// write because no replication slot relays the table (not for
+		// want of a right).
+		err = wm.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "cdc", Type: "OrderPlaced", Payload: []byte(`{}`)})
+		if !errors.Is(err, outboxpgx.ErrNoSlot) {
+			t.Fatalf("the writer in a log-tailing mode, with no slot: %v, want outboxpgx.ErrNoSlot", err)
 		}
 	}
 	table := tb.Qualified("")
@@ -602,6 +614,8 @@ func TestGrantsGiveEachAccountItsJobOnMySQL(t *testing.T) {
 		"DROP TRIGGER `" + name + "`.`outbox_audit_del`",
 		"CALL " + q("_audit_prune") + "(UTC_TIMESTAMP(6), 'mallory', 'operator', 'gone')",
 		"INSERT INTO " + q("_audit_prune") + " (id) VALUES (CONNECTION_ID())",
+		"INSERT INTO " + q("_masking") + " (path, source, actor) VALUES ('x', 'operator', 'mallory')",
+		"DELETE FROM " + q("_masking"),
 	}
 	denied := []uint16{1142, 1143, 1370} // table, column, routine command denied
 	for _, stmt := range append([]string{
@@ -848,5 +862,182 @@ func TestGrantsLetTheRelayMaintainTimePartitions(t *testing.T) {
 	out, err = runInProcess(t, "", "status", "--db", pgURLAs(t, consoleRole), "--schema", tb.Schema)
 	if err != nil || !strings.Contains(out, "time partitions ") || !strings.Contains(out, "backlog                   3\n") {
 		t.Fatalf("status as the console: %v\n%s", err, out)
+	}
+}
+
+// A default partition the maintenance makes again (it was dropped) gets
+// the rights `outbox grants` gave the one before: the relay cleans it up
+// directly and the console reads it, with no new run of `outbox grants`,
+// and a new run changes nothing there. The writer gets nothing.
+func TestGrantsFollowARecreatedDefaultPartition(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	admin := testenv.Pool(t)
+	tb := testenv.Table(t, admin)
+	if _, err := outboxpgx.New(admin).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Partitions: 4, TimePartitions: outboxdriver.TimePartitionsDay}); err != nil {
+		t.Fatal(err)
+	}
+	owner, _ := testenv.PoolAs(t, admin, "outbox_owner")
+	writer, _ := testenv.PoolAs(t, admin, "outbox_writer")
+	relayRole, relayPool := testenv.PoolAs(t, admin, "outbox_relay")
+	consoleRole, consolePool := testenv.PoolAs(t, admin, "outbox_console")
+	grants := func() {
+		t.Helper()
+		if out, err := runInProcess(t, "", "grants", "--db", dbURL(), "--schema", tb.Schema, "--writer", writer, "--relay", relayRole, "--console", consoleRole, "--owner", owner, "--apply"); err != nil {
+			t.Fatalf("grants --apply: %v\n%s", err, out)
+		}
+	}
+	def := tb.Qualified("_pdefault")
+	acl := func() string {
+		t.Helper()
+		var s string
+		if err := admin.QueryRow(ctx, `SELECT coalesce(string_agg(pg_get_userbyid(a.grantee) || ':' || a.privilege_type, ',' ORDER BY 1), '')
+FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a WHERE c.oid = to_regclass($1) AND a.grantee <> c.relowner`, def).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	grants()
+	given := acl()
+	if !strings.Contains(given, relayRole+":DELETE") || !strings.Contains(given, consoleRole+":SELECT") {
+		t.Fatalf("after outbox grants the default partition's rights are %q", given)
+	}
+
+	// Dropped (it was empty), made again by the relay's maintenance.
+	if _, err := admin.Exec(ctx, `DROP TABLE `+def); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runInProcess(t, "", "retention", "--db", pgURLAs(t, relayRole), "--schema", tb.Schema, "--actor", "relay")
+	if err != nil || !strings.Contains(out, tb.Name+"_pdefault") {
+		t.Fatalf("retention as the relay: %v\n%s", err, out)
+	}
+	if got := acl(); got != given {
+		t.Fatalf("the default partition made again has the rights %q; want those outbox grants gave, %q", got, given)
+	}
+	if strings.Contains(given, writer+":") {
+		t.Fatalf("the writer holds rights on the default partition: %q", given)
+	}
+	if _, err := relayPool.Exec(ctx, `DELETE FROM `+def+` WHERE published_at IS NOT NULL`); err != nil {
+		t.Fatalf("the relay's cleanup of the default partition made again: %v", err)
+	}
+	var n int
+	if err := consolePool.QueryRow(ctx, `SELECT count(*) FROM `+def).Scan(&n); err != nil {
+		t.Fatalf("the console's read of the default partition made again: %v", err)
+	}
+	grants()
+	if got := acl(); got != given {
+		t.Fatalf("outbox grants run again changed the default partition's rights to %q from %q", got, given)
+	}
+}
+
+// mariaDBRole creates a MariaDB role named from prefix, dropped when the
+// test ends, with grants (%s is the role).
+func mariaDBRole(t *testing.T, admin *sql.DB, prefix string, grants ...string) string {
+	t.Helper()
+	ctx := testenv.Context(t, 30*time.Second)
+	role := testenv.Name(prefix)
+	if _, err := admin.ExecContext(ctx, "CREATE ROLE "+role); err != nil {
+		t.Fatalf("create role %s (MariaDB): %v", role, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP ROLE IF EXISTS "+role); err != nil {
+			t.Logf("drop role %s: %v", role, err)
+		}
+	})
+	for _, g := range grants {
+		if _, err := admin.ExecContext(ctx, strings.ReplaceAll(g, "%s", role)); err != nil {
+			t.Fatalf("%s: %v", g, err)
+		}
+	}
+	return role
+}
+
+// MariaDB roles as the jobs: `outbox grants` gives each role its job,
+// and accounts that hold the role as their default role do the job and
+// nothing more. A role that holds, through another role, rights on the
+// whole database is refused, as such an account is.
+func TestGrantsGiveMariaDBRolesTheirJobs(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 4*time.Minute)
+	admin := mysqlDB(t, mysqlServerURL())
+	var version string
+	if err := admin.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(version, "MariaDB") {
+		t.Fatalf("the test server is %s; this test needs MariaDB (bash .ci/test --setup-only starts it)", version)
+	}
+	name := testenv.MySQLDatabase(t, admin, "t")
+	tb := outboxdriver.Table{Schema: name, Name: "outbox"}
+	db := []string{"--db", mysqlURL(t, name)}
+	if out, stderr, code := run(t, nil, append([]string{"migrate"}, db...)...); code != 0 {
+		t.Fatalf("migrate: %d %s %s", code, out, stderr)
+	}
+	q := func(suffix string) string { return "`" + name + "`.`outbox" + suffix + "`" }
+	writerRole := mariaDBRole(t, admin, "outbox_wrole")
+	relayRole := mariaDBRole(t, admin, "outbox_rrole")
+	consoleRole := mariaDBRole(t, admin, "outbox_crole")
+	as := func(prefix, role string) *sql.DB {
+		_, conn := testenv.MySQLAs(t, admin, prefix, name, "GRANT "+role+" TO %s", "SET DEFAULT ROLE "+role+" FOR %s")
+		return conn
+	}
+	writerDB, relayDB, consoleDB := as("outbox_wuser", writerRole), as("outbox_ruser", relayRole), as("outbox_cuser", consoleRole)
+
+	// A role with DELETE on the whole database through another role.
+	wide := mariaDBRole(t, admin, "outbox_wide", "GRANT SELECT, DELETE ON `"+name+"`.* TO %s")
+	nested := mariaDBRole(t, admin, "outbox_nested", "GRANT "+wide+" TO %s")
+	failsWithOneLine(t, nil, "--relay "+nested+": the role holds DELETE on database "+name+" through the role "+wide+", which no table grant narrows",
+		append([]string{"grants", "--relay", nested}, db...)...)
+
+	args := append([]string{"grants", "--writer", writerRole, "--relay", relayRole, "--console", consoleRole}, db...)
+	out, err := runInProcess(t, "", args...)
+	if err != nil || !strings.Contains(out, "GRANT SELECT ON "+q("_masking")+" TO '"+consoleRole+"'") || !strings.Contains(out, "role "+relayRole) {
+		t.Fatalf("grants to roles: %v\n%s", err, out)
+	}
+	if out, err := runInProcess(t, "", append(args, "--apply")...); err != nil || !strings.Contains(out, "statement(s) applied") {
+		t.Fatalf("grants --apply: %v\n%s", err, out)
+	}
+
+	flow, poison := jobEvents()
+	flowIDs := ids(flow)
+	ids(poison)
+	w, err := outbox.New(outboxmysql.New(writerDB), &outbox.Config{Schema: name, Table: "outbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(ctx, append(flow, poison...)...); err != nil {
+		t.Fatalf("the writer through its role: %v", err)
+	}
+	src, err := outboxmysql.New(relayDB).NewSource(tb, &outboxdriver.SourceConfig{Retention: outboxdriver.RetentionKeep, RelayName: "relay-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, ctx, src, flowIDs, func() (int64, error) {
+		var n int64
+		err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+q("_dead_letter")).Scan(&n)
+		return n, err
+	})
+	src.Close()
+	consoleJob(t, ctx, outboxmysql.New(consoleDB), tb)
+
+	denied := []uint16{1142, 1143, 1370}
+	for _, c := range []struct {
+		who  string
+		conn *sql.DB
+		stmt string
+	}{
+		{"writer", writerDB, "SELECT COUNT(*) FROM " + q("")},
+		{"writer", writerDB, "DELETE FROM " + q("")},
+		{"relay", relayDB, "INSERT INTO " + q("_pause") + " (scope, actor, reason) VALUES ('all', 'r', '')"},
+		{"relay", relayDB, "DELETE FROM " + q("_masking")},
+		{"console", consoleDB, "UPDATE " + q("_leases") + " SET owner = 'me'"},
+		{"console", consoleDB, "INSERT INTO " + q("_masking") + " (path, source, actor) VALUES ('x', 'operator', 'mallory')"},
+		{"console", consoleDB, "DELETE FROM " + q("_audit")},
+		{"console", consoleDB, "DROP TABLE " + q("_dead_letter")},
+	} {
+		_, err := c.conn.ExecContext(ctx, c.stmt)
+		myRefused(t, c.who+" through its role", c.stmt, err, denied...)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -56,15 +58,23 @@ back. Either applies to an existing table too (PostgreSQL).
 from: the publication of the table's inserts and the replication slot
 (PostgreSQL; wal_level = logical, a role with REPLICATION). Writers that
 write logical decoding messages need the slot before their first event.
---down 0 drops them again.`,
+--down 0 drops them again.
+
+Before it applies anything, migrate lists the live relays of the table
+(name, release, schema version, last renewal) and refuses a pending
+migration that needs newer relays than some of them run with (a relay of
+a release that records no version counts as older), naming them: replace
+them with this release first, or run again with --force, after which they
+stop claiming until replaced (docs/operations.md, Upgrades).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := intIn("partitions", opts.Partitions, 1, outboxdriver.MaxPartitions); err != nil {
 				return err
 			}
-			if force && (inboxOnly || !cmd.Flags().Changed("down") || down != 0) {
-				return fmt.Errorf("--force goes with --down 0 of the outbox tables only: it drops them with the events still in them")
+			if force && (inboxOnly || (cmd.Flags().Changed("down") && down != 0)) {
+				return fmt.Errorf("--force goes with the outbox tables' migration (it applies migrations older live relays cannot work with) or with --down 0 (it drops the tables with the events still in them), not with --inbox or --down N")
 			}
+			opts.IgnoreRelaysBehind = force
 			if opts.Wakeups != "" && (inboxOnly || cmd.Flags().Changed("down")) {
 				return fmt.Errorf("--wakeups goes with the outbox table's migration, not with --inbox or --down")
 			}
@@ -102,6 +112,7 @@ write logical decoding messages need the slot before their first event.
 						return err
 					}
 				}
+				listRelays(ctx, out, t, st)
 				vs, err := st.Migrate(ctx, t, &opts)
 				if err != nil {
 					return err
@@ -126,7 +137,7 @@ write logical decoding messages need the slot before their first event.
 	}
 	f.register(cmd)
 	cmd.Flags().IntVar(&down, "down", 0, "revert to this schema version instead of upgrading")
-	cmd.Flags().BoolVar(&force, "force", false, "with --down 0: drop the tables even though they hold events or dead letters")
+	cmd.Flags().BoolVar(&force, "force", false, "upgrade even though live relays cannot work with a pending migration (they stop claiming until replaced); with --down 0: drop the tables even though they hold events or dead letters")
 	cmd.Flags().IntVar(&opts.Partitions, "partitions", outboxdriver.DefaultPartitions, "number of partitions aggregates hash into (fixed at creation; bounds how many relays share the table)")
 	cmd.Flags().StringVar(&opts.TimePartitions, "time-partitions", "", "day or hour: create the table partitioned by created_at, so that retention drops partitions (PostgreSQL; fixed at creation)")
 	cmd.Flags().IntVar(&opts.TimePartitionsAhead, "time-partitions-ahead", 0, "with --time-partitions: how many days or hours ahead partitions are made (default 7 days, 48 hours)")
@@ -208,6 +219,30 @@ func (f *dbFlags) migrateInbox(cmd *cobra.Command, name string, down int) error 
 		}
 		return nil
 	})
+}
+
+// listRelays prints the live relays of t, with the release and schema
+// version each runs with and when it last renewed: nothing for a table
+// not made yet.
+func listRelays(ctx context.Context, out io.Writer, t outboxdriver.Table, st outboxdriver.Store) {
+	rs, err := st.Relays(ctx, t)
+	if err != nil {
+		return // not made yet, or too old to have relays: the migration says more
+	}
+	var live []outboxdriver.RelayStatus
+	for _, r := range rs {
+		if r.ExpiresIn > 0 {
+			live = append(live, r)
+		}
+	}
+	fmt.Fprintf(out, "%s: %d live relay(s)\n", t, len(live))
+	for _, r := range live {
+		renewed := "unknown"
+		if !r.RenewedAt.IsZero() {
+			renewed = r.RenewedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(out, "  %s: %s, last renewed %s\n", r.Name, outboxdriver.DescribeRelayVersion(r), renewed)
+	}
 }
 
 // refuseToDropRows returns an error, saying how many of each, when

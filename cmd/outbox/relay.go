@@ -19,6 +19,7 @@ import (
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink/sinkurl"
 )
 
 func newRelay() *cobra.Command {
@@ -190,13 +191,13 @@ Sinks (--sink):
 			if tp != nil {
 				rcfg.TracerProvider = tp
 			}
-			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, Sink: sinkOpts, OneCPUWhileIdle: true}
+			opts := &relayd.Options{Schema: t.Schema, Table: t.Name, Retention: ret, Relay: rcfg, OneCPUWhileIdle: true}
 			if opts.Source, opts.CDC, err = cdcOptions(cmd, source, cdcCfg, cdcCreate, cdcMode); err != nil {
 				return err
 			}
 			if fleet {
 				return fl.run(ctx, cmd, fleetRun{
-					table: t, route: rc, sinks: &sf, ce: &ce, contracts: registry, template: *opts,
+					table: t, route: rc, sinks: &sf, sinkOptions: sinkOpts, ce: &ce, contracts: registry, template: *opts,
 					ln: ln, grace: grace, log: log,
 				})
 			}
@@ -223,7 +224,11 @@ Sinks (--sink):
 				return err
 			}
 			defer waitReconcile()
-			rl, err := relayd.Open(ctx, dbURL, sinkURL, opts)
+			snk, err := sinkurl.Open(ctx, sinkURL, &sinkOpts, log)
+			if err != nil {
+				return err
+			}
+			rl, err := relayd.Open(ctx, dbURL, snk, opts)
 			if err != nil {
 				return err
 			}

@@ -5,7 +5,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/outboxkit/outbox/relayd"
+	"github.com/outboxkit/outbox/sink/sinkurl"
 )
 
 // sinkFlags are the broker-specific options of `outbox relay`.
@@ -24,7 +24,7 @@ type sinkFlags struct {
 	pubsubCreate   bool
 }
 
-const sinkSchemes = relayd.SinkSchemes
+const sinkSchemes = sinkurl.Schemes
 
 // url is --sink, or OUTBOX_SINK.
 func (f *sinkFlags) sinkURL() (string, error) {
@@ -38,12 +38,12 @@ func (f *sinkFlags) sinkURL() (string, error) {
 	return raw, nil
 }
 
-// options are the broker-specific flags as relayd's sink options.
-func (f *sinkFlags) options() (relayd.SinkOptions, error) {
+// options are the broker-specific flags as sinkurl's options.
+func (f *sinkFlags) options() (sinkurl.Options, error) {
 	if f.mqttQoS != 1 && f.mqttQoS != 2 {
-		return relayd.SinkOptions{}, fmt.Errorf("--mqtt-qos %d: use 1 or 2 (QoS 0 can lose messages)", f.mqttQoS)
+		return sinkurl.Options{}, fmt.Errorf("--mqtt-qos %d: use 1 or 2 (QoS 0 can lose messages)", f.mqttQoS)
 	}
-	return relayd.SinkOptions{
+	return sinkurl.Options{
 		NATSStream: f.natsStream, NATSSubjects: f.natsSubjects, NATSNoCreate: f.natsNoCreate,
 		AMQPExchange: f.amqpExchange, AMQPDeclare: f.amqpDeclare,
 		RedisMaxLen: f.redisMaxLen, MQTTQoS: f.mqttQoS,

@@ -104,9 +104,19 @@ func TestStatusShowsTheCDCSlot(t *testing.T) {
 		js.CDCSlots[0].ConfirmedLSN == "" || js.CDCSlots[0].LagBytes <= 0 {
 		t.Fatalf("cdc_slots = %+v, want slot %s, existing, inactive (no relay runs), with a confirmed LSN and retained WAL", js.CDCSlots, slot)
 	}
+	// The WAL past the confirmed LSN, and (once the first relay recorded
+	// it) its table-mode backlog: nothing decoded is pending, and the
+	// table's count is exact.
+	if js.WALBytesPending == nil || *js.WALBytesPending != js.CDCSlots[0].WALBytesPending || js.CDCSlots[0].WALBytesPending < 0 {
+		t.Fatalf("wal_bytes_pending = %v, slot's %d", js.WALBytesPending, js.CDCSlots[0].WALBytesPending)
+	}
+	if b := js.CDCSlots[0].Backlog; b != nil && (b.Mode != "table" || b.Events != 0 || !js.BacklogExact || js.OldestPendingCommitAt != nil) {
+		t.Fatalf("table mode's backlog record %+v, backlog exact %v, oldest pending %v", b, js.BacklogExact, js.OldestPendingCommitAt)
+	}
 	stdout, stderr, code = run(t, nil, append([]string{"status"}, db.flags...)...)
 	if code != 0 || !strings.Contains(stdout, "cdc slot                  "+slot) || !strings.Contains(stdout, "state                   inactive") ||
-		!strings.Contains(stdout, "parked events             0") {
+		!strings.Contains(stdout, "parked events             0") || !strings.Contains(stdout, "WAL not confirmed       ") ||
+		!strings.Contains(stdout, "decoded, not published  ") {
 		t.Fatalf("status (%d) = %s%s", code, stdout, stderr)
 	}
 }
@@ -138,4 +148,33 @@ func TestBenchDrainsTheWALWithRelayProcesses(t *testing.T) {
 			}
 		}
 	})
+}
+
+// outbox cdc drop removes the slot that outbox migrate --cdc made, keeps
+// the table, and a second drop finds nothing left to drop but succeeds;
+// on a database other than PostgreSQL it says log tailing needs it.
+func TestCDCDropCommand(t *testing.T) {
+	tb, db := migratedFor(t, "cdc")
+	var stdout, stderr string
+	var code int
+	testenv.CDCTurn(t, db.pool, func() {
+		stdout, stderr, code = run(t, nil, append([]string{"cdc", "drop"}, db.flags...)...)
+	})
+	if code != 0 || !strings.Contains(stdout, "dropped replication slot "+cdc.DefaultSlot(tb)) {
+		t.Fatalf("outbox cdc drop: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	var slots int
+	if err := db.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, cdc.DefaultSlot(tb)).Scan(&slots); err != nil || slots != 0 {
+		t.Fatalf("after outbox cdc drop: %d slots, %v", slots, err)
+	}
+	if _, stderr, code := run(t, nil, append([]string{"status"}, db.flags...)...); code != 0 {
+		t.Fatalf("outbox status after the drop: exit %d: %s", code, stderr)
+	}
+	testenv.CDCTurn(t, db.pool, func() {
+		_, stderr, code = run(t, nil, append([]string{"cdc", "drop"}, db.flags...)...)
+	})
+	if code != 0 {
+		t.Fatalf("a second outbox cdc drop: exit %d: %s", code, stderr)
+	}
+	failsWithOneLine(t, nil, "log tailing needs PostgreSQL", "cdc", "drop", "--db", "sqlite://"+t.TempDir()+"/x.db")
 }

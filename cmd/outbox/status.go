@@ -27,6 +27,28 @@ type statusJSON struct {
 	// Roles says whether the table's jobs run under separate database
 	// roles (outbox grants); absent where it could not be read.
 	Roles *rolesJSON `json:"roles,omitempty"`
+	// RelaysBehind are the live relays older than relays_from (schema
+	// version 0: a release that records none); absent when there is none.
+	RelaysBehind []outboxdriver.RelayStatus `json:"relays_behind,omitempty"`
+}
+
+// relaysBehind lists the live relays of t older than the oldest relay
+// schema version st says the table works with.
+func relaysBehind(ctx context.Context, db outboxdriver.Store, t outboxdriver.Table, st outboxdriver.Status) []outboxdriver.RelayStatus {
+	if st.RelaysFrom == 0 {
+		return nil
+	}
+	rs, err := db.Relays(ctx, t)
+	if err != nil {
+		return nil
+	}
+	var out []outboxdriver.RelayStatus
+	for _, r := range rs {
+		if r.ExpiresIn > 0 && r.SchemaVersion < st.RelaysFrom {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // rolesJSON is grants.Separation in `outbox status --json`.
@@ -69,8 +91,9 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		return err
 	}
 	sep, sepErr := separation(ctx, db, t)
+	behind := relaysBehind(ctx, db, t, st)
 	if asJSON {
-		js := statusJSON{Source: source, Schema: t.Schema, Table: t.Name, StatusJSON: ops.NewStatusJSON(st)}
+		js := statusJSON{Source: source, Schema: t.Schema, Table: t.Name, StatusJSON: ops.NewStatusJSON(st), RelaysBehind: behind}
 		if sep != nil {
 			js.Roles = &rolesJSON{Separated: sep.Separated, Owner: sep.Owner, Granted: sep.Granted, AuditChangers: sep.AuditChangers, Text: sep.Text}
 		}
@@ -80,8 +103,12 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "source                    %s\n", source)
 	}
 	fmt.Fprintf(out, "table                     %s\n", t)
-	fmt.Fprintf(out, "backlog                   %d\n", st.Backlog)
-	fmt.Fprintf(out, "oldest unpublished age    %s\n", st.OldestUnpublishedAge.Round(1e6))
+	fmt.Fprintf(out, "backlog                   %d%s\n", st.Backlog, backlogNote(st))
+	age := st.OldestUnpublishedAge.Round(1e6).String()
+	if st.OldestAgeEstimated {
+		age += " (estimated: since a stopped streamer's last record, see cdc slot)"
+	}
+	fmt.Fprintf(out, "oldest unpublished age    %s\n", age)
 	fmt.Fprintf(out, "dead letters              %d\n", st.DeadLetters)
 	fmt.Fprintf(out, "published, kept           %d\n", st.Published)
 	fmt.Fprintf(out, "held aggregates           %d\n", st.Held)
@@ -95,6 +122,17 @@ func printStatus(ctx context.Context, out io.Writer, source string, t outboxdriv
 		fmt.Fprintf(out, "parked events             %d\n", st.Parked)
 	}
 	fmt.Fprintf(out, "schema version            %d (latest %d)\n", st.SchemaVersion, st.LatestSchemaVersion)
+	if st.RelaysFrom > 0 {
+		fmt.Fprintf(out, "relays from               schema version %d\n", st.RelaysFrom)
+	}
+	for _, r := range behind {
+		what := "it claims nothing until replaced"
+		if r.SchemaVersion == 0 {
+			// A relay that records no version cannot tell either.
+			what = "it cannot tell, and may skip rows or ignore what the table needs: replace it"
+		}
+		fmt.Fprintf(out, "relay behind the table    %s (%s): %s (docs/operations.md, Upgrades)\n", r.Name, outboxdriver.DescribeRelayVersion(r), what)
+	}
 	switch st.Wakeups {
 	case outboxdriver.WakeupsTrigger:
 		fmt.Fprintf(out, "wake-ups                  the notify trigger, for every writer\n")
@@ -182,6 +220,19 @@ func printPartitions(out io.Writer, parts []outboxdriver.PartitionStatus) {
 	tw.Flush()
 }
 
+// backlogNote says, after the backlog, when it is a lower bound: events
+// of a log-tailing slot may wait in the WAL, not decoded yet.
+func backlogNote(st outboxdriver.Status) string {
+	if !st.BacklogInWAL {
+		return ""
+	}
+	var wal int64
+	for _, s := range st.Slots {
+		wal += s.UnconfirmedBytes
+	}
+	return fmt.Sprintf(" (at least: events still in the WAL, not decoded yet, are not counted; %d bytes of WAL not confirmed)", wal)
+}
+
 // printSlots lists the log-tailing replication slots.
 func printSlots(out io.Writer, slots []outboxdriver.SlotStatus) {
 	for _, s := range slots {
@@ -206,8 +257,38 @@ func printSlots(out io.Writer, slots []outboxdriver.SlotStatus) {
 		fmt.Fprintf(out, "  state                   %s\n", state)
 		fmt.Fprintf(out, "  lag (retained WAL)      %d bytes\n", s.LagBytes)
 		fmt.Fprintf(out, "  confirmed LSN           %s\n", confirmed)
+		fmt.Fprintf(out, "  WAL not confirmed       %d bytes\n", s.UnconfirmedBytes)
 		fmt.Fprintf(out, "  streamer                %s\n", owner)
+		printSlotBacklog(out, s.Backlog)
 	}
+}
+
+// printSlotBacklog shows what a slot's streamer last recorded of its
+// backlog.
+func printSlotBacklog(out io.Writer, b *outboxdriver.SlotBacklog) {
+	if b == nil {
+		fmt.Fprintf(out, "  decoded, not published  unknown: no streamer recorded it (a relay older than schema version 22, or none streamed yet)\n")
+		return
+	}
+	what := "events decoded from the WAL, not yet published (messages"
+	switch b.Mode {
+	case "insert-delete":
+		what += " and rows"
+	case "table":
+		what += "; rows count in the table's backlog"
+	}
+	fmt.Fprintf(out, "  decoded, not published  %d %s; mode %s)\n", b.Events, what, b.Mode)
+	if !b.OldestCommit.IsZero() {
+		fmt.Fprintf(out, "  oldest pending commit   %s (%s ago)\n", b.OldestCommit.Format("2006-01-02 15:04:05.000Z"), b.OldestAge.Round(1e6))
+	}
+	rec := fmt.Sprintf("%s ago", b.RecordAge.Round(1e6))
+	if b.Stale {
+		rec += ": stale, the streamer stopped recording (down, or cannot reach the database); events written since are not counted"
+		if b.OldestEstimated {
+			rec += ", and may have waited since then"
+		}
+	}
+	fmt.Fprintf(out, "  recorded                %s\n", rec)
 }
 
 // ranges renders sorted ints as "0-3,7,9-10".

@@ -25,7 +25,10 @@
         box.querySelectorAll("[data-k]").forEach(function (el) {
           var k = el.getAttribute("data-k");
           if (k in o) {
-            el.textContent = (o.estimated && o.estimated[k] ? "\u2248 " : "") + show(o[k], el.getAttribute("data-unit"));
+            var pre = o.estimated && o.estimated[k] ? "\u2248 " : "";
+            if (k === "backlog" && o.backlog_exact === false) { pre = "\u2265 "; }
+            if (k === "oldest_unpublished_age_seconds" && o.oldest_unpublished_age_estimated) { pre = "\u2248 "; }
+            el.textContent = pre + show(o[k], el.getAttribute("data-unit"));
           }
         });
       })

@@ -214,3 +214,9 @@ func ResolveMaintenance(m outboxdriver.TimePartitionMaintenance) (outboxdriver.T
 	}
 	return m, nil
 }
+
+// MaskAuditDetail is the detail of the audit row of a change to the
+// stored masked path p, whose stored source is source.
+func MaskAuditDetail(p outboxdriver.MaskPath, source string) string {
+	return p.String() + ", from " + source
+}

@@ -2,6 +2,7 @@ package driverkit
 
 import (
 	"fmt"
+	"runtime/debug"
 
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -42,3 +43,33 @@ type outdatedError struct {
 
 func (e *outdatedError) Error() string { return e.msg }
 func (e *outdatedError) Unwrap() error { return e.err }
+
+// module is the path of this module, whose release a relay records.
+const module = "github.com/outboxkit/outbox"
+
+// Release is the release of this module the running binary was built
+// with, as its build information records it: the module's version when it
+// is a dependency or a tagged main module, "(devel)" for a build of a
+// working tree, "" when the binary has no build information. Relays record
+// it in the relays registry (docs/operations.md, Upgrades).
+func Release() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	if bi.Main.Path == module {
+		if bi.Main.Version == "" {
+			return "(devel)"
+		}
+		return bi.Main.Version
+	}
+	for _, d := range bi.Deps {
+		if d.Path == module {
+			if d.Replace != nil && d.Replace.Version != "" {
+				return d.Replace.Version
+			}
+			return d.Version
+		}
+	}
+	return "(devel)"
+}

@@ -38,6 +38,9 @@ var myTables = []myRights{
 	{suffix: "_audit", console: "SELECT, INSERT"},
 	{suffix: "_migrations", relay: "SELECT", console: "SELECT"},
 	{suffix: "_pause", relay: "SELECT", console: "SELECT, INSERT, DELETE"},
+	// The masking stored with the table: read by every process that shows
+	// a payload, changed by the owner alone (`outbox mask`).
+	{suffix: "_masking", relay: "SELECT", console: "SELECT"},
 	{suffix: "_samples", console: "SELECT, INSERT, DELETE"},
 	{suffix: "_requests", console: "SELECT, INSERT, UPDATE"},
 	{suffix: "_audit_prune"},
@@ -59,6 +62,15 @@ func (a myAccount) quoted() string {
 		return "'" + a.user + "'" // a role
 	}
 	return "'" + a.user + "'@'" + a.host + "'"
+}
+
+// kind is "role" for a MariaDB role (an entry of mysql.user without a
+// host), "account" otherwise.
+func (a myAccount) kind() string {
+	if a.host == "" {
+		return "role"
+	}
+	return "account"
 }
 
 func (a myAccount) String() string {
@@ -131,7 +143,11 @@ WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`, t
 		{"console", "what package ops does (dead letters, pauses, held aggregates, requests, replay, repair); reads and appends the audit"},
 	} {
 		if a, ok := accounts[j.flag]; ok {
-			p.Header = append(p.Header, j.flag+" "+a.String()+": "+j.what)
+			name := a.String()
+			if a.kind() == "role" {
+				name = "role " + name
+			}
+			p.Header = append(p.Header, j.flag+" "+name+": "+j.what)
 		}
 	}
 	// Exactly the job: whatever the accounts held on these tables goes.
@@ -172,6 +188,11 @@ WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`, t
 	p.Notes = append(p.Notes,
 		"Prune the audit as the owner: outbox audit prune --db mysql://"+strings.Split(owner, "@")[0]+"@HOST/"+t.Schema+" --before TIME",
 		"A TRUNCATE fires no trigger: it takes the DROP privilege, which no job account holds.")
+	for _, j := range r.jobs() {
+		if a := accounts[j.flag]; j.flag != "owner" && a.kind() == "role" {
+			p.Notes = append(p.Notes, "The "+j.flag+"'s accounts act through the role "+a.user+" once it is their default role (MariaDB): GRANT "+myQuote(a.user)+" TO 'USER'@'HOST'; SET DEFAULT ROLE "+myQuote(a.user)+" FOR 'USER'@'HOST';")
+		}
+	}
 	return p, nil
 }
 
@@ -210,21 +231,40 @@ func lookUpAccount(ctx context.Context, db *sql.DB, j job) (myAccount, error) {
 	return myAccount{j.flag, user, hosts[0]}, nil
 }
 
-// checkWide refuses an account with write rights on the whole database of
-// t, or on every database.
+// checkWide refuses an account (or a MariaDB role) with write rights on
+// the whole database of t, or on every database, itself or through a role
+// it holds (which it may SET ROLE to, or has as its default role).
 func checkWide(ctx context.Context, db *sql.DB, t outboxdriver.Table, a myAccount) error {
+	if err := checkWideOf(ctx, db, t, a, a); err != nil {
+		return err
+	}
+	roles, err := grantedRoles(ctx, db, a)
+	if err != nil {
+		return err
+	}
+	for _, r := range roles {
+		if err := checkWideOf(ctx, db, t, a, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkWideOf refuses job account a when holder (a itself, or a role a
+// holds) has write rights on the whole database of t or on every one.
+func checkWideOf(ctx context.Context, db *sql.DB, t outboxdriver.Table, a, holder myAccount) error {
 	cols := strings.Join(myWide, ", ")
 	for _, level := range []struct{ where, on, query string }{
 		{"every database", "*.*", `SELECT ` + cols + ` FROM mysql.user WHERE User = ? AND Host = ?`},
 		{"database " + t.Schema, myQuote(t.Schema) + ".*", `SELECT ` + cols + ` FROM mysql.db WHERE User = ? AND Host = ? AND ? LIKE Db`},
 	} {
-		args := []any{a.user, a.host}
+		args := []any{holder.user, holder.host}
 		if strings.Contains(level.query, "LIKE") {
 			args = append(args, t.Schema)
 		}
 		rows, err := db.QueryContext(ctx, level.query, args...)
 		if err != nil {
-			return fmt.Errorf("rights of account %s: %w", a, err)
+			return fmt.Errorf("rights of %s %s: %w", holder.kind(), holder, err)
 		}
 		var held []string
 		for rows.Next() {
@@ -247,14 +287,72 @@ func checkWide(ctx context.Context, db *sql.DB, t outboxdriver.Table, a myAccoun
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		if len(held) > 0 {
-			slices.Sort(held)
-			held = slices.Compact(held)
-			return fmt.Errorf("--%s %s: the account holds %s on %s, which no table grant narrows: revoke it first (REVOKE ALL PRIVILEGES ON %s FROM %s)",
-				a.flag, a, strings.Join(held, ", "), level.where, level.on, a.quoted())
+		if len(held) == 0 {
+			continue
 		}
+		slices.Sort(held)
+		held = slices.Compact(held)
+		if holder != a {
+			return fmt.Errorf("--%s %s: the %s holds %s on %s through the role %s, which no table grant narrows: revoke that role from it first (REVOKE %s FROM %s)",
+				a.flag, a, a.kind(), strings.Join(held, ", "), level.where, holder, myQuote(holder.user), a.quoted())
+		}
+		return fmt.Errorf("--%s %s: the %s holds %s on %s, which no table grant narrows: revoke it first (REVOKE ALL PRIVILEGES ON %s FROM %s)",
+			a.flag, a, a.kind(), strings.Join(held, ", "), level.where, level.on, a.quoted())
 	}
 	return nil
+}
+
+// maxRoles bounds the roles grantedRoles follows.
+const maxRoles = 100
+
+// grantedRoles lists the roles a holds, directly or through other roles:
+// MariaDB's mysql.roles_mapping, or MySQL's mysql.role_edges.
+func grantedRoles(ctx context.Context, db *sql.DB, a myAccount) ([]myAccount, error) {
+	queries := []string{
+		`SELECT Role, '' FROM mysql.roles_mapping WHERE User = ? AND Host = ?`,
+		`SELECT FROM_USER, FROM_HOST FROM mysql.role_edges WHERE TO_USER = ? AND TO_HOST = ?`,
+	}
+	direct := func(of myAccount) ([]myAccount, error) {
+		var first error
+		for _, q := range queries {
+			rows, err := db.QueryContext(ctx, q, of.user, of.host)
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				continue // the other server's table
+			}
+			var out []myAccount
+			for rows.Next() {
+				r := myAccount{flag: a.flag}
+				if err := rows.Scan(&r.user, &r.host); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				out = append(out, r)
+			}
+			rows.Close()
+			return out, rows.Err()
+		}
+		return nil, fmt.Errorf("roles held by %s %s (run outbox grants as an account that may read the mysql schema, such as root): %w", of.kind(), of, first)
+	}
+	var out []myAccount
+	next := []myAccount{a}
+	for len(next) > 0 && len(out) < maxRoles {
+		of := next[0]
+		next = next[1:]
+		rs, err := direct(of)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			if r != a && !slices.Contains(out, r) {
+				out = append(out, r)
+				next = append(next, r)
+			}
+		}
+	}
+	return out, nil
 }
 
 // heldTables lists the tables of t on which a holds rights now.

@@ -55,6 +55,9 @@ var pgTables = []pgRights{
 	{suffix: "_audit", relay: "SELECT (id)", console: "SELECT, INSERT"},
 	{suffix: "_migrations", relay: "SELECT", console: "SELECT"},
 	{suffix: "_pause", relay: "SELECT", console: "SELECT, INSERT, DELETE"},
+	// The masking stored with the table: every process that shows a
+	// payload reads it; only the owner (`outbox mask`) changes it.
+	{suffix: "_masking", relay: "SELECT", console: "SELECT"},
 	{suffix: "_samples", console: "SELECT, INSERT, DELETE"},
 	{suffix: "_requests", console: "SELECT, INSERT, UPDATE"},
 	{suffix: "_cdc", relay: "SELECT, INSERT, UPDATE", console: "SELECT"},
@@ -62,8 +65,10 @@ var pgTables = []pgRights{
 	{suffix: "_cdc_parked", relay: "SELECT, INSERT, DELETE", console: "SELECT"},
 	{suffix: "_tparts", relay: "SELECT", console: "SELECT"},
 	// A table partitioned by time: the relay cleans up the default
-	// partition itself; the others go with their partition.
-	{suffix: pgschema.DefaultPartitionSuffix, relay: "SELECT, DELETE", console: "SELECT"},
+	// partition itself; the others go with their partition. A default
+	// partition the maintenance makes again gets the SELECT and DELETE
+	// the roles hold on the outbox table (migration 22): the same.
+	{suffix: pgschema.DefaultPartitionSuffix, relay: "SELECT, DELETE", console: "SELECT, DELETE"},
 	// The writers' wake-up view (and the notify trigger) read it.
 	{suffix: "_awake", sequence: true, writer: "SELECT"},
 }
@@ -72,6 +77,7 @@ var pgTables = []pgRights{
 // may call every one. Trigger functions are called by their triggers only.
 var pgFunctions = map[string]string{
 	"_cdc_write":  "writer", // insert + delete mode; runs as the owner
+	"_cdc_emit":   "writer", // message mode; runs as the owner
 	"_fence":      "relay",
 	"_cdc_fence":  "relay",
 	"_cdc_mark":   "relay",
@@ -177,9 +183,10 @@ ORDER BY c.relname`, t.Schema, names, n.Table)
 	for suffix := range pgFunctions {
 		fns = append(fns, t.Name+suffix)
 	}
-	// The owner's alone: the prune, and the trigger functions (which move
-	// to a new owner with the tables: _awake_set runs as its owner).
-	for _, suffix := range []string{"_audit_prune", "_notify", "_awake_set", "_audit_ro"} {
+	// The owner's alone: the prune, the trigger functions (which move to a
+	// new owner with the tables: _awake_set runs as its owner), and the
+	// slot check that _cdc_emit and _cdc_write call as their owner.
+	for _, suffix := range []string{"_audit_prune", "_notify", "_awake_set", "_audit_ro", "_cdc_slot"} {
 		fns = append(fns, t.Name+suffix)
 	}
 	rows, err = pool.Query(ctx, `SELECT p.proname::text, pg_get_function_identity_arguments(p.oid)
@@ -324,7 +331,7 @@ func planPostgres(c pgCatalog, r Roles) Plan {
 
 	p.Notes = append(p.Notes,
 		"Prune the audit as the owner: outbox audit prune --db postgres://"+owner+"@HOST/DB --before TIME",
-		"Writers in message mode (log tailing) need no right on the tables: pg_logical_emit_message is open to every role that may connect.")
+		"Writers in message mode (log tailing) need EXECUTE on "+t.Qualified("_cdc_emit")+" only, which the writer role gets above; it refuses while no replication slot of the table's exists.")
 	if r.Relay != "" {
 		p.Notes = append(p.Notes,
 			"Log tailing (relay --source cdc) needs what no GRANT gives:",

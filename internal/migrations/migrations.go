@@ -5,6 +5,11 @@
 // A migration is a pair of files NNN_name.up.sql and NNN_name.down.sql:
 // NNN is the version (any number of digits), name the part up to the
 // suffix. The down file may be missing; its SQL is then empty.
+//
+// An up file may declare, in a comment line of its own, the oldest relay
+// it still works with: "-- relays: from N" says that relays of an older
+// schema version than N cannot work with the table once the migration ran
+// (docs/operations.md, Upgrades). Without the line every relay can.
 package migrations
 
 import (
@@ -16,6 +21,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // Migration is one numbered schema change.
@@ -24,6 +31,35 @@ type Migration struct {
 	Name    string
 	Up      string
 	Down    string
+	// RelaysFrom is the oldest relay schema version that still works with
+	// the table once this migration ran (its "-- relays: from N" line); 0
+	// when every relay does.
+	RelaysFrom int
+}
+
+// relaysFromPrefix opens the line of an up file that declares its
+// RelaysFrom.
+const relaysFromPrefix = "-- relays: from "
+
+// relaysFrom reads the "-- relays: from N" line of an up file: 0 when
+// there is none. N must be a version from 1 up to the migration's own.
+func relaysFrom(version int, up string) (int, error) {
+	from := 0
+	for line := range strings.SplitSeq(up, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), relaysFromPrefix)
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(rest))
+		if err != nil || n < 1 || n > version {
+			return 0, fmt.Errorf("migration %d: bad line %q: want %sN with N from 1 to %d", version, strings.TrimSpace(line), relaysFromPrefix, version)
+		}
+		if from != 0 {
+			return 0, fmt.Errorf("migration %d: two %q lines", version, strings.TrimSpace(relaysFromPrefix))
+		}
+		from = n
+	}
+	return from, nil
 }
 
 // Load reads the migrations in dir of fsys, oldest first. A file whose
@@ -72,6 +108,9 @@ func Load(fsys fs.FS, dir string) ([]Migration, error) {
 		if up {
 			m.Name = strings.TrimSuffix(rest, ".up.sql")
 			m.Up = string(body)
+			if m.RelaysFrom, err = relaysFrom(v, m.Up); err != nil {
+				return nil, err
+			}
 		} else {
 			m.Down = string(body)
 		}
@@ -103,6 +142,56 @@ func Latest(ms []Migration) int {
 		return 0
 	}
 	return ms[len(ms)-1].Version
+}
+
+// RelaysFrom is the oldest relay schema version that works with a table
+// at which the migrations of ms that done holds have run: the highest of
+// their RelaysFrom, 0 when every relay does.
+func RelaysFrom(ms []Migration, done map[int]bool) int {
+	from := 0
+	for _, m := range ms {
+		if done[m.Version] {
+			from = max(from, m.RelaysFrom)
+		}
+	}
+	return from
+}
+
+// Relay is a live relay as a migration sees it: its name, the release of
+// its code, the newest schema version its code knows (0: unknown, a relay
+// of a release that did not record it) and when it last renewed.
+type Relay = outboxdriver.RelayStatus
+
+// Behind returns the pending migrations of ms (those done lacks) that a
+// relay of relays cannot work with, and those relays, in the error that
+// Migrate returns unless forced: nil when there is none. A relay of an
+// unknown version counts as older than every version.
+func Behind(ms []Migration, done map[int]bool, relays []Relay) error {
+	var blocking []outboxdriver.PendingMigration
+	var behind []Relay
+	seen := map[string]bool{}
+	for _, m := range ms {
+		if done[m.Version] || m.RelaysFrom == 0 {
+			continue
+		}
+		hit := false
+		for _, r := range relays {
+			if r.SchemaVersion < m.RelaysFrom {
+				hit = true
+				if !seen[r.Name] {
+					seen[r.Name] = true
+					behind = append(behind, r)
+				}
+			}
+		}
+		if hit {
+			blocking = append(blocking, outboxdriver.PendingMigration{Version: m.Version, Name: m.Name, RelaysFrom: m.RelaysFrom})
+		}
+	}
+	if len(blocking) == 0 {
+		return nil
+	}
+	return &outboxdriver.RelaysBehindError{Migrations: blocking, Relays: behind}
 }
 
 // Up calls apply for every migration of ms whose version is not in done,
@@ -146,6 +235,9 @@ type Tx interface {
 	Exec(ctx context.Context, sql string, args ...any) error
 	// Versions returns the first column of every row of sql as ints.
 	Versions(ctx context.Context, sql string, args ...any) ([]int, error)
+	// Each calls row for every row of sql, with the function that scans
+	// the row's columns into dest.
+	Each(ctx context.Context, sql string, args []any, row func(scan func(dest ...any) error) error) error
 }
 
 // SQLConn is what SQLTx needs: a *sql.Tx, a *sql.Conn or a *sql.DB.
@@ -162,6 +254,20 @@ type sqlTx struct{ c SQLConn }
 func (s sqlTx) Exec(ctx context.Context, q string, args ...any) error {
 	_, err := s.c.ExecContext(ctx, q, args...)
 	return err
+}
+
+func (s sqlTx) Each(ctx context.Context, q string, args []any, row func(scan func(dest ...any) error) error) error {
+	rows, err := s.c.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := row(rows.Scan); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }
 
 func (s sqlTx) Versions(ctx context.Context, q string, args ...any) ([]int, error) {

@@ -8,6 +8,7 @@ import (
 	"testing/fstest"
 
 	"github.com/outboxkit/outbox/internal/migrations"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 func file(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
@@ -181,5 +182,81 @@ SELECT 2;`)
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Statements = %q, want %q", got, want)
+	}
+}
+
+// An up file's "-- relays: from N" line sets the oldest relay that works
+// with the table once it ran; a bad line is refused when loading.
+func TestRelaysFromLine(t *testing.T) {
+	fsys := fstest.MapFS{
+		"m/001_a.up.sql": file("CREATE TABLE a ();"),
+		"m/002_b.up.sql": file("-- relays: from 2\n-- why\nALTER TABLE a ADD b int;"),
+		"m/003_c.up.sql": file("ALTER TABLE a ADD c int;"),
+	}
+	ms, err := migrations.Load(fsys, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms[0].RelaysFrom != 0 || ms[1].RelaysFrom != 2 || ms[2].RelaysFrom != 0 {
+		t.Fatalf("RelaysFrom = %d %d %d; want 0 2 0", ms[0].RelaysFrom, ms[1].RelaysFrom, ms[2].RelaysFrom)
+	}
+	if got := migrations.RelaysFrom(ms, map[int]bool{1: true}); got != 0 {
+		t.Fatalf("RelaysFrom at version 1 = %d; want 0", got)
+	}
+	if got := migrations.RelaysFrom(ms, map[int]bool{1: true, 2: true, 3: true}); got != 2 {
+		t.Fatalf("RelaysFrom at version 3 = %d; want 2", got)
+	}
+	for name, body := range map[string]string{
+		"above its own version": "-- relays: from 3\n",
+		"not a number":          "-- relays: from two\n",
+		"zero":                  "-- relays: from 0\n",
+		"twice":                 "-- relays: from 1\n-- relays: from 2\n",
+	} {
+		bad := fstest.MapFS{"m/002_b.up.sql": file(body)}
+		if _, err := migrations.Load(bad, "m"); err == nil || !strings.Contains(err.Error(), "migration 2") {
+			t.Errorf("%s: Load = %v; want an error about migration 2", name, err)
+		}
+	}
+}
+
+// Behind names the pending migrations a live relay is too old for, and
+// those relays; a relay of unknown version (0) is older than every one.
+func TestBehind(t *testing.T) {
+	ms := []migrations.Migration{{Version: 1, Name: "a"}, {Version: 2, Name: "b", RelaysFrom: 2}, {Version: 3, Name: "c"}}
+	done := map[int]bool{1: true}
+	if err := migrations.Behind(ms, done, []migrations.Relay{{Name: "new", SchemaVersion: 2}}); err != nil {
+		t.Fatalf("Behind with a relay at 2 = %v; want nil", err)
+	}
+	err := migrations.Behind(ms, done, []migrations.Relay{{Name: "new", SchemaVersion: 3}, {Name: "old"}, {Name: "one", SchemaVersion: 1}})
+	var behind *outboxdriver.RelaysBehindError
+	if !errors.As(err, &behind) || len(behind.Migrations) != 1 || behind.Migrations[0].Version != 2 ||
+		len(behind.Relays) != 2 || behind.Relays[0].Name != "old" || behind.Relays[1].Name != "one" {
+		t.Fatalf("Behind = %v (%+v); want migration 2 held up by old and one", err, behind)
+	}
+	if err := migrations.Behind(ms, map[int]bool{1: true, 2: true}, []migrations.Relay{{Name: "old"}}); err != nil {
+		t.Fatalf("Behind with the floor applied already = %v; want nil: only pending migrations count", err)
+	}
+}
+
+// Versions need not be contiguous: Up applies every version not applied
+// yet, whatever the highest one applied is: 21 and 22 above a gap, and 20
+// once it arrives below them.
+func TestUpAppliesVersionsAcrossAGap(t *testing.T) {
+	apply := func(ms []migrations.Migration, done map[int]bool) []int {
+		t.Helper()
+		ran, err := migrations.Up(ms, done, func(m migrations.Migration) error { done[m.Version] = true; return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ran
+	}
+	done := map[int]bool{19: true}
+	gap := []migrations.Migration{{Version: 19}, {Version: 21}, {Version: 22}}
+	if ran := apply(gap, done); !reflect.DeepEqual(ran, []int{21, 22}) {
+		t.Fatalf("Up above a gap ran %v; want [21 22]", ran)
+	}
+	filled := []migrations.Migration{{Version: 19}, {Version: 20}, {Version: 21}, {Version: 22}}
+	if ran := apply(filled, done); !reflect.DeepEqual(ran, []int{20}) {
+		t.Fatalf("Up once the gap is filled ran %v; want [20]", ran)
 	}
 }

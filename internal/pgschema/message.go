@@ -18,6 +18,9 @@ import (
 //
 //	SELECT pg_logical_emit_message(true, 'outbox:public.outbox', '{"v":1,"id":"...",...}');
 //
+// emitted through the table's function _cdc_emit (version 23), which
+// refuses while no replication slot of the table's exists.
+//
 // which PostgreSQL writes to the WAL only, decodes at the transaction's
 // commit (in commit order) and never if it rolls back. Only a relay with
 // --source cdc reads them. The prefix names the outbox table

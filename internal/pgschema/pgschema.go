@@ -92,9 +92,11 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{awake_lock}}", QuoteLiteral("outbox.awake:"+t.String()),
 		"{{leases}}", n.Leases,
 		"{{relays}}", n.Relays,
+		"{{migrations}}", n.Migrations,
 		"{{held}}", n.Held,
 		"{{audit}}", n.Audit,
 		"{{pause}}", t.Qualified("_pause"),
+		"{{masking}}", t.Qualified("_masking"),
 		"{{samples}}", t.Qualified("_samples"),
 		"{{pending_idx}}", q(t.Name+"_pending"),
 		"{{by_part_idx}}", q(t.Name+"_by_part"),
@@ -114,6 +116,9 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{cdc}}", c.State,
 		"{{cdc_fence_fn}}", c.Fence,
 		"{{cdc_write_fn}}", c.Write,
+		"{{cdc_emit_fn}}", c.Emit,
+		"{{cdc_slot_fn}}", c.Slot,
+		"{{message_prefix}}", QuoteLiteral(MessagePrefix(t)),
 		"{{cdc_mark_fn}}", c.Mark,
 		"{{cdc_drain}}", c.Drain,
 		"{{cdc_parked}}", c.Parked,
@@ -213,12 +218,25 @@ func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, err
 	if err != nil {
 		return nil, err
 	}
-	ran, err := migrations.Up(all(), done, func(m migrations.Migration) error {
+	ms := all()
+	if !o.IgnoreRelaysBehind {
+		if err := refuseRelaysBehind(ctx, tx, t, ms, done); err != nil {
+			return nil, err
+		}
+	}
+	ran, err := migrations.Up(ms, done, func(m migrations.Migration) error {
 		if err := tx.Exec(ctx, Render(m.Up, t, o)); err != nil {
 			return fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
 		}
-		if err := tx.Exec(ctx, `INSERT INTO `+NamesOf(t).Migrations+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+		record, args := `INSERT INTO `+NamesOf(t).Migrations+` (version, name) VALUES ($1, $2)`, []any{m.Version, m.Name}
+		if m.Version >= RelayVersionsSince {
+			record, args = `INSERT INTO `+NamesOf(t).Migrations+` (version, name, relays_from) VALUES ($1, $2, $3)`, append(args, m.RelaysFrom)
+		}
+		if err := tx.Exec(ctx, record, args...); err != nil {
 			return fmt.Errorf("record migration %d: %w", m.Version, err)
+		}
+		if m.Version == RelayVersionsSince {
+			return recordRelaysFrom(ctx, tx, t, ms)
 		}
 		return nil
 	})

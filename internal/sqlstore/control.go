@@ -379,7 +379,19 @@ func (s Store) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriver
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.QueryContext(ctx, `SELECT relay, `+s.d.TimeText("started_at")+`, `+s.d.AgeSeconds("expires_at")+` FROM `+n.relays+` ORDER BY relay`)
+	// The versions and renewal are there from the schema version that
+	// records them (MySQL 6, SQLite 4); before it, unknown.
+	relaysSQL := func(withVersions bool) string {
+		cols := `0, '', NULL`
+		if withVersions {
+			cols = "COALESCE(schema_version, 0), `release`, " + s.d.TimeText("renewed_at")
+		}
+		return `SELECT relay, ` + s.d.TimeText("started_at") + `, ` + s.d.AgeSeconds("expires_at") + `, ` + cols + ` FROM ` + n.relays + ` ORDER BY relay`
+	}
+	rows, err := db.QueryContext(ctx, relaysSQL(true))
+	if err != nil && s.d.NoTable(err) {
+		rows, err = db.QueryContext(ctx, relaysSQL(false))
+	}
 	if err != nil {
 		return nil, s.fail(ctx, t, "relays of", err)
 	}
@@ -388,10 +400,14 @@ func (s Store) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriver
 	for rows.Next() {
 		var x outboxdriver.RelayStatus
 		var age float64
-		if err := rows.Scan(&x.Name, timeCol{&x.Started}, &age); err != nil {
+		var renewed *time.Time
+		if err := rows.Scan(&x.Name, timeCol{&x.Started}, &age, &x.SchemaVersion, text{&x.Release}, nullTime{&renewed}); err != nil {
 			return nil, s.fail(ctx, t, "relays of", err)
 		}
 		x.ExpiresIn = -time.Duration(age * float64(time.Second))
+		if renewed != nil {
+			x.RenewedAt = *renewed
+		}
 		out = append(out, x)
 	}
 	if err := rows.Err(); err != nil {

@@ -95,6 +95,7 @@ type tables struct {
 	t                                         outboxdriver.Table
 	table, dead, held, audit, pause, requests string
 	samples, relays, prune, migrations        string
+	masking                                   string
 }
 
 func (s Store) open(t outboxdriver.Table) (*sql.DB, tables, error) {
@@ -117,7 +118,7 @@ func (d Dialect) names(t outboxdriver.Table) (tables, error) {
 	}
 	return tables{t: t, table: q(""), dead: q("_dead_letter"), held: q("_held"), audit: q("_audit"), pause: q("_pause"),
 		requests: q("_requests"), samples: q("_samples"), relays: q("_relays"), prune: q("_audit_prune"),
-		migrations: q("_migrations")}, nil
+		migrations: q("_migrations"), masking: q("_masking")}, nil
 }
 
 // fail wraps err of what ("list dead letters of") on t: the one place the

@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -510,8 +512,9 @@ END $$`)
 // A slot dropped while it is streamed: in table mode the relay reports it,
 // relays the rows still in the table, makes the slot again and streams on,
 // losing nothing and keeping each aggregate's order, while writers write
-// on; in message and insert+delete mode it stops with an error that names
-// the LSN range at risk, and makes no slot.
+// on; in message and insert+delete mode the writers are refused
+// (outboxpgx.ErrNoSlot) once the slot is gone, and the relay stops with an
+// error that names the LSN range at risk, and makes no slot.
 func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 	t.Parallel()
 	for _, mode := range modes {
@@ -531,9 +534,11 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 			f.write(ob, first)
 			f.waitFor(first.ID)
 
-			// Writers write on while the slot is dropped.
+			// Writers write on while the slot is dropped; in message and
+			// insert+delete mode they are refused once it is gone.
 			var mu sync.Mutex
 			written := map[string][]string{}
+			var refused atomic.Bool
 			stop, done := make(chan struct{}), make(chan struct{})
 			var stopOnce sync.Once
 			halt := func() { stopOnce.Do(func() { close(stop) }); <-done }
@@ -559,6 +564,10 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 						if tx != nil {
 							tx.Rollback(context.Background())
 						}
+						if mode != modeTable && errors.Is(err, outboxpgx.ErrNoSlot) {
+							refused.Store(true)
+							return
+						}
 						t.Errorf("write: %v", err)
 						return
 					}
@@ -575,7 +584,11 @@ func TestCDCSlotDroppedWhileStreaming(t *testing.T) {
 					f.streaming() // made again
 				}
 			})
-			time.Sleep(100 * time.Millisecond) // some written after it
+			if mode == modeTable {
+				time.Sleep(100 * time.Millisecond) // some written after it
+			} else {
+				f.eventually("the writer is refused", refused.Load)
+			}
 			halt()
 
 			if mode != modeTable {
@@ -663,5 +676,32 @@ VALUES (gen_random_uuid(), 'order', 'delayed', 'Paid', '{"n": 2}')`); err != nil
 	}
 	if _, err := check.state(); err != nil {
 		t.Fatal(err) // also: n=2 published before n=1
+	}
+}
+
+// The warning that the server keeps WAL for slots without bound is logged
+// once per source, however often the source checks the server, and only
+// when the setting is unbounded.
+func TestCDCUnboundedSlotWarningOncePerSource(t *testing.T) {
+	t.Parallel()
+	f := newCDC(t)
+	logged := &lockedLog{t: t}
+	f.log = slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var keep string
+	if err := f.pool.QueryRow(f.ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err != nil {
+		t.Fatal(err)
+	}
+	src := f.source("checker", nil)
+	for range 5 {
+		if err := src.Check(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := 0
+	if keep == "-1" {
+		want = 1
+	}
+	if n := logged.lines("max_slot_wal_keep_size is unbounded"); n != want {
+		t.Fatalf("max_slot_wal_keep_size = %s: the warning was logged %d times in five checks, want %d:\n%s", keep, n, want, logged)
 	}
 }

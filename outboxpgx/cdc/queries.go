@@ -28,6 +28,9 @@ type queries struct {
 	// deliver_at (before schema version 14).
 	park, parkedCounts, unpark, unparked string
 	parkNoDelay, unparkNoDelay           string
+	// backlog records the streamer's backlog under its lease ($4 mode,
+	// $5 events, $6 the oldest one's commit time; schema version 22).
+	backlog string
 }
 
 // parkSQL writes events to the parked table, with their deliver_at
@@ -136,6 +139,8 @@ SELECT c.id::text,
            WHEN (((t.top >> 32) << 32) | c.x) < t.top THEN ((t.top >> 32) << 32) | c.x
            ELSE (((t.top >> 32) - 1) << 32) | c.x END)::text::xid8, t.snap)
 FROM unnest($1::uuid[], $2::bigint[]) AS c(id, x), t`,
+		backlog: `UPDATE ` + cdc + ` SET backlog_mode = $4, backlog_events = $5, backlog_oldest_commit = $6, backlog_recorded_at = now()
+WHERE slot = $1 AND owner = $2 AND epoch = $3`,
 		held:    `SELECT aggregatetype, aggregateid, event_id::text FROM ` + n.Held + ` WHERE reason = 'dead-lettered'`,
 		cleanup: pgschema.CleanupSQL(n.Table, `published_at < clock_timestamp() - $1 * interval '1 millisecond'`, "$2"),
 	}

@@ -38,6 +38,10 @@ type event struct {
 	// orphan says the event names no valid aggregate (a message that does
 	// not follow the format): it orders and holds nothing but itself.
 	orphan bool
+	// walOnly says the event is not a row of the table once decoded (a
+	// message; a row under ModeInsertDelete): the table's backlog does
+	// not count it, the queue's wal does (queue.push).
+	walOnly bool
 
 	// deliverAt is the row's deliver_at when it was still ahead as the
 	// event was decoded: the event is parked until then, its aggregate's
@@ -158,8 +162,12 @@ type queue struct {
 	// skip holds the aggregate types claims leave out (paused).
 	skip map[string]bool
 	// pending counts events of txns not done; drainLeft those of them
-	// that were read from the table.
-	pending, drainLeft int
+	// that were read from the table; wal those of them that are not rows
+	// of the table (event.walOnly): the backlog the table cannot count.
+	pending, drainLeft, wal int
+	// rowsGone says the stream's rows were deleted in their own
+	// transaction (ModeInsertDelete): they count in wal.
+	rowsGone bool
 	// front holds the events released from the parked table, claimed
 	// before any of txns; frontLeft counts those not done, unparking those
 	// of each aggregate.
@@ -196,6 +204,9 @@ func (q *queue) push(t *txn) {
 		e.tx = t
 		e.seal()
 		t.delayed = t.delayed || !e.deliverAt.IsZero()
+		if e.walOnly = !t.drain && (!e.row || q.rowsGone); e.walOnly {
+			q.wal++
+		}
 	}
 	if t.delayed {
 		q.delayedTxns++
@@ -410,6 +421,28 @@ func (q *queue) done(e *event) {
 	if e.tx.drain {
 		q.drainLeft--
 	}
+	if e.walOnly {
+		q.wal--
+	}
+}
+
+// oldestWAL returns the commit time of the oldest transaction with an
+// event counted in wal that is not done (zero: none).
+func (q *queue) oldestWAL() time.Time {
+	if q.wal == 0 {
+		return time.Time{}
+	}
+	for _, t := range q.txns {
+		if t.left == 0 {
+			continue
+		}
+		for _, e := range t.events {
+			if e.walOnly && e.state != evDone {
+				return t.commit
+			}
+		}
+	}
+	return time.Time{}
 }
 
 // release makes e claimable again, untouched.
@@ -492,7 +525,7 @@ func (q *queue) reset() (doneAhead int) {
 	}
 	clear(q.txns)
 	clear(q.front)
-	q.txns, q.pending, q.drainLeft, q.mark, q.delayedTxns = nil, 0, 0, 0, 0
+	q.txns, q.pending, q.drainLeft, q.wal, q.mark, q.delayedTxns = nil, 0, 0, 0, 0, 0
 	q.front, q.frontLeft, q.unparking = nil, 0, map[aggKey]int{}
 	return doneAhead
 }

@@ -230,3 +230,51 @@ func TestQueueNextDue(t *testing.T) {
 		t.Fatalf("nextDue = %v, want c's %v", at, now.Add(time.Second))
 	}
 }
+
+// The queue counts, for the backlog, the events not done that are not
+// rows of the table: messages always, streamed rows only when they were
+// deleted in their own transaction (insert+delete), rows read from the
+// table never; and it names the commit time of the oldest such event's
+// transaction.
+func TestQueueCountsTheEventsOnlyInTheWAL(t *testing.T) {
+	for _, rowsGone := range []bool{false, true} {
+		q := newQueue()
+		q.rowsGone = rowsGone
+		c1, c2 := time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC), time.Date(2026, 1, 1, 0, 0, 2, 0, time.UTC)
+		row := func(agg, id string) *event { e := qev(agg, id); e.row = true; return e }
+		drained := &txn{drain: true, events: []*event{row("d", "d1")}}
+		t1 := &txn{end: 100, commit: c1, events: []*event{row("a", "r1"), qev("b", "m1")}}
+		t2 := &txn{end: 200, commit: c2, events: []*event{qev("c", "m2"), row("a", "r2")}}
+		q.push(drained)
+		q.push(t1)
+		q.push(t2)
+		check := func(step string, wal int, oldest time.Time) {
+			t.Helper()
+			if q.wal != wal || !q.oldestWAL().Equal(oldest) {
+				t.Fatalf("rowsGone %v, %s: wal %d oldest %v, want %d, %v", rowsGone, step, q.wal, q.oldestWAL(), wal, oldest)
+			}
+		}
+		if rowsGone {
+			check("pushed", 4, c1) // the messages and the streamed rows
+		} else {
+			check("pushed", 2, c1) // the messages
+		}
+		q.done(drained.events[0])
+		q.done(t1.events[1]) // m1
+		if rowsGone {
+			check("m1 done", 3, c1) // r1 is left of t1
+			q.done(t1.events[0])
+			check("t1 done", 2, c2) // m2 and r2
+		} else {
+			check("t1's message done", 1, c2) // m2; r1 and r2 are the table's
+			q.done(t1.events[0])
+		}
+		q.done(t2.events[0])
+		q.done(t2.events[1])
+		q.advance()
+		check("all done", 0, time.Time{})
+		q.push(&txn{end: 300, commit: c2, events: []*event{qev("e", "m3")}})
+		q.reset()
+		check("reset", 0, time.Time{})
+	}
+}

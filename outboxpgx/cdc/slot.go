@@ -16,8 +16,9 @@ import (
 
 // Check fails, with a one-line reason and what to do, when the database
 // cannot serve log tailing: wal_level is not logical, the role may not
-// replicate, or the table is not migrated for it. It warns when the
-// server keeps WAL for slots without bound (max_slot_wal_keep_size).
+// replicate, or the table is not migrated for it. It warns, once per
+// Source, when the server keeps WAL for slots without bound
+// (max_slot_wal_keep_size).
 func (s *Source) Check(ctx context.Context) error {
 	var walLevel, keep string
 	var replication, migrated, byTime bool
@@ -41,7 +42,7 @@ func (s *Source) Check(ctx context.Context) error {
 	case !migrated:
 		return fmt.Errorf("outboxpgx: %s is not migrated for log tailing (no %s_cdc or %s_cdc_parked table): run `outbox migrate`", s.base.Table, s.base.Table.Name, s.base.Table.Name)
 	}
-	if keep == "-1" {
+	if keep == "-1" && !s.keepWarned.Swap(true) {
 		s.base.Log.Warn("outboxpgx: max_slot_wal_keep_size is unbounded: a slot that stops moving (a relay down for long) keeps WAL until the disk is full; set it, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'",
 			"slot", s.cfg.Slot)
 	}

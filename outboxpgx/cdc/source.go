@@ -61,8 +61,10 @@ type Source struct {
 	wake chan struct{} // signalled when something may have become claimable
 
 	lossLogged atomic.Bool // the loss of the slot in message mode was logged
+	keepWarned atomic.Bool // the unbounded max_slot_wal_keep_size was logged
 
-	delays driverkit.ColumnProbe // deliver_at of the parked table (schema version 14)
+	delays  driverkit.ColumnProbe // deliver_at of the parked table (schema version 14)
+	backlog driverkit.ColumnProbe // backlog_events of the _cdc table (schema version 22)
 }
 
 var _ outboxdriver.Source = (*Source)(nil)
@@ -88,6 +90,7 @@ func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *Config) (*Source, 
 		pool: pool, drv: outboxpgx.New(pool), cfg: c, names: pgschema.NamesOf(t), cn: pgschema.CDCNamesOf(t), q: newQueries(t),
 		prefix: pgschema.MessagePrefix(t), queue: newQueue(), wake: make(chan struct{}, 1),
 	}
+	src.queue.rowsGone = c.Mode == ModeInsertDelete
 	if err := src.base.Init(t, &c.SourceConfig); err != nil {
 		return nil, fmt.Errorf("outboxpgx: %w", err)
 	}

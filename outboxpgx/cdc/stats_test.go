@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
+	"github.com/outboxkit/outbox/relay"
 )
 
 // Stats says whether the slot exists and is streamed, and how far the
@@ -79,5 +82,45 @@ func TestCDCStatsShowTheSlotAndTheLag(t *testing.T) {
 	f.eventually("the slot is inactive once the source closed", func() bool {
 		st, err := src.Stats(f.ctx)
 		return err == nil && st.Exists && !st.Active && !st.Streaming
+	})
+}
+
+// On a table whose _cdc has no backlog columns yet (before schema version
+// 22) a relay of this version streams and publishes as before and records
+// nothing; the status then says the slot's backlog is not counted. After
+// the migration its streamer records it.
+func TestCDCBacklogBeforeSchema22IsNotCounted(t *testing.T) {
+	t.Parallel()
+	f := newCDC(t)
+	f.ddl(func() {
+		if _, err := f.drv.MigrateDown(f.ctx, f.tb, 19); err != nil {
+			t.Fatal(err)
+		}
+	})
+	stop := f.streamingRelay()
+	e := cdcEvent("a", 1)
+	// A writer of the release of version 19 emits the message itself
+	// (this build's writes through _cdc_emit, version 23).
+	f.exec(`SELECT pg_logical_emit_message(true, $1, json_build_object('v', 1, 'id', $2::uuid,
+    'aggregatetype', 'order', 'aggregateid', 'a', 'type', 'Placed')::text)`, outboxpgx.MessagePrefix(f.tb), e.ID)
+	f.waitFor(e.ID)
+	st, err := f.drv.Status(f.ctx, f.tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Slots) != 1 || st.Slots[0].Backlog != nil || !st.BacklogInWAL || st.Backlog != 0 {
+		t.Fatalf("status before version 22: backlog %d, in WAL %v, slots %+v; want the slot not counted", st.Backlog, st.BacklogInWAL, st.Slots)
+	}
+	stop()
+	f.ddl(func() {
+		if _, err := f.drv.Migrate(f.ctx, f.tb, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.relay(f.source("r2", &cdc.Config{Mode: cdc.ModeMessages}), relay.Config{})
+	f.eventually("the streamer records its backlog after the migration", func() bool {
+		st, err := f.drv.Status(f.ctx, f.tb)
+		return err == nil && len(st.Slots) == 1 && st.Slots[0].Backlog != nil && st.Slots[0].Backlog.Mode == "message" &&
+			!st.Slots[0].Backlog.Stale && st.BacklogInWAL && st.Backlog == 0
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -208,9 +209,20 @@ func (st *stream) current() bool { return st.src.st == st }
 
 var errStopped = errors.New("stream stopped")
 
-// run sets up and reads the stream until ctx ends or it fails.
+// run sets up and reads the stream until ctx ends or it fails. Meanwhile
+// it records the backlog about every second (recordBacklog).
 func (st *stream) run(ctx context.Context) error {
 	s := st.src
+	rctx, cancel := context.WithCancel(ctx)
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		st.recordBacklog(rctx)
+	}()
+	defer func() {
+		cancel()
+		<-recorded
+	}()
 	if err := s.ensurePublication(ctx, !s.cfg.NoCreate); err != nil {
 		return err
 	}
@@ -600,4 +612,55 @@ func (st *stream) idle(walEnd pglogrepl.LSN, between bool) {
 	if between && st.current() && s.queue.pending == 0 && len(s.queue.txns) == 0 && s.leased && time.Now().Before(s.leaseUntil) {
 		s.target = max(s.target, walEnd)
 	}
+}
+
+// recordBacklog records, every pgschema.BacklogRecordEvery until ctx ends
+// or the stream is no longer the source's, the events decoded and not
+// done that are not rows of the table, and the commit time of the oldest
+// of them, in the slot's row of the _cdc table (under the stream's
+// epoch: a stale streamer records nothing), for `outbox status`, the
+// console and the metrics of every relay (docs/cdc.md). One small UPDATE
+// a second, apart from the stream: the reader never waits for it.
+func (st *stream) recordBacklog(ctx context.Context) {
+	s := st.src
+	tick := time.NewTicker(pgschema.BacklogRecordEvery)
+	defer tick.Stop()
+	for {
+		s.mu.Lock()
+		cur := st.current()
+		n, oldest := s.queue.wal, s.queue.oldestWAL()
+		s.mu.Unlock()
+		if !cur {
+			return
+		}
+		if s.recordsBacklog(ctx) {
+			var at any
+			if !oldest.IsZero() {
+				at = oldest
+			}
+			_, err := s.pool.Exec(ctx, s.q.backlog, s.cfg.Slot, s.base.Cfg.RelayName, st.epoch, s.cfg.Mode.String(), n, at)
+			if err != nil && ctx.Err() == nil {
+				// The next tick tries again; `outbox status` says the
+				// record is stale meanwhile.
+				s.base.Log.Debug("outboxpgx: record the backlog of the replication slot", "slot", s.cfg.Slot, "err", err)
+			}
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// recordsBacklog reports whether the _cdc table has the backlog columns
+// (schema version 22).
+func (s *Source) recordsBacklog(ctx context.Context) bool {
+	return s.backlog.Has(func() (bool, error) {
+		var has bool
+		err := s.pool.QueryRow(ctx, pgschema.HasColumnSQL, s.cn.State, "backlog_events").Scan(&has)
+		return has, err
+	}, func() {
+		s.base.Log.Warn("outboxpgx: the _cdc table has no backlog columns (schema before version 22): `outbox status` and the backlog metrics do not count the events decoded from the WAL until `outbox migrate` adds them", "table", s.base.Table.String())
+	})
 }

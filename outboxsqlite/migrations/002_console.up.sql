@@ -1,3 +1,6 @@
+-- relays: from 2
+-- (Relays before version 2 read no pauses: they would publish what an
+-- operator paused.)
 -- The operations console (package ops): pauses, the overview's samples,
 -- requests that need a second person, the role and reason of every audit
 -- row, and the guard that keeps the audit append-only.

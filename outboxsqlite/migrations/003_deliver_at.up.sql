@@ -1,3 +1,6 @@
+-- relays: from 3
+-- (Relays before version 3 ignore deliver_at: they would publish delayed
+-- events at once.)
 -- Delayed events (docs/delayed.md): deliver_at is the earliest time the
 -- relay may publish the row (NULL: at once), UTC text in the format of
 -- every time column, 'YYYY-MM-DD HH:MM:SS.SSS' (datetime() and strftime()

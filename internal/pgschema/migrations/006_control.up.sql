@@ -1,3 +1,6 @@
+-- relays: from 6
+-- (Relays before version 6 read no pauses: they would publish what an
+-- operator paused.)
 -- Pauses and the console's samples (docs/console.md).
 --
 -- A pause stops the relays from publishing one scope of events until it is

@@ -1,3 +1,6 @@
+-- relays: from 12
+-- (Relays before version 12 ignore deliver_at: they would publish delayed
+-- events at once.)
 -- Delayed events (docs/delayed.md): deliver_at is the earliest time the
 -- relay may publish the row (NULL: at once). A writer sets it through
 -- Event.DeliverAt or with plain SQL.

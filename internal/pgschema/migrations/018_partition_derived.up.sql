@@ -1,3 +1,6 @@
+-- relays: from 18
+-- (Relays before version 18 read the partition column, empty on rows
+-- written from now on: they would skip those rows.)
 -- The partition of a row is no longer stored: relays compute it from
 -- aggregateid when they claim (the same hash over the same count of
 -- partitions as the trigger of migration 17 and the generated column

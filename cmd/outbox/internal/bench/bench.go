@@ -217,7 +217,7 @@ var scenarios = []Scenario{
 	{Name: "drain", Summary: "events/s of one relay draining a committed backlog to the broker, against the SQL path alone and the broker alone", Run: Drain},
 	{Name: "latency", Summary: "commit-to-consumer latency at steady offered loads, wake-up strategies, an open transaction, relay CPU idle and busy", Run: CommitToConsumer},
 	{Name: "retention", Summary: "relay drain events/s (SQL only, no broker) with delete vs keep retention, table size and dead tuples left, cost of cleaning kept rows", Run: RetentionModes},
-	{Name: "fleet", Summary: "one relay process for ten outbox tables (relayd.Fleet): a trickle's commit-to-arrival latency while one table drains a flood, with and without the publish budget, and the flood's drain rate", Run: FleetFairness},
+	{Name: "fleet", Summary: "one relay process for ten outbox tables (fleet.Fleet): a trickle's commit-to-arrival latency while one table drains a flood, with and without the publish budget, and the flood's drain rate", Run: FleetFairness},
 	{Name: "console", Summary: "p50/p95 of every console page and GET API route over 1,000,000 pending events and 100,000 dead letters; a relay's drain with and without a console refreshing the overview", Run: ConsoleBench},
 	{Name: "console-drain", Summary: "the console scenario's drain alone: a relay's drain with and without a console refreshing the overview, in --rounds pairs", Run: ConsoleDrainBench},
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -447,8 +448,15 @@ func (s *deliverSetup) noneUnpublished(ctx context.Context) bool {
 // `outbox migrate --cdc`); the stream holds what commits after it. The
 // returned func drops them again, so that no slot keeps WAL.
 func (s *deliverSetup) makeSlot(ctx context.Context) (drop func() error, err error) {
-	drv := outboxpgx.New(s.pool)
-	src, err := cdc.NewSource(s.pool, s.table, &cdc.Config{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
+	return makeSlot(ctx, s.pool, s.table)
+}
+
+// makeSlot makes table t's publication and replication slot, and returns
+// the func that drops them again (migrating t down to version 3 and up
+// again, which keeps the table).
+func makeSlot(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (drop func() error, err error) {
+	drv := outboxpgx.New(pool)
+	src, err := cdc.NewSource(pool, t, &cdc.Config{SourceConfig: outboxdriver.SourceConfig{Logger: slog.New(slog.DiscardHandler)}})
 	if err != nil {
 		return nil, err
 	}
@@ -462,10 +470,10 @@ func (s *deliverSetup) makeSlot(ctx context.Context) (drop func() error, err err
 		// drops the slot and the publication; the table stays, and is
 		// migrated up again for the drains that follow.
 		ctx := context.WithoutCancel(ctx)
-		if _, err := drv.MigrateDown(ctx, s.table, 3); err != nil {
+		if _, err := drv.MigrateDown(ctx, t, 3); err != nil {
 			return fmt.Errorf("bench: drop the replication slot: %w", err)
 		}
-		if _, err := drv.Migrate(ctx, s.table, nil); err != nil {
+		if _, err := drv.Migrate(ctx, t, nil); err != nil {
 			return fmt.Errorf("bench: migrate the table again after dropping the replication slot: %w", err)
 		}
 		return nil

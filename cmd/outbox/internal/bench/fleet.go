@@ -17,11 +17,13 @@ import (
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
+	"github.com/outboxkit/outbox/relayd/fleet"
 	"github.com/outboxkit/outbox/route"
+	"github.com/outboxkit/outbox/sink/sinkurl"
 )
 
 // The fleet scenario's shape: FleetSources tables relayed by one
-// relayd.Fleet; the first is flooded, the others get one event every
+// fleet.Fleet; the first is flooded, the others get one event every
 // FleetTrickleGap in turn.
 const (
 	FleetSources    = 10
@@ -41,16 +43,16 @@ const (
 type fleetCase struct {
 	name          string
 	turns, quanta int
-	duty          float64 // the budget's pace (relayd.Budget.Pace); 1: none
+	duty          float64 // the budget's pace (fleet.Budget.Pace); 1: none
 	desc          string
 }
 
 func fleetCases() []fleetCase {
 	return []fleetCase{
-		{"budget", relayd.DefaultBudgetTurns, relayd.DefaultBudgetQuantum, relayd.DefaultBudgetDuty,
+		{"budget", fleet.DefaultBudgetTurns, fleet.DefaultBudgetQuantum, fleet.DefaultBudgetDuty,
 			fmt.Sprintf("publish budget of %d turns of %d messages, weighted round robin, a source publishing at most %.0f%% of the time while another has work (the default)",
-				relayd.DefaultBudgetTurns, relayd.DefaultBudgetQuantum, 100*relayd.DefaultBudgetDuty)},
-		{"unpaced", relayd.DefaultBudgetTurns, 100, 1, fmt.Sprintf("publish budget of %d turns of 100 messages, weighted round robin, not paced", relayd.DefaultBudgetTurns)},
+				fleet.DefaultBudgetTurns, fleet.DefaultBudgetQuantum, 100*fleet.DefaultBudgetDuty)},
+		{"unpaced", fleet.DefaultBudgetTurns, 100, 1, fmt.Sprintf("publish budget of %d turns of 100 messages, weighted round robin, not paced", fleet.DefaultBudgetTurns)},
 		{"no_budget", 1024, 100_000, 1, "no effective budget: every source publishes whole waves whenever it likes"},
 	}
 }
@@ -86,7 +88,7 @@ func fleetCasesNamed(names []string) ([]fleetCase, error) {
 }
 
 // FleetFairness measures what a flooded source does to the others in one
-// relay process (relayd.Fleet): the commit-to-arrival latency of a
+// relay process (fleet.Fleet): the commit-to-arrival latency of a
 // trickle to nine sources, without a flood and while the tenth source
 // drains a backlog of Config.Events events, with the default publish
 // budget, with the budget not paced, and without one; and the flood's
@@ -237,14 +239,14 @@ func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood fleetLa
 	if _, err := checkpoint(ctx, f.cfg.Pool); err != nil {
 		return quiet, flood, 0, err
 	}
-	budget, err := relayd.NewBudget(c.turns, c.quanta)
+	budget, err := fleet.NewBudget(c.turns, c.quanta)
 	if err != nil {
 		return quiet, flood, 0, err
 	}
-	if err := budget.Pace(c.duty, relayd.DefaultBudgetWindow); err != nil {
+	if err := budget.Pace(c.duty, fleet.DefaultBudgetWindow); err != nil {
 		return quiet, flood, 0, err
 	}
-	fleet, err := relayd.NewFleet(&relayd.FleetOptions{Budget: budget})
+	fl, err := fleet.New(&fleet.Options{Budget: budget})
 	if err != nil {
 		return quiet, flood, 0, err
 	}
@@ -253,19 +255,20 @@ func (f *fleetRun) round(ctx context.Context, c fleetCase) (quiet, flood fleetLa
 		return quiet, flood, 0, err
 	}
 	dbURL := f.cfg.Pool.Config().ConnString()
-	srcs := make([]relayd.FleetSource, len(f.tables))
+	srcs := make([]fleet.Source, len(f.tables))
 	for i, t := range f.tables {
-		srcs[i] = relayd.FleetSource{Name: fmt.Sprintf("src%d", i), DB: dbURL, Sink: f.broker.url, Options: relayd.Options{
-			Schema: t.Schema, Table: t.Name,
-			Relay: relay.Config{Router: router, Lanes: f.cfg.Lanes, BatchSize: f.cfg.Batch},
-			Sink:  relayd.SinkOptions{NATSStream: f.broker.stream, NATSSubjects: []string{strings.ToLower(f.broker.stream) + ".>"}, NATSNoCreate: true},
-		}}
+		srcs[i] = fleet.Source{Name: fmt.Sprintf("src%d", i), DB: dbURL, Sink: f.broker.url,
+			SinkOptions: sinkurl.Options{NATSStream: f.broker.stream, NATSSubjects: []string{strings.ToLower(f.broker.stream) + ".>"}, NATSNoCreate: true},
+			Options: relayd.Options{
+				Schema: t.Schema, Table: t.Name,
+				Relay: relay.Config{Router: router, Lanes: f.cfg.Lanes, BatchSize: f.cfg.Batch},
+			}}
 	}
-	if err := fleet.Start(ctx, srcs); err != nil {
+	if err := fl.Start(ctx, srcs); err != nil {
 		return quiet, flood, 0, err
 	}
-	defer fleet.Stop(context.WithoutCancel(ctx))
-	if err := waitFor(ctx, time.Minute, fleet.Ready); err != nil {
+	defer fl.Stop(context.WithoutCancel(ctx))
+	if err := waitFor(ctx, time.Minute, fl.Ready); err != nil {
 		return quiet, flood, 0, fmt.Errorf("fleet not ready: %w", err)
 	}
 	// Warm-up: one event to every source, then the trickle for fleetWarm.

@@ -226,6 +226,19 @@ func WritePath(ctx context.Context, cfg Config) (results []Result, err error) {
 		return nil, err
 	}
 	defer wb.close()
+	if slices.Contains(cfg.WriteModes, WriteModeMessage) || slices.Contains(cfg.WriteModes, WriteModeInsertDelete) {
+		// Their writers refuse while no slot relays the table (an event
+		// would be lost): make it, and drop it before the schema goes.
+		dropSlot, err := makeSlot(ctx, pool, wb.table)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if derr := dropSlot(); derr != nil && err == nil {
+				err = derr
+			}
+		}()
+	}
 	if env.Checkpoint, err = checkpoint(ctx, pool); err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package relayd
+package fleet
 
 import (
 	"context"

@@ -1,4 +1,18 @@
-package relayd
+// Package sinkurl opens a sink from a URL, as `outbox relay --sink` does:
+// nats://, kafka://, amqp://, redis://, mqtt://, pubsub://, kinesis://,
+// https:// or stdout: (Schemes), with the broker-specific options of the
+// command's flags (Options).
+//
+//	snk, err := sinkurl.Open(ctx, "nats://nats:4222", nil, nil)
+//	if err != nil {
+//		return err
+//	}
+//	rl, err := relayd.Open(ctx, dbURL, snk, nil)
+//
+// It links every broker's client. A program that publishes to one broker
+// opens its sink through that sink's package instead (natssink.DialStream,
+// kafkasink.Dial, ...) and links only that client.
+package sinkurl
 
 import (
 	"context"
@@ -24,13 +38,13 @@ import (
 	"github.com/outboxkit/outbox/sink/webhooksink"
 )
 
-// SinkSchemes lists the sink URL forms, for messages.
-const SinkSchemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, pubsub://project[/topic], kinesis://stream?region=..., https://host/path/${destination} or stdout:"
+// Schemes lists the sink URL forms, for messages.
+const Schemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, pubsub://project[/topic], kinesis://stream?region=..., https://host/path/${destination} or stdout:"
 
-// SinkOptions are the broker-specific options of a sink opened from a URL
+// Options are the broker-specific options of a sink opened from a URL
 // (the NATS stream, the AMQP exchange, the MQTT QoS, the webhook secrets,
 // ...). Zero values take the defaults of `outbox relay`'s flags.
-type SinkOptions struct {
+type Options struct {
 	// NATSStream is the JetStream stream the events go to (default
 	// OUTBOX); NATSSubjects its subjects when it is created (default
 	// outbox.event.>); NATSNoCreate fails instead of creating a missing
@@ -57,19 +71,19 @@ type SinkOptions struct {
 	PubSubCreateTopics bool
 }
 
-// OpenSink connects to the broker raw names (nats://, kafka://, amqp://,
+// Open connects to the broker raw names (nats://, kafka://, amqp://,
 // redis://, mqtt://, pubsub://, kinesis://, https:// or stdout:;
-// SinkSchemes) with the options o (nil: the defaults), and creates the
+// Schemes) with the options o (nil: the defaults), and creates the
 // NATS stream or declares the AMQP exchange when o asks. Close the sink
 // when done.
-func OpenSink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger) (sink.Sink, error) {
+func Open(ctx context.Context, raw string, o *Options, log *slog.Logger) (sink.Sink, error) {
 	if o == nil {
-		o = &SinkOptions{}
+		o = &Options{}
 	}
 	log = confval.Logger(log)
 	scheme, _, ok := strings.Cut(raw, ":")
 	if !ok {
-		return nil, fmt.Errorf("sink URL %q has no scheme: use %s", redact(raw), SinkSchemes)
+		return nil, fmt.Errorf("sink URL %q has no scheme: use %s", confval.RedactURL(raw), Schemes)
 	}
 	switch strings.ToLower(scheme) {
 	case "nats", "tls":
@@ -121,7 +135,7 @@ func OpenSink(ctx context.Context, raw string, o *SinkOptions, log *slog.Logger)
 		}
 		return stdoutsink.New(os.Stdout), nil
 	default:
-		return nil, fmt.Errorf("sink URL %q: unknown scheme %q: use %s", redact(raw), scheme, SinkSchemes)
+		return nil, fmt.Errorf("sink URL %q: unknown scheme %q: use %s", confval.RedactURL(raw), scheme, Schemes)
 	}
 }
 

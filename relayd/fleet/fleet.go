@@ -1,4 +1,4 @@
-package relayd
+package fleet
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,36 +18,41 @@ import (
 	"github.com/outboxkit/outbox/internal/backoff"
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/sink"
+	"github.com/outboxkit/outbox/sink/sinkurl"
 )
 
-// MaxFleetSources is the most sources one Fleet relays: every source adds
+// MaxSources is the most sources one Fleet relays: every source adds
 // its own series to every metric (label source), and a bound on the
 // sources is the bound on the label's values.
-const MaxFleetSources = 64
+const MaxSources = 64
 
-// MaxFleetWeight is the largest weight of a source.
-const MaxFleetWeight = 100
+// MaxWeight is the largest weight of a source.
+const MaxWeight = 100
 
 // sourceName is the form of a source's name, which labels its metrics
 // and log lines.
 var sourceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$`)
 
-// FleetSource is one outbox table a Fleet relays.
-type FleetSource struct {
+// Source is one outbox table a Fleet relays.
+type Source struct {
 	// Name identifies the source in metrics (label source), logs, health
 	// and reloads: letters, digits, '_', '.', ':' and '-', at most 64.
 	Name string
-	// DB is the database URL; Sink the sink URL, as for Open.
-	DB, Sink string
+	// DB is the database URL, as for relayd.Open; Sink the sink URL, as
+	// for sinkurl.Open, with SinkOptions. Sources with the same Sink and
+	// SinkOptions share one sink.
+	DB, Sink    string
+	SinkOptions sinkurl.Options
 	// Weight is the source's share of the publish budget when several
 	// sources have work: it gets up to Weight turns in a row. 0 means 1.
 	Weight int
-	// Options configure the source's relay as for Open; Registerer and
+	// Options configure the source's relay as for relayd.Open; Registerer and
 	// OneCPUWhileIdle are ignored (the Fleet gives every source a
 	// registry of its own, and no source changes the process's
 	// GOMAXPROCS).
-	Options Options
+	Options relayd.Options
 	// Config is what the source was configured from (its entry in a
 	// configuration file, say): on Reload, a source whose Config, DB or
 	// Sink changed is stopped and started anew; one whose Weight alone
@@ -54,8 +60,8 @@ type FleetSource struct {
 	Config string
 }
 
-// FleetOptions configure a Fleet. The zero value works.
-type FleetOptions struct {
+// Options configure a Fleet. The zero value works.
+type Options struct {
 	// Budget is the publish budget the sources share; nil takes
 	// NewBudget(0, 0).
 	Budget *Budget
@@ -72,7 +78,7 @@ type FleetOptions struct {
 }
 
 // Fleet relays several outbox tables (sources), each through a relay of
-// its own as Open makes it, with its own leases, breaker and metrics,
+// its own as relayd.Open makes it, with its own leases, breaker and metrics,
 // from one process. Sources with the same sink URL and sink options share
 // one sink connection, and every source's publishes go through one
 // publish Budget, so that a flooded source cannot crowd out the others.
@@ -81,7 +87,7 @@ type FleetOptions struct {
 // without a restart.
 type Fleet struct {
 	budget *Budget
-	opts   FleetOptions
+	opts   Options
 	log    *slog.Logger
 
 	reload  sync.Mutex // serialises Start, Reload and Stop
@@ -98,9 +104,9 @@ type sharedSink struct {
 	refs int
 }
 
-// NewFleet returns a Fleet; it does no I/O.
-func NewFleet(opts *FleetOptions) (*Fleet, error) {
-	o := FleetOptions{}
+// New returns a Fleet; it does no I/O.
+func New(opts *Options) (*Fleet, error) {
+	o := Options{}
 	if opts != nil {
 		o = *opts
 	}
@@ -122,16 +128,16 @@ func NewFleet(opts *FleetOptions) (*Fleet, error) {
 }
 
 // CheckSources checks a set of sources as Start and Reload do: between 1
-// and MaxFleetSources, unique valid names, weights within 0 to
-// MaxFleetWeight, a database and a sink URL each, no two on the same
+// and MaxSources, unique valid names, weights within 0 to
+// MaxWeight, a database and a sink URL each, no two on the same
 // table of the same database, and each one's Options.Relay as relay.New
 // does (a *relay.ConfigError).
-func CheckSources(srcs []FleetSource) error {
+func CheckSources(srcs []Source) error {
 	if len(srcs) == 0 {
 		return errors.New("no sources")
 	}
-	if len(srcs) > MaxFleetSources {
-		return fmt.Errorf("%d sources: at most %d per process (each labels its own metrics)", len(srcs), MaxFleetSources)
+	if len(srcs) > MaxSources {
+		return fmt.Errorf("%d sources: at most %d per process (each labels its own metrics)", len(srcs), MaxSources)
 	}
 	names := map[string]bool{}
 	tables := map[string]string{}
@@ -143,8 +149,8 @@ func CheckSources(srcs []FleetSource) error {
 			return fmt.Errorf("source %q: named twice", s.Name)
 		}
 		names[s.Name] = true
-		if s.Weight < 0 || s.Weight > MaxFleetWeight {
-			return fmt.Errorf("source %q: weight %d: use 1 to %d", s.Name, s.Weight, MaxFleetWeight)
+		if s.Weight < 0 || s.Weight > MaxWeight {
+			return fmt.Errorf("source %q: weight %d: use 1 to %d", s.Name, s.Weight, MaxWeight)
 		}
 		if s.DB == "" {
 			return fmt.Errorf("source %q: no database URL", s.Name)
@@ -152,7 +158,7 @@ func CheckSources(srcs []FleetSource) error {
 		if s.Sink == "" {
 			return fmt.Errorf("source %q: no sink URL", s.Name)
 		}
-		if err := checkNames(outboxdriver.Table{Schema: s.Options.Schema, Name: s.Options.Table}); err != nil {
+		if err := (outboxdriver.Table{Schema: s.Options.Schema, Name: s.Options.Table}).WithDefaults().Validate(); err != nil {
 			return fmt.Errorf("source %q: %w", s.Name, err)
 		}
 		if err := s.Options.Relay.WithDefaults().Validate(); err != nil {
@@ -170,7 +176,7 @@ func CheckSources(srcs []FleetSource) error {
 // Start checks srcs (CheckSources) and starts relaying each of them in
 // the background. A source that cannot be opened yet is retried with
 // backoff and shows as starting in Health.
-func (f *Fleet) Start(ctx context.Context, srcs []FleetSource) error {
+func (f *Fleet) Start(ctx context.Context, srcs []Source) error {
 	if err := CheckSources(srcs); err != nil {
 		return fmt.Errorf("relayd: %w", err)
 	}
@@ -191,11 +197,11 @@ func (f *Fleet) Start(ctx context.Context, srcs []FleetSource) error {
 }
 
 // Reload makes the running sources srcs: it stops the sources no longer
-// named (each finishes its batch in flight within FleetOptions.Grace and
+// named (each finishes its batch in flight within Options.Grace and
 // releases its leases, so that another relay takes its partitions), stops
 // and restarts the changed ones, starts the new ones, and applies changed
 // weights. A set that CheckSources refuses changes nothing.
-func (f *Fleet) Reload(ctx context.Context, srcs []FleetSource) error {
+func (f *Fleet) Reload(ctx context.Context, srcs []Source) error {
 	if err := CheckSources(srcs); err != nil {
 		return fmt.Errorf("relayd: %w", err)
 	}
@@ -207,7 +213,7 @@ func (f *Fleet) Reload(ctx context.Context, srcs []FleetSource) error {
 		return errors.New("relayd: fleet is not running")
 	}
 	var gone []*member
-	var start []FleetSource
+	var start []Source
 	var added, removed, restarted, reweighted []string
 	want := map[string]bool{}
 	for _, s := range srcs {
@@ -299,7 +305,7 @@ func (f *Fleet) stopMembers(ms []*member, grace time.Duration) []error {
 }
 
 // add starts relaying s in the background.
-func (f *Fleet) add(ctx context.Context, s FleetSource) {
+func (f *Fleet) add(ctx context.Context, s Source) {
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m := &member{f: f, spec: s, share: f.budget.share(s.Weight), cancel: cancel, done: make(chan struct{}),
 		log: f.log.With("source", s.Name), since: time.Now()}
@@ -364,7 +370,7 @@ func (f *Fleet) Ready() bool {
 	return len(h) > 0
 }
 
-// Gather gathers the metrics of every running source (FleetOptions.Metrics),
+// Gather gathers the metrics of every running source (Options.Metrics),
 // each series labelled with its source; it makes the Fleet a
 // prometheus.Gatherer.
 func (f *Fleet) Gather() ([]*dto.MetricFamily, error) {
@@ -380,13 +386,13 @@ func (f *Fleet) Gather() ([]*dto.MetricFamily, error) {
 }
 
 // sinkKey identifies a shared sink: its URL and options.
-func sinkKey(s FleetSource) string {
-	return fmt.Sprintf("%s\x00%+v", s.Sink, s.Options.Sink)
+func sinkKey(s Source) string {
+	return fmt.Sprintf("%s\x00%+v", s.Sink, s.SinkOptions)
 }
 
 // acquireSink returns the sink s names, opening it when no running source
 // shares it yet.
-func (f *Fleet) acquireSink(ctx context.Context, s FleetSource, log *slog.Logger) (sink.Sink, error) {
+func (f *Fleet) acquireSink(ctx context.Context, s Source, log *slog.Logger) (sink.Sink, error) {
 	key := sinkKey(s)
 	f.mu.Lock()
 	if sh, ok := f.sinks[key]; ok {
@@ -395,7 +401,7 @@ func (f *Fleet) acquireSink(ctx context.Context, s FleetSource, log *slog.Logger
 		return sh.snk, nil
 	}
 	f.mu.Unlock()
-	snk, err := OpenSink(ctx, s.Sink, &s.Options.Sink, log)
+	snk, err := sinkurl.Open(ctx, s.Sink, &s.SinkOptions, log)
 	if err != nil {
 		return nil, err
 	}
@@ -412,7 +418,7 @@ func (f *Fleet) acquireSink(ctx context.Context, s FleetSource, log *slog.Logger
 }
 
 // releaseSink closes the sink s names once no source uses it.
-func (f *Fleet) releaseSink(s FleetSource) error {
+func (f *Fleet) releaseSink(s Source) error {
 	key := sinkKey(s)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -430,14 +436,14 @@ func (f *Fleet) releaseSink(s FleetSource) error {
 // member is one running source of a Fleet.
 type member struct {
 	f      *Fleet
-	spec   FleetSource
+	spec   Source
 	share  *budgetShare
 	cancel context.CancelFunc
 	done   chan struct{}
 	log    *slog.Logger
 
 	mu    sync.Mutex
-	rl    *Relay
+	rl    *relayd.Relay
 	reg   *prometheus.Registry
 	err   error
 	since time.Time
@@ -480,7 +486,6 @@ func (m *member) start(ctx context.Context) error {
 		return err
 	}
 	o := m.spec.Options
-	o.sink = &fairSink{Sink: snk, share: m.share}
 	o.Relay.ClaimLimit = m.share.claimLimit
 	o.OneCPUWhileIdle = false
 	o.Registerer = nil
@@ -490,7 +495,7 @@ func (m *member) start(ctx context.Context) error {
 		reg = prometheus.NewRegistry()
 		o.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"source": m.spec.Name}, reg)
 	}
-	rl, err := Open(ctx, m.spec.DB, m.spec.Sink, &o)
+	rl, err := relayd.Open(ctx, m.spec.DB, &fairSink{Sink: snk, share: m.share}, &o)
 	if err == nil {
 		if err = rl.Start(ctx); err != nil {
 			rl.Stop(context.WithoutCancel(ctx))
@@ -546,3 +551,6 @@ func (m *member) health() SourceHealth {
 	}
 	return h
 }
+
+// oneLine is err's text on one line, for a health report.
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
