@@ -3,9 +3,12 @@
 // the handler and the commit in one transaction), and acknowledge it only
 // after that transaction committed.
 //
-// Packages natsconsumer (NATS JetStream) and kafkaconsumer (Kafka) adapt it
-// to their broker; an adapter for another broker implements [Delivery] and
-// submits each received message to an [Engine].
+// Packages natsconsumer (NATS JetStream), kafkaconsumer (Kafka),
+// amqpconsumer (RabbitMQ), redisconsumer (Redis Streams), mqttconsumer
+// (MQTT), pubsubconsumer (Google Pub/Sub) and kinesisconsumer (Kinesis)
+// adapt it to their broker; an adapter for another broker implements
+// [Delivery], submits each received message to an [Engine], and passes the
+// conformance suite of package consumertest.
 //
 // What the Engine does with a message:
 //
