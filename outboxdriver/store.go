@@ -94,7 +94,8 @@ type Store interface {
 	// type and event type, largest first; above a bound of events the
 	// counts may be estimates (KindBacklog.Estimated).
 	Backlog(ctx context.Context, t Table, limit int) ([]KindBacklog, error)
-	// Relays lists the registered relays.
+	// Relays lists the registered relays, and on PostgreSQL the
+	// log-tailing relays that hold or held a replication slot's lease.
 	Relays(ctx context.Context, t Table) ([]RelayStatus, error)
 	// RecordSample stores a sample of t now and deletes samples older
 	// than keep.

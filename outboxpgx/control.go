@@ -440,7 +440,9 @@ FROM s FULL JOIN w USING (aggregatetype, type)`, frac, oldestWindow)
 	return out[:min(len(out), limit)], nil
 }
 
-// Relays lists the relays registered on t (alive or not yet cleaned up).
+// Relays lists the relays registered on t (alive or not yet cleaned up),
+// then the log-tailing relays that hold or held the lease of one of its
+// replication slots, each named for its owner and slot (docs/cdc.md).
 func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriver.RelayStatus, error) {
 	n, err := d.names(t)
 	if err != nil {
@@ -460,7 +462,11 @@ func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriv
 	if err != nil {
 		return nil, d.fail(ctx, t, "relays of", err)
 	}
-	return out, nil
+	streamers, err := pgschema.Streamers(ctx, migrateTx{d.pool}, t.WithDefaults())
+	if err != nil {
+		return nil, d.fail(ctx, t, "relays of", err)
+	}
+	return append(out, streamers...), nil
 }
 
 // RecordSample stores one sample of t (backlog, oldest age, dead letters,

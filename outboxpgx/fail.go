@@ -51,6 +51,13 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// queryRow is q as pgschema reads through it.
+func queryRow(q rowQuerier) pgschema.QueryRow {
+	return func(ctx context.Context, sql string, args []any, dest ...any) error {
+		return q.QueryRow(ctx, sql, args...).Scan(dest...)
+	}
+}
+
 // migrated reports whether the outbox table t and its migrations table
 // exist.
 func migrated(ctx context.Context, q rowQuerier, t outboxdriver.Table) (bool, error) {

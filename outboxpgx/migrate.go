@@ -13,7 +13,14 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-type migrateTx struct{ tx pgx.Tx }
+// migrateTx is a transaction (or the pool) as pgschema reads and writes
+// through it.
+type migrateTx struct {
+	tx interface {
+		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	}
+}
 
 func (m migrateTx) Exec(ctx context.Context, sql string, args ...any) error {
 	_, err := m.tx.Exec(ctx, sql, args...)

@@ -677,18 +677,9 @@ func (s *source) hasVersions(ctx context.Context) bool {
 // version it works with (outboxdriver.SchemaChecker): a table of a newer
 // release records the latter with every migration.
 func (s *source) CheckSchema(ctx context.Context) (outboxdriver.SchemaCheck, error) {
-	c := outboxdriver.SchemaCheck{RelayVersion: s.latest}
-	v, err := schemaVersion(ctx, s.pool, s.Table)
+	c, err := pgschema.CheckSchema(ctx, queryRow(s.pool), s.Table, s.latest)
 	if err != nil {
-		return c, fmt.Errorf("outboxpgx: read the schema version of %s: %w", s.Table, err)
-	}
-	c.TableVersion = v
-	if v < pgschema.RelayVersionsSince {
-		c.RelaysFrom = pgschema.RelaysFrom(v)
-		return c, nil
-	}
-	if err := s.pool.QueryRow(ctx, pgschema.CheckSchemaSQL(s.Table)).Scan(&c.TableVersion, &c.RelaysFrom); err != nil {
-		return c, fmt.Errorf("outboxpgx: read the schema version of %s: %w", s.Table, err)
+		return c, fmt.Errorf("outboxpgx: %w", err)
 	}
 	return c, nil
 }

@@ -61,11 +61,13 @@ write logical decoding messages need the slot before their first event.
 --down 0 drops them again.
 
 Before it applies anything, migrate lists the live relays of the table
-(name, release, schema version, last renewal) and refuses a pending
-migration that needs newer relays than some of them run with (a relay of
-a release that records no version counts as older), naming them: replace
-them with this release first, or run again with --force, after which they
-stop claiming until replaced (docs/operations.md, Upgrades).`,
+(name, release, schema version, last renewal; on PostgreSQL also the
+log-tailing relays that hold a replication slot's lease, named with the
+slot) and refuses a pending migration that needs newer relays than some
+of them run with (a relay of a release that records no version counts as
+older), naming them: replace them with this release first, or run again
+with --force, after which they stop claiming until replaced
+(docs/operations.md, Upgrades).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := intIn("partitions", opts.Partitions, 1, outboxdriver.MaxPartitions); err != nil {

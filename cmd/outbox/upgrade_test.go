@@ -125,3 +125,72 @@ func statusJSONOf(t *testing.T, flags []string) statusOf {
 	}
 	return st
 }
+
+// Log-tailing relays count among the live relays by their slot's lease:
+// a streamer of a release before schema version 25 (it leases the slot
+// without recording a version) makes `outbox migrate` refuse a migration
+// that needs newer relays, listed and named with its slot; once its lease
+// expired the migration goes through, and a streamer of this release is
+// listed with the version, release and renewal it records.
+func TestMigrateListsAndRefusesLogTailingRelays(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	pool := testenv.Pool(t)
+	tb := testenv.Table(t, pool)
+	flags := []string{"--db", dbURL(), "--schema", tb.Schema, "--table", tb.Name}
+	if _, stderr, code := run(t, nil, append([]string{"migrate"}, flags...)...); code != 0 {
+		t.Fatalf("migrate: %s", stderr)
+	}
+	if _, stderr, code := run(t, nil, append([]string{"migrate", "--down", "17"}, flags...)...); code != 0 {
+		t.Fatalf("migrate --down 17: %s", stderr)
+	}
+	// No replication slot is made: the lease's row is what migrate reads.
+	slot := "s_" + testenv.Hex(t)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("_cdc")+` (slot, publication, owner, epoch, expires_at)
+VALUES ($1, $1, 'old-streamer', 1, clock_timestamp() + interval '10 minutes')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	name := "old-streamer (log tailing, slot " + slot + ")"
+	out, stderr, code := run(t, nil, append([]string{"migrate"}, flags...)...)
+	if code == 0 {
+		t.Fatalf("migrate with an older streamer alive succeeded: %s", out)
+	}
+	for _, want := range []string{"refusing to migrate", "018_partition_derived", name + " (schema version unknown"} {
+		if !strings.Contains(stderr, want) {
+			t.Fatalf("stderr %q does not say %q", stderr, want)
+		}
+	}
+	for _, want := range []string{"1 live relay(s)", name + ": schema version unknown (an older release), last renewed unknown"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("stdout %q does not list %q", out, want)
+		}
+	}
+
+	if _, err := pool.Exec(ctx, `UPDATE `+tb.Qualified("_cdc")+` SET expires_at = clock_timestamp() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if out, stderr, code := run(t, nil, append([]string{"migrate"}, flags...)...); code != 0 || !strings.Contains(out, "0 live relay(s)") {
+		t.Fatalf("migrate once the streamer's lease expired: exit %d, %q %q", code, out, stderr)
+	}
+	// What a streamer of this release records when it takes the lease.
+	if _, err := pool.Exec(ctx, `UPDATE `+tb.Qualified("_cdc")+` SET owner = 'new-streamer', epoch = 2,
+expires_at = clock_timestamp() + interval '10 minutes', schema_version = $1, release = 'v9.9.9',
+leased_at = clock_timestamp(), renewed_at = timestamptz '2026-01-02 03:04:05Z', recorded_epoch = 2`, pgschema.Latest()); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code = run(t, nil, append([]string{"migrate"}, flags...)...)
+	want := fmt.Sprintf("new-streamer (log tailing, slot %s): schema version %d, release v9.9.9, last renewed 2026-01-02T03:04:05Z", slot, pgschema.Latest())
+	if code != 0 || !strings.Contains(out, "1 live relay(s)") || !strings.Contains(out, want) {
+		t.Fatalf("migrate with a streamer of this release: exit %d, stdout %q (want %q), stderr %q", code, out, want, stderr)
+	}
+	// A streamer of an earlier release takes the lease over as its acquire
+	// does (a new epoch, nothing recorded): what the previous one recorded
+	// is not its version.
+	if _, err := pool.Exec(ctx, `UPDATE `+tb.Qualified("_cdc")+` SET owner = 'older-streamer', epoch = epoch + 1, updated_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	out, _, _ = run(t, nil, append([]string{"migrate"}, flags...)...)
+	if want := "older-streamer (log tailing, slot " + slot + "): schema version unknown (an older release), last renewed unknown"; !strings.Contains(out, want) {
+		t.Fatalf("stdout %q does not list %q", out, want)
+	}
+}

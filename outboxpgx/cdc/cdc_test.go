@@ -189,7 +189,18 @@ func (f *cdcFixture) router() *route.Router {
 // closes snk (also run when the test ends).
 func (f *cdcFixture) relayInto(src outboxdriver.Source, snk sink.Sink, cfg relay.Config) func() {
 	f.t.Helper()
-	cfg.Logger = f.log
+	_, stop := f.startRelay(src, snk, cfg)
+	return stop
+}
+
+// startRelay starts a relay over src into snk as relayInto does, logging
+// to cfg.Logger when set (else the fixture's log), and returns it and
+// its stop.
+func (f *cdcFixture) startRelay(src outboxdriver.Source, snk sink.Sink, cfg relay.Config) (*relay.Relay, func()) {
+	f.t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = f.log
+	}
 	if cfg.Router == nil {
 		cfg.Router = f.router()
 	}
@@ -223,7 +234,7 @@ func (f *cdcFixture) relayInto(src outboxdriver.Source, snk sink.Sink, cfg relay
 		snk.Close()
 	}
 	f.t.Cleanup(stop)
-	return stop
+	return rl, stop
 }
 
 // The write modes: rows, logical decoding messages, rows deleted again at

@@ -8,7 +8,12 @@ import (
 )
 
 type queries struct {
-	ensure, acquire, renew, release, fence, row   string
+	ensure, acquire, renew, release, fence, row string
+	// acquireVersions and renewVersions are acquire and renew that also
+	// record the streamer's schema version and release ($4 and $5 on
+	// acquire, $5 and $6 on renew), with the lease's times and epoch
+	// (schema version 25, pgschema.CDCVersionsSince).
+	acquireVersions, renewVersions                string
 	deadLetter, mark, isDeadLetter, held, cleanup string
 	// unhold releases the aggregates held behind events ($1); holdDead
 	// holds aggregates behind their dead letters ($1), as the polling
@@ -102,6 +107,15 @@ SET owner = $2, epoch = epoch + 1, expires_at = clock_timestamp() + $3 * interva
 WHERE slot = $1 AND (owner IS NULL OR expires_at <= clock_timestamp())
 RETURNING epoch`,
 		renew: `UPDATE ` + cdc + ` SET expires_at = clock_timestamp() + $4 * interval '1 millisecond'
+WHERE slot = $1 AND owner = $2 AND epoch = $3
+RETURNING epoch`,
+		acquireVersions: `UPDATE ` + cdc + `
+SET owner = $2, epoch = epoch + 1, expires_at = clock_timestamp() + $3 * interval '1 millisecond', updated_at = now(),
+    schema_version = $4, release = $5, leased_at = clock_timestamp(), renewed_at = clock_timestamp(), recorded_epoch = epoch + 1
+WHERE slot = $1 AND (owner IS NULL OR expires_at <= clock_timestamp())
+RETURNING epoch`,
+		renewVersions: `UPDATE ` + cdc + ` SET expires_at = clock_timestamp() + $4 * interval '1 millisecond',
+    schema_version = $5, release = $6, renewed_at = clock_timestamp(), recorded_epoch = epoch
 WHERE slot = $1 AND owner = $2 AND epoch = $3
 RETURNING epoch`,
 		release: `UPDATE ` + cdc + ` SET owner = NULL, expires_at = '-infinity' WHERE slot = $1 AND owner = $2 AND epoch = $3`,

@@ -63,11 +63,21 @@ type Source struct {
 	lossLogged atomic.Bool // the loss of the slot in message mode was logged
 	keepWarned atomic.Bool // the unbounded max_slot_wal_keep_size was logged
 
-	delays  driverkit.ColumnProbe // deliver_at of the parked table (schema version 14)
-	backlog driverkit.ColumnProbe // backlog_events of the _cdc table (schema version 22)
+	delays   driverkit.ColumnProbe // deliver_at of the parked table (schema version 14)
+	backlog  driverkit.ColumnProbe // backlog_events of the _cdc table (schema version 22)
+	versions driverkit.ColumnProbe // schema_version of the _cdc table (pgschema.CDCVersionsSince)
+	// latest is the newest schema version this relay's code knows, which
+	// it records with the slot's lease and checks the table against
+	// (CheckSchema): the migrations' latest; tests set a lower one to play
+	// a relay of the release before.
+	latest  int
+	release string
 }
 
-var _ outboxdriver.Source = (*Source)(nil)
+var (
+	_ outboxdriver.Source        = (*Source)(nil)
+	_ outboxdriver.SchemaChecker = (*Source)(nil)
+)
 
 // NewSource returns the relay's view of table t through logical
 // replication, on pool (which stays the caller's); cfg nil takes the
@@ -89,6 +99,7 @@ func NewSource(pool *pgxpool.Pool, t outboxdriver.Table, cfg *Config) (*Source, 
 	src := &Source{
 		pool: pool, drv: outboxpgx.New(pool), cfg: c, names: pgschema.NamesOf(t), cn: pgschema.CDCNamesOf(t), q: newQueries(t),
 		prefix: pgschema.MessagePrefix(t), queue: newQueue(), wake: make(chan struct{}, 1),
+		latest: pgschema.Latest(), release: driverkit.Release(),
 	}
 	src.queue.rowsGone = c.Mode == ModeInsertDelete
 	if err := src.base.Init(t, &c.SourceConfig); err != nil {
@@ -183,7 +194,11 @@ func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outbo
 	var pb pgx.Batch
 	pb.Queue(s.q.ensure, s.cfg.Slot, s.cfg.Publication)
 	var epochs []int64
-	pb.Queue(s.q.acquire, s.cfg.Slot, s.base.Cfg.RelayName, ttl.Milliseconds()).Query(func(rows pgx.Rows) error {
+	acquire, args := s.q.acquire, []any{s.cfg.Slot, s.base.Cfg.RelayName, ttl.Milliseconds()}
+	if s.recordsVersions(ctx) {
+		acquire, args = s.q.acquireVersions, append(args, s.latest, s.release)
+	}
+	pb.Queue(acquire, args...).Query(func(rows pgx.Rows) error {
 		var err error
 		epochs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 		return err
@@ -212,7 +227,11 @@ func (s *Source) Acquire(ctx context.Context, n int, ttl time.Duration) ([]outbo
 func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl time.Duration) ([]outboxdriver.Lease, error) {
 	started := time.Now()
 	l := leases[0]
-	rows, err := s.pool.Query(ctx, s.q.renew, s.cfg.Slot, s.base.Cfg.RelayName, l.Epoch, ttl.Milliseconds())
+	renew, args := s.q.renew, []any{s.cfg.Slot, s.base.Cfg.RelayName, l.Epoch, ttl.Milliseconds()}
+	if s.recordsVersions(ctx) {
+		renew, args = s.q.renewVersions, append(args, s.latest, s.release)
+	}
+	rows, err := s.pool.Query(ctx, renew, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: renew the lease of slot %s: %w", s.cfg.Slot, err)
 	}
@@ -234,6 +253,32 @@ func (s *Source) Renew(ctx context.Context, leases []outboxdriver.Lease, ttl tim
 	}
 	s.mu.Unlock()
 	return leases, nil
+}
+
+// recordsVersions reports whether the _cdc table records the streamers'
+// versions (pgschema.CDCVersionsSince): a relay of this build on a table
+// not migrated yet leases the slot as before, and `outbox migrate` counts
+// it as of an unknown version.
+func (s *Source) recordsVersions(ctx context.Context) bool {
+	return s.versions.Has(func() (bool, error) {
+		var has bool
+		err := s.pool.QueryRow(ctx, pgschema.HasColumnSQL, s.cn.State, "schema_version").Scan(&has)
+		return has, err
+	}, nil)
+}
+
+// CheckSchema reads the table's schema version and the oldest relay
+// version it works with (outboxdriver.SchemaChecker), as the polling
+// source does: the relay stops streaming and claiming while the table
+// needs a newer relay than this one.
+func (s *Source) CheckSchema(ctx context.Context) (outboxdriver.SchemaCheck, error) {
+	c, err := pgschema.CheckSchema(ctx, func(ctx context.Context, sql string, args []any, dest ...any) error {
+		return s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
+	}, s.base.Table, s.latest)
+	if err != nil {
+		return c, fmt.Errorf("outboxpgx: %w", err)
+	}
+	return c, nil
 }
 
 // Release stops the stream and gives the slot's lease up, so that a
