@@ -28,20 +28,26 @@ func (c *cdcSetupFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&c.mode, "cdc-mode", "table", "with --cdc: table, message or insert-delete, as the relay's --cdc-mode (what a lost slot means)")
 }
 
-// setup creates the publication and the slot of table t when missing.
-func (c *cdcSetupFlags) setup(ctx context.Context, out io.Writer, t outboxdriver.Table, st outboxdriver.Store) error {
+// source is the log-tailing source of table t on st (PostgreSQL only),
+// with the flags' slot, publication and mode; what names the command.
+func (c *cdcSetupFlags) source(what string, t outboxdriver.Table, st outboxdriver.Store) (*cdc.Source, error) {
 	if cs, ok := st.(closingStore); ok {
 		st = cs.Store
 	}
 	drv, ok := st.(*outboxpgx.Driver)
 	if !ok {
-		return fmt.Errorf("--cdc: log tailing needs PostgreSQL")
+		return nil, fmt.Errorf("%s: log tailing needs PostgreSQL", what)
 	}
 	var err error
 	if c.cfg.Mode, err = cdc.ParseMode(c.mode); err != nil {
-		return fmt.Errorf("--cdc-mode: %w", err)
+		return nil, fmt.Errorf("--cdc-mode: %w", err)
 	}
-	src, err := cdc.NewSource(drv.Pool(), t, &c.cfg)
+	return cdc.NewSource(drv.Pool(), t, &c.cfg)
+}
+
+// setup creates the publication and the slot of table t when missing.
+func (c *cdcSetupFlags) setup(ctx context.Context, out io.Writer, t outboxdriver.Table, st outboxdriver.Store) error {
+	src, err := c.source("--cdc", t, st)
 	if err != nil {
 		return err
 	}
@@ -88,18 +94,7 @@ table, unless --force (which loses them).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return f.withDB(cmd, func(ctx context.Context, t outboxdriver.Table, st outboxdriver.Store) error {
-				if cs, ok := st.(closingStore); ok {
-					st = cs.Store
-				}
-				drv, ok := st.(*outboxpgx.Driver)
-				if !ok {
-					return fmt.Errorf("outbox cdc drop: log tailing needs PostgreSQL")
-				}
-				var err error
-				if c.cfg.Mode, err = cdc.ParseMode(c.mode); err != nil {
-					return fmt.Errorf("--cdc-mode: %w", err)
-				}
-				src, err := cdc.NewSource(drv.Pool(), t, &c.cfg)
+				src, err := c.source("outbox cdc drop", t, st)
 				if err != nil {
 					return err
 				}
