@@ -159,13 +159,13 @@ func TestMigrateFromEachVersionWithRelaysRunning(t *testing.T) {
 			t.Parallel()
 			ctx := testenv.Context(t, 4*time.Minute)
 			r := newUpgradeRig(t, ctx, v)
-			r.write(ctx, 200)
+			r.write(ctx, 50)
 			_, _, stopA := r.relay(ctx, "relay-a", latest)
 			defer stopA()
 			_, _, stopB := r.relay(ctx, "relay-b", latest)
 			defer stopB()
 			r.liveRelays(ctx, "relay-a", "relay-b")
-			r.write(ctx, 200)
+			r.write(ctx, 50)
 
 			_, err := r.drv.Migrate(ctx, r.tb, nil)
 			var behind *outboxdriver.RelaysBehindError
@@ -180,14 +180,14 @@ func TestMigrateFromEachVersionWithRelaysRunning(t *testing.T) {
 				if st, err := r.drv.Status(ctx, r.tb); err != nil || st.SchemaVersion != v {
 					t.Fatalf("after the refusal the table is at %d (%v); want %d, nothing applied", st.SchemaVersion, err, v)
 				}
-				r.write(ctx, 200)
+				r.write(ctx, 50)
 				if _, err = r.drv.Migrate(ctx, r.tb, &outboxdriver.MigrateOptions{IgnoreRelaysBehind: true}); err != nil {
 					t.Fatalf("Migrate with IgnoreRelaysBehind: %v", err)
 				}
 			} else if err != nil {
 				t.Fatalf("Migrate from %d (no relays floor pending) with relays running: %v", v, err)
 			}
-			r.write(ctx, 200)
+			r.write(ctx, 50)
 			r.drained()
 			await.Eventually(t, time.Minute, func() error {
 				for _, x := range r.liveRelays(ctx, "relay-a", "relay-b") {
