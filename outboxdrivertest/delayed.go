@@ -152,8 +152,11 @@ func (s *suite) testDelayedRelay(t *testing.T) {
 		}
 		last = m.At
 	}
-	if late := first.Sub(due); late > relayPoll+time.Second {
-		t.Fatalf("the first delayed event was published %s after it was due; want within the poll interval (%s) and a second", late, relayPoll)
+	// Soon after it is due, not at some later, unrelated moment: within the
+	// poll interval, with ten seconds to spare for a loaded machine (a
+	// relay starved of CPU loses its leases and takes them back).
+	if late := first.Sub(due); late > relayPoll+10*time.Second {
+		t.Fatalf("the first delayed event was published %s after it was due; want within the poll interval (%s) and ten seconds", late, relayPoll)
 	}
 	t.Logf("%d delayed events (and as many behind them) due at once: first published %s after, the last %s after",
 		delayedBatch, first.Sub(due).Round(time.Millisecond), last.Sub(due).Round(time.Millisecond))
