@@ -35,8 +35,9 @@ type DropOptions struct {
 // Drop refuses while a relay streams the slot. In message and insert +
 // delete mode it first reads, without consuming, what the slot holds past
 // its confirmed position, and refuses (wrapping ErrPendingInSlot, with the
-// count) when that includes events of the table, unless o.Force. It
-// returns how many such events it found.
+// count) when that includes events of the table, or when it cannot read
+// the slot (an invalidated one), unless o.Force. It returns how many such
+// events it found.
 func (s *Source) Drop(ctx context.Context, o DropOptions) (pending int, err error) {
 	var exists, active bool
 	err = s.pool.QueryRow(ctx, `SELECT true, active FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`,
@@ -49,7 +50,12 @@ func (s *Source) Drop(ctx context.Context, o DropOptions) (pending int, err erro
 	}
 	if exists && s.cfg.Mode != ModeTable {
 		if pending, err = s.pendingInSlot(ctx); err != nil {
-			return 0, err
+			if !o.Force {
+				return 0, fmt.Errorf("%w (a slot that cannot be read, an invalidated one say, is dropped with Force)", err)
+			}
+			// Forced: what it held is lost either way; count none.
+			s.base.Log.Warn("outboxpgx: could not read what the slot holds; dropping it as forced", "slot", s.cfg.Slot, "err", err)
+			pending = 0
 		}
 		if pending > 0 && !o.Force {
 			return pending, fmt.Errorf("%w: %d event(s) of %s written as %s are in the WAL past the slot's confirmed position and nowhere else: start a relay with --source cdc to publish them first, or force the drop and lose them",
