@@ -178,6 +178,10 @@ func metricSum(text, family string, labels ...string) float64 {
 // in the stream, in commit order per aggregate.
 func TestClusterLeaderLossNATS(t *testing.T) {
 	t.Parallel()
+	forSources(t, testClusterLeaderLossNATS)
+}
+
+func testClusterLeaderLossNATS(t *testing.T, src string) {
 	nodes, _, js := natsCluster(t)
 	prefix := testenv.Name("s")
 	ctx := context.Background()
@@ -192,10 +196,10 @@ func TestClusterLeaderLossNATS(t *testing.T) {
 		}
 		return nil
 	})
-	tb, db := migratedFor(t, "poll")
+	tb, db := migratedFor(t, src)
 	addr := freeAddr(t)
 	sinkFlags := []string{"--sink", natsURLs(nodes), "--nats-stream", prefix, "--nats-no-create-stream", "--route-replacement", prefix + ".${routedByValue}"}
-	p := startRelay(t, append(append(append(append([]string{}, db.flags...), sinkFlags...), faultArgs...), "--metrics-addr", addr)...)
+	p := startRelay(t, append(append(append(append(append([]string{}, db.flags...), db.relayFlags...), sinkFlags...), faultArgs...), "--metrics-addr", addr)...)
 
 	wait := writeAsyncIn(t, db.pool, tb, phaseOne)
 	testenv.WaitStreamMsgs(t, st, 200, 60*time.Second)
@@ -371,6 +375,10 @@ func hwm(c *kfake.Cluster, topic string) int64 {
 // order per aggregate within its partition.
 func TestClusterLeaderLossKafka(t *testing.T) {
 	t.Parallel()
+	forSources(t, testClusterLeaderLossKafka)
+}
+
+func testClusterLeaderLossKafka(t *testing.T, src string) {
 	const topic, partitions = "outbox.event.order", 6
 	var lns brokerListeners
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(partitions, topic), kfake.ListenFn(lns.listen))
@@ -379,9 +387,9 @@ func TestClusterLeaderLossKafka(t *testing.T) {
 	}
 	t.Cleanup(cluster.Close)
 	addrs := cluster.ListenAddrs() // node i listens on addrs[i]
-	tb, db := migratedFor(t, "poll")
+	tb, db := migratedFor(t, src)
 	addr := freeAddr(t)
-	p := startRelay(t, append(append(append([]string{}, db.flags...), faultArgs...),
+	p := startRelay(t, append(append(append(append([]string{}, db.flags...), db.relayFlags...), faultArgs...),
 		"--sink", "kafka://"+strings.Join(addrs, ","), "--metrics-addr", addr)...)
 
 	ctx := context.Background()
