@@ -256,7 +256,9 @@ func testClusterLeaderLossNATS(t *testing.T, src string) {
 }
 
 // The cluster tests write phaseOne while the fault hits, and phaseTwo once
-// the cluster has a new leader: events that only a new leader can take.
+// the cluster has a new leader: events that only a new leader can take, so
+// that finding them all in the stream or topic shows that publishing
+// resumed.
 var (
 	phaseOne = workload.Config{Aggregates: 100, Transactions: 2000, Writers: 4, RollbackPct: 5}
 	phaseTwo = workload.Config{Aggregates: 100, Transactions: 200, Writers: 4, RollbackPct: 5}
