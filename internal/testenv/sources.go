@@ -12,7 +12,7 @@ import "testing"
 // three relays churning, a paused owner fenced, fail-over within two
 // TTLs, a broker outage (no attempt spent), a poison event (dead letter
 // with its cause, hold, dlq retry and discard), database connections
-// terminated (cmd/outbox); commits published and rollbacks never, a late
+// terminated, a clustered broker's leader lost (cmd/outbox); commits published and rollbacks never, a late
 // commit, a plain SQL insert, an oversized event dead-lettered while the
 // others flow, a failing broker spending no attempt, Stop finishing the
 // batch in flight, connections killed, two relays on one table (relay).

@@ -53,6 +53,18 @@ type Result struct {
 // Committed is the number of committed events.
 func (r *Result) Committed() int { return len(r.IDs) }
 
+// Add adds what o committed to r: a later run on the same table, whose
+// aggregates' versions go on from r's.
+func (r *Result) Add(o *Result) {
+	for id, p := range o.IDs {
+		r.IDs[id] = p
+	}
+	for agg, v := range o.Versions {
+		r.Versions[agg] = max(r.Versions[agg], v)
+	}
+	r.RolledBack += o.RolledBack
+}
+
 // DB is the database a workload writes to: a PostgreSQL pool (Run) or any
 // other database through its own implementation (RunOn).
 type DB interface {
