@@ -64,6 +64,12 @@ type Config struct {
 	SessionIdle, SessionMax time.Duration
 	// PageSize is the default page of lists (default 50); ops caps it.
 	PageSize int
+	// Inbox, when set, is the inbox table whose consumers the Consumers
+	// page shows (ops.NewInbox over the same Ops): a viewer sees a
+	// consumer's figures and dead letters, an operator retries and
+	// discards them, audited like the outbox's. Nil: the page says none is
+	// configured.
+	Inbox *ops.Inbox
 	// Logger defaults to warnings and errors as text on standard error.
 	Logger *slog.Logger
 }
@@ -289,7 +295,7 @@ func (s *Server) routeTable() []route {
 		api("GET", "/api/v1/failure-groups", s.failureGroupsAPI),
 		needs(ops.Act, opGroupRetry, api("POST", "/api/v1/failure-groups/{group}/retry", s.groupActAPI("retry"))),
 		needs(ops.Act, opGroupDiscard, api("POST", "/api/v1/failure-groups/{group}/discard", s.groupActAPI("discard"))),
-	}, append(s.requestRoutes(html, api), s.oidcRoutes(html, public)...)...)
+	}, append(append(s.requestRoutes(html, api), s.oidcRoutes(html, public)...), s.consumerRoutes(html)...)...)
 }
 
 // What the routes do, as a denied audit row says it (the words of ops).

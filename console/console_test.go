@@ -78,6 +78,10 @@ var roleMatrix = []struct {
 	{"POST", "/api/v1/requests/{id}/approve", 403, 403, 200},
 	{"POST", "/api/v1/requests/{id}/reject", 403, 403, 200},
 	{"POST", "/api/v1/requests/{id}/cancel", 403, 200, 403},
+	{"GET", "/consumers", 200, 200, 200},
+	{"GET", "/consumers/{consumer}/dead-letters/{id}", 200, 200, 200},
+	{"POST", "/consumers/{consumer}/dead-letters/{id}/retry", 403, 303, 403},
+	{"POST", "/consumers/{consumer}/dead-letters/{id}/discard", 403, 303, 403},
 }
 
 // allowed is who may call a state-changing route, by the role matrix: the
@@ -297,6 +301,9 @@ func TestAuditForEveryStateChange(t *testing.T) {
 // auditAction is the action a POST route leaves in the audit.
 func auditAction(pattern string) string {
 	action := pattern[strings.LastIndex(pattern, "/")+1:]
+	if strings.HasPrefix(pattern, "/consumers/") {
+		return "inbox-" + action // ops.ActionInboxRetry, ops.ActionInboxDiscard
+	}
 	switch action {
 	case "replay", "repair":
 		return "request" // a replay or repair is requested

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,10 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/outboxkit/outbox/console"
+	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/inbox/inboxpgx"
+	"github.com/outboxkit/outbox/inbox/inboxsql"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -49,6 +54,10 @@ type rig struct {
 	users map[ops.Role]testUser
 	// accounts is the users file's content (nil without users).
 	accounts *console.Users
+	// inboxDL records a dead letter of dl.Consumer in the rig's inbox
+	// table (the Consumers page's, migrated beside the outbox).
+	inboxDL func(dl inbox.DeadLetter) error
+	ib      *ops.Inbox
 }
 
 type rigOptions struct {
@@ -97,6 +106,9 @@ func newRigOn(t *testing.T, db string, o *rigOptions) *rig {
 		t.Fatal(err)
 	}
 	r.op = op
+	if cfg.Inbox == nil {
+		cfg.Inbox = r.migrateInbox(op)
+	}
 	// The listener first: an OIDC redirect URL names the console's port.
 	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { r.srv.ServeHTTP(w, req) }))
 	t.Cleanup(hs.Close)
@@ -113,6 +125,64 @@ func newRigOn(t *testing.T, db string, o *rigOptions) *rig {
 	}
 	hs.Start()
 	return r
+}
+
+// migrateInbox migrates an inbox table "inbox" beside the outbox table and
+// returns the operations on it.
+func (r *rig) migrateInbox(op *ops.Ops) *ops.Inbox {
+	r.t.Helper()
+	it := outboxdriver.Table{Schema: r.tb.Schema, Name: "inbox"}
+	var adm inbox.Admin
+	switch r.db {
+	case "postgres":
+		if _, err := inboxpgx.Migrate(r.ctx, r.pool, it); err != nil {
+			r.t.Fatal(err)
+		}
+		drv := inboxpgx.New(r.pool)
+		adm, r.inboxDL = drv, func(dl inbox.DeadLetter) error { return drv.RecordDeadLetter(r.ctx, it, dl) }
+	default:
+		dialect := inboxsql.SQLite
+		if r.db == "mysql" {
+			dialect = inboxsql.MySQL
+		}
+		sdb := r.fx.(sqlFixtures).db
+		if _, err := inboxsql.Migrate(r.ctx, sdb, dialect, it); err != nil {
+			r.t.Fatal(err)
+		}
+		drv, err := inboxsql.New(sdb, dialect)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		adm, r.inboxDL = drv, func(dl inbox.DeadLetter) error { return drv.RecordDeadLetter(r.ctx, it, dl) }
+	}
+	x, err := ops.NewInbox(op, adm, it)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.ib = x
+	return x
+}
+
+// consumerDeadLetter records a dead letter of consumer billing with a fresh
+// event id and returns its number and the event id.
+func (r *rig) consumerDeadLetter() (id, event string) {
+	r.t.Helper()
+	event = uuid.NewString()
+	if err := r.inboxDL(inbox.DeadLetter{Consumer: "billing", EventID: event, AggregateType: "order", AggregateID: "7",
+		Headers: map[string]string{"id": event}, Payload: []byte(`{"customer":{"email":"ann@example.com"}}`), Error: "unknown customer"}); err != nil {
+		r.t.Fatal(err)
+	}
+	dls, err := r.ib.DeadLetters(r.ctx, ops.Actor{Name: "setup", Role: ops.Viewer}, "billing", 500)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, dl := range dls {
+		if dl.EventID == event {
+			return fmt.Sprint(dl.ID), event
+		}
+	}
+	r.t.Fatalf("dead letter of event %s not found", event)
+	return "", ""
 }
 
 // deadLetter adds one dead letter and returns its id.
@@ -403,6 +473,10 @@ func (r *rig) target(method, pattern string) (id, path string, form url.Values, 
 	}
 	if strings.Contains(pattern, "{id}") {
 		event = id
+	}
+	if strings.Contains(pattern, "{consumer}") {
+		id, event = r.consumerDeadLetter()
+		path = strings.ReplaceAll(strings.ReplaceAll(pattern, "{consumer}", "billing"), "{id}", id)
 	}
 	return id, path, form, event
 }

@@ -70,6 +70,9 @@ func TestRoleCheckedBeforeInput(t *testing.T) {
 				switch {
 				case strings.Contains(rt.Pattern, "/requests/{id}"):
 					wantRequest = id
+				case strings.HasPrefix(rt.Pattern, "/consumers/"):
+					// A consumer's dead letter is a number, not an event id:
+					// the denial is refused before it is read.
 				case strings.Contains(rt.Pattern, "{id}"):
 					wantEvent = id
 				}

@@ -18,7 +18,7 @@ import (
 // The views: each file under templates/ but the layout is one page, parsed
 // once with the layout.
 var viewNames = []string{"overview", "dead_letters", "dead_letter", "audit", "login", "error", "pauses", "held", "failure_groups",
-	"requests", "request", "replay", "repair", "signed_in"}
+	"requests", "request", "replay", "repair", "signed_in", "consumers", "consumer_dead_letter"}
 
 func parseViews() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
@@ -76,7 +76,9 @@ func (q *req) render(status int, view, title string, data any) {
 		"group-retried":   "The group's dead letters are back in the outbox: " + q.r.URL.Query().Get("n") + ".",
 		"group-discarded": "The group's dead letters were discarded: " + q.r.URL.Query().Get("n") + ".",
 		"requested":       "Requested. Another person with the approver role must approve it before it expires.",
-		"approved":        "Approved: it is being carried out.", "rejected": "Rejected.", "cancelled": "Cancelled."}[q.r.URL.Query().Get("done")]
+		"approved":        "Approved: it is being carried out.", "rejected": "Rejected.", "cancelled": "Cancelled.",
+		"consumer-retried":   "Marked for retry: a running consumer hands it to its handler again within its retry poll.",
+		"consumer-discarded": "The consumer's dead letter was discarded."}[q.r.URL.Query().Get("done")]
 	var b bytes.Buffer
 	if err := q.s.views[view].Execute(&b, p); err != nil {
 		q.s.log.Error("console: render", "view", view, "err", err)

@@ -21,6 +21,8 @@ import (
 
 	"github.com/outboxkit/outbox"
 	"github.com/outboxkit/outbox/contract"
+	"github.com/outboxkit/outbox/inbox"
+	"github.com/outboxkit/outbox/inbox/inboxprom"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
@@ -37,7 +39,8 @@ import (
 // --contracts` does, and returns the names of the series they export (a
 // histogram's _bucket, _sum and _count). The relays are opened, not
 // started: their registries hold every series already, and the
-// log-tailing one makes no replication slot.
+// log-tailing one makes no replication slot. It adds the series a
+// consumer's inbox metrics export (inbox/inboxprom).
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
@@ -92,7 +95,26 @@ func exported(t *testing.T) map[string]bool {
 			}
 		}
 	}
-	for _, want := range []string{"outbox_status_up", "outbox_drain_eta_seconds", "outbox_cdc_slot_lag_bytes", "outbox_time_partitions_kept"} {
+	// A consumer's inbox metrics (inbox/inboxprom), after its first message.
+	reg := prometheus.NewRegistry()
+	im, err := inboxprom.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im.Handled("billing", inbox.Processed, time.Millisecond)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		names[f.GetName()] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				names[f.GetName()+s] = true
+			}
+		}
+	}
+	for _, want := range []string{"inbox_dead_letters_total", "inbox_handle_seconds_bucket", "outbox_status_up", "outbox_drain_eta_seconds", "outbox_cdc_slot_lag_bytes", "outbox_time_partitions_kept"} {
 		if !names[want] {
 			t.Fatalf("the relays' registries lack %s: %v", want, slices.Sorted(maps.Keys(names)))
 		}
@@ -225,7 +247,7 @@ func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 		if names[n] {
 			continue
 		}
-		t.Errorf("%s is used by %s but no relay exports it", n, strings.Join(where, ", "))
+		t.Errorf("%s is used by %s but no relay or consumer exports it", n, strings.Join(where, ", "))
 	}
 }
 

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -32,11 +33,55 @@ type Driver[TTx any] interface {
 	InTx(ctx context.Context, fn func(tx TTx) error) error
 	// RecordDeadLetter inserts dl into t's dead-letter table.
 	RecordDeadLetter(ctx context.Context, t outboxdriver.Table, dl DeadLetter) error
-	// DeadLetters lists up to limit dead letters of consumer, oldest first.
-	DeadLetters(ctx context.Context, t outboxdriver.Table, consumer string, limit int) ([]DeadLetter, error)
 	// Cleanup deletes at most limit records of consumer older than
 	// olderThan by the database clock and returns how many it deleted.
 	Cleanup(ctx context.Context, t outboxdriver.Table, consumer string, olderThan time.Duration, limit int) (int, error)
+	Admin
+}
+
+// Admin is the part of a Driver that reads and changes a consumer's dead
+// letters, whatever its transactions' type: what operators use
+// (`outbox inbox`, the console) and what a consumer.Engine polls for
+// retries. Every method acts on the dead letters of consumer only.
+type Admin interface {
+	// DeadLetters lists up to limit dead letters of consumer, oldest first.
+	DeadLetters(ctx context.Context, t outboxdriver.Table, consumer string, limit int) ([]DeadLetter, error)
+	// DeadLetter returns the dead letter id, or an error wrapping
+	// ErrNotFound.
+	DeadLetter(ctx context.Context, t outboxdriver.Table, consumer string, id int64) (DeadLetter, error)
+	// DeadLetterIDs lists the ids of every dead letter, oldest first.
+	DeadLetterIDs(ctx context.Context, t outboxdriver.Table, consumer string) ([]int64, error)
+	// RequestRetry marks the dead letters ids for retry and returns the
+	// ids it found.
+	RequestRetry(ctx context.Context, t outboxdriver.Table, consumer string, ids []int64) ([]int64, error)
+	// ClaimRetries clears the retry mark of up to limit dead letters
+	// marked for retry, oldest first, and returns those whose mark this
+	// call cleared: of concurrent callers, one claims each.
+	ClaimRetries(ctx context.Context, t outboxdriver.Table, consumer string, limit int) ([]DeadLetter, error)
+	// DeleteDeadLetters deletes the dead letters ids and returns the ids
+	// it found.
+	DeleteDeadLetters(ctx context.Context, t outboxdriver.Table, consumer string, ids []int64) ([]int64, error)
+	// Stats counts the dedupe records and dead letters of consumer.
+	Stats(ctx context.Context, t outboxdriver.Table, consumer string) (Stats, error)
+}
+
+// ErrNotFound is wrapped by the error about a dead letter that does not
+// exist.
+var ErrNotFound = errors.New("not found")
+
+// Stats summarises one consumer's inbox tables.
+type Stats struct {
+	Consumer string `json:"consumer"`
+	// Processed counts the dedupe records kept (within the retention):
+	// the events handled, or skipped as stale.
+	Processed int64 `json:"processed"`
+	// DeadLetters counts the dead letters; RetryRequested those of them
+	// marked for retry and not yet claimed by a running consumer.
+	DeadLetters    int64 `json:"dead_letters"`
+	RetryRequested int64 `json:"retry_requested"`
+	// OldestDeadLetter is when the oldest dead letter was recorded
+	// (database clock); zero when there is none.
+	OldestDeadLetter time.Time `json:"oldest_dead_letter,omitzero"`
 }
 
 // VersionKey identifies the aggregate whose version a consumer guards.
@@ -63,4 +108,15 @@ type DeadLetter struct {
 	Error string `json:"error"`
 	// DeadLetteredAt is when it was recorded (database clock).
 	DeadLetteredAt time.Time `json:"dead_lettered_at"`
+	// RetryRequestedAt is when an operator asked for it to be handled
+	// again (database clock); zero when nobody did, or once a running
+	// consumer claimed it.
+	RetryRequestedAt time.Time `json:"retry_requested_at,omitzero"`
+}
+
+// Message returns the dead letter as the message it was received as, to be
+// handled again.
+func (dl DeadLetter) Message() Message {
+	return Message{EventID: dl.EventID, AggregateType: dl.AggregateType, AggregateID: dl.AggregateID,
+		Type: dl.Type, Destination: dl.Destination, Payload: dl.Payload, Headers: dl.Headers}
 }

@@ -160,6 +160,12 @@ type Metrics interface {
 	Handled(consumer string, outcome Outcome, took time.Duration)
 }
 
+// DeadLetterMetrics is what a Metrics may implement besides: DeadLettered
+// is called once per dead letter recorded. inboxprom's Metrics does.
+type DeadLetterMetrics interface {
+	DeadLettered(consumer string)
+}
+
 // Inbox de-duplicates the messages of one consumer through a driver.
 type Inbox[TTx any] struct {
 	drv      Driver[TTx]
@@ -362,7 +368,54 @@ func (ib *Inbox[TTx]) DeadLetter(ctx context.Context, msg Message, cause error) 
 	if err := ib.drv.RecordDeadLetter(ctx, ib.table, dl); err != nil {
 		return fmt.Errorf("inbox: dead-letter event %q for %s: %w", msg.EventID, ib.consumer, err)
 	}
+	if m, ok := ib.cfg.Metrics.(DeadLetterMetrics); ok {
+		m.DeadLettered(ib.consumer)
+	}
 	return nil
+}
+
+// Admin returns the driver's dead-letter operations, for tools that act
+// on this consumer's dead letters outside a handler.
+func (ib *Inbox[TTx]) Admin() Admin { return ib.drv }
+
+// ClaimRetries takes up to limit of this consumer's dead letters that an
+// operator marked for retry (`outbox inbox dlq retry`), oldest first, and
+// clears their mark: of several instances polling at once, one takes each.
+// Hand each one's Message to the handler again, then call
+// ResolveDeadLetter once it was handled or dead-lettered anew; a dead
+// letter claimed and never resolved (its process died) stays, unmarked,
+// for the operator to retry again. consumer.Engine does all of this
+// (consumer.Config.RetryPoll).
+func (ib *Inbox[TTx]) ClaimRetries(ctx context.Context, limit int) ([]DeadLetter, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	dls, err := ib.drv.ClaimRetries(ctx, ib.table, ib.consumer, min(limit, 1000))
+	if err != nil {
+		return dls, fmt.Errorf("inbox: claim dead letters to retry of %s: %w", ib.consumer, err)
+	}
+	return dls, nil
+}
+
+// ResolveDeadLetter deletes the dead letter id of this consumer: its
+// message was handled again (or recorded as a new dead letter).
+func (ib *Inbox[TTx]) ResolveDeadLetter(ctx context.Context, id int64) error {
+	if _, err := ib.drv.DeleteDeadLetters(ctx, ib.table, ib.consumer, []int64{id}); err != nil {
+		return fmt.Errorf("inbox: delete dead letter %d of %s: %w", id, ib.consumer, err)
+	}
+	return nil
+}
+
+// RequestRetry marks the given dead letters of this consumer for retry
+// and returns the ids it found; a consumer.Engine running for the consumer
+// hands them to its handler again. Operators use `outbox inbox dlq retry`,
+// which audits it.
+func (ib *Inbox[TTx]) RequestRetry(ctx context.Context, ids ...int64) ([]int64, error) {
+	found, err := ib.drv.RequestRetry(ctx, ib.table, ib.consumer, ids)
+	if err != nil {
+		return found, fmt.Errorf("inbox: request retry of dead letters of %s: %w", ib.consumer, err)
+	}
+	return found, nil
 }
 
 // DeadLetters lists up to limit (at most 1000; 100 when limit <= 0) of this

@@ -34,6 +34,24 @@ func (nopDriver) DeadLetters(context.Context, outboxdriver.Table, string, int) (
 func (nopDriver) Cleanup(context.Context, outboxdriver.Table, string, time.Duration, int) (int, error) {
 	return 0, errNoSQL
 }
+func (nopDriver) DeadLetter(context.Context, outboxdriver.Table, string, int64) (DeadLetter, error) {
+	return DeadLetter{}, errNoSQL
+}
+func (nopDriver) DeadLetterIDs(context.Context, outboxdriver.Table, string) ([]int64, error) {
+	return nil, errNoSQL
+}
+func (nopDriver) RequestRetry(context.Context, outboxdriver.Table, string, []int64) ([]int64, error) {
+	return nil, errNoSQL
+}
+func (nopDriver) ClaimRetries(context.Context, outboxdriver.Table, string, int) ([]DeadLetter, error) {
+	return nil, errNoSQL
+}
+func (nopDriver) DeleteDeadLetters(context.Context, outboxdriver.Table, string, []int64) ([]int64, error) {
+	return nil, errNoSQL
+}
+func (nopDriver) Stats(context.Context, outboxdriver.Table, string) (Stats, error) {
+	return Stats{}, errNoSQL
+}
 
 func TestNewValidates(t *testing.T) {
 	for _, c := range []struct {

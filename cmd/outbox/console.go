@@ -22,6 +22,7 @@ import (
 	"github.com/outboxkit/outbox/console"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/relayd"
 )
 
 // defaultUsersFile is where the console's users are kept when neither
@@ -40,7 +41,7 @@ func usersFile(flag string) string {
 
 func newConsole() *cobra.Command {
 	var f dbFlags
-	var addr, users, tlsCert, tlsKey, logLevel string
+	var addr, users, tlsCert, tlsKey, logLevel, inboxTable string
 	var dev, proxyTLS bool
 	var masks maskFlags
 	var requestTTL time.Duration
@@ -115,7 +116,13 @@ in front terminates TLS.`,
 			if err := masks.apply(ocfg); err != nil {
 				return err
 			}
-			return f.withOps(cmd, 8, ocfg, func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error {
+			if inboxTable != "" {
+				if err := outboxdriver.ValidateIdent("--inbox-table", inboxTable); err != nil {
+					return err
+				}
+			}
+			return f.withOpsDB(cmd, 8, ocfg, func(ctx context.Context, o *ops.Ops, db *relayd.DB) error {
+				st := db.Store
 				t := o.Table()
 				status, err := st.Status(ctx, t)
 				if err != nil {
@@ -124,7 +131,17 @@ in front terminates TLS.`,
 				if status.SchemaVersion < status.LatestSchemaVersion {
 					return fmt.Errorf("%s is at schema version %d; the console needs %d: run `outbox migrate`", t, status.SchemaVersion, status.LatestSchemaVersion)
 				}
-				srv, err := console.New(o, &console.Config{Users: u, OIDC: oidc, Dev: dev, SecureCookies: tlsCert != "" || proxyTLS, Logger: log})
+				var ibx *ops.Inbox
+				if inboxTable != "" {
+					adm, err := inboxAdmin(db)
+					if err != nil {
+						return err
+					}
+					if ibx, err = ops.NewInbox(o, adm, outboxdriver.Table{Schema: t.Schema, Name: inboxTable}); err != nil {
+						return err
+					}
+				}
+				srv, err := console.New(o, &console.Config{Users: u, OIDC: oidc, Dev: dev, SecureCookies: tlsCert != "" || proxyTLS, Logger: log, Inbox: ibx})
 				if err != nil {
 					return err
 				}
@@ -165,6 +182,7 @@ in front terminates TLS.`,
 	fl.BoolVar(&proxyTLS, "proxy-tls", false, "a reverse proxy in front terminates TLS: mark cookies Secure and allow a non-loopback --addr without --tls-cert")
 	fl.BoolVar(&dev, "dev", false, "development: start without users (everyone is the operator \"dev\"), loopback only; refuses users and --oidc-issuer")
 	masks.register(cmd)
+	fl.StringVar(&inboxTable, "inbox-table", "", "an inbox table in --schema whose consumers' dead letters the Consumers page shows (default: none)")
 	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.DurationVar(&requestTTL, "request-ttl", ops.DefaultRequestTTL, "how long a replay or repair request may wait to be approved and carried out before it expires")
 	fl.IntVar(&replayBatch, "replay-batch", ops.DefaultReplayBatchSize, "events a replay re-enqueues per transaction")

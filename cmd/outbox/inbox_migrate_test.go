@@ -14,6 +14,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
+	"github.com/outboxkit/outbox/inbox/inboxsql"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxsqlite"
 )
@@ -25,6 +26,9 @@ type inboxTarget struct {
 	flags  []string
 	db     *sql.DB
 	tables string
+	// schema and dialect reach the inbox tables through db (inboxsql).
+	schema  string
+	dialect inboxsql.Dialect
 }
 
 // list returns the names of the target's tables starting with prefix.
@@ -60,9 +64,11 @@ func inboxOnPostgres(t *testing.T) inboxTarget {
 	}
 	t.Cleanup(func() { db.Close() })
 	return inboxTarget{
-		flags:  []string{"--db", dbURL(), "--schema", schema},
-		db:     db,
-		tables: `SELECT table_name FROM information_schema.tables WHERE table_schema = '` + schema + `' AND table_name LIKE $1 ORDER BY table_name`,
+		flags:   []string{"--db", dbURL(), "--schema", schema},
+		db:      db,
+		tables:  `SELECT table_name FROM information_schema.tables WHERE table_schema = '` + schema + `' AND table_name LIKE $1 ORDER BY table_name`,
+		schema:  schema,
+		dialect: inboxsql.Postgres,
 	}
 }
 
@@ -76,9 +82,11 @@ func inboxOnSQLite(t *testing.T) inboxTarget {
 	}
 	t.Cleanup(func() { db.Close() })
 	return inboxTarget{
-		flags:  []string{"--db", "sqlite://" + path},
-		db:     db,
-		tables: `SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ? ORDER BY name`,
+		flags:   []string{"--db", "sqlite://" + path},
+		db:      db,
+		tables:  `SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ? ORDER BY name`,
+		schema:  "main",
+		dialect: inboxsql.SQLite,
 	}
 }
 
@@ -86,9 +94,11 @@ func inboxOnMySQL(t *testing.T) inboxTarget {
 	admin := mysqlDB(t, mysqlServerURL()) // fails with a hint when MariaDB is down
 	name := testenv.MySQLDatabase(t, admin, "t")
 	return inboxTarget{
-		flags:  []string{"--db", mysqlURL(t, name)}, // the schema is the URL's database
-		db:     admin,
-		tables: `SELECT table_name FROM information_schema.tables WHERE table_schema = '` + name + `' AND table_name LIKE ? ORDER BY table_name`,
+		flags:   []string{"--db", mysqlURL(t, name)}, // the schema is the URL's database
+		db:      admin,
+		tables:  `SELECT table_name FROM information_schema.tables WHERE table_schema = '` + name + `' AND table_name LIKE ? ORDER BY table_name`,
+		schema:  name,
+		dialect: inboxsql.MySQL,
 	}
 }
 
@@ -114,20 +124,20 @@ func TestInboxMigrate(t *testing.T) {
 				}
 				return out
 			}
-			if out := migrate(); !strings.Contains(out, "applied migration(s) [1], now at version 1") {
+			if out := migrate(); !strings.Contains(out, "applied migration(s) [1 2], now at version 2") {
 				t.Fatalf("first run: %q", out)
 			}
 			want := "events_in,events_in_dead_letter,events_in_migrations,events_in_versions"
 			if got := it.list(t, "events_in"); got != want {
 				t.Fatalf("tables after migrate: %s, want %s", got, want)
 			}
-			if out := migrate(); !strings.Contains(out, "already at version 1, nothing to do") {
+			if out := migrate(); !strings.Contains(out, "already at version 2, nothing to do") {
 				t.Fatalf("second run: %q", out)
 			}
 			if got := it.list(t, "outbox"); got != "" {
 				t.Fatalf("--inbox created outbox tables: %s", got)
 			}
-			if out := migrate("--down", "0"); !strings.Contains(out, "reverted 1 migration(s) [1], now at version 0") {
+			if out := migrate("--down", "0"); !strings.Contains(out, "reverted 2 migration(s) [2 1], now at version 0") {
 				t.Fatalf("--down 0: %q", out)
 			}
 			if got := it.list(t, "events_in"); got != "" {

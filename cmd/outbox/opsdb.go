@@ -15,6 +15,13 @@ import (
 // driver can do beyond a Store (filters, the full audit), and closes the
 // pool afterwards.
 func (f *dbFlags) withOps(cmd *cobra.Command, maxConns int32, cfg *ops.Config, fn func(ctx context.Context, o *ops.Ops, st outboxdriver.Store) error) error {
+	return f.withOpsDB(cmd, maxConns, cfg, func(ctx context.Context, o *ops.Ops, db *relayd.DB) error {
+		return fn(ctx, o, db.Store)
+	})
+}
+
+// withOpsDB is withOps handing fn the database the command opened.
+func (f *dbFlags) withOpsDB(cmd *cobra.Command, maxConns int32, cfg *ops.Config, fn func(ctx context.Context, o *ops.Ops, db *relayd.DB) error) error {
 	t, err := f.tableName()
 	if err != nil {
 		return err
@@ -36,5 +43,5 @@ func (f *dbFlags) withOps(cmd *cobra.Command, maxConns int32, cfg *ops.Config, f
 	if err != nil {
 		return err
 	}
-	return fn(ctx, o, db.Store)
+	return fn(ctx, o, db)
 }

@@ -29,7 +29,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newDemo(), newMigrate(), newRelay(), newStatus(), newDLQ(), newBench(), newConsole())
 	root.AddCommand(newPauseCmd(true), newPauseCmd(false), newHeld())
 	root.AddCommand(newContract(), newReconcile(), newRetention())
-	root.AddCommand(newAudit(), newGrants(), newCDC(), newMask())
+	root.AddCommand(newAudit(), newGrants(), newCDC(), newMask(), newInbox())
 	return root
 }
 

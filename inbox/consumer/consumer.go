@@ -30,6 +30,9 @@ const (
 	DefaultRetryMax = time.Minute
 	// DefaultMaxPending is the default bound on messages held at once.
 	DefaultMaxPending = 256
+	// DefaultRetryPoll is how often an Engine looks by default for dead
+	// letters an operator marked for retry.
+	DefaultRetryPoll = 5 * time.Second
 )
 
 // ErrStopped is returned by Submit once the Engine is stopping.
@@ -107,6 +110,13 @@ type Config struct {
 	// OnStage, when set, is called at each stage of a message's life. It
 	// must not block. Useful for tracing and fault injection.
 	OnStage func(stage Stage, msg inbox.Message)
+	// RetryPoll is how often the Engine looks for this consumer's dead
+	// letters that an operator marked for retry (`outbox inbox dlq
+	// retry`, the console): it claims them and handles each again like a
+	// new delivery (MaxAttempts afresh); the dead letter is deleted once
+	// the message was handled, or dead-lettered anew with its new error.
+	// Default 5s; negative never looks.
+	RetryPoll time.Duration
 }
 
 // normalize returns a copy of cfg with defaults applied.
@@ -128,6 +138,9 @@ func normalize(cfg *Config) (Config, error) {
 	}
 	if c.RetryMax < c.RetryBase {
 		return c, fmt.Errorf("consumer: Config.RetryMax %v is shorter than Config.RetryBase %v", c.RetryMax, c.RetryBase)
+	}
+	if c.RetryPoll == 0 {
+		c.RetryPoll = DefaultRetryPoll
 	}
 	if c.KeepAlive < 0 {
 		return c, fmt.Errorf("consumer: invalid Config.KeepAlive %v: must be positive (or 0 for none)", c.KeepAlive)
@@ -237,11 +250,15 @@ func (e *Engine[TTx]) Start(ctx context.Context) error {
 		})
 	}
 	lanesDone := make(chan struct{})
-	var keep sync.WaitGroup
+	var keep, poll sync.WaitGroup
 	if e.cfg.KeepAlive > 0 {
 		keep.Go(func() { e.keepAlive(lanesDone) })
 	}
+	if e.cfg.RetryPoll > 0 {
+		poll.Go(e.pollRetries)
+	}
 	go func() {
+		poll.Wait()
 		wg.Wait()
 		close(lanesDone)
 		keep.Wait()
@@ -455,3 +472,69 @@ func (e *Engine[TTx]) keepAlive(lanesDone <-chan struct{}) {
 		}
 	}
 }
+
+// pollRetries submits, every RetryPoll until the Engine stops, the dead
+// letters an operator marked for retry.
+func (e *Engine[TTx]) pollRetries() {
+	t := time.NewTicker(e.cfg.RetryPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-e.stopping:
+			return
+		}
+		dls, err := e.ib.ClaimRetries(e.work, 100)
+		if err != nil {
+			e.log.Warn("consumer: cannot look for dead letters to retry", "err", err)
+		}
+		for i, dl := range dls {
+			d := &retryDelivery[TTx]{e: e, dl: dl}
+			e.log.Info("consumer: handling a dead letter again on request", "dead_letter", dl.ID, "event_id", dl.EventID)
+			if err := e.Submit(e.work, d); err != nil {
+				// Stopping: hand back what was claimed and not taken.
+				for _, rest := range dls[i:] {
+					(&retryDelivery[TTx]{e: e, dl: rest}).unclaim()
+				}
+				return
+			}
+		}
+	}
+}
+
+// retryDelivery is a dead letter handed to the handler again.
+type retryDelivery[TTx any] struct {
+	e  *Engine[TTx]
+	dl inbox.DeadLetter
+}
+
+func (d *retryDelivery[TTx]) Message() inbox.Message { return d.dl.Message() }
+
+func (d *retryDelivery[TTx]) Key() string { return d.dl.AggregateType + "\x00" + d.dl.AggregateID }
+
+func (d *retryDelivery[TTx]) Attempts() int { return 0 }
+
+// Ack deletes the dead letter: its message was handled, or recorded as a
+// new dead letter.
+func (d *retryDelivery[TTx]) Ack(ctx context.Context) error {
+	return d.e.ib.ResolveDeadLetter(ctx, d.dl.ID)
+}
+
+// Release marks the dead letter for retry again, for the next poll (here
+// or in another instance).
+func (d *retryDelivery[TTx]) Release(time.Duration) error { return d.unclaim() }
+
+func (d *retryDelivery[TTx]) unclaim() error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.e.work), 30*time.Second)
+	defer cancel()
+	_, err := d.e.ib.RequestRetry(ctx, d.dl.ID)
+	if err != nil {
+		d.e.log.Warn("consumer: cannot mark a claimed dead letter for retry again; it stays a dead letter, unmarked",
+			"dead_letter", d.dl.ID, "err", err)
+	}
+	return err
+}
+
+func (d *retryDelivery[TTx]) KeepAlive() error { return nil }
+
+func (d *retryDelivery[TTx]) Abandoned() <-chan struct{} { return nil }

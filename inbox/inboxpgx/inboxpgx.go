@@ -90,22 +90,112 @@ func (d *Driver) RecordDeadLetter(ctx context.Context, t outboxdriver.Table, dl 
 
 // DeadLetters implements inbox.Driver.
 func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, consumer string, limit int) ([]inbox.DeadLetter, error) {
-	rows, err := d.db.Query(ctx, queries(t).DeadLetters, consumer, limit)
+	return d.deadLetters(ctx, queries(t).DeadLetters, consumer, limit)
+}
+
+func (d *Driver) deadLetters(ctx context.Context, sql string, args ...any) ([]inbox.DeadLetter, error) {
+	rows, err := d.db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (inbox.DeadLetter, error) {
 		var dl inbox.DeadLetter
 		var h string
+		var retry *time.Time
 		if err := row.Scan(&dl.ID, &dl.Consumer, &dl.EventID, &dl.AggregateType, &dl.AggregateID, &dl.Type,
-			&dl.Destination, &h, &dl.Payload, &dl.Error, &dl.DeadLetteredAt); err != nil {
+			&dl.Destination, &h, &dl.Payload, &dl.Error, &dl.DeadLetteredAt, &retry); err != nil {
 			return dl, err
+		}
+		if retry != nil {
+			dl.RetryRequestedAt = *retry
 		}
 		if err := json.Unmarshal([]byte(h), &dl.Headers); err != nil {
 			return dl, fmt.Errorf("dead letter %d: headers: %w", dl.ID, err)
 		}
 		return dl, nil
 	})
+}
+
+// DeadLetter implements inbox.Admin.
+func (d *Driver) DeadLetter(ctx context.Context, t outboxdriver.Table, consumer string, id int64) (inbox.DeadLetter, error) {
+	dls, err := d.deadLetters(ctx, queries(t).DeadLetterByID, consumer, id)
+	if err != nil {
+		return inbox.DeadLetter{}, err
+	}
+	if len(dls) == 0 {
+		return inbox.DeadLetter{}, fmt.Errorf("dead letter %d of %s: %w", id, consumer, inbox.ErrNotFound)
+	}
+	return dls[0], nil
+}
+
+// DeadLetterIDs implements inbox.Admin.
+func (d *Driver) DeadLetterIDs(ctx context.Context, t outboxdriver.Table, consumer string) ([]int64, error) {
+	rows, err := d.db.Query(ctx, queries(t).DeadLetterIDs, consumer)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// RequestRetry implements inbox.Admin.
+func (d *Driver) RequestRetry(ctx context.Context, t outboxdriver.Table, consumer string, ids []int64) ([]int64, error) {
+	return d.each(ctx, queries(t).RequestRetry, consumer, ids)
+}
+
+// DeleteDeadLetters implements inbox.Admin.
+func (d *Driver) DeleteDeadLetters(ctx context.Context, t outboxdriver.Table, consumer string, ids []int64) ([]int64, error) {
+	return d.each(ctx, queries(t).DeleteDeadLetter, consumer, ids)
+}
+
+// ClaimRetries implements inbox.Admin.
+func (d *Driver) ClaimRetries(ctx context.Context, t outboxdriver.Table, consumer string, limit int) ([]inbox.DeadLetter, error) {
+	q := queries(t)
+	dls, err := d.deadLetters(ctx, q.RetryRequested, consumer, limit)
+	if err != nil {
+		return nil, err
+	}
+	var claimed []inbox.DeadLetter
+	for _, dl := range dls {
+		tag, err := d.db.Exec(ctx, q.ClaimRetry, consumer, dl.ID)
+		if err != nil {
+			return claimed, err
+		}
+		if tag.RowsAffected() == 1 {
+			dl.RetryRequestedAt = time.Time{}
+			claimed = append(claimed, dl)
+		}
+	}
+	return claimed, nil
+}
+
+func (d *Driver) each(ctx context.Context, sql, consumer string, ids []int64) ([]int64, error) {
+	return inboxschema.Each(ids, func(id int64) (bool, error) {
+		tag, err := d.db.Exec(ctx, sql, consumer, id)
+		return tag.RowsAffected() == 1, err
+	})
+}
+
+// Stats implements inbox.Admin.
+func (d *Driver) Stats(ctx context.Context, t outboxdriver.Table, consumer string) (inbox.Stats, error) {
+	q := queries(t)
+	s := inbox.Stats{Consumer: consumer}
+	rows, err := d.db.Query(ctx, q.Processed, consumer)
+	if err != nil {
+		return s, err
+	}
+	if s.Processed, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64]); err != nil {
+		return s, err
+	}
+	rows, err = d.db.Query(ctx, q.DeadLetterStats, consumer)
+	if err != nil {
+		return s, err
+	}
+	var oldest *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&s.DeadLetters, &s.RetryRequested, &oldest}, func() error { return nil })
+	if oldest != nil {
+		s.OldestDeadLetter = *oldest
+	}
+	return s, err
 }
 
 // Cleanup implements inbox.Driver.

@@ -12,4 +12,6 @@
 //     redelivered; invalid ones were refused.
 //   - inbox_handle_seconds: time to handle one message, handler and (for
 //     Handle) commit included.
+//   - inbox_dead_letters_total (by consumer only): dead letters recorded.
+//     Any increase wants an operator (`outbox inbox dlq list`).
 package inboxprom

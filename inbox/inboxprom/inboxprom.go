@@ -14,10 +14,14 @@ import (
 type Metrics struct {
 	messages  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
+	dead      *prometheus.CounterVec
 	consumers sync.Map // consumers observed so far
 }
 
-var _ inbox.Metrics = (*Metrics)(nil)
+var (
+	_ inbox.Metrics           = (*Metrics)(nil)
+	_ inbox.DeadLetterMetrics = (*Metrics)(nil)
+)
 
 // New registers the inbox metrics on reg.
 func New(reg prometheus.Registerer) (*Metrics, error) {
@@ -31,8 +35,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Time to handle one message (dedupe record, version guard, handler, commit), by consumer and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5ms .. ~16s
 		}, []string{"consumer", "outcome"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_dead_letters_total",
+			Help: "Dead letters an inbox recorded, by consumer.",
+		}, []string{"consumer"}),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.latency} {
+	for _, c := range []prometheus.Collector{m.messages, m.latency, m.dead} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -48,7 +56,13 @@ func (m *Metrics) Handled(consumer string, o inbox.Outcome, took time.Duration) 
 		for _, other := range inbox.Outcomes() {
 			m.messages.WithLabelValues(consumer, other.String())
 		}
+		m.dead.WithLabelValues(consumer)
 	}
 	m.messages.WithLabelValues(consumer, o.String()).Inc()
 	m.latency.WithLabelValues(consumer, o.String()).Observe(took.Seconds())
+}
+
+// DeadLettered implements inbox.DeadLetterMetrics.
+func (m *Metrics) DeadLettered(consumer string) {
+	m.dead.WithLabelValues(consumer).Inc()
 }

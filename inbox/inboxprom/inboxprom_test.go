@@ -47,3 +47,24 @@ inbox_messages_total{consumer="shipping",outcome="stale"} 1
 		t.Fatal("registering twice on one registry succeeded")
 	}
 }
+
+func TestCountsDeadLettersByConsumerFromZero(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := inboxprom.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Handled("billing", inbox.Failed, time.Millisecond)
+	m.Handled("shipping", inbox.Invalid, time.Millisecond)
+	m.DeadLettered("shipping")
+	m.DeadLettered("shipping")
+	want := `
+# HELP inbox_dead_letters_total Dead letters an inbox recorded, by consumer.
+# TYPE inbox_dead_letters_total counter
+inbox_dead_letters_total{consumer="billing"} 0
+inbox_dead_letters_total{consumer="shipping"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "inbox_dead_letters_total"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -186,7 +186,11 @@ func (d *Driver) RecordDeadLetter(ctx context.Context, t outboxdriver.Table, dl 
 
 // DeadLetters implements inbox.Driver.
 func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, consumer string, limit int) ([]inbox.DeadLetter, error) {
-	rows, err := d.db.QueryContext(ctx, d.queries(t).DeadLetters, consumer, limit)
+	return d.deadLetters(ctx, d.queries(t).DeadLetters, consumer, limit)
+}
+
+func (d *Driver) deadLetters(ctx context.Context, query string, args ...any) ([]inbox.DeadLetter, error) {
+	rows, err := d.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -195,18 +199,100 @@ func (d *Driver) DeadLetters(ctx context.Context, t outboxdriver.Table, consumer
 	for rows.Next() {
 		var dl inbox.DeadLetter
 		var h string
-		var at dbTime
+		var at, retry dbTime
 		if err := rows.Scan(&dl.ID, &dl.Consumer, &dl.EventID, &dl.AggregateType, &dl.AggregateID, &dl.Type,
-			&dl.Destination, &h, &dl.Payload, &dl.Error, &at); err != nil {
+			&dl.Destination, &h, &dl.Payload, &dl.Error, &at, &retry); err != nil {
 			return nil, err
 		}
 		if err := json.Unmarshal([]byte(h), &dl.Headers); err != nil {
 			return nil, fmt.Errorf("dead letter %d: headers: %w", dl.ID, err)
 		}
-		dl.DeadLetteredAt = at.t
+		dl.DeadLetteredAt, dl.RetryRequestedAt = at.t, retry.t
 		out = append(out, dl)
 	}
 	return out, rows.Err()
+}
+
+// DeadLetter implements inbox.Admin.
+func (d *Driver) DeadLetter(ctx context.Context, t outboxdriver.Table, consumer string, id int64) (inbox.DeadLetter, error) {
+	dls, err := d.deadLetters(ctx, d.queries(t).DeadLetterByID, consumer, id)
+	if err != nil {
+		return inbox.DeadLetter{}, err
+	}
+	if len(dls) == 0 {
+		return inbox.DeadLetter{}, fmt.Errorf("dead letter %d of %s: %w", id, consumer, inbox.ErrNotFound)
+	}
+	return dls[0], nil
+}
+
+// DeadLetterIDs implements inbox.Admin.
+func (d *Driver) DeadLetterIDs(ctx context.Context, t outboxdriver.Table, consumer string) ([]int64, error) {
+	rows, err := d.db.QueryContext(ctx, d.queries(t).DeadLetterIDs, consumer)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// RequestRetry implements inbox.Admin.
+func (d *Driver) RequestRetry(ctx context.Context, t outboxdriver.Table, consumer string, ids []int64) ([]int64, error) {
+	return d.each(ctx, d.queries(t).RequestRetry, consumer, ids)
+}
+
+// DeleteDeadLetters implements inbox.Admin.
+func (d *Driver) DeleteDeadLetters(ctx context.Context, t outboxdriver.Table, consumer string, ids []int64) ([]int64, error) {
+	return d.each(ctx, d.queries(t).DeleteDeadLetter, consumer, ids)
+}
+
+// ClaimRetries implements inbox.Admin.
+func (d *Driver) ClaimRetries(ctx context.Context, t outboxdriver.Table, consumer string, limit int) ([]inbox.DeadLetter, error) {
+	q := d.queries(t)
+	dls, err := d.deadLetters(ctx, q.RetryRequested, consumer, limit)
+	if err != nil {
+		return nil, err
+	}
+	var claimed []inbox.DeadLetter
+	for _, dl := range dls {
+		ok, err := affectedOne(d.db.ExecContext(ctx, q.ClaimRetry, consumer, dl.ID))
+		if err != nil {
+			return claimed, err
+		}
+		if ok {
+			dl.RetryRequestedAt = time.Time{}
+			claimed = append(claimed, dl)
+		}
+	}
+	return claimed, nil
+}
+
+func (d *Driver) each(ctx context.Context, query, consumer string, ids []int64) ([]int64, error) {
+	return inboxschema.Each(ids, func(id int64) (bool, error) {
+		return affectedOne(d.db.ExecContext(ctx, query, consumer, id))
+	})
+}
+
+// Stats implements inbox.Admin.
+func (d *Driver) Stats(ctx context.Context, t outboxdriver.Table, consumer string) (inbox.Stats, error) {
+	q := d.queries(t)
+	s := inbox.Stats{Consumer: consumer}
+	if err := d.db.QueryRowContext(ctx, q.Processed, consumer).Scan(&s.Processed); err != nil {
+		return s, err
+	}
+	var oldest dbTime
+	if err := d.db.QueryRowContext(ctx, q.DeadLetterStats, consumer).Scan(&s.DeadLetters, &s.RetryRequested, &oldest); err != nil {
+		return s, err
+	}
+	s.OldestDeadLetter = oldest.t
+	return s, nil
 }
 
 // Cleanup implements inbox.Driver.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/consumer"
+	"github.com/outboxkit/outbox/inbox/internal/runloop"
 	"github.com/outboxkit/outbox/internal/confval"
 )
 
@@ -78,12 +78,8 @@ type Consumer[TTx any] struct {
 	cfg  Config
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	started bool
-	eng     *consumer.Engine[TTx]
-	stop    context.CancelFunc
-	done    chan struct{}
-	err     error
+	run *runloop.Loop
+	eng *consumer.Engine[TTx] // set by Start, under run's lock
 }
 
 // New returns a Consumer that handles the messages of cons with h through
@@ -116,7 +112,7 @@ func New[TTx any](cons jetstream.Consumer, ib *inbox.Inbox[TTx], h consumer.Hand
 	if _, err := consumer.New(ib, h, &c.Config); err != nil {
 		return nil, fmt.Errorf("natsconsumer: %w", err)
 	}
-	return &Consumer[TTx]{cons: cons, ib: ib, h: h, cfg: c, log: c.Logger}, nil
+	return &Consumer[TTx]{cons: cons, ib: ib, h: h, cfg: c, log: c.Logger, run: runloop.New("natsconsumer")}, nil
 }
 
 // Start checks that the JetStream consumer acknowledges explicitly and
@@ -124,52 +120,41 @@ func New[TTx any](cons jetstream.Consumer, ib *inbox.Inbox[TTx], h consumer.Hand
 // pulling and handling messages in the background and returns. It fails if
 // the Consumer was already started.
 func (c *Consumer[TTx]) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.started {
-		return errors.New("natsconsumer: already started")
-	}
-	info, err := c.cons.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("natsconsumer: consumer info: %w", err)
-	}
-	cc := info.Config
-	name := info.Stream + "/" + info.Name
-	if cc.AckPolicy != jetstream.AckExplicitPolicy {
-		return fmt.Errorf("natsconsumer: consumer %s acknowledges with %s; the inbox needs explicit acknowledgements (AckExplicitPolicy, see ConsumerConfig)", name, cc.AckPolicy)
-	}
-	ecfg := c.cfg.Config
-	maxAttempts := ecfg.MaxAttempts
-	if maxAttempts == 0 {
-		maxAttempts = consumer.DefaultMaxAttempts
-	}
-	if cc.MaxDeliver > 0 && cc.MaxDeliver <= maxAttempts {
-		return fmt.Errorf("natsconsumer: consumer %s has MaxDeliver %d: the server would drop a message before the inbox dead-letters it after %d attempts; use MaxDeliver -1 (see ConsumerConfig)", name, cc.MaxDeliver, maxAttempts)
-	}
-	ackWait := cc.AckWait
-	if ackWait <= 0 {
-		ackWait = DefaultAckWait
-	}
-	if ecfg.KeepAlive == 0 || ecfg.KeepAlive > ackWait/3 {
-		ecfg.KeepAlive = ackWait / 3
-	}
-	eng, err := consumer.New(c.ib, c.h, &ecfg)
-	if err != nil {
-		return fmt.Errorf("natsconsumer: %w", err)
-	}
-	if err := eng.Start(ctx); err != nil {
-		return fmt.Errorf("natsconsumer: %w", err)
-	}
-	c.started = true
-	c.eng = eng
-	loopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	c.stop = stop
-	c.done = make(chan struct{})
-	go func() {
-		defer close(c.done)
-		c.loop(loopCtx)
-	}()
-	return nil
+	return c.run.Start(ctx, func(ctx context.Context) (runloop.Engine, func(context.Context) error, error) {
+		info, err := c.cons.Info(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("natsconsumer: consumer info: %w", err)
+		}
+		cc := info.Config
+		name := info.Stream + "/" + info.Name
+		if cc.AckPolicy != jetstream.AckExplicitPolicy {
+			return nil, nil, fmt.Errorf("natsconsumer: consumer %s acknowledges with %s; the inbox needs explicit acknowledgements (AckExplicitPolicy, see ConsumerConfig)", name, cc.AckPolicy)
+		}
+		ecfg := c.cfg.Config
+		maxAttempts := ecfg.MaxAttempts
+		if maxAttempts == 0 {
+			maxAttempts = consumer.DefaultMaxAttempts
+		}
+		if cc.MaxDeliver > 0 && cc.MaxDeliver <= maxAttempts {
+			return nil, nil, fmt.Errorf("natsconsumer: consumer %s has MaxDeliver %d: the server would drop a message before the inbox dead-letters it after %d attempts; use MaxDeliver -1 (see ConsumerConfig)", name, cc.MaxDeliver, maxAttempts)
+		}
+		ackWait := cc.AckWait
+		if ackWait <= 0 {
+			ackWait = DefaultAckWait
+		}
+		if ecfg.KeepAlive == 0 || ecfg.KeepAlive > ackWait/3 {
+			ecfg.KeepAlive = ackWait / 3
+		}
+		eng, err := consumer.New(c.ib, c.h, &ecfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("natsconsumer: %w", err)
+		}
+		if err := eng.Start(ctx); err != nil {
+			return nil, nil, fmt.Errorf("natsconsumer: %w", err)
+		}
+		c.eng = eng
+		return eng, c.loop, nil
+	})
 }
 
 // loop pulls batches of messages and submits them until stopped. Each pull
@@ -177,7 +162,7 @@ func (c *Consumer[TTx]) Start(ctx context.Context) error {
 // the last one still delivers. Ending the request on the server's side
 // (rather than unsubscribing from it) matters: a message handed back while
 // a request of this instance is still open would be delivered to it again.
-func (c *Consumer[TTx]) loop(ctx context.Context) {
+func (c *Consumer[TTx]) loop(ctx context.Context) error {
 	failures := 0
 	for ctx.Err() == nil {
 		batch, err := c.cons.Fetch(c.cfg.Buffer, jetstream.FetchMaxWait(c.cfg.FetchWait))
@@ -198,11 +183,8 @@ func (c *Consumer[TTx]) loop(ctx context.Context) {
 			}
 		}
 		if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrConnectionClosed) {
-			c.mu.Lock()
-			c.err = fmt.Errorf("natsconsumer: %w", err)
-			c.mu.Unlock()
 			c.log.Error("natsconsumer: the NATS connection is closed; no more messages are pulled", "err", err)
-			return
+			return fmt.Errorf("natsconsumer: %w", err)
 		}
 		failures++
 		d := min(100*time.Millisecond<<min(failures, 7), 10*time.Second)
@@ -214,6 +196,7 @@ func (c *Consumer[TTx]) loop(ctx context.Context) {
 		}
 		t.Stop()
 	}
+	return nil
 }
 
 // Stop stops pulling, hands back the messages not started, lets the
@@ -222,50 +205,18 @@ func (c *Consumer[TTx]) loop(ctx context.Context) {
 // Config.FetchWait. If ctx ends first, the handlers in flight are cancelled
 // (their transactions roll back, their messages are handed back). Stop is
 // idempotent and safe when Start never ran.
-func (c *Consumer[TTx]) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	if !c.started {
-		c.mu.Unlock()
-		return nil
-	}
-	c.stop()
-	done, eng := c.done, c.eng
-	c.mu.Unlock()
-	err := eng.Stop(ctx)
-	<-done
-	return err
-}
+func (c *Consumer[TTx]) Stop(ctx context.Context) error { return c.run.Stop(ctx) }
 
 // Run starts the Consumer and stops it gracefully when ctx ends, letting
 // handlers in flight finish for at most Config.ShutdownGrace. It returns
 // nil after a graceful stop, or the error that stopped it.
 func (c *Consumer[TTx]) Run(ctx context.Context) error {
-	if err := c.Start(ctx); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	done := c.done
-	c.mu.Unlock()
-	select {
-	case <-ctx.Done():
-	case <-done:
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownGrace)
-	defer cancel()
-	err := c.Stop(sctx)
-	if e := c.Err(); e != nil {
-		return e
-	}
-	return err
+	return c.run.Run(ctx, c.Start, c.cfg.ShutdownGrace)
 }
 
 // Err returns the error that stopped pulling by itself (the NATS
 // connection was closed), or nil.
-func (c *Consumer[TTx]) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
+func (c *Consumer[TTx]) Err() error { return c.run.Err() }
 
 // delivery adapts a JetStream message to consumer.Delivery.
 type delivery struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/outbox/inbox"
 	"github.com/outboxkit/outbox/inbox/consumer"
+	"github.com/outboxkit/outbox/inbox/internal/runloop"
 	"github.com/outboxkit/outbox/internal/confval"
 )
 
@@ -70,12 +71,9 @@ type Consumer[TTx any] struct {
 	log    *slog.Logger
 	eng    *consumer.Engine[TTx]
 
-	mu      sync.Mutex
-	started bool
-	topic   string // the subscription's topic id
-	stop    context.CancelFunc
-	done    chan struct{}
-	err     error
+	run   *runloop.Loop
+	mu    sync.Mutex
+	topic string // the subscription's topic id
 }
 
 // New returns a Consumer of cfg.Subscription through client that handles
@@ -119,50 +117,43 @@ func New[TTx any](client *pubsub.Client, ib *inbox.Inbox[TTx], h consumer.Handle
 	if err != nil {
 		return nil, fmt.Errorf("pubsubconsumer: %w", err)
 	}
-	return &Consumer[TTx]{client: client, cfg: c, name: name, log: c.Logger.With("subscription", name), eng: eng}, nil
+	return &Consumer[TTx]{client: client, cfg: c, name: name, log: c.Logger.With("subscription", name), eng: eng,
+		run: runloop.New("pubsubconsumer")}, nil
 }
 
 // Start checks that the subscription exists (and warns when it does not
 // order messages), then receives and handles messages in the background,
 // and returns. It fails if the Consumer was already started.
 func (c *Consumer[TTx]) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.started {
-		return errors.New("pubsubconsumer: already started")
-	}
-	sub, err := c.client.SubscriptionAdminClient.GetSubscription(ctx, &pubsubpb.GetSubscriptionRequest{Subscription: c.name})
-	if err != nil {
-		return fmt.Errorf("pubsubconsumer: subscription %s: %w", c.name, err)
-	}
-	if !sub.GetEnableMessageOrdering() {
-		c.log.Warn("pubsubconsumer: the subscription does not enable message ordering: one aggregate's messages may arrive out of order")
-	}
-	c.topic = sub.GetTopic()[strings.LastIndexByte(sub.GetTopic(), '/')+1:]
-	if err := c.eng.Start(ctx); err != nil {
-		return fmt.Errorf("pubsubconsumer: %w", err)
-	}
-	c.started = true
-	s := c.client.Subscriber(c.name)
-	s.ReceiveSettings.MaxOutstandingMessages = c.eng.Config().MaxPending
-	s.ReceiveSettings.MaxExtension = c.cfg.MaxExtension
-	if c.cfg.AckExtension > 0 {
-		s.ReceiveSettings.MaxDurationPerAckExtension = c.cfg.AckExtension
-	}
-	loopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	c.stop = stop
-	c.done = make(chan struct{})
-	go func() {
-		defer close(c.done)
-		err := s.Receive(loopCtx, func(_ context.Context, m *pubsub.Message) { c.receive(loopCtx, m) })
-		if err != nil && loopCtx.Err() == nil {
-			c.mu.Lock()
-			c.err = fmt.Errorf("pubsubconsumer: receive: %w", err)
-			c.mu.Unlock()
-			c.log.Error("pubsubconsumer: receiving stopped", "err", err)
+	return c.run.Start(ctx, func(ctx context.Context) (runloop.Engine, func(context.Context) error, error) {
+		sub, err := c.client.SubscriptionAdminClient.GetSubscription(ctx, &pubsubpb.GetSubscriptionRequest{Subscription: c.name})
+		if err != nil {
+			return nil, nil, fmt.Errorf("pubsubconsumer: subscription %s: %w", c.name, err)
 		}
-	}()
-	return nil
+		if !sub.GetEnableMessageOrdering() {
+			c.log.Warn("pubsubconsumer: the subscription does not enable message ordering: one aggregate's messages may arrive out of order")
+		}
+		c.mu.Lock()
+		c.topic = sub.GetTopic()[strings.LastIndexByte(sub.GetTopic(), '/')+1:]
+		c.mu.Unlock()
+		if err := c.eng.Start(ctx); err != nil {
+			return nil, nil, fmt.Errorf("pubsubconsumer: %w", err)
+		}
+		s := c.client.Subscriber(c.name)
+		s.ReceiveSettings.MaxOutstandingMessages = c.eng.Config().MaxPending
+		s.ReceiveSettings.MaxExtension = c.cfg.MaxExtension
+		if c.cfg.AckExtension > 0 {
+			s.ReceiveSettings.MaxDurationPerAckExtension = c.cfg.AckExtension
+		}
+		return c.eng, func(loopCtx context.Context) error {
+			err := s.Receive(loopCtx, func(_ context.Context, m *pubsub.Message) { c.receive(loopCtx, m) })
+			if err != nil && loopCtx.Err() == nil {
+				c.log.Error("pubsubconsumer: receiving stopped", "err", err)
+				return fmt.Errorf("pubsubconsumer: receive: %w", err)
+			}
+			return nil
+		}, nil
+	})
 }
 
 // receive submits m and returns once it is acknowledged or handed back, so
@@ -181,50 +172,18 @@ func (c *Consumer[TTx]) receive(ctx context.Context, m *pubsub.Message) {
 // goroutine has exited. If ctx ends first, the handlers in flight are
 // cancelled (their transactions roll back, their messages are nacked).
 // Stop is idempotent and safe when Start never ran.
-func (c *Consumer[TTx]) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	if !c.started {
-		c.mu.Unlock()
-		return nil
-	}
-	c.stop()
-	done := c.done
-	c.mu.Unlock()
-	err := c.eng.Stop(ctx)
-	<-done
-	return err
-}
+func (c *Consumer[TTx]) Stop(ctx context.Context) error { return c.run.Stop(ctx) }
 
 // Run starts the Consumer and stops it gracefully when ctx ends, letting
 // handlers in flight finish for at most Config.ShutdownGrace. It returns
 // nil after a graceful stop, or the error that stopped receiving.
 func (c *Consumer[TTx]) Run(ctx context.Context) error {
-	if err := c.Start(ctx); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	done := c.done
-	c.mu.Unlock()
-	select {
-	case <-ctx.Done():
-	case <-done:
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownGrace)
-	defer cancel()
-	err := c.Stop(sctx)
-	if e := c.Err(); e != nil {
-		return e
-	}
-	return err
+	return c.run.Run(ctx, c.Start, c.cfg.ShutdownGrace)
 }
 
 // Err returns the error that stopped receiving by itself (the subscription
 // was deleted, permission was denied), or nil.
-func (c *Consumer[TTx]) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
+func (c *Consumer[TTx]) Err() error { return c.run.Err() }
 
 // delivery adapts a Pub/Sub message to consumer.Delivery.
 type delivery struct {

@@ -271,8 +271,32 @@ type Queries struct {
 	DeadLetter string
 	// DeadLetters lists dead letters, oldest first. consumer, limit.
 	// Columns: id, consumer, event_id, aggregatetype, aggregateid, type,
-	// destination, headers (JSON text), payload, error, dead_lettered_at.
+	// destination, headers (JSON text), payload, error, dead_lettered_at,
+	// retry_requested_at (NULL when none).
 	DeadLetters string
+	// DeadLetterByID selects one dead letter with DeadLetters' columns.
+	// consumer, id.
+	DeadLetterByID string
+	// DeadLetterIDs lists the ids of a consumer's dead letters, oldest
+	// first. consumer.
+	DeadLetterIDs string
+	// RetryRequested lists up to limit dead letters marked for retry,
+	// oldest first, with DeadLetters' columns. consumer, limit.
+	RetryRequested string
+	// RequestRetry marks one dead letter for retry; one row affected
+	// means it exists. consumer, id.
+	RequestRetry string
+	// ClaimRetry clears one dead letter's retry mark; one row affected
+	// means this caller claimed it. consumer, id.
+	ClaimRetry string
+	// DeleteDeadLetter deletes one dead letter; one row affected means it
+	// existed. consumer, id.
+	DeleteDeadLetter string
+	// Processed counts a consumer's dedupe records. consumer.
+	Processed string
+	// DeadLetterStats counts a consumer's dead letters, those marked for
+	// retry, and the oldest one's time (NULL when none). consumer.
+	DeadLetterStats string
 	// Cleanup deletes old records. Postgres: consumer, seconds (float),
 	// limit. SQLite: consumer, consumer, SQLite date modifier
 	// ("-3600.000 seconds"), limit. MySQL: consumer, microseconds, limit.
@@ -291,9 +315,22 @@ func QueriesFor(d Dialect, t outboxdriver.Table) Queries {
 	q := Queries{
 		Claim: `INSERT INTO ` + n.Table + ` (consumer, event_id) VALUES (` + p(1) + `, ` + p(2) + `)
 			ON CONFLICT (consumer, event_id) DO NOTHING`,
-		DeadLetters: `SELECT id, consumer, event_id, aggregatetype, aggregateid, type, destination, headers, payload, error, dead_lettered_at
-			FROM ` + n.DeadLetter + ` WHERE consumer = ` + p(1) + ` ORDER BY id LIMIT ` + p(2),
 	}
+	cols := `SELECT id, consumer, event_id, aggregatetype, aggregateid, type, destination, headers, payload, error, dead_lettered_at, retry_requested_at
+			FROM ` + n.DeadLetter + ` WHERE consumer = ` + p(1)
+	if d == Postgres {
+		cols = strings.Replace(cols, "headers,", "headers::text,", 1)
+	}
+	now := map[Dialect]string{Postgres: "now()", SQLite: "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')", MySQL: "UTC_TIMESTAMP(6)"}[d]
+	q.DeadLetters = cols + ` ORDER BY id LIMIT ` + p(2)
+	q.DeadLetterByID = cols + ` AND id = ` + p(2)
+	q.RetryRequested = cols + ` AND retry_requested_at IS NOT NULL ORDER BY id LIMIT ` + p(2)
+	q.DeadLetterIDs = `SELECT id FROM ` + n.DeadLetter + ` WHERE consumer = ` + p(1) + ` ORDER BY id`
+	q.RequestRetry = `UPDATE ` + n.DeadLetter + ` SET retry_requested_at = ` + now + ` WHERE consumer = ` + p(1) + ` AND id = ` + p(2)
+	q.ClaimRetry = `UPDATE ` + n.DeadLetter + ` SET retry_requested_at = NULL WHERE consumer = ` + p(1) + ` AND id = ` + p(2) + ` AND retry_requested_at IS NOT NULL`
+	q.DeleteDeadLetter = `DELETE FROM ` + n.DeadLetter + ` WHERE consumer = ` + p(1) + ` AND id = ` + p(2)
+	q.Processed = `SELECT count(*) FROM ` + n.Table + ` WHERE consumer = ` + p(1)
+	q.DeadLetterStats = `SELECT count(*), count(retry_requested_at), min(dead_lettered_at) FROM ` + n.DeadLetter + ` WHERE consumer = ` + p(1)
 	switch d {
 	case Postgres:
 		q.Advance = `INSERT INTO ` + n.Versions + ` AS cur (consumer, aggregatetype, aggregateid, version) VALUES ($1, $2, $3, $4)
@@ -301,7 +338,6 @@ func QueriesFor(d Dialect, t outboxdriver.Table) Queries {
 			DO UPDATE SET version = excluded.version, updated_at = now() WHERE cur.version < excluded.version`
 		q.DeadLetter = `INSERT INTO ` + n.DeadLetter + ` (consumer, event_id, aggregatetype, aggregateid, type, destination, headers, payload, error)
 			VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)`
-		q.DeadLetters = strings.Replace(q.DeadLetters, "headers,", "headers::text,", 1)
 		q.Cleanup = `DELETE FROM ` + n.Table + ` WHERE consumer = $1 AND event_id IN (
 			SELECT event_id FROM ` + n.Table + ` WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2) LIMIT $3)`
 	case SQLite:
@@ -339,3 +375,19 @@ func SQLiteModifier(d time.Duration) string {
 
 // SQLiteTimeLayout is the layout of the times the SQLite schema stores.
 const SQLiteTimeLayout = "2006-01-02T15:04:05.000Z"
+
+// Each runs one statement per id (exec reports whether it found the row)
+// and returns the ids found, in order.
+func Each(ids []int64, exec func(id int64) (bool, error)) ([]int64, error) {
+	var found []int64
+	for _, id := range ids {
+		ok, err := exec(id)
+		if err != nil {
+			return found, err
+		}
+		if ok {
+			found = append(found, id)
+		}
+	}
+	return found, nil
+}

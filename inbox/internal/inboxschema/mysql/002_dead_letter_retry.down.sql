@@ -1,0 +1,1 @@
+ALTER TABLE {{dead_letter}} DROP COLUMN retry_requested_at;
