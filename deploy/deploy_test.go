@@ -26,6 +26,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
+	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
 	"github.com/outboxkit/outbox/sink/stdoutsink"
@@ -77,6 +78,7 @@ func exported(t *testing.T) map[string]bool {
 		source := c.source
 		reg := prometheus.NewRegistry()
 		rl, err := relayd.Open(ctx, testenv.DatabaseURL(), stdoutsink.New(io.Discard), &relayd.Options{Schema: c.table.Schema, Table: c.table.Name, Source: source, Registerer: reg,
+			CDC:   cdc.Config{NoCreate: true}, // no slot on the shared database: the gauges exist without one
 			Relay: relay.Config{Contracts: contracts}})
 		if err != nil {
 			t.Fatalf("open a relay with source %s: %v", source, err)

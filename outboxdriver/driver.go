@@ -35,6 +35,15 @@ type Row struct {
 // ErrInvalidEvent.
 var ErrDelayedMode = fmt.Errorf("%w: DeliverAt needs the table write mode (a row that waits in the table for the polling relay)", ErrInvalidEvent)
 
+// ErrNoSlot is wrapped by the error of a PostgreSQL write in message or
+// insert + delete mode (outboxpgx.WithMessages, outboxsql.WithMessages,
+// their WithInsertDelete) while no replication slot of the table's
+// exists: nothing was written, because no relay would ever read it. Create
+// the slot first (Migrate in that mode, `outbox migrate --cdc`, or a relay
+// with log tailing). outboxpgx.ErrNoSlot and outboxsql.ErrNoSlot are this
+// error.
+var ErrNoSlot = errors.New("no replication slot relays the table")
+
 // ErrInvalidEvent is wrapped by every error about an event that is refused
 // before any SQL runs (package outbox re-exports it as
 // outbox.ErrInvalidEvent).

@@ -134,7 +134,30 @@ type MigrateOptions struct {
 	// refuses, before applying anything, with a *RelaysBehindError
 	// (docs/operations.md, Upgrades).
 	IgnoreRelaysBehind bool
+	// CDC also creates, once the migration committed, what log tailing on
+	// PostgreSQL streams from when it is missing: the table's row in its
+	// _cdc companion, the publication of its inserts and the replication
+	// slot (outbox migrate --cdc). Writers in message and insert + delete
+	// mode need the slot before their first event, so a driver made for
+	// those modes (outboxpgx.WithMessages, outboxsql.WithInsertDelete, ...)
+	// creates it without being asked. Migrate only: MigrateTx refuses it,
+	// because PostgreSQL makes no slot in a transaction that has written.
+	// It needs wal_level = logical and a role with REPLICATION; a slot the
+	// table had and lost is reported, not made again (a relay in table
+	// mode makes it again). The slot keeps WAL from then on until a relay
+	// consumes it or `outbox cdc drop` drops it. PostgreSQL only
+	// (ErrNoCDC elsewhere).
+	CDC bool
+	// CDCSlot and CDCPublication name what CDC creates; they default to
+	// the names a relay with log tailing streams by default: the slot
+	// outbox_<schema>_<table> (cdc.DefaultSlot) and a publication named
+	// as the slot.
+	CDCSlot, CDCPublication string
 }
+
+// ErrNoCDC is returned by a driver asked to create a replication slot
+// (MigrateOptions.CDC) on a database other than PostgreSQL.
+var ErrNoCDC = errors.New("MigrateOptions.CDC creates a PostgreSQL replication slot; on MySQL/MariaDB the binary log needs none (docs/binlog.md)")
 
 // Who wakes an idle relay on PostgreSQL (MigrateOptions.Wakeups).
 const (

@@ -367,6 +367,9 @@ func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outbox
 	if o.Wakeups != "" {
 		return nil, fmt.Errorf("outboxmysql: %w", outboxdriver.ErrNoWakeups)
 	}
+	if o.CDC {
+		return nil, fmt.Errorf("outboxmysql: %w", outboxdriver.ErrNoCDC)
+	}
 	return withMigrator(ctx, db, t, func(m *migrator) ([]int, error) { return m.up(ctx, o.Partitions, o.IgnoreRelaysBehind) })
 }
 

@@ -462,7 +462,7 @@ func (d *Driver) Relays(ctx context.Context, t outboxdriver.Table) ([]outboxdriv
 	if err != nil {
 		return nil, d.fail(ctx, t, "relays of", err)
 	}
-	streamers, err := pgschema.Streamers(ctx, migrateTx{d.pool}, t.WithDefaults())
+	streamers, err := pgschema.Streamers(ctx, pgschema.PgxTx(d.pool), t.WithDefaults())
 	if err != nil {
 		return nil, d.fail(ctx, t, "relays of", err)
 	}

@@ -253,10 +253,7 @@ func (d *Driver) QueueInsert(batch any, t outboxdriver.Table, rows []outboxdrive
 // check refuses rows this Driver's write mode cannot write: a delayed
 // event needs a row that waits in the table.
 func (d *Driver) check(rows []outboxdriver.Row) error {
-	if (d.messages || d.insertDelete) && driverkit.Delayed(rows) {
-		return outboxdriver.ErrDelayedMode
-	}
-	return nil
+	return driverkit.CheckWriteMode(d.messages || d.insertDelete, rows)
 }
 
 // statement returns the INSERT statement and its arguments for rows,

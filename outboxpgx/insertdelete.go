@@ -14,16 +14,8 @@ import (
 // server about half.
 
 // insertDeleteStatement returns the call that inserts rows into table t
-// and deletes them again (WithInsertDelete), and its arguments.
+// and deletes them again (WithInsertDelete), and its arguments
+// (pgschema.WriteCall).
 func insertDeleteStatement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
-	n := len(rows)
-	ids, ats, aids, tys := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	ps, hs, tcs := make([]*string, n), make([]*string, n), make([]*string, n)
-	raws := make([][]byte, n)
-	for i, r := range rows {
-		ids[i], ats[i], aids[i], tys[i] = r.ID, r.AggregateType, r.AggregateID, r.Type
-		ps[i], raws[i], hs[i], tcs[i] = pgschema.NullText(r.Payload), r.RawPayload, pgschema.NullText(r.Headers), pgschema.NullText([]byte(r.TraceContext))
-	}
-	return `SELECT ` + pgschema.CDCNamesOf(t.WithDefaults()).Write + `($1::uuid[], $2, $3, $4, $5, $6, $7, $8)`,
-		[]any{pgschema.UUIDArray(ids), ats, aids, tys, ps, raws, hs, tcs}
+	return pgschema.WriteCall(t, rows, pgschema.Arrays)
 }

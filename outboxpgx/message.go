@@ -1,10 +1,6 @@
 package outboxpgx
 
 import (
-	"errors"
-
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -25,38 +21,19 @@ const MessageVersion = pgschema.MessageVersion
 func MessagePrefix(t outboxdriver.Table) string { return pgschema.MessagePrefix(t) }
 
 // messageStatement returns the statement that emits rows as messages of
-// table t, in order, and its arguments: the call of t's _cdc_emit, which
-// refuses while no replication slot of t's exists (version 23), so that
-// no event is written where no relay will ever read it.
+// table t, in order, and its arguments (pgschema.EmitCall).
 func messageStatement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any) {
-	contents := make([]string, len(rows))
-	var buf []byte
-	for i := range rows {
-		buf = pgschema.AppendMessage(buf[:0], &rows[i])
-		contents[i] = string(buf)
-	}
-	return `SELECT ` + pgschema.CDCNamesOf(t).Emit + `($1::text[])`, []any{contents}
+	return pgschema.EmitCall(t, rows, pgschema.Arrays)
 }
 
 // ErrNoSlot is wrapped by the error of a write in message or insert +
 // delete mode (WithMessages, WithInsertDelete) while no replication slot
 // of the table's exists: nothing was written, because no relay would ever
-// read it. Create the slot (`outbox migrate --cdc`, cdc.Source.Setup, or a
-// relay with --source cdc) before writers write.
-var ErrNoSlot = errors.New("outboxpgx: no replication slot relays the table")
-
-// noSlotError is the database's refusal, which also is ErrNoSlot.
-type noSlotError struct{ err error }
-
-func (e noSlotError) Error() string   { return e.err.Error() }
-func (e noSlotError) Unwrap() []error { return []error{ErrNoSlot, e.err} }
+// read it. Create the slot (Migrate with this Driver, `outbox migrate
+// --cdc`, cdc.Source.Setup, or a relay with --source cdc) before writers
+// write. It is outboxdriver.ErrNoSlot, which outboxsql's writers wrap too.
+var ErrNoSlot = outboxdriver.ErrNoSlot
 
 // writeFailed returns err, marked as ErrNoSlot when it is the refusal of
 // _cdc_slot.
-func writeFailed(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Hint == "outbox-no-slot" {
-		return noSlotError{err}
-	}
-	return err
-}
+func writeFailed(err error) error { return pgschema.NoSlot(err) }

@@ -13,42 +13,6 @@ import (
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
-// migrateTx is a transaction (or the pool) as pgschema reads and writes
-// through it.
-type migrateTx struct {
-	tx interface {
-		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	}
-}
-
-func (m migrateTx) Exec(ctx context.Context, sql string, args ...any) error {
-	_, err := m.tx.Exec(ctx, sql, args...)
-	return err
-}
-
-func (m migrateTx) Each(ctx context.Context, sql string, args []any, row func(scan func(dest ...any) error) error) error {
-	rows, err := m.tx.Query(ctx, sql, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := row(rows.Scan); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
-}
-
-func (m migrateTx) Versions(ctx context.Context, sql string, args ...any) ([]int, error) {
-	rows, err := m.tx.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[int])
-}
-
 // LatestVersion is the newest schema version this driver knows.
 func (d *Driver) LatestVersion() int { return pgschema.Latest() }
 
@@ -56,17 +20,40 @@ func (d *Driver) LatestVersion() int { return pgschema.Latest() }
 // letters, leases, held aggregates, audit, wake-up registry, migration
 // bookkeeping) in one transaction on the Driver's pool. It returns the
 // versions it applied; a second run applies none. opts may be nil.
+//
+// With opts.CDC, or on a Driver in message or insert + delete mode
+// (WithMessages, WithInsertDelete), whose writes need it, it then also
+// makes what log tailing streams from when missing: the publication and
+// the replication slot (outboxdriver.MigrateOptions.CDC), which keeps WAL
+// until a relay consumes it or `outbox cdc drop` drops it.
 func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
 	if d.pool == nil {
 		return nil, errNoPool
 	}
-	return inTx(ctx, d.pool, t, func(tx pgx.Tx, t outboxdriver.Table) ([]int, error) { return d.MigrateTx(ctx, tx, t, opts) })
+	vs, err := inTx(ctx, d.pool, t, func(tx pgx.Tx, t outboxdriver.Table) ([]int, error) { return d.migrateTx(ctx, tx, t, opts) })
+	if err != nil {
+		return nil, err
+	}
+	if err := pgschema.MigrateSlot(ctx, pgschema.PgxTx(d.pool), t, opts, d.messages || d.insertDelete); err != nil {
+		return vs, fmt.Errorf("outboxpgx: migrate %s: log tailing: %w", t.WithDefaults(), err)
+	}
+	return vs, nil
 }
 
 // MigrateTx is Migrate inside the caller's transaction tx, which the
 // caller commits: the outbox table then comes into being with the
-// caller's own schema changes, or not at all.
+// caller's own schema changes, or not at all. It makes no replication
+// slot, not even for a Driver in message or insert + delete mode
+// (MigrateOptions.CDC is refused, wrapping pgschema's reason): make it
+// after the commit with Migrate or `outbox migrate --cdc`.
 func (d *Driver) MigrateTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	if opts != nil && opts.CDC {
+		return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t.WithDefaults(), pgschema.ErrSlotInTx)
+	}
+	return d.migrateTx(ctx, tx, t, opts)
+}
+
+func (d *Driver) migrateTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
 	t = t.WithDefaults()
 	o, err := driverkit.ResolveMigrate(opts)
 	if err == nil {
@@ -75,7 +62,7 @@ func (d *Driver) MigrateTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table,
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t, err)
 	}
-	vs, err := pgschema.Up(ctx, migrateTx{tx}, t, o)
+	vs, err := pgschema.Up(ctx, pgschema.PgxTx(tx), t, o)
 	if err != nil {
 		return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t, err)
 	}
@@ -89,7 +76,7 @@ func (d *Driver) MigrateDown(ctx context.Context, t outboxdriver.Table, target i
 		return nil, errNoPool
 	}
 	return inTx(ctx, d.pool, t, func(tx pgx.Tx, t outboxdriver.Table) ([]int, error) {
-		vs, err := pgschema.Down(ctx, migrateTx{tx}, t, target)
+		vs, err := pgschema.Down(ctx, pgschema.PgxTx(tx), t, target)
 		if err != nil {
 			return nil, fmt.Errorf("outboxpgx: migrate %s: %w", t, err)
 		}

@@ -18,6 +18,9 @@ import (
 // Driver writes events to a PostgreSQL database through database/sql.
 type Driver struct {
 	pool driverkit.SQLPool
+	// messages writes events as logical decoding messages (WithMessages),
+	// insertDelete as rows deleted again at once (WithInsertDelete).
+	messages, insertDelete bool
 	// wake is the view of whether relays wait, for tables whose writers
 	// send the wake-up (outboxdriver.WakeupsWriters); nil without a db.
 	wake *pgschema.WakeView
@@ -32,9 +35,12 @@ type Driver struct {
 // writers, docs/relay.md) the Driver reads, on db and in the background,
 // whether a relay waits, and adds the wake-up to its INSERT while one
 // does; a Driver without a db sends none there.
-func New(db *sql.DB) *Driver {
+func New(db *sql.DB, opts ...Option) *Driver {
 	d := &Driver{pool: driverkit.NewSQLPool("outboxsql", db)}
-	if db != nil {
+	for _, o := range opts {
+		o(d)
+	}
+	if db != nil && !d.messages && !d.insertDelete {
 		d.wake = pgschema.NewWakeView(func(ctx context.Context, t outboxdriver.Table) (awake, now int64, trigger bool, err error) {
 			err = db.QueryRowContext(ctx, pgschema.WakeViewSQL, pgschema.WakeViewArgs(t)...).Scan(&awake, &now, &trigger)
 			return awake, now, trigger, err
@@ -53,7 +59,9 @@ var (
 // names none.
 func (d *Driver) DefaultSchema() string { return outboxdriver.DefaultSchema }
 
-// InsertTx inserts rows within tx with one multi-row INSERT (one round trip).
+// InsertTx inserts rows within tx with one multi-row INSERT (one round
+// trip); in message or insert + delete mode, with one call of the table's
+// function.
 func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outboxdriver.Row) error {
 	if tx == nil {
 		return errors.New("transaction is nil")
@@ -61,9 +69,12 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 	if len(rows) == 0 {
 		return nil
 	}
-	q, args := statement(t, rows, d.wake != nil && d.wake.Wake(t))
-	_, err := tx.ExecContext(ctx, q, args...)
-	return err
+	q, args, err := d.write(t, rows)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, q, args...)
+	return pgschema.NoSlot(err)
 }
 
 // Insert inserts rows with one statement (one transaction) on the
@@ -76,9 +87,30 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 	if len(rows) == 0 {
 		return nil
 	}
-	q, args := statement(t, rows, d.wake != nil && d.wake.Wake(t))
+	q, args, err := d.write(t, rows)
+	if err != nil {
+		return err
+	}
 	_, err = db.ExecContext(ctx, q, args...)
-	return err
+	return pgschema.NoSlot(err)
+}
+
+// write returns the statement that writes rows into t in the Driver's
+// write mode, and its arguments.
+func (d *Driver) write(t outboxdriver.Table, rows []outboxdriver.Row) (string, []any, error) {
+	if err := driverkit.CheckWriteMode(d.messages || d.insertDelete, rows); err != nil {
+		return "", nil, err
+	}
+	switch {
+	case d.messages:
+		q, args := pgschema.EmitCall(t, rows, pgschema.Scalars)
+		return q, args, nil
+	case d.insertDelete:
+		q, args := pgschema.WriteCall(t, rows, pgschema.Scalars)
+		return q, args, nil
+	}
+	q, args := statement(t, rows, d.wake != nil && d.wake.Wake(t))
+	return q, args, nil
 }
 
 // statement returns the multi-row INSERT of rows into t; with the
@@ -149,13 +181,36 @@ func (d *Driver) LatestVersion() int { return pgschema.Latest() }
 // Migrate creates or upgrades the outbox table t in one transaction on the
 // Driver's database and returns the versions it applied; a second run
 // applies none. opts may be nil.
+//
+// With opts.CDC, or on a Driver in message or insert + delete mode
+// (WithMessages, WithInsertDelete), whose writes need it, it then also
+// makes what log tailing streams from when missing: the publication and
+// the replication slot (outboxdriver.MigrateOptions.CDC), which keeps WAL
+// until a relay consumes it or `outbox cdc drop` drops it.
 func (d *Driver) Migrate(ctx context.Context, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
-	return d.inTx(ctx, t, "migrate", func(tx *sql.Tx, t outboxdriver.Table) ([]int, error) { return d.MigrateTx(ctx, tx, t, opts) })
+	vs, err := d.inTx(ctx, t, "migrate", func(tx *sql.Tx, t outboxdriver.Table) ([]int, error) { return d.migrateTx(ctx, tx, t, opts) })
+	if err != nil {
+		return nil, err
+	}
+	db, _ := d.pool.Need() // inTx had it
+	if err := pgschema.MigrateSlot(ctx, migrations.SQLTx(db), t, opts, d.messages || d.insertDelete); err != nil {
+		return vs, fmt.Errorf("outboxsql: migrate %s: log tailing: %w", t.WithDefaults(), err)
+	}
+	return vs, nil
 }
 
 // MigrateTx is Migrate inside the caller's transaction tx, which the
-// caller commits.
+// caller commits. It makes no replication slot, not even for a Driver in
+// message or insert + delete mode (MigrateOptions.CDC is refused): make it
+// after the commit with Migrate or `outbox migrate --cdc`.
 func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
+	if opts != nil && opts.CDC {
+		return nil, fmt.Errorf("outboxsql: migrate %s: %w", t.WithDefaults(), pgschema.ErrSlotInTx)
+	}
+	return d.migrateTx(ctx, tx, t, opts)
+}
+
+func (d *Driver) migrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, opts *outboxdriver.MigrateOptions) ([]int, error) {
 	t = t.WithDefaults()
 	o, err := driverkit.ResolveMigrate(opts)
 	if err == nil {

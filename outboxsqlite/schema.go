@@ -191,6 +191,9 @@ func (d *Driver) MigrateTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table
 	if o.Wakeups != "" {
 		return nil, fmt.Errorf("outboxsqlite: %w", outboxdriver.ErrNoWakeups)
 	}
+	if o.CDC {
+		return nil, fmt.Errorf("outboxsqlite: %w", outboxdriver.ErrNoCDC)
+	}
 	return inTx(ctx, tx, t, func(tx *sql.Tx, t outboxdriver.Table, done map[int]bool) ([]int, error) {
 		ms := all()
 		if !o.IgnoreRelaysBehind {

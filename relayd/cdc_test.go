@@ -21,8 +21,9 @@ import (
 	"github.com/outboxkit/outbox/route"
 )
 
-// Options.Source "cdc" relays by log tailing: Open checks the database,
-// the first claim creates the publication and the slot, a row and a
+// Options.Source "cdc" relays by log tailing: Open checks the database
+// and creates the publication and the slot (writers in message mode can
+// write at once), a row and a
 // logical decoding message both reach the broker, and Stop leaves no
 // goroutine behind and lets go of the slot, so that migrate --down drops
 // it.
@@ -38,14 +39,19 @@ func TestOpenWithLogTailing(t *testing.T) {
 	}
 	url := testenv.CDCDatabaseURL(t)
 	before := goroutinesOnly()
-	rl, err := relayd.Open(ctx, url, natsSink(t, ctx, testenv.NATSURL(), prefix), &relayd.Options{
-		Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceCDC,
-		Relay: relay.Config{Router: router, LeaseTTL: time.Second},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.CDCTurn(t, pool, func() { // the relay creates the slot
+	var rl *relayd.Relay
+	testenv.CDCTurn(t, pool, func() { // Open creates the slot
+		rl, err = relayd.Open(ctx, url, natsSink(t, ctx, testenv.NATSURL(), prefix), &relayd.Options{
+			Schema: tb.Schema, Table: tb.Name, Source: relayd.SourceCDC,
+			Relay: relay.Config{Router: router, LeaseTTL: time.Second},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var made bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, cdc.DefaultSlot(tb)).Scan(&made); err != nil || !made {
+			t.Fatalf("Open did not make the slot: %v", err)
+		}
 		if err := rl.Start(ctx); err != nil {
 			t.Fatal(err)
 		}

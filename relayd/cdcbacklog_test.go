@@ -79,8 +79,10 @@ func testLogTailingBacklog(t *testing.T, mode cdc.Mode) {
 		return v
 	}
 
-	a, regA := open()
-	testenv.CDCTurn(t, pool, func() { // the relay creates the slot
+	var a *relayd.Relay
+	var regA *prometheus.Registry
+	testenv.CDCTurn(t, pool, func() { // Open creates the slot
+		a, regA = open()
 		if err := a.Start(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -61,11 +61,13 @@ func TestLogTailingMetricsFollowTheSlot(t *testing.T) {
 		t.Cleanup(func() { rl.Stop(context.Background()) })
 		return rl, reg
 	}
-	a, regA := open()
-	if v := slotGauge(t, regA, "outbox_cdc_slot_exists"); v != 0 {
-		t.Fatalf("slot exists = %v before the relay made it", v)
-	}
-	testenv.CDCTurn(t, pool, func() { // the relay creates the slot
+	var a *relayd.Relay
+	var regA *prometheus.Registry
+	testenv.CDCTurn(t, pool, func() { // Open creates the slot
+		a, regA = open()
+		if v := slotGauge(t, regA, "outbox_cdc_slot_exists"); v != 1 {
+			t.Fatalf("slot exists = %v once Open returned", v)
+		}
 		if err := a.Start(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -200,7 +200,14 @@ func cdcSource(ctx context.Context, db *DB, t outboxdriver.Table, cfg *cdc.Confi
 	if err != nil {
 		return nil, err
 	}
-	if err := src.Check(ctx); err != nil {
+	// What is missing is made now, not at the first stream: writers in
+	// message or insert + delete mode can write once Open returned.
+	if cfg.NoCreate {
+		err = src.Check(ctx)
+	} else {
+		err = src.Setup(ctx)
+	}
+	if err != nil {
 		src.Close()
 		return nil, err
 	}

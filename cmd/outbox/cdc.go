@@ -25,7 +25,7 @@ func (c *cdcSetupFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&c.on, "cdc", false, "also create the publication and replication slot of log tailing (relay --source cdc; PostgreSQL)")
 	cmd.Flags().StringVar(&c.cfg.Slot, "cdc-slot", "", "with --cdc: replication slot (default outbox_<schema>_<table>)")
 	cmd.Flags().StringVar(&c.cfg.Publication, "cdc-publication", "", "with --cdc: publication of the table's inserts (default: the slot's name)")
-	cmd.Flags().StringVar(&c.mode, "cdc-mode", "table", "with --cdc: table, message or insert-delete, as the relay's --cdc-mode (what a lost slot means)")
+	cmd.Flags().StringVar(&c.mode, "cdc-mode", "table", "table, message or insert-delete, as the relay's --cdc-mode (what a lost slot means); message and insert-delete imply --cdc")
 }
 
 // source is the log-tailing source of table t on st (PostgreSQL only),

@@ -56,9 +56,10 @@ back. Either applies to an existing table too (PostgreSQL).
 
 --cdc also creates what log tailing (outbox relay --source cdc) streams
 from: the publication of the table's inserts and the replication slot
-(PostgreSQL; wal_level = logical, a role with REPLICATION). Writers that
-write logical decoding messages need the slot before their first event.
---down 0 drops them again.
+(PostgreSQL; wal_level = logical, a role with REPLICATION). Writers in
+message and insert-delete mode need the slot before their first event:
+--cdc-mode message or insert-delete implies --cdc. --down 0 drops them
+again.
 
 Before it applies anything, migrate lists the live relays of the table
 (name, release, schema version, last renewal; on PostgreSQL also the
@@ -77,6 +78,11 @@ with --force, after which they stop claiming until replaced
 				return fmt.Errorf("--force goes with the outbox tables' migration (it applies migrations older live relays cannot work with) or with --down 0 (it drops the tables with the events still in them), not with --inbox or --down N")
 			}
 			opts.IgnoreRelaysBehind = force
+			if cmd.Flags().Changed("cdc-mode") && cdc.mode != "table" {
+				// Their writers need the slot before their first event, as
+				// Migrate with a driver in those modes makes it.
+				cdc.on = true
+			}
 			if opts.Wakeups != "" && (inboxOnly || cmd.Flags().Changed("down")) {
 				return fmt.Errorf("--wakeups goes with the outbox table's migration, not with --inbox or --down")
 			}

@@ -178,3 +178,38 @@ func TestCDCDropCommand(t *testing.T) {
 	}
 	failsWithOneLine(t, nil, "log tailing needs PostgreSQL", "cdc", "drop", "--db", "sqlite://"+t.TempDir()+"/x.db")
 }
+
+// `outbox migrate --cdc-mode message` (or insert-delete) makes the slot
+// without --cdc, since the writers of those modes need it before their
+// first event; --cdc-mode table alone makes none.
+func TestMigrateInAWriteModeWithoutRowsMakesTheSlot(t *testing.T) {
+	pool := testenv.CDCPool(t)
+	tb := testenv.Table(t, pool)
+	flags := []string{"--db", testenv.CDCDatabaseURL(t), "--schema", tb.Schema, "--table", tb.Name}
+	slots := func() int {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, cdc.DefaultSlot(tb)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	testenv.CDCTurn(t, pool, func() {
+		if _, stderr, code := run(t, nil, append([]string{"migrate", "--cdc-mode", "table"}, flags...)...); code != 0 {
+			t.Fatalf("migrate --cdc-mode table: exit %d: %s", code, stderr)
+		}
+		if n := slots(); n != 0 {
+			t.Fatalf("%d slot(s) after migrate --cdc-mode table, want none", n)
+		}
+		testenv.DropSlotAtEnd(t, pool, func(ctx context.Context) error {
+			_, err := outboxpgx.New(pool).MigrateDown(ctx, tb, 0)
+			return err
+		})
+		stdout, stderr, code := run(t, nil, append([]string{"migrate", "--cdc-mode", "message"}, flags...)...)
+		if code != 0 || !strings.Contains(stdout, "replication slot "+cdc.DefaultSlot(tb)) {
+			t.Fatalf("migrate --cdc-mode message: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+		}
+	})
+	if n := slots(); n != 1 {
+		t.Fatalf("%d slot(s) after migrate --cdc-mode message, want 1", n)
+	}
+}

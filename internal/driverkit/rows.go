@@ -95,3 +95,13 @@ func jsonKind[T string | []byte](col T) string {
 		return "a JSON number"
 	}
 }
+
+// CheckWriteMode refuses rows a write mode cannot write: in a mode that
+// keeps no row in the table (rowless: messages, insert + delete), a
+// delayed event, which needs a row to wait in (outboxdriver.ErrDelayedMode).
+func CheckWriteMode(rowless bool, rows []outboxdriver.Row) error {
+	if rowless && Delayed(rows) {
+		return outboxdriver.ErrDelayedMode
+	}
+	return nil
+}

@@ -2,11 +2,9 @@ package cdc
 
 import (
 	"fmt"
-	"hash/fnv"
-	"regexp"
-	"strings"
 	"time"
 
+	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/outboxdriver"
 )
 
@@ -95,23 +93,11 @@ const (
 	drainPage             = 1000
 )
 
-var slotRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
-
 // DefaultSlot is the default replication slot (and publication) name of
 // table t: "outbox_<schema>_<table>", lower-cased, with a hash of the
 // names appended when that was needed to keep it unique (upper-case
 // letters) or short enough (63 bytes).
-func DefaultSlot(t outboxdriver.Table) string {
-	t = t.WithDefaults()
-	raw := "outbox_" + t.Schema + "_" + t.Name
-	name := strings.ToLower(raw)
-	if name == raw && len(name) <= 63 {
-		return name
-	}
-	h := fnv.New32a()
-	h.Write([]byte(t.String()))
-	return fmt.Sprintf("%s_%08x", name[:min(len(name), 54)], h.Sum32())
-}
+func DefaultSlot(t outboxdriver.Table) string { return pgschema.DefaultSlot(t) }
 
 // resolve fills the defaults of cfg (nil: none) for table t.
 func (cfg *Config) resolve(t outboxdriver.Table) (Config, error) {
@@ -119,16 +105,8 @@ func (cfg *Config) resolve(t outboxdriver.Table) (Config, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.Slot == "" {
-		c.Slot = DefaultSlot(t)
-	}
-	if !slotRE.MatchString(c.Slot) {
-		return c, fmt.Errorf("replication slot name %q: use 1 to 63 lower-case letters, digits and underscores", c.Slot)
-	}
-	if c.Publication == "" {
-		c.Publication = c.Slot
-	}
-	if err := outboxdriver.ValidateIdent("publication", c.Publication); err != nil {
+	var err error
+	if c.Slot, c.Publication, err = pgschema.SlotNames(t, c.Slot, c.Publication); err != nil {
 		return c, err
 	}
 	if c.Mode != ModeTable && c.Mode != ModeMessages && c.Mode != ModeInsertDelete {

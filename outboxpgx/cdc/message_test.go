@@ -103,7 +103,7 @@ func TestDefaultSlot(t *testing.T) {
 		{Schema: strings.Repeat("s", 63), Name: strings.Repeat("t", 51)}, {Schema: strings.Repeat("s", 63), Name: strings.Repeat("t", 50)},
 	} {
 		s := DefaultSlot(tb)
-		if !slotRE.MatchString(s) {
+		if _, _, err := pgschema.SlotNames(tb, s, ""); err != nil {
 			t.Errorf("DefaultSlot(%v) = %q: not a valid slot name", tb, s)
 		}
 		if other, ok := seen[s]; ok {

@@ -100,8 +100,7 @@ func newQueries(t outboxdriver.Table) queries {
 		unpark:        unparkSQL(parked, true),
 		unparkNoDelay: unparkSQL(parked, false),
 		unparked:      `DELETE FROM ` + parked + ` WHERE id = ANY($1::uuid[])`,
-		ensure: `INSERT INTO ` + cdc + ` (slot, publication) VALUES ($1, $2)
-ON CONFLICT (slot) DO UPDATE SET publication = excluded.publication WHERE ` + cdc + `.publication <> excluded.publication`,
+		ensure:        pgschema.EnsureCDCRowSQL(t),
 		acquire: `UPDATE ` + cdc + `
 SET owner = $2, epoch = epoch + 1, expires_at = clock_timestamp() + $3 * interval '1 millisecond', updated_at = now()
 WHERE slot = $1 AND (owner IS NULL OR expires_at <= clock_timestamp())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -83,42 +82,15 @@ func migrateHint(err error, t outboxdriver.Table) error {
 
 // ensurePublication makes the publication of the table's inserts (and
 // truncates, which are logged) when it is missing, and fails when it
-// exists without the table.
+// exists without the table (pgschema.EnsurePublication).
 func (s *Source) ensurePublication(ctx context.Context, create bool) error {
-	var exists, hasTable, truncates bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
-       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3),
-       coalesce((SELECT pubtruncate FROM pg_publication WHERE pubname = $1), false)`,
-		s.cfg.Publication, s.base.Table.Schema, s.base.Table.Name).Scan(&exists, &hasTable, &truncates)
+	changed, err := pgschema.EnsurePublication(ctx, pgschema.PgxTx(s.pool), s.base.Table, s.cfg.Publication, create)
 	if err != nil {
-		return fmt.Errorf("outboxpgx: look up publication %s: %w", s.cfg.Publication, err)
+		return fmt.Errorf("outboxpgx: %w", err)
 	}
-	switch {
-	case exists && hasTable && !truncates && create:
-		// Made before TRUNCATE was published: the relay logs a TRUNCATE of
-		// the table it is told of.
-		if _, err := s.pool.Exec(ctx, `ALTER PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` SET (publish = 'insert, truncate')`); err != nil {
-			return fmt.Errorf("outboxpgx: publish TRUNCATE in publication %s: %w", s.cfg.Publication, err)
-		}
-		return nil
-	case exists && hasTable:
-		return nil
-	case exists:
-		return fmt.Errorf("outboxpgx: publication %s does not publish %s: run ALTER PUBLICATION %s ADD TABLE %s, or name another publication",
-			s.cfg.Publication, s.base.Table, outboxdriver.QuoteIdent(s.cfg.Publication), s.base.Table.Qualified(""))
-	case !create:
-		return fmt.Errorf("outboxpgx: publication %s does not exist: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, truncate'), or let the relay create it",
-			s.cfg.Publication, outboxdriver.QuoteIdent(s.cfg.Publication), s.base.Table.Qualified(""))
+	if changed {
+		s.base.Log.Info("outboxpgx: created publication", "publication", s.cfg.Publication, "table", s.base.Table.String())
 	}
-	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+outboxdriver.QuoteIdent(s.cfg.Publication)+` FOR TABLE `+s.base.Table.Qualified("")+` WITH (publish = 'insert, truncate')`)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
-		return nil // made meanwhile
-	}
-	if err != nil {
-		return fmt.Errorf("outboxpgx: create publication %s: %w", s.cfg.Publication, err)
-	}
-	s.base.Log.Info("outboxpgx: created publication", "publication", s.cfg.Publication, "table", s.base.Table.String())
 	return nil
 }
 
@@ -131,8 +103,7 @@ func (s *Source) ensurePublication(ctx context.Context, create bool) error {
 func (s *Source) ensureSlot(ctx context.Context, create bool, mark func(context.Context, slotState, ...any) error) error {
 	var plugin, walStatus string
 	var sameDB, found bool
-	err := s.pool.QueryRow(ctx, `SELECT coalesce(plugin, ''), database = current_database(), coalesce(wal_status, '')
-FROM pg_replication_slots WHERE slot_name = $1`, s.cfg.Slot).Scan(&plugin, &sameDB, &walStatus)
+	err := s.pool.QueryRow(ctx, pgschema.SlotLookupSQL, s.cfg.Slot).Scan(&plugin, &sameDB, &walStatus)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -244,20 +215,4 @@ func (s *Source) createSlot(ctx context.Context) (string, int64, error) {
 }
 
 // slotError says what to do about the common failures of slot commands.
-func slotError(err error, slot string) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return err
-	}
-	switch {
-	case pgErr.Code == "55000" && strings.Contains(pgErr.Message, "wal_level"):
-		return fmt.Errorf("log tailing needs wal_level = logical: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL (%s)", pgErr.Message)
-	case pgErr.Code == "42501":
-		return fmt.Errorf("the relay's role may not replicate: run ALTER ROLE <the relay's role> REPLICATION (%s)", pgErr.Message)
-	case pgErr.Code == "53400":
-		return fmt.Errorf("no replication slot is free: raise max_replication_slots, or drop an unused slot (%s)", pgErr.Message)
-	case pgErr.Code == "55006":
-		return fmt.Errorf("replication slot %s is busy: another process streams from it (%s)", slot, pgErr.Message)
-	}
-	return err
-}
+func slotError(err error, slot string) error { return pgschema.SlotError(err, slot) }

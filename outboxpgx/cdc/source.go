@@ -339,6 +339,10 @@ func (s *Source) SetIdle(context.Context, time.Duration) error { return nil }
 func (s *Source) WakesOnCommit() bool { return true }
 
 // Close stops the stream. The pool stays open: it belongs to the caller.
+// The replication slot stays too, keeping the WAL from its confirmed
+// position on, so that the next streamer resumes where this one stopped;
+// Drop (`outbox cdc drop`) drops it. `outbox status` shows the slot and
+// the WAL it retains.
 func (s *Source) Close() error {
 	s.mu.Lock()
 	s.closed = true
