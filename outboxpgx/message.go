@@ -52,11 +52,17 @@ func (e noSlotError) Error() string   { return e.err.Error() }
 func (e noSlotError) Unwrap() []error { return []error{ErrNoSlot, e.err} }
 
 // writeFailed returns err, marked as ErrNoSlot when it is the refusal of
-// _cdc_slot.
-func writeFailed(err error) error {
+// _cdc_slot; as an *outboxdriver.DuplicateIDError when the table refused
+// an id of kept it holds already.
+func writeFailed(err error, kept ...keptRows) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Hint == "outbox-no-slot" {
 		return noSlotError{err}
+	}
+	for _, k := range kept {
+		if e := pgschema.DuplicateID(err, k.table, k.rows); e != err {
+			return e
+		}
 	}
 	return err
 }

@@ -63,7 +63,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 	}
 	q, args := statement(t, rows, d.wake != nil && d.wake.Wake(t))
 	_, err := tx.ExecContext(ctx, q, args...)
-	return err
+	return pgschema.DuplicateID(err, t, rows)
 }
 
 // Insert inserts rows with one statement (one transaction) on the
@@ -78,7 +78,7 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 	}
 	q, args := statement(t, rows, d.wake != nil && d.wake.Wake(t))
 	_, err = db.ExecContext(ctx, q, args...)
-	return err
+	return pgschema.DuplicateID(err, t, rows)
 }
 
 // statement returns the multi-row INSERT of rows into t; with the
