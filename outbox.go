@@ -57,6 +57,13 @@ type Event struct {
 // driver's own refusals (a value too long for its column) match it too.
 var ErrInvalidEvent = outboxdriver.ErrInvalidEvent
 
+// ErrDuplicateID is wrapped by the error of WriteTx or Write when an event
+// carries an id the outbox table holds already, or two events of the call
+// carry the same id: nothing of the call is written. errors.As with a
+// *outboxdriver.DuplicateIDError gives the id. (A table partitioned by
+// time has no key on id; docs/databases.md, event ids.)
+var ErrDuplicateID = outboxdriver.ErrDuplicateID
+
 // MigrateOptions shape what Migrate creates: the partition count, time
 // partitions, who wakes an idle relay.
 type MigrateOptions = outboxdriver.MigrateOptions
@@ -247,10 +254,20 @@ func (o *Outbox[TTx]) MigrateTx(ctx context.Context, tx TTx, opts *MigrateOption
 func (o *Outbox[TTx]) rows(ctx context.Context, events []Event) ([]outboxdriver.Row, error) {
 	trace := o.traceContext(ctx)
 	rows := make([]outboxdriver.Row, len(events))
+	var seen map[string]int // ids given by the caller, when several events are
 	for i := range events {
 		r, err := toRow(&events[i], o.check)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: event %d: %w", i, err)
+		}
+		if events[i].ID != "" && len(events) > 1 {
+			if seen == nil {
+				seen = make(map[string]int, len(events))
+			}
+			if j, ok := seen[r.ID]; ok {
+				return nil, fmt.Errorf("outbox: events %d and %d: %w: %w", j, i, ErrInvalidEvent, &outboxdriver.DuplicateIDError{Table: o.table, ID: r.ID})
+			}
+			seen[r.ID] = i
 		}
 		r.TraceContext = trace
 		rows[i] = r

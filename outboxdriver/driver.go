@@ -44,6 +44,39 @@ var ErrDelayedMode = fmt.Errorf("%w: DeliverAt needs the table write mode (a row
 // error.
 var ErrNoSlot = errors.New("no replication slot relays the table")
 
+// ErrDuplicateID is wrapped by the error of a write that carries an event
+// id the outbox table holds already, or the same id twice (package outbox
+// re-exports it as outbox.ErrDuplicateID). Nothing of that write is
+// stored. An event id names one event: give each event its own, or leave
+// Event.ID empty for a new UUIDv7.
+var ErrDuplicateID = errors.New("an event with this id is in the outbox table already")
+
+// DuplicateIDError is the error of a write refused by the outbox table's
+// key on id; it wraps ErrDuplicateID.
+type DuplicateIDError struct {
+	// Table is the outbox table.
+	Table Table
+	// ID is the id the table holds already; "" when the database did
+	// not say which of IDs it is.
+	ID string
+	// IDs are the ids of the write, when ID is "".
+	IDs []string
+}
+
+func (e *DuplicateIDError) Error() string {
+	if e.ID != "" {
+		return fmt.Sprintf("event id %s: %v (%s); every event needs an id of its own", e.ID, ErrDuplicateID, e.Table)
+	}
+	ids := e.IDs
+	more := ""
+	if len(ids) > 3 {
+		ids, more = ids[:3], fmt.Sprintf(" and %d more", len(e.IDs)-3)
+	}
+	return fmt.Sprintf("one of the event ids %s%s: %v (%s); every event needs an id of its own", strings.Join(ids, ", "), more, ErrDuplicateID, e.Table)
+}
+
+func (e *DuplicateIDError) Unwrap() error { return ErrDuplicateID }
+
 // ErrInvalidEvent is wrapped by every error about an event that is refused
 // before any SQL runs (package outbox re-exports it as
 // outbox.ErrInvalidEvent).

@@ -126,7 +126,8 @@ type MigrateOptions struct {
 	// wake-up themselves while a relay waits, and inserts cost less; a
 	// plain-SQL writer's events are found at the relay's next look).
 	// Applied on every migration that sets it, to a new or an existing
-	// table; "" leaves the table as it is (a new table gets the trigger).
+	// table; "" leaves the table as it is (a new table gets "writers":
+	// no trigger, since schema version 26).
 	// docs/relay.md, wake-ups.
 	Wakeups string
 	// IgnoreRelaysBehind applies the migrations even while live relays
@@ -162,14 +163,14 @@ var ErrNoCDC = errors.New("MigrateOptions.CDC creates a PostgreSQL replication s
 // Who wakes an idle relay on PostgreSQL (MigrateOptions.Wakeups).
 const (
 	// WakeupsTrigger: the table's notify trigger, which checks on every
-	// INSERT statement whether a relay waits (the default). Every writer
-	// is covered, plain SQL too.
+	// INSERT statement whether a relay waits. Every writer is covered,
+	// plain SQL too.
 	WakeupsTrigger = "trigger"
 	// WakeupsWriters: no trigger; the library's PostgreSQL writers keep a
 	// view of whether a relay waits and add the NOTIFY to their own
 	// INSERT only while it says one does (a view at most 25 ms old). Inserts cost
 	// no check on the server; a plain-SQL writer's events wake no relay
-	// and are found at its next look.
+	// and are found at its next look. A new table's default.
 	WakeupsWriters = "writers"
 )
 

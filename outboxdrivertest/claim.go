@@ -158,15 +158,6 @@ func (s *suite) testInsert(t *testing.T) {
 	err := ins.Insert(e.ctx, e.table, rows[:1])
 	src := e.source(outboxdriver.SourceConfig{})
 	got := e.claim(src, e.leaseAll(src), 10)
-	if s.h.DuplicateIDs {
-		if err != nil {
-			t.Fatalf("Insert of an id that exists: %v, want a copy (Harness.DuplicateIDs)", err)
-		}
-		if len(got) != 3 || got[0].ID != rows[0].ID || got[1].ID != rows[1].ID || got[2].ID != rows[0].ID {
-			t.Fatalf("claimed %v after Insert, want the two rows in order, then the copy of the first", got)
-		}
-		return
-	}
 	if err == nil {
 		t.Fatal("Insert of an id that exists succeeded")
 	}

@@ -68,12 +68,6 @@ type Harness struct {
 	// the payload (MySQL 8's binary JSON): the suite then compares JSON
 	// payloads as JSON, not byte for byte.
 	NormalizesJSON bool
-	// DuplicateIDs is set for a table that does not refuse a second row
-	// with an event id it holds already (PostgreSQL from schema version
-	// 10: no index on id; writers make ids unique). The suite then
-	// expects such a row to be claimed like any other: a copy with the
-	// same id, which consumers drop (G5).
-	DuplicateIDs bool
 	// Parallel runs the suite's cases in parallel with each other (each on
 	// its own table). Leave it unset for a database that serialises
 	// writers (SQLite); the cases then run one after another.
@@ -109,6 +103,7 @@ var cases = []testCase{
 	{name: "RetryAttempts", run: (*suite).testRetryAttempts},
 	{name: "FailureHoldsItsAggregateOnly", run: (*suite).testFailureHoldsItsAggregateOnly},
 	{name: "DeadLetters", run: (*suite).testDeadLetters},
+	{name: "DuplicateID", run: (*suite).testDuplicateID},
 	{name: "LeaseFence", run: (*suite).testLeaseFence},
 	{name: "LeasesBetweenRelays", run: (*suite).testLeasesBetweenRelays, multiRelay: true,
 		why: "two Sources competing for partitions: exclusive Acquire, expiry and take-over with a higher epoch, Finish under a lease taken over"},

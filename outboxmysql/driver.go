@@ -9,6 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/sqlstore"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -79,7 +81,9 @@ func insert(ctx context.Context, tx *sql.Tx, t outboxdriver.Table, rows []outbox
 		n := min(len(rows), maxRowsPerInsert)
 		q, args := insertStatement(table, rows[:n])
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return err
+			var my *mysql.MySQLError
+			dup := errors.As(err, &my) && my.Number == 1062 && strings.Contains(my.Message, "by_id")
+			return driverkit.DuplicateID(err, dup, err.Error(), t, rows[:n])
 		}
 		rows = rows[n:]
 	}

@@ -406,6 +406,9 @@ func (b *batch) record(ctx context.Context, out outboxdriver.Outcome) error {
 		return err
 	}
 	plan := driverkit.PlanOf(out)
+	if err := driverkit.KeepClashesTx(ctx, tx, n.DeadLetter, &plan, s.Log, s.Table); err != nil {
+		return err
+	}
 	for ids := range chunks(plan.Published) {
 		args := strs(ids)
 		if s.Cfg.Retention == outboxdriver.RetentionKeep {

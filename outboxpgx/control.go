@@ -209,7 +209,7 @@ func (d *Driver) HeldAggregates(ctx context.Context, t outboxdriver.Table, limit
        `+waiting+`,
        coalesce(dl.last_error, (SELECT o.last_error FROM `+n.Table+` o WHERE o.seq = h.seq AND o.published_at IS NULL AND o.id = h.event_id), '')
 FROM (SELECT * FROM `+n.Held+` ORDER BY held_at, aggregatetype, aggregateid LIMIT $1) h
-LEFT JOIN `+n.DeadLetter+` dl ON dl.id = h.event_id
+LEFT JOIN `+n.DeadLetter+` dl ON dl.id = h.event_id AND dl.seq = h.seq
 ORDER BY h.held_at, h.aggregatetype, h.aggregateid`, limit)
 	if err != nil {
 		return nil, d.fail(ctx, t, "held aggregates of", err)

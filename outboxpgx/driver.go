@@ -211,7 +211,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx pgx.Tx, t outboxdriver.Table, 
 	}
 	sql, args := d.statement(t, rows)
 	_, err := tx.Exec(ctx, sql, args...)
-	return writeFailed(err)
+	return writeFailed(err, keptRows{table: t, rows: rows})
 }
 
 // Insert inserts rows in a statement of its own on the Driver's pool (one
@@ -228,7 +228,7 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 	}
 	sql, args := d.statement(t, rows)
 	_, err := d.pool.Exec(ctx, sql, args...)
-	return writeFailed(err)
+	return writeFailed(err, keptRows{table: t, rows: rows})
 }
 
 // QueueInsert queues the INSERT of rows on batch, which must be a

@@ -50,7 +50,6 @@ func TestDriverConformance(t *testing.T) {
 				id, d.Microseconds())
 			return err
 		},
-		DuplicateIDs: true,
-		Parallel:     true,
+		Parallel: true,
 	})
 }

@@ -28,7 +28,9 @@ func newFloorRig(t *testing.T) *floorRig {
 	ctx := context.Background()
 	pool := testenv.Pool(t)
 	tb := testenv.Table(t, pool)
-	if _, err := New(pool).Migrate(ctx, tb, nil); err != nil {
+	// With the notify trigger: the rig's plain-SQL inserts wake the
+	// listener.
+	if _, err := New(pool).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Wakeups: outboxdriver.WakeupsTrigger}); err != nil {
 		t.Fatal(err)
 	}
 	s0, err := New(pool).NewSource(tb, nil)

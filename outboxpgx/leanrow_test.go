@@ -25,6 +25,9 @@ import (
 // leanVersion is the migration that moves the table to the lean row.
 const leanVersion = 10
 
+// eventKeyVersion is the migration that gives id its key back.
+const eventKeyVersion = 26
+
 // published collects what a stdoutsink wrote: every event id in the
 // order first published, and every copy.
 type published struct {
@@ -85,10 +88,26 @@ func hasLeanShape(t *testing.T, ctx context.Context, db interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pk != byPart {
+	// Before version 10 both; from 10 neither; from 26 the key again.
+	if byPart && !pk {
 		t.Fatalf("table %s half migrated: primary key %v, (partition, seq) index %v", table, pk, byPart)
 	}
-	return !pk
+	return !byPart
+}
+
+// hasEventKey reports whether table has its primary key on id (schema
+// version 26).
+func hasEventKey(t *testing.T, ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, table string) bool {
+	t.Helper()
+	var pk bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+WHERE c.conrelid = $1::regclass AND c.contype = 'p' AND a.attname = 'id' AND cardinality(c.conkey) = 1)`, table).Scan(&pk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pk
 }
 
 // partitionShape reports how tb keeps its rows' partitions: "generated"
@@ -135,6 +154,13 @@ func partitionShape(t *testing.T, ctx context.Context, db interface {
 func TestLeanRowMigratesUnderLoad(t *testing.T) {
 	t.Parallel()
 	testMigratesUnderLoad(t, leanVersion, hasLeanShape)
+}
+
+// Migration 26 (the key on id again) and its revert, the same way: the
+// writers wait for the key's lock, and nothing is lost or reordered.
+func TestEventKeyMigratesUnderLoad(t *testing.T) {
+	t.Parallel()
+	testMigratesUnderLoad(t, eventKeyVersion, hasEventKey)
 }
 
 // Migration 17 (the partition set by a trigger) and its revert, the same

@@ -35,5 +35,16 @@ func messageStatement(t outboxdriver.Table, rows []outboxdriver.Row) (string, []
 var ErrNoSlot = outboxdriver.ErrNoSlot
 
 // writeFailed returns err, marked as ErrNoSlot when it is the refusal of
-// _cdc_slot.
-func writeFailed(err error) error { return pgschema.NoSlot(err) }
+// _cdc_slot; as an *outboxdriver.DuplicateIDError when the table refused
+// an id of kept it holds already.
+func writeFailed(err error, kept ...keptRows) error {
+	if e := pgschema.NoSlot(err); e != err {
+		return e
+	}
+	for _, k := range kept {
+		if e := pgschema.DuplicateID(err, k.table, k.rows); e != err {
+			return e
+		}
+	}
+	return err
+}

@@ -193,18 +193,35 @@ WHERE o.seq = f.seq AND o.published_at IS NULL`,
 SELECT aggregatetype, aggregateid, seq, id, 'retrying' FROM ` + n.Table + ` WHERE seq = ANY($1::bigint[]) AND published_at IS NULL
 ORDER BY seq
 ON CONFLICT (aggregatetype, aggregateid) DO NOTHING`,
-		// The dead-letter table keeps its key on id: a second row with
-		// the id of an event dead-lettered already (a writer that wrote
-		// one event twice) is that event again, and stays out of it.
+		// A dead letter is kept under its event's id. An event whose id
+		// the dead letters hold already (another event written with the
+		// same id, or a second row with one id in a table partitioned by
+		// time, which has no key on id) is not moved: it stays in the
+		// table, retried a minute later and holding its aggregate, with an
+		// error that says why, and the statement returns its id for the
+		// relay's log. Nothing is dropped for a clash.
 		deadLetter: `WITH f AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::boolean[]) AS f(seq, err, hold)),
-moved AS (DELETE FROM ` + n.Table + ` AS o USING f WHERE o.seq = f.seq AND o.published_at IS NULL RETURNING o.*, f.err, f.hold)
-INSERT INTO ` + n.DeadLetter + ` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
+clash AS (SELECT o.seq, o.id FROM ` + n.Table + ` AS o JOIN f ON o.seq = f.seq
+    WHERE o.published_at IS NULL AND (
+        EXISTS (SELECT 1 FROM ` + n.DeadLetter + ` AS d WHERE d.id = o.id)
+        OR EXISTS (SELECT 1 FROM ` + n.Table + ` AS e JOIN f AS g ON e.seq = g.seq WHERE e.id = o.id AND e.seq < o.seq))),
+kept AS (UPDATE ` + n.Table + ` AS o
+    SET attempts = o.attempts + 1, next_attempt_at = clock_timestamp() + interval '1 minute',
+        last_error = 'not dead-lettered: the dead letters hold an event with this id (' || o.id || ') already; it stays here and is tried again. Cause: ' || f.err
+    FROM clash AS c, f WHERE o.seq = c.seq AND f.seq = c.seq
+    RETURNING o.id, o.aggregatetype, o.aggregateid, o.seq),
+held AS (INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
+    SELECT aggregatetype, aggregateid, seq, id, 'retrying' FROM kept ORDER BY seq
+    ON CONFLICT (aggregatetype, aggregateid) DO NOTHING),
+moved AS (DELETE FROM ` + n.Table + ` AS o USING f WHERE o.seq = f.seq AND o.published_at IS NULL
+    AND o.seq NOT IN (SELECT seq FROM clash) RETURNING o.*, f.err, f.hold),
+dead AS (INSERT INTO ` + n.DeadLetter + ` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
     headers, tracingspancontext, payload_raw, attempts, last_error, held)
-SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at,
-    headers, tracingspancontext, payload_raw, attempts + 1, err, hold
-FROM moved
-ON CONFLICT (id) DO NOTHING`,
-		holdDead: pgschema.HoldDeadSQL(n),
+    SELECT id, aggregatetype, aggregateid, type, payload, seq, created_at,
+        headers, tracingspancontext, payload_raw, attempts + 1, err, hold
+    FROM moved)
+SELECT id::text FROM kept ORDER BY seq`,
+		holdDead: pgschema.HoldDeadSQL(n, true),
 		idle: `INSERT INTO ` + n.Wakeup + ` (relay, expires_at)
 VALUES ($1, now() + $2 * interval '1 millisecond')
 ON CONFLICT (relay) DO UPDATE SET expires_at = excluded.expires_at`,
@@ -475,7 +492,13 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 				rows, msgs, hold = append(rows, seq), append(msgs, driverkit.ErrorText(f.Err)), append(hold, f.Hold)
 			}
 		}
-		pb.Queue(q.deadLetter, rows, msgs, hold)
+		pb.Queue(q.deadLetter, rows, msgs, hold).Query(func(rs pgx.Rows) error {
+			kept, err := pgx.CollectRows(rs, pgx.RowTo[string])
+			if err == nil {
+				driverkit.LogClashes(b.src.Log, b.src.Table, kept)
+			}
+			return err
+		})
 		if len(plan.Hold) > 0 {
 			pb.Queue(q.holdDead, plan.Hold)
 		}

@@ -103,7 +103,7 @@ func (t *Tx) Commit(ctx context.Context) error {
 		// The events' INSERT failed (and the COMMIT behind it was
 		// skipped), or the COMMIT did: nothing was committed, unless the
 		// connection broke with the COMMIT in flight.
-		return fmt.Errorf("outboxpgx: commit with %d events: %w", t.n, writeFailed(err))
+		return fmt.Errorf("outboxpgx: commit with %d events: %w", t.n, writeFailed(err, t.kept...))
 	}
 	if tag == "ROLLBACK" {
 		return pgx.ErrTxCommitRollback

@@ -206,7 +206,7 @@ func TestWritersWakeAnIdleRelayWithoutTheTrigger(t *testing.T) {
 // so a transaction that ends in PREPARE TRANSACTION still can.
 func TestWritersAddNoWakeupToATableWithTheTrigger(t *testing.T) {
 	t.Parallel()
-	r := newWakeRig(t, "")
+	r := newWakeRig(t, outboxdriver.WakeupsTrigger)
 	r.write("") // before the view was ever read
 	r.stale()   // and with a view past its age
 	r.write("")

@@ -43,7 +43,6 @@ func TestDriverConformance(t *testing.T) {
 				id, d.Microseconds())
 			return err
 		},
-		DuplicateIDs: true,
-		Parallel:     true,
+		Parallel: true,
 	})
 }

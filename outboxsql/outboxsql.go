@@ -74,7 +74,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 		return err
 	}
 	_, err = tx.ExecContext(ctx, q, args...)
-	return pgschema.NoSlot(err)
+	return pgschema.NoSlot(pgschema.DuplicateID(err, t, rows))
 }
 
 // Insert inserts rows with one statement (one transaction) on the
@@ -92,7 +92,7 @@ func (d *Driver) Insert(ctx context.Context, t outboxdriver.Table, rows []outbox
 		return err
 	}
 	_, err = db.ExecContext(ctx, q, args...)
-	return pgschema.NoSlot(err)
+	return pgschema.NoSlot(pgschema.DuplicateID(err, t, rows))
 }
 
 // write returns the statement that writes rows into t in the Driver's

@@ -39,6 +39,10 @@ func (d *Driver) InsertTx(ctx context.Context, tx *sql.Tx, t outboxdriver.Table,
 		n := min(len(rows), maxRowsPerInsert)
 		sql, args := statement(t, rows[:n])
 		if _, err := tx.ExecContext(ctx, sql, args...); err != nil {
+			// SQLite's message, whichever Go driver carries it.
+			if strings.Contains(err.Error(), "UNIQUE constraint failed: "+t.Name+".id") {
+				return driverkit.DuplicateID(err, true, "", t, rows[:n])
+			}
 			if t.Schema == "public" {
 				// PostgreSQL's default schema, configured by habit.
 				return fmt.Errorf("%w (SQLite's database is %q: set outbox.Config.Schema to outboxsqlite.Schema)", err, Schema)

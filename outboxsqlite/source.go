@@ -386,6 +386,9 @@ func (b *batch) finish(ctx context.Context, out outboxdriver.Outcome) error {
 		return err
 	}
 	plan := driverkit.PlanOf(out)
+	if err := driverkit.KeepClashesTx(ctx, tx, namesOf(s.Table).DeadLetter, &plan, s.Log, s.Table); err != nil {
+		return err
+	}
 	if len(plan.Published) > 0 {
 		ids := stringsJSON(plan.Published)
 		if err := exec(q.markPublished, ids); err != nil {

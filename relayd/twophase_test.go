@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outbox/internal/driverkit"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testenv/await"
+	"github.com/outboxkit/outbox/outboxdriver"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/relay"
 	"github.com/outboxkit/outbox/relayd"
@@ -38,7 +39,9 @@ func TestTwoPhaseCommitWritersWorkWhileARelayIsIdle(t *testing.T) {
 		t.Fatalf("max_prepared_transactions is %d on the test database: this test needs at least 4; set it in postgresql.conf and restart PostgreSQL", maxPrepared)
 	}
 	tb := testenv.Table(t, pool)
-	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, nil); err != nil {
+	// The notify trigger, whose NOTIFY a plain insert sends while a relay
+	// waits: what makes PREPARE fail without outbox.notify = off.
+	if _, err := outboxpgx.New(pool).Migrate(ctx, tb, &outboxdriver.MigrateOptions{Wakeups: outboxdriver.WakeupsTrigger}); err != nil {
 		t.Fatal(err)
 	}
 	_, js := testenv.JetStream(t)

@@ -48,11 +48,13 @@ _versions, _dead_letter and _migrations companions) instead of the outbox:
 a service that consumes and publishes runs migrate once with and once
 without it.
 
---wakeups writers drops the notify trigger: the library's writers
-(outboxpgx, outboxsql) then send the wake-up themselves, only while a
-relay waits, and inserts cost less; events written with plain SQL wake no
-relay and are found at its next look. --wakeups trigger puts the trigger
-back. Either applies to an existing table too (PostgreSQL).
+A new table has no notify trigger (--wakeups writers, the default since
+schema version 26): the library's writers (outboxpgx, outboxsql) send the
+wake-up themselves, only while a relay waits, and inserts cost less;
+events written with plain SQL wake no relay and are found at its next
+look (docs/relay.md shows the statement that wakes it). --wakeups trigger
+puts the trigger back, for every writer; --wakeups writers drops it.
+Either applies to an existing table too (PostgreSQL).
 
 --cdc also creates what log tailing (outbox relay --source cdc) streams
 from: the publication of the table's inserts and the replication slot
@@ -149,7 +151,7 @@ with --force, after which they stop claiming until replaced
 	cmd.Flags().IntVar(&opts.Partitions, "partitions", outboxdriver.DefaultPartitions, "number of partitions aggregates hash into (fixed at creation; bounds how many relays share the table)")
 	cmd.Flags().StringVar(&opts.TimePartitions, "time-partitions", "", "day or hour: create the table partitioned by created_at, so that retention drops partitions (PostgreSQL; fixed at creation)")
 	cmd.Flags().IntVar(&opts.TimePartitionsAhead, "time-partitions-ahead", 0, "with --time-partitions: how many days or hours ahead partitions are made (default 7 days, 48 hours)")
-	cmd.Flags().StringVar(&opts.Wakeups, "wakeups", "", "trigger or writers: who wakes an idle relay (PostgreSQL; docs/relay.md): the notify trigger on every INSERT (a new table's default), or the library's writers while a relay waits (cheaper inserts; plain-SQL writers' events wait for the relay's next look); unset leaves the table as it is")
+	cmd.Flags().StringVar(&opts.Wakeups, "wakeups", "", "trigger or writers: who wakes an idle relay (PostgreSQL; docs/relay.md): the notify trigger on every INSERT, or the library's writers while a relay waits (a new table's default: cheaper inserts; plain-SQL writers' events wait for the relay's next look); unset leaves an existing table as it is")
 	cmd.Flags().BoolVar(&inboxOnly, "inbox", false, "migrate the consumer-side inbox tables instead of the outbox (PostgreSQL, MySQL/MariaDB and SQLite)")
 	cmd.Flags().StringVar(&inboxTable, "inbox-table", "inbox", "name of the inbox table, with --inbox")
 	cdc.register(cmd)

@@ -33,7 +33,8 @@ func TestMigrateWakeups(t *testing.T) {
 		say  string
 		want bool
 	}{
-		{nil, "applied migration(s)", true},
+		{nil, "applied migration(s)", false}, // a new table: writers' wake-ups
+		{[]string{"--wakeups", "trigger"}, "idle relays are woken by the notify trigger, for every writer", true},
 		{[]string{"--wakeups", "writers"}, "idle relays are woken by the library's writers; no trigger", false},
 		{nil, "nothing to do", false},
 		{[]string{"--wakeups", "trigger"}, "idle relays are woken by the notify trigger, for every writer", true},

@@ -1,10 +1,14 @@
 package driverkit
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/outboxkit/outbox/outboxdriver"
 )
@@ -185,5 +189,66 @@ func SetPayload(r *outboxdriver.Record, payload []byte, ok bool, raw []byte) {
 		r.Payload = payload
 	case raw != nil:
 		r.Payload = raw
+	}
+}
+
+// DeadLetterClashDelay is how long an event waits before it is tried again
+// when the dead letters hold another event with its id (KeepClashes).
+const DeadLetterClashDelay = time.Minute
+
+// DeadLetterClash is the error recorded for an event that was not
+// dead-lettered because the dead letters hold another event with its id.
+func DeadLetterClash(id string, cause error) error {
+	return fmt.Errorf("not dead-lettered: the dead letters hold an event with this id (%s) already; it stays here and is tried again. Cause: %v", id, cause)
+}
+
+// KeepClashes moves the dead letters of p whose ids the dead-letter table
+// holds already (clash) to the retries, with DeadLetterClash as their
+// error, a retry after DeadLetterClashDelay and their aggregates held: a
+// dead letter is kept under its event's id, and an event is never dropped
+// for another's. It returns the ids it moved, for the relay's log.
+func (p *Plan) KeepClashes(clash func(id string) bool) []string {
+	var kept []string
+	dls := p.DeadLetters[:0:0]
+	for _, f := range p.DeadLetters {
+		if !clash(f.ID) {
+			dls = append(dls, f)
+			continue
+		}
+		kept = append(kept, f.ID)
+		p.Retries = append(p.Retries, outboxdriver.Failure{ID: f.ID, Err: DeadLetterClash(f.ID, f.Err), RetryAfter: DeadLetterClashDelay})
+		p.Hold = slices.DeleteFunc(p.Hold, func(id string) bool { return id == f.ID })
+		p.Flow = slices.DeleteFunc(p.Flow, func(id string) bool { return id == f.ID })
+	}
+	p.DeadLetters = dls
+	return kept
+}
+
+// KeepClashesTx is KeepClashes for the drivers on database/sql: it asks
+// the dead-letter table deadLetter (quoted), in tx, for each dead letter of
+// p (few: poison events), and logs the events it keeps.
+func KeepClashesTx(ctx context.Context, tx *sql.Tx, deadLetter string, p *Plan, log *slog.Logger, table outboxdriver.Table) error {
+	held := map[string]bool{}
+	for _, f := range p.DeadLetters {
+		var one int
+		switch err := tx.QueryRowContext(ctx, `SELECT 1 FROM `+deadLetter+` WHERE id = ?`, f.ID).Scan(&one); {
+		case err == nil:
+			held[f.ID] = true
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	LogClashes(log, table, p.KeepClashes(func(id string) bool { return held[id] }))
+	return nil
+}
+
+// LogClashes logs the events KeepClashes kept in the table.
+func LogClashes(log *slog.Logger, table outboxdriver.Table, ids []string) {
+	if len(ids) > 0 && log != nil {
+		log.Error("outbox: events not dead-lettered: the dead letters hold other events with their ids; they stay in the table and are tried again in a minute",
+			"table", table.String(), "ids", ids)
 	}
 }

@@ -105,3 +105,28 @@ func CheckWriteMode(rowless bool, rows []outboxdriver.Row) error {
 	}
 	return nil
 }
+
+// DuplicateID returns the error of a write of rows into t that the
+// database refused for the table's key on id (dup, as the driver reads
+// the database's error), naming the id that text (the database's message
+// or detail) names, or the only id of the write; err when dup is false.
+func DuplicateID(err error, dup bool, text string, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if !dup {
+		return err
+	}
+	e := &outboxdriver.DuplicateIDError{Table: t}
+	for _, r := range rows {
+		if strings.Contains(text, r.ID) {
+			e.ID = r.ID
+			return e
+		}
+	}
+	if len(rows) == 1 {
+		e.ID = rows[0].ID
+		return e
+	}
+	for _, r := range rows {
+		e.IDs = append(e.IDs, r.ID)
+	}
+	return e
+}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -99,6 +100,7 @@ func Render(sql string, t outboxdriver.Table, o Options) string {
 		"{{masking}}", t.Qualified("_masking"),
 		"{{samples}}", t.Qualified("_samples"),
 		"{{pending_idx}}", q(t.Name+"_pending"),
+		"{{id_idx_q_literal}}", QuoteLiteral(t.Qualified("_id")),
 		"{{by_part_idx}}", q(t.Name+"_by_part"),
 		"{{by_part_idx_q}}", t.Qualified("_by_part"),
 		"{{waiting_idx}}", q(t.Name+"_waiting"),
@@ -248,7 +250,14 @@ func Up(ctx context.Context, tx Tx, t outboxdriver.Table, o Options) ([]int, err
 			return nil, err
 		}
 	}
-	if err := SetWakeups(ctx, tx, t, o.Wakeups); err != nil {
+	wakeups := o.Wakeups
+	if wakeups == "" && slices.Contains(ran, 1) {
+		// A new table: its writers wake the relay (schema version 26's
+		// default; docs/relay.md, wake-ups). An existing table keeps
+		// what it has.
+		wakeups = outboxdriver.WakeupsWriters
+	}
+	if err := SetWakeups(ctx, tx, t, wakeups); err != nil {
 		return nil, err
 	}
 	return ran, nil

@@ -1,9 +1,14 @@
 package pgschema
 
 import (
+	"errors"
+	"strings"
+
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxkit/outbox/internal/driverkit"
+	"github.com/outboxkit/outbox/outboxdriver"
 )
 
 // The statements and arguments the pgx driver's polling source and log
@@ -37,9 +42,18 @@ func UnholdSQL(n driverkit.Names) string {
 // HoldDeadSQL holds the aggregates of the dead letters $1 (uuid[]) behind
 // them, or records that an aggregate held behind one of them (retrying)
 // is now held behind its dead letter.
-func HoldDeadSQL(n driverkit.Names) string {
+//
+// With justMoved, only dead letters this transaction wrote count: an
+// event the dead letters did not take because they hold another with its
+// id (the polling source's deadLetter statement) must not hold that other
+// event's aggregate.
+func HoldDeadSQL(n driverkit.Names, justMoved bool) string {
+	moved := ""
+	if justMoved {
+		moved = ` AND dead_lettered_at >= now()`
+	}
 	return `INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
-SELECT aggregatetype, aggregateid, seq, id, 'dead-lettered' FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])
+SELECT aggregatetype, aggregateid, seq, id, 'dead-lettered' FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])` + moved + `
 ON CONFLICT (aggregatetype, aggregateid) DO UPDATE SET reason = excluded.reason, held_at = now()
 WHERE ` + n.Held + `.event_id = excluded.event_id`
 }
@@ -67,3 +81,27 @@ func NullText(b []byte) *string {
 	s := string(b)
 	return &s
 }
+
+// DuplicateID returns err as the *outboxdriver.DuplicateIDError of a write
+// of rows into t when it is PostgreSQL's unique violation on t (the key on
+// id, schema version 26), err otherwise. It reads pgx's error and, through
+// SQLState, any driver's.
+func DuplicateID(err error, t outboxdriver.Table, rows []outboxdriver.Row) error {
+	if err == nil {
+		return nil
+	}
+	t = t.WithDefaults()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		dup := pgErr.Code == uniqueViolation && pgErr.TableName == t.Name && pgErr.SchemaName == t.Schema
+		return driverkit.DuplicateID(err, dup, pgErr.Detail, t, rows)
+	}
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) && coded.SQLState() == uniqueViolation && strings.Contains(err.Error(), t.Name+"_pkey") {
+		return driverkit.DuplicateID(err, true, err.Error(), t, rows)
+	}
+	return err
+}
+
+// uniqueViolation is PostgreSQL's SQLSTATE of a unique violation.
+const uniqueViolation = "23505"

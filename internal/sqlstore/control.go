@@ -117,14 +117,17 @@ func (s Store) changePause(ctx context.Context, t outboxdriver.Table, sc outboxd
 }
 
 // heldCols are the columns of a held aggregate, for the held table h.
+// A dead letter is the held event only with the held row's seq: an
+// event kept in the table because the dead letters hold another event
+// with its id (driverkit.KeepClashes) is held as retrying.
 func (s Store) heldCols(n tables) string {
 	return `h.aggregatetype, h.aggregateid, h.event_id,
-       CASE WHEN EXISTS (SELECT 1 FROM ` + n.dead + ` dl WHERE dl.id = h.event_id) THEN 'dead-lettered' ELSE 'retrying' END,
+       CASE WHEN EXISTS (SELECT 1 FROM ` + n.dead + ` dl WHERE dl.id = h.event_id AND dl.seq = h.seq) THEN 'dead-lettered' ELSE 'retrying' END,
        ` + s.d.TimeText("h.held_at") + `,
        (SELECT count(*) FROM ` + n.table + ` o
         WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
           AND o.published_at IS NULL AND o.id <> h.event_id),
-       coalesce((SELECT dl.last_error FROM ` + n.dead + ` dl WHERE dl.id = h.event_id),
+       coalesce((SELECT dl.last_error FROM ` + n.dead + ` dl WHERE dl.id = h.event_id AND dl.seq = h.seq),
                 (SELECT o.last_error FROM ` + n.table + ` o WHERE o.id = h.event_id), '')`
 }
 

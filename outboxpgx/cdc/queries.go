@@ -93,7 +93,7 @@ func newQueries(t outboxdriver.Table) queries {
 	cdc, parked := c.State, c.Parked
 	q := queries{
 		unhold:        pgschema.UnholdSQL(n),
-		holdDead:      pgschema.HoldDeadSQL(n),
+		holdDead:      pgschema.HoldDeadSQL(n, false),
 		park:          parkSQL(parked, true),
 		parkNoDelay:   parkSQL(parked, false),
 		parkedCounts:  `SELECT aggregatetype, aggregateid, count(*) FROM ` + parked + ` GROUP BY 1, 2`,

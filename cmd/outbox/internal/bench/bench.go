@@ -96,7 +96,8 @@ type Config struct {
 	Lanes int
 	// Wakeups is who wakes an idle relay on the drain and latency
 	// scenarios' table (outboxdriver.MigrateOptions.Wakeups); "" the
-	// trigger, as a new table has.
+	// trigger, which the latency cells switch on and off (a new table has
+	// none since schema version 26).
 	Wakeups string
 	// Rates are the offered loads of the latency scenario, in events/s.
 	// Defaults to DefaultRates().

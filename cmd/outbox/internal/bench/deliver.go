@@ -110,7 +110,13 @@ func newDeliverSetup(ctx context.Context, cfg Config) (_ *deliverSetup, cleanup 
 	fail := func(err error) (*deliverSetup, func() error, error) {
 		return nil, nil, errors.Join(err, drop())
 	}
-	versions, err := outboxpgx.New(cfg.Pool).Migrate(ctx, t, &outboxdriver.MigrateOptions{Wakeups: cfg.Wakeups})
+	// The latency cells switch the notify trigger on and off: the table
+	// has it unless the writers' wake-ups were asked for.
+	wakeups := cfg.Wakeups
+	if wakeups == "" {
+		wakeups = outboxdriver.WakeupsTrigger
+	}
+	versions, err := outboxpgx.New(cfg.Pool).Migrate(ctx, t, &outboxdriver.MigrateOptions{Wakeups: wakeups})
 	if err != nil {
 		return fail(err)
 	}
