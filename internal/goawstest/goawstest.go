@@ -279,8 +279,8 @@ func (s *Server) sqs(w http.ResponseWriter, r *http.Request, action string) {
 	case "SendMessageBatch":
 		type ok struct {
 			Id, MessageId, MD5OfMessageBody string
-			MD5OfMessageAttributes         string `json:",omitempty"`
-			SequenceNumber                 string `json:",omitempty"`
+			MD5OfMessageAttributes          string `json:",omitempty"`
+			SequenceNumber                  string `json:",omitempty"`
 		}
 		type failed struct {
 			Id, Code, Message string
