@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -308,4 +309,40 @@ func Lookup(ctx context.Context, prefix, what string, err error) error {
 		return inv.err
 	}
 	return err
+}
+
+// Failure is one failed entry of a batch answer.
+type Failure struct {
+	ID, Code, Message string
+	SenderFault       bool
+}
+
+// Results maps a batch answer (the ids of the stored entries and the
+// failures; an entry's id is its index in es) to one result per entry; an
+// entry the answer does not mention is retried.
+func Results(prefix, what string, es []*Entry, stored []string, failed []Failure) []Result {
+	results := make([]Result, len(es))
+	seen := make([]bool, len(es))
+	at := func(id string) int {
+		j, err := strconv.Atoi(id)
+		if err != nil || j < 0 || j >= len(es) || seen[j] {
+			return -1
+		}
+		seen[j] = true
+		return j
+	}
+	for _, id := range stored {
+		at(id)
+	}
+	for _, f := range failed {
+		if j := at(f.ID); j >= 0 {
+			results[j] = EntryResult(prefix, what, es[j].ID, f.Code, f.Message, f.SenderFault)
+		}
+	}
+	for j := range es {
+		if !seen[j] {
+			results[j] = Result{Err: fmt.Errorf("%s: %s: message %s: no result in the answer", prefix, what, es[j].ID), Retry: true}
+		}
+	}
+	return results
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sns"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/outboxkit/outbox/internal/testenv/await"
@@ -145,4 +146,10 @@ func Decode(t *testing.T, dest, body string) sinktest.Received {
 		value = env.Payload
 	}
 	return sinktest.Received{ID: env.ID, Destination: dest, Key: key, Value: value, Headers: hs}
+}
+
+// SNS returns an SNS client for endpoint (http://host:port).
+func SNS(t *testing.T, endpoint string) *sns.Client {
+	region, creds, hc := Config(t)
+	return sns.New(sns.Options{Region: region, BaseEndpoint: aws.String(endpoint), Credentials: creds, HTTPClient: hc})
 }

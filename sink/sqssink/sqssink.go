@@ -336,28 +336,13 @@ func (s *Sink) send(ctx context.Context, qurl string, es []*awsbatch.Entry) ([]a
 	if err != nil {
 		return nil, awsbatch.Classify(ctx, "sqssink", "send to "+qurl, err)
 	}
-	results := make([]awsbatch.Result, len(es))
-	seen := make([]bool, len(es))
-	at := func(id *string) int {
-		j, err := strconv.Atoi(aws.ToString(id))
-		if err != nil || j < 0 || j >= len(es) || seen[j] {
-			return -1
-		}
-		seen[j] = true
-		return j
+	stored := make([]string, len(out.Successful))
+	for k, ok := range out.Successful {
+		stored[k] = aws.ToString(ok.Id)
 	}
-	for _, ok := range out.Successful {
-		at(ok.Id)
+	failed := make([]awsbatch.Failure, len(out.Failed))
+	for k, f := range out.Failed {
+		failed[k] = awsbatch.Failure{ID: aws.ToString(f.Id), Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
 	}
-	for _, f := range out.Failed {
-		if j := at(f.Id); j >= 0 {
-			results[j] = awsbatch.EntryResult("sqssink", "send to "+qurl, es[j].ID, aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault)
-		}
-	}
-	for j := range es {
-		if !seen[j] {
-			results[j] = awsbatch.Result{Err: fmt.Errorf("sqssink: send to %s: message %s: no result in the answer", qurl, es[j].ID), Retry: true}
-		}
-	}
-	return results, nil
+	return awsbatch.Results("sqssink", "send to "+qurl, es, stored, failed), nil
 }
