@@ -161,3 +161,23 @@ func TestParseURL(t *testing.T) {
 		t.Error("New accepted Config.Account 12")
 	}
 }
+
+// FuzzParseURL: ParseURL never panics, and what it accepts names a valid
+// topic (or none).
+func FuzzParseURL(f *testing.F) {
+	for _, s := range []string{"sns://orders?region=eu-west-1", "sns://t.fifo?account=123456789012&endpoint=http://x", "sns://", "sns://a:b@c", "sns://%zz"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		u, err := ParseURL(raw)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("ParseURL(%q): error spans lines: %q", raw, err)
+			}
+			return
+		}
+		if u.Topic != "" && !topicName.MatchString(u.Topic) {
+			t.Fatalf("ParseURL(%q) accepted topic %q", raw, u.Topic)
+		}
+	})
+}

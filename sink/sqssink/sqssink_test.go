@@ -322,3 +322,26 @@ func TestConfigValidation(t *testing.T) {
 		t.Errorf("after Close: %v", errs[0])
 	}
 }
+
+// FuzzParseURL: ParseURL never panics, and what it accepts names a valid
+// queue (or none) and parses again to the same result.
+func FuzzParseURL(f *testing.F) {
+	for _, s := range []string{"sqs://orders?region=eu-west-1", "sqs://q.fifo?owner=1&endpoint=http://x", "sqs://", "sqs://a:b@c", "sqs://%zz"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		u, err := ParseURL(raw)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("ParseURL(%q): error spans lines: %q", raw, err)
+			}
+			return
+		}
+		if u.Queue != "" && checkQueue(u.Queue) != nil {
+			t.Fatalf("ParseURL(%q) accepted queue %q", raw, u.Queue)
+		}
+		if again, err := ParseURL(raw); err != nil || again != u {
+			t.Fatalf("ParseURL(%q) not stable: %+v, %v", raw, again, err)
+		}
+	})
+}
