@@ -106,6 +106,10 @@ Sinks (--sink):
                               = destination unless given (--pubsub-create-topics)
   kinesis://stream?region=r   Amazon Kinesis; partition key = aggregate id;
                               &endpoint=URL overrides the endpoint
+  sqs://queue?region=r        Amazon SQS; .fifo queues: group = aggregate id,
+                              dedupe id = event id (&endpoint=URL, &owner=ACCOUNT)
+  sns://topic?region=r        Amazon SNS; .fifo topics as SQS; topic ARNs from
+                              &account=ACCOUNT or STS (&endpoint=URL)
   https://host/path/${destination}
                               signed webhooks, Standard Webhooks
                               (--webhook-secret)

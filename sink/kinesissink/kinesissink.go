@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/url"
 	"regexp"
 	"sync/atomic"
@@ -13,12 +12,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 	"github.com/aws/smithy-go"
 
+	"github.com/outboxkit/outbox/internal/awsconf"
 	"github.com/outboxkit/outbox/internal/confval"
 	"github.com/outboxkit/outbox/sink"
 )
@@ -126,21 +124,9 @@ func ParseURL(rawURL string) (stream, region, endpoint string, err error) {
 // are not empty. Its HTTP client is one of its own, so that a Sink's Close
 // can end its idle connections.
 func NewClient(ctx context.Context, region, endpoint string) (*kinesis.Client, error) {
-	var opts []func(*config.LoadOptions) error
-	if region != "" {
-		opts = append(opts, config.WithRegion(region))
-	}
-	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
+	awsCfg, err := awsconf.Load(ctx, "kinesissink", region)
 	if err != nil {
-		return nil, fmt.Errorf("kinesissink: load AWS configuration: %w", err)
-	}
-	if awsCfg.Region == "" {
-		return nil, errors.New("kinesissink: no AWS region: add ?region=... to the sink URL or set AWS_REGION")
-	}
-	// The transport the SDK configured (proxy, CA bundle, timeouts), in an
-	// HTTP client of the sink's own.
-	if bc, ok := awsCfg.HTTPClient.(*awshttp.BuildableClient); ok {
-		awsCfg.HTTPClient = &http.Client{Transport: bc.GetTransport()}
+		return nil, err
 	}
 	var kopts []func(*kinesis.Options)
 	if endpoint != "" {
@@ -183,9 +169,7 @@ func (s *Sink) System() string { return "aws_kinesis" }
 // NewClient's do; the client stays usable). It is idempotent.
 func (s *Sink) Close() error {
 	s.closed.Store(true)
-	if c, ok := s.client.Options().HTTPClient.(interface{ CloseIdleConnections() }); ok {
-		c.CloseIdleConnections()
-	}
+	awsconf.CloseIdle(s.client.Options().HTTPClient)
 	return nil
 }
 

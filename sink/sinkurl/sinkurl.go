@@ -1,7 +1,7 @@
 // Package sinkurl opens a sink from a URL, as `outbox relay --sink` does:
 // nats://, kafka://, amqp://, redis://, mqtt://, pubsub://, kinesis://,
-// https:// or stdout: (Schemes), with the broker-specific options of the
-// command's flags (Options).
+// sqs://, sns://, https:// or stdout: (Schemes), with the broker-specific
+// options of the command's flags (Options).
 //
 //	snk, err := sinkurl.Open(ctx, "nats://nats:4222", nil, nil)
 //	if err != nil {
@@ -34,12 +34,14 @@ import (
 	"github.com/outboxkit/outbox/sink/natssink"
 	"github.com/outboxkit/outbox/sink/pubsubsink"
 	"github.com/outboxkit/outbox/sink/redissink"
+	"github.com/outboxkit/outbox/sink/snssink"
+	"github.com/outboxkit/outbox/sink/sqssink"
 	"github.com/outboxkit/outbox/sink/stdoutsink"
 	"github.com/outboxkit/outbox/sink/webhooksink"
 )
 
 // Schemes lists the sink URL forms, for messages.
-const Schemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, pubsub://project[/topic], kinesis://stream?region=..., https://host/path/${destination} or stdout:"
+const Schemes = "nats://host:port, kafka://host:port[,host:port], amqp://user:pass@host:port/vhost, redis://host:port/db, mqtt://host:port, pubsub://project[/topic], kinesis://stream?region=..., sqs://queue?region=..., sns://topic?region=..., https://host/path/${destination} or stdout:"
 
 // Options are the broker-specific options of a sink opened from a URL
 // (the NATS stream, the AMQP exchange, the MQTT QoS, the webhook secrets,
@@ -72,7 +74,8 @@ type Options struct {
 }
 
 // Open connects to the broker raw names (nats://, kafka://, amqp://,
-// redis://, mqtt://, pubsub://, kinesis://, https:// or stdout:;
+// redis://, mqtt://, pubsub://, kinesis://, sqs://, sns://, https:// or
+// stdout:;
 // Schemes) with the options o (nil: the defaults), and creates the
 // NATS stream or declares the AMQP exchange when o asks. Close the sink
 // when done.
@@ -120,6 +123,10 @@ func Open(ctx context.Context, raw string, o *Options, log *slog.Logger) (sink.S
 		return opened(pubsubsink.Dial(ctx, raw, &pubsubsink.Config{CreateTopics: o.PubSubCreateTopics, Logger: log}))
 	case "kinesis":
 		return opened(kinesissink.Dial(ctx, raw, &kinesissink.Config{Logger: log}))
+	case "sqs":
+		return opened(sqssink.Dial(ctx, raw, &sqssink.Config{Logger: log}))
+	case "sns":
+		return opened(snssink.Dial(ctx, raw, &snssink.Config{Logger: log}))
 	case "http", "https":
 		secrets := o.WebhookSecrets
 		if len(secrets) == 0 && os.Getenv("OUTBOX_WEBHOOK_SECRETS") != "" {
