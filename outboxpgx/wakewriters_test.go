@@ -126,8 +126,9 @@ func (r *wakeRig) stale() {
 // relay is registered sends the notification, once the writer's view
 // shows the registration; none while no relay waits and the view is
 // fresh; none when outbox.notify is off (two-phase commit), registered or
-// not; and one from a writer whose view is older than WakeViewMaxAge,
-// which cannot rule out a registration.
+// not; and, from a writer whose view is older than WakeViewMaxAge, which
+// cannot rule out a registration, one while a relay waits (the server
+// answers, WakeCTE) and none while none does.
 func TestWritersWakeAnIdleRelayWithoutTheTrigger(t *testing.T) {
 	t.Parallel()
 	r := newWakeRig(t, outboxdriver.WakeupsWriters)
@@ -178,9 +179,18 @@ func TestWritersWakeAnIdleRelayWithoutTheTrigger(t *testing.T) {
 		return n, delayed
 	}
 	before, _ := count()
-	// A view older than WakeViewMaxAge cannot rule a registration out;
-	// every form of the INSERT carries the wake-up then (one row, several,
-	// several with a delayed one).
+	// No relay waits: a view older than WakeViewMaxAge leaves the
+	// question to the server, which sends nothing.
+	r.stale()
+	r.write("")
+	r.expectNone("a commit with an old view and no relay waiting")
+	before++
+	// A relay waits again: a view older than WakeViewMaxAge cannot rule
+	// it out, and every form of the INSERT asks the server then (one row,
+	// several, several with a delayed one), which wakes it.
+	if err := r.src.SetIdle(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	for _, rows := range [][]outboxdriver.Row{
 		{{ID: uuid.NewString(), AggregateType: "order", AggregateID: "3", Type: "Placed", Payload: []byte(`{}`)}},
 		{{ID: uuid.NewString(), AggregateType: "order", AggregateID: "4", Type: "Placed", Payload: []byte(`{}`)},

@@ -83,26 +83,43 @@ func TestWriteTxWakesRelaysWithoutTheTrigger(t *testing.T) {
 	}
 	late := ev("3")
 	late.DeliverAt = time.Now().Add(time.Hour)
+	marker := func(what string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, tb.Channel()); err != nil {
+			t.Fatal(err)
+		}
+		if p, ok := next(10 * time.Second); !ok || p != "marker" {
+			t.Fatalf("%s: notification %q before the marker", what, p)
+		}
+	}
+	// A relay waits (registered as relays register): a write whose view
+	// is too old to rule it out leaves the question to the server, which
+	// wakes it, in every form of the INSERT.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+tb.Qualified("_wakeup")+` (relay, expires_at) VALUES ('idle-relay', now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
 	for _, events := range [][]outbox.Event{{ev("1")}, {ev("1"), ev("2")}, {late, ev("4")}} {
 		view(driverkit.WakeViewMaxAge)
 		write(events...)
 		if p, ok := next(10 * time.Second); !ok || p != "" {
-			t.Fatalf("a write of %d events with an old view: notification %v (payload %q), want the wake-up", len(events), ok, p)
+			t.Fatalf("a write of %d events with an old view while a relay waits: notification %v (payload %q), want the wake-up", len(events), ok, p)
 		}
 	}
-	view(time.Millisecond)
-	write(ev("5"))
-	if _, err := pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, tb.Channel()); err != nil {
+	// No relay waits: an old view costs the server's check, no NOTIFY.
+	if _, err := pool.Exec(ctx, `DELETE FROM `+tb.Qualified("_wakeup")); err != nil {
 		t.Fatal(err)
 	}
-	if p, ok := next(10 * time.Second); !ok || p != "marker" {
-		t.Fatalf("with a fresh view and no relay waiting: notification %q before the marker", p)
-	}
+	view(driverkit.WakeViewMaxAge)
+	write(ev("5"))
+	marker("with an old view and no relay waiting")
+	view(time.Millisecond)
+	write(ev("6"))
+	marker("with a fresh view and no relay waiting")
 	var n, delayed int
 	if err := pool.QueryRow(ctx, `SELECT count(*), count(deliver_at) FROM `+tb.Qualified("")).Scan(&n, &delayed); err != nil {
 		t.Fatal(err)
 	}
-	if n != 6 || delayed != 1 {
-		t.Fatalf("%d events (%d delayed), want 6 (1)", n, delayed)
+	if n != 7 || delayed != 1 {
+		t.Fatalf("%d events (%d delayed), want 7 (1)", n, delayed)
 	}
 }

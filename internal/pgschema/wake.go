@@ -48,11 +48,18 @@ func WakeViewArgs(t outboxdriver.Table) []any {
 	return []any{t.Qualified("_awake"), t.Qualified(""), t.Name + "_notify"}
 }
 
-// WakeCTE is the CTE an INSERT of t's writers selects FROM when it must
-// wake an idle relay itself (WakeView.Wake): it sends the table's NOTIFY
-// unless outbox.notify turns wake-ups off, as the trigger does.
+// WakeCTE is the CTE an INSERT of t's writers selects FROM when it may
+// have to wake an idle relay itself (WakeView.Wake): it asks the server
+// the notify trigger's question (does a relay's registration in
+// <table>_awake outlive now? is outbox.notify not off?) and sends the
+// table's NOTIFY only then. So a writer whose view is stale or not read
+// yet costs the statement that check, about 2 µs, never a NOTIFY no relay
+// waits for (a NOTIFY serialises commits; a busy machine, whose views lag,
+// would pay it most). A table without the sequence (before version 15)
+// reads as having no registration.
 func WakeCTE(t outboxdriver.Table) string {
-	return `WITH wake AS MATERIALIZED (SELECT CASE WHEN lower(coalesce(current_setting('outbox.notify', true), '')) NOT IN ('off', 'false', 'no', '0') THEN pg_notify(` +
+	return `WITH wake AS MATERIALIZED (SELECT CASE WHEN coalesce(pg_sequence_last_value(to_regclass(` + QuoteLiteral(t.Qualified("_awake")) + `)), 0) > (extract(epoch FROM now()) * 1000)::bigint
+       AND lower(coalesce(current_setting('outbox.notify', true), '')) NOT IN ('off', 'false', 'no', '0') THEN pg_notify(` +
 		QuoteLiteral(t.Channel()) + `, '') END)
 `
 }
@@ -90,15 +97,11 @@ func NewWakeView(read func(ctx context.Context, t outboxdriver.Table) (awakeMs, 
 }
 
 // Wake reports whether an INSERT into t about to be sent must carry the
-// wake-up itself (WakeCTE). It does while a view of t younger than
-// WakeViewMaxAge says a relay waits, and while the view is older than that
-// (a wake-up too many costs the commit a lock; one too few, the event a
-// relay's poll interval). It does not while the table has its trigger,
-// which wakes relays for every writer, nor before the first read of the
-// view came back: a writer must not add a NOTIFY the trigger would not
-// have sent (a transaction that sent one cannot PREPARE). The first events
-// of a new writer on a table without the trigger are found at the relay's
-// next look.
+// wake-up's check (WakeCTE). It does while a view of t younger than
+// WakeViewMaxAge says a relay waits, while the view is older than that,
+// and before the first read of the view came back: then the server
+// answers, as the trigger would. It does not while the table has its
+// trigger, which wakes relays for every writer.
 func (v *WakeView) Wake(t outboxdriver.Table) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -117,9 +120,14 @@ func (v *WakeView) Wake(t outboxdriver.Table) bool {
 		go v.refresh(t, s)
 	}
 	switch {
-	case !s.known, s.trigger:
+	case s.trigger:
 		return false
-	case now.Sub(s.started) >= driverkit.WakeViewMaxAge:
+	case !s.known, now.Sub(s.started) >= driverkit.WakeViewMaxAge:
+		// No view, or one too old to rule a waiting relay out: the
+		// statement asks the server (WakeCTE). A table that has its
+		// trigger notifies once for both (PostgreSQL sends one
+		// notification per channel and payload per transaction), and
+		// only while a relay waits, as the trigger alone would.
 		return true
 	default:
 		return now.Before(s.until)
