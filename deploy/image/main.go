@@ -111,8 +111,9 @@ func defaultArch() string {
 type built struct {
 	tag      string
 	platform string
-	version  string // the binary's module version
-	digest   v1.Hash
+	version  string  // the binary's module version
+	digest   v1.Hash // the manifest's
+	config   v1.Hash // the config's (a docker-archive keeps it as is)
 }
 
 // build checks o, builds the binary, makes the image and writes it.
@@ -174,6 +175,9 @@ func build(ctx context.Context, o options, stderr io.Writer) (built, error) {
 	if b.digest, err = img.Digest(); err != nil {
 		return b, err
 	}
+	if b.config, err = img.ConfigName(); err != nil {
+		return b, err
+	}
 	switch o.format {
 	case "docker":
 		err = tarball.WriteToFile(o.out, ref, img)
@@ -188,7 +192,10 @@ func build(ctx context.Context, o options, stderr io.Writer) (built, error) {
 
 // goBuild builds cmd/outbox for plat into bin, without cgo.
 func goBuild(ctx context.Context, bin string, plat v1.Platform, stderr io.Writer) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, pkg)
+	// -buildvcs=auto: stamp the commit (and so the module version) that
+	// `outbox version` and the labels read, even where GOFLAGS says
+	// -buildvcs=false; a tree without version control builds as (devel).
+	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=auto", "-trimpath", "-ldflags=-s -w", "-o", bin, pkg)
 	env := append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+plat.Architecture)
 	if plat.Architecture == "arm" && plat.Variant != "" {
 		env = append(env, "GOARM="+strings.TrimPrefix(plat.Variant, "v"))
