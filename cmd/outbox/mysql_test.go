@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testenv/await"
@@ -123,65 +122,12 @@ func (m *mysqlTarget) waitBacklogZero(t *testing.T, timeout time.Duration) {
 	})
 }
 
-// mysqlWorkload writes the workload of internal/workload on MySQL, with
-// plain SQL only: each transaction locks its aggregate's row, bumps its
-// version and inserts one event per version with only Debezium's columns,
-// so commit order per aggregate is version order; some roll back, some
+// mysqlWorkload writes the workload of internal/workload on MySQL
+// (workload.RunMySQL): plain SQL only, some transactions roll back, some
 // commit late.
 func mysqlWorkload(ctx context.Context, db *sql.DB, tb outboxdriver.Table, cfg workload.Config) (*workload.Result, error) {
-	return workload.RunOn(ctx, &mysqlWorkloadDB{db: db,
-		aggs:  "`" + tb.Schema + "`.`" + tb.Name + "_workload_aggs`",
-		table: "`" + tb.Schema + "`.`" + tb.Name + "`"}, cfg)
+	return workload.RunMySQL(ctx, db, tb, cfg)
 }
-
-type mysqlWorkloadDB struct {
-	db          *sql.DB
-	aggs, table string
-}
-
-func (d *mysqlWorkloadDB) Prepare(ctx context.Context, aggregates int) error {
-	if _, err := d.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+d.aggs+` (id VARCHAR(64) PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB`); err != nil {
-		return err
-	}
-	for i := range aggregates {
-		if _, err := d.db.ExecContext(ctx, `INSERT IGNORE INTO `+d.aggs+` VALUES (?, 0)`, fmt.Sprint("agg-", i)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (d *mysqlWorkloadDB) Begin(ctx context.Context) (workload.Tx, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	return &mysqlWorkloadTx{tx: tx, d: d}, nil
-}
-
-type mysqlWorkloadTx struct {
-	tx *sql.Tx
-	d  *mysqlWorkloadDB
-}
-
-func (t *mysqlWorkloadTx) Bump(ctx context.Context, agg string, n int) (int, error) {
-	var v int
-	if err := t.tx.QueryRowContext(ctx, `SELECT v FROM `+t.d.aggs+` WHERE id = ? FOR UPDATE`, agg).Scan(&v); err != nil {
-		return 0, err
-	}
-	_, err := t.tx.ExecContext(ctx, `UPDATE `+t.d.aggs+` SET v = v + ? WHERE id = ?`, n, agg)
-	return v, err
-}
-
-func (t *mysqlWorkloadTx) Insert(ctx context.Context, typ, agg, payload string) (string, error) {
-	id := uuid.NewString()
-	_, err := t.tx.ExecContext(ctx, `INSERT INTO `+t.d.table+` (id, aggregatetype, aggregateid, type, payload)
-VALUES (?, ?, ?, 'Changed', ?)`, id, typ, agg, payload)
-	return id, err
-}
-
-func (t *mysqlWorkloadTx) Commit(context.Context) error   { return t.tx.Commit() }
-func (t *mysqlWorkloadTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
 // writeMySQLAsync runs mysqlWorkload in the background; the returned func
 // waits for it.
