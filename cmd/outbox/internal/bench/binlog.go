@@ -32,7 +32,7 @@ import (
 // publish): the figures are the database's and the relay's.
 func Binlog(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.MySQL == nil || cfg.MySQLDSN == "" {
-		return nil, errors.New("bench: the binlog scenario runs on MySQL/MariaDB: give --db mysql://...")
+		return nil, errors.New("bench: the binlog scenario runs on MySQL/MariaDB: give --db mysql://user@host:3306/db")
 	}
 	if cfg.Events < 1 || cfg.Events > MaxEvents {
 		return nil, fmt.Errorf("bench: events %d: use 1 to %d", cfg.Events, MaxEvents)
