@@ -23,20 +23,22 @@ import (
 // socket in that directory, run as a child process of the test. It is
 // killed and removed when the test ends.
 type PrivateMariaDB struct {
-	t    testing.TB
-	bin  string // mariadbd
-	dir  string
-	port int
-	as   string // the OS user the server runs as
-	cmd  *exec.Cmd
-	done chan struct{}
+	t     testing.TB
+	bin   string // mariadbd
+	dir   string
+	port  int
+	as    string // the OS user the server runs as
+	cmd   *exec.Cmd
+	done  chan struct{}
+	extra []string // server options of the test's
 }
 
 const installMariaDB = "install it with: apt-get install mariadb-server"
 
-// StartPrivateMariaDB makes and starts a server. It fails the test, with
-// how to install them, when MariaDB's server binaries are missing.
-func StartPrivateMariaDB(t testing.TB) *PrivateMariaDB {
+// StartPrivateMariaDB makes and starts a server, with the server options
+// extra besides its own. It fails the test, with how to install them,
+// when MariaDB's server binaries are missing.
+func StartPrivateMariaDB(t testing.TB, extra ...string) *PrivateMariaDB {
 	t.Helper()
 	install, err := exec.LookPath("mariadb-install-db")
 	if err != nil {
@@ -52,7 +54,7 @@ func StartPrivateMariaDB(t testing.TB) *PrivateMariaDB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &PrivateMariaDB{t: t, bin: bin, dir: dir, port: freePort(t)}
+	m := &PrivateMariaDB{t: t, bin: bin, dir: dir, port: freePort(t), extra: extra}
 	t.Cleanup(func() {
 		m.Kill()
 		os.RemoveAll(dir)
@@ -99,6 +101,7 @@ func (m *PrivateMariaDB) Start() {
 	if m.as != "" {
 		args = append(args, "--user="+m.as)
 	}
+	args = append(args, m.extra...)
 	m.cmd = exec.Command(m.bin, args...)
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := m.cmd.Start(); err != nil {
