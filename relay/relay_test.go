@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
 	"github.com/outboxkit/outbox/outboxdriver"
+	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/outboxpgx"
 	"github.com/outboxkit/outbox/outboxpgx/cdc"
 	"github.com/outboxkit/outbox/relay"
@@ -47,8 +49,13 @@ type env struct {
 	stream jetstream.Stream
 	prefix string
 	js     jetstream.JetStream
-	source string // "poll" or "cdc" (testenv.Sources)
+	source string // "poll", "cdc" or "binlog" (testenv.EverySource)
 	url    string // of the table's database
+	// Source "binlog": the table is on MySQL/MariaDB (binlog_test.go),
+	// not in pool's database.
+	my   *sql.DB
+	myOb *outbox.Outbox[*sql.Tx]
+	dsn  string // the replication connection's
 }
 
 func newEnv(t *testing.T) *env {
@@ -61,6 +68,9 @@ func newEnv(t *testing.T) *env {
 // `outbox migrate --cdc` does) and dropped when the test ends.
 func newEnvFor(t *testing.T, source string) *env {
 	t.Helper()
+	if source == "binlog" {
+		return newBinlogEnv(t)
+	}
 	pool, url := testenv.Pool(t), testenv.DatabaseURL()
 	if source == "cdc" {
 		pool, url = testenv.CDCPool(t), testenv.CDCDatabaseURL(t)
@@ -112,6 +122,9 @@ func newEnvFor(t *testing.T, source string) *env {
 // sink with wrap when given; it is stopped when the test ends.
 func (e *env) start(t *testing.T, wrap func(sink.Sink) sink.Sink, cfg relay.Config) *relay.Relay {
 	t.Helper()
+	if e.source == "binlog" {
+		return e.startSource(t, e.binlogSource(t, e.my, e.dsn), wrap, cfg)
+	}
 	return e.startOn(t, e.pool, wrap, cfg)
 }
 
@@ -128,8 +141,15 @@ func (e *env) startOn(t *testing.T, pool *pgxpool.Pool, wrap func(sink.Sink) sin
 	if err != nil {
 		t.Fatal(err)
 	}
+	return e.startSource(t, src, wrap, cfg)
+}
+
+// startSource is start with the relay's own source, closed when the test
+// ends.
+func (e *env) startSource(t *testing.T, src outboxdriver.Source, wrap func(sink.Sink) sink.Sink, cfg relay.Config) *relay.Relay {
+	t.Helper()
 	var snk sink.Sink
-	snk, err = natssink.New(e.js, &natssink.Config{Stream: e.prefix, Subjects: []string{e.prefix + ".>"}})
+	snk, err := natssink.New(e.js, &natssink.Config{Stream: e.prefix, Subjects: []string{e.prefix + ".>"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,6 +197,12 @@ func event(agg string, n int) outbox.Event {
 func (e *env) write(t *testing.T, commit bool, events ...outbox.Event) {
 	t.Helper()
 	ctx := context.Background()
+	if e.my != nil {
+		if err := testenv.WriteSQL(ctx, e.my, outboxmysql.New(e.my), e.table, commit, events...); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +223,13 @@ func (e *env) write(t *testing.T, commit bool, events ...outbox.Event) {
 
 func (e *env) status(t *testing.T) outboxdriver.Status {
 	t.Helper()
-	st, err := outboxpgx.New(e.pool).Status(context.Background(), e.table)
+	var st outboxdriver.Status
+	var err error
+	if e.my != nil {
+		st, err = outboxmysql.New(e.my).Status(context.Background(), e.table)
+	} else {
+		st, err = outboxpgx.New(e.pool).Status(context.Background(), e.table)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +276,7 @@ func decode(t *testing.T, msgs []*jetstream.RawStreamMsg) []payload {
 
 func TestCommittedEventsArriveRolledBackNever(t *testing.T) {
 	t.Parallel()
-	testenv.ForSources(t, testCommittedEventsArriveRolledBackNever)
+	testenv.ForEverySource(t, testCommittedEventsArriveRolledBackNever)
 }
 
 func testCommittedEventsArriveRolledBackNever(t *testing.T, source string) {
@@ -289,28 +321,18 @@ func testCommittedEventsArriveRolledBackNever(t *testing.T, source string) {
 // still be published.
 func TestLateCommitIsPublished(t *testing.T) {
 	t.Parallel()
-	testenv.ForSources(t, testLateCommitIsPublished)
+	testenv.ForEverySource(t, testLateCommitIsPublished)
 }
 
 func testLateCommitIsPublished(t *testing.T, source string) {
 	e := newEnvFor(t, source)
-	ctx := context.Background()
-	late, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { late.Rollback(ctx) }) // held across waits: ended even when the test fails
-	if err := e.ob.WriteTx(ctx, late, event("late", 0)); err != nil {
-		t.Fatal(err)
-	}
+	commitLate := e.begin(t, event("late", 0)) // held across waits: rolled back even when the test fails
 	e.start(t, nil, relay.Config{})
 	for n := range 50 {
 		e.write(t, true, event("early", n))
 	}
 	testenv.WaitStreamMsgs(t, e.stream, 50, 30*time.Second)
-	if err := late.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	commitLate()
 	testenv.WaitStreamMsgs(t, e.stream, 51, 30*time.Second)
 	got := decode(t, testenv.StreamMessages(t, e.stream))
 	if last := got[len(got)-1]; last.Agg != "late" {
@@ -320,17 +342,14 @@ func testLateCommitIsPublished(t *testing.T, source string) {
 
 func TestPlainSQLInsertIsRelayed(t *testing.T) {
 	t.Parallel()
-	testenv.ForSources(t, testPlainSQLInsertIsRelayed)
+	testenv.ForEverySource(t, testPlainSQLInsertIsRelayed)
 }
 
 func testPlainSQLInsertIsRelayed(t *testing.T, source string) {
 	e := newEnvFor(t, source)
 	e.start(t, nil, relay.Config{})
-	_, err := e.pool.Exec(context.Background(), `INSERT INTO `+e.table.Qualified("")+` (id, aggregatetype, aggregateid, type, payload)
+	e.exec(t, `INSERT INTO `+e.qualified("")+` (id, aggregatetype, aggregateid, type, payload)
 		VALUES ('0b0d8a5e-8a5b-4c3e-9c1d-2f3e4a5b6c7d', 'order', '42', 'OrderPlaced', '{"orderId": 42}')`)
-	if err != nil {
-		t.Fatal(err)
-	}
 	testenv.WaitStreamMsgs(t, e.stream, 1, 30*time.Second)
 	m := testenv.StreamMessages(t, e.stream)[0]
 	if m.Subject != e.prefix+".order" || string(m.Data) != `{"orderId": 42}` || m.Header.Get("id") != "0b0d8a5e-8a5b-4c3e-9c1d-2f3e4a5b6c7d" || m.Header.Get(natssink.KeyHeader) != "42" {
@@ -340,7 +359,7 @@ func testPlainSQLInsertIsRelayed(t *testing.T, source string) {
 
 func TestOversizedEventIsDeadLetteredOthersFlow(t *testing.T) {
 	t.Parallel()
-	testenv.ForSources(t, testOversizedEventIsDeadLetteredOthersFlow)
+	testenv.ForEverySource(t, testOversizedEventIsDeadLetteredOthersFlow)
 }
 
 func testOversizedEventIsDeadLetteredOthersFlow(t *testing.T, source string) {
@@ -356,7 +375,7 @@ func testOversizedEventIsDeadLetteredOthersFlow(t *testing.T, source string) {
 	}
 	var lastErr string
 	var attempts int
-	e.pool.QueryRow(context.Background(), `SELECT last_error, attempts FROM `+e.table.Qualified("_dead_letter")).Scan(&lastErr, &attempts)
+	e.queryRow(t, `SELECT last_error, attempts FROM `+e.qualified("_dead_letter"), &lastErr, &attempts)
 	if !strings.Contains(lastErr, "payload") || attempts != 1 {
 		t.Fatalf("dead letter last_error=%q attempts=%d", lastErr, attempts)
 	}
@@ -379,7 +398,7 @@ func (f *flaky) Publish(ctx context.Context, msgs []sink.Message) []error {
 
 func TestBrokerDownBurnsNoAttempts(t *testing.T) {
 	t.Parallel()
-	testenv.ForSources(t, testBrokerDownBurnsNoAttempts)
+	testenv.ForEverySource(t, testBrokerDownBurnsNoAttempts)
 }
 
 func testBrokerDownBurnsNoAttempts(t *testing.T, source string) {
@@ -387,7 +406,7 @@ func testBrokerDownBurnsNoAttempts(t *testing.T, source string) {
 	f := &flaky{}
 	f.down.Store(true)
 	var cfg relay.Config
-	if source == "cdc" {
+	if source != "poll" {
 		// Log tailing keeps attempts in memory (the table's column stays
 		// 0): with one attempt allowed, a spent one is a dead letter.
 		cfg.MaxAttempts = 1
@@ -403,7 +422,7 @@ func testBrokerDownBurnsNoAttempts(t *testing.T, source string) {
 		return nil
 	})
 	var maxAttempts int
-	e.pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM `+e.table.Qualified("")).Scan(&maxAttempts)
+	e.queryRow(t, `SELECT coalesce(max(attempts), 0) FROM `+e.qualified(""), &maxAttempts)
 	if maxAttempts != 0 {
 		t.Fatalf("an outage spent attempts: max attempts = %d", maxAttempts)
 	}
@@ -436,7 +455,7 @@ func (g *gate) Publish(ctx context.Context, msgs []sink.Message) []error {
 
 func TestStopFinishesInFlightBatch(t *testing.T) {
 	t.Parallel()
-	testenv.ForSources(t, testStopFinishesInFlightBatch)
+	testenv.ForEverySource(t, testStopFinishesInFlightBatch)
 }
 
 func testStopFinishesInFlightBatch(t *testing.T, source string) {
@@ -453,8 +472,8 @@ func testStopFinishesInFlightBatch(t *testing.T, source string) {
 	}
 	r := e.start(t, func(s sink.Sink) sink.Sink { g.Sink = s; return g }, relay.Config{BatchSize: 10, OnStage: onStage})
 	<-g.entered
-	// Polling claims 10 of the 30 at once; log tailing what the stream
-	// had decoded by then (1 to 10).
+	// Polling claims 10 of the 30 at once; log tailing (WAL or binary
+	// log) what the stream had decoded by then (1 to 10).
 	inFlight := int(claimed.Load())
 	if inFlight < 1 || inFlight > 10 || (source == "poll" && inFlight != 10) {
 		t.Fatalf("the first batch holds %d events", inFlight)
@@ -526,30 +545,39 @@ func TestLifecycle(t *testing.T) {
 // (pg_terminate_backend) while it works; it reconnects and loses nothing.
 func TestDatabaseConnectionsKilled(t *testing.T) {
 	t.Parallel()
-	testenv.ForSources(t, testDatabaseConnectionsKilled)
+	testenv.ForEverySource(t, testDatabaseConnectionsKilled)
 }
 
 func testDatabaseConnectionsKilled(t *testing.T, source string) {
 	e := newEnvFor(t, source)
-	app := testenv.Name("relay")
-	cfg, err := pgxpool.ParseConfig(e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	e.startOn(t, pool, nil, relay.Config{BatchSize: 10})
-	kill := func() int {
-		var n int
-		err := e.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+	var kill func() int
+	if source == "binlog" {
+		// The relay connects as an account of its own, its replication
+		// connection too: KILL CONNECTION ends them all.
+		user, db, dsn := e.binlogRelayAccount(t)
+		e.startSource(t, e.binlogSource(t, db, dsn), nil, relay.Config{BatchSize: 10})
+		kill = func() int { return e.killConnections(t, user) }
+	} else {
+		app := testenv.Name("relay")
+		cfg, err := pgxpool.ParseConfig(e.url)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return n
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		e.startOn(t, pool, nil, relay.Config{BatchSize: 10})
+		kill = func() int {
+			var n int
+			err := e.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
 	}
 	killed := 0
 	for round := range 5 {
@@ -581,17 +609,14 @@ func testDatabaseConnectionsKilled(t *testing.T, source string) {
 // commit: every committed event is delivered, none twice into the stream.
 func TestTwoRelaysLoseNothing(t *testing.T) {
 	t.Parallel()
-	testenv.ForSources(t, testTwoRelaysLoseNothing)
+	testenv.ForEverySource(t, testTwoRelaysLoseNothing)
 }
 
 func testTwoRelaysLoseNothing(t *testing.T, source string) {
 	e := newEnvFor(t, source)
 	e.start(t, nil, relay.Config{BatchSize: 20})
 	e.start(t, nil, relay.Config{BatchSize: 20})
-	res, err := workload.Run(context.Background(), e.pool, e.table, workload.Config{Aggregates: 30, Transactions: 600, Writers: 6, RollbackPct: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := e.workload(t, workload.Config{Aggregates: 30, Transactions: 600, Writers: 6, RollbackPct: 10})
 	testenv.WaitStreamMsgs(t, e.stream, uint64(res.Committed()), 60*time.Second)
 	e.waitBacklog(t, 0, 30*time.Second)
 	seen := map[string]int{}

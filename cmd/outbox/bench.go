@@ -1,6 +1,7 @@
 package main
 
 import (
+	"database/sql"
 	"fmt"
 	"os"
 	"runtime/pprof"
@@ -8,9 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/spf13/cobra"
 
 	"github.com/outboxkit/outbox/cmd/outbox/internal/bench"
+	"github.com/outboxkit/outbox/outboxmysql"
 	"github.com/outboxkit/outbox/relay"
 )
 
@@ -100,7 +103,8 @@ Scenarios:
   outbox bench --db $DB --scenario write --writers 8 --write-modes message,insert-delete,sql
   outbox bench --db $DB --scenario drain --events 200000 --source cdc
   outbox bench --db $DB --scenario latency --source cdc --plain-writes --rates 1000,2000
-  outbox bench --db $DB --scenario console --events 200000`,
+  outbox bench --db $DB --scenario console --events 200000
+  outbox bench --db mysql://root@127.0.0.1:3306/test --scenario binlog --events 20000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sc, err := bench.Lookup(scenario)
@@ -143,6 +147,9 @@ Scenarios:
 			raw, err := f.dbURL()
 			if err != nil {
 				return err
+			}
+			if sc.Name == "binlog" {
+				return runBinlogBench(cmd, sc, raw, bench.Config{Events: events, Duration: duration, Progress: cmd.ErrOrStderr()}, asJSON)
 			}
 			if err := postgresOnly(raw, "bench runs on PostgreSQL only (its scenarios measure PostgreSQL's commit, LISTEN/NOTIFY and vacuum)"); err != nil {
 				return err
@@ -242,4 +249,34 @@ func scenarioNames() []string {
 		names = append(names, s.Name)
 	}
 	return names
+}
+
+// runBinlogBench runs the binlog scenario, the one on MySQL/MariaDB.
+func runBinlogBench(cmd *cobra.Command, sc bench.Scenario, raw string, cfg bench.Config, asJSON bool) error {
+	if !strings.HasPrefix(raw, "mysql://") {
+		return fmt.Errorf("--scenario binlog runs on MySQL/MariaDB: give --db mysql://user:pass@host:3306/db (a server with a row-based binary log, docs/binlog.md)")
+	}
+	mc, err := outboxmysql.ParseURL(raw)
+	if err != nil {
+		return err
+	}
+	conn, err := mysql.NewConnector(mc)
+	if err != nil {
+		return err
+	}
+	db := sql.OpenDB(conn)
+	defer db.Close()
+	db.SetMaxOpenConns(16)
+	if err := db.PingContext(cmd.Context()); err != nil {
+		return fmt.Errorf("cannot connect to MySQL/MariaDB at %s: %v", mc.Addr, err)
+	}
+	cfg.MySQL, cfg.MySQLDSN = db, mc.FormatDSN()
+	results, err := sc.Run(cmd.Context(), cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return bench.WriteJSON(cmd.OutOrStdout(), results)
+	}
+	return bench.WriteTable(cmd.OutOrStdout(), results)
 }

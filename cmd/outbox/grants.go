@@ -37,8 +37,9 @@ MySQL accounts as USER or USER@HOST, or a MariaDB role (CREATE ROLE) by
 its name: the accounts that do its job need it as their default role (SET
 DEFAULT ROLE). --owner hands the tables to another
 role (on PostgreSQL; on MySQL/MariaDB it grants that account every right
-on them). Log tailing needs what no GRANT gives: the output says what to
-run as a superuser. SQLite has no roles: whoever can write the file can
+on them). Log tailing of PostgreSQL needs what no GRANT gives: the output
+says what to run as a superuser; on MySQL/MariaDB --relay-binlog grants a
+relay that tails the binary log its replication privileges. SQLite has no roles: whoever can write the file can
 change anything.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -91,6 +92,7 @@ change anything.`,
 	cmd.Flags().StringVar(&r.Relay, "relay", "", "role of the relays")
 	cmd.Flags().StringVar(&r.Console, "console", "", "role of the console and of the operators' commands (dlq, held, pause, audit)")
 	cmd.Flags().StringVar(&r.Owner, "owner", "", "role that owns the tables, runs migrate and prunes the audit (default: the tables' owner now)")
+	cmd.Flags().BoolVar(&r.RelayBinlog, "relay-binlog", false, "MySQL/MariaDB: the relays tail the binary log (relay --source binlog): also grant them REPLICATION SLAVE and REPLICATION CLIENT on the whole server")
 	cmd.Flags().BoolVar(&apply, "apply", false, "run the statements instead of printing them")
 	return cmd
 }

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/google/uuid"
 
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testenv/await"
@@ -123,65 +122,12 @@ func (m *mysqlTarget) waitBacklogZero(t *testing.T, timeout time.Duration) {
 	})
 }
 
-// mysqlWorkload writes the workload of internal/workload on MySQL, with
-// plain SQL only: each transaction locks its aggregate's row, bumps its
-// version and inserts one event per version with only Debezium's columns,
-// so commit order per aggregate is version order; some roll back, some
+// mysqlWorkload writes the workload of internal/workload on MySQL
+// (workload.RunMySQL): plain SQL only, some transactions roll back, some
 // commit late.
 func mysqlWorkload(ctx context.Context, db *sql.DB, tb outboxdriver.Table, cfg workload.Config) (*workload.Result, error) {
-	return workload.RunOn(ctx, &mysqlWorkloadDB{db: db,
-		aggs:  "`" + tb.Schema + "`.`" + tb.Name + "_workload_aggs`",
-		table: "`" + tb.Schema + "`.`" + tb.Name + "`"}, cfg)
+	return workload.RunMySQL(ctx, db, tb, cfg)
 }
-
-type mysqlWorkloadDB struct {
-	db          *sql.DB
-	aggs, table string
-}
-
-func (d *mysqlWorkloadDB) Prepare(ctx context.Context, aggregates int) error {
-	if _, err := d.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+d.aggs+` (id VARCHAR(64) PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB`); err != nil {
-		return err
-	}
-	for i := range aggregates {
-		if _, err := d.db.ExecContext(ctx, `INSERT IGNORE INTO `+d.aggs+` VALUES (?, 0)`, fmt.Sprint("agg-", i)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (d *mysqlWorkloadDB) Begin(ctx context.Context) (workload.Tx, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	return &mysqlWorkloadTx{tx: tx, d: d}, nil
-}
-
-type mysqlWorkloadTx struct {
-	tx *sql.Tx
-	d  *mysqlWorkloadDB
-}
-
-func (t *mysqlWorkloadTx) Bump(ctx context.Context, agg string, n int) (int, error) {
-	var v int
-	if err := t.tx.QueryRowContext(ctx, `SELECT v FROM `+t.d.aggs+` WHERE id = ? FOR UPDATE`, agg).Scan(&v); err != nil {
-		return 0, err
-	}
-	_, err := t.tx.ExecContext(ctx, `UPDATE `+t.d.aggs+` SET v = v + ? WHERE id = ?`, n, agg)
-	return v, err
-}
-
-func (t *mysqlWorkloadTx) Insert(ctx context.Context, typ, agg, payload string) (string, error) {
-	id := uuid.NewString()
-	_, err := t.tx.ExecContext(ctx, `INSERT INTO `+t.d.table+` (id, aggregatetype, aggregateid, type, payload)
-VALUES (?, ?, ?, 'Changed', ?)`, id, typ, agg, payload)
-	return id, err
-}
-
-func (t *mysqlWorkloadTx) Commit(context.Context) error   { return t.tx.Commit() }
-func (t *mysqlWorkloadTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
 // writeMySQLAsync runs mysqlWorkload in the background; the returned func
 // waits for it.
@@ -308,24 +254,49 @@ func TestMySQLCLIErrorsAreClearOneLiners(t *testing.T) {
 	}
 }
 
+// mysqlSources are the relay's sources on MySQL/MariaDB: polling and the
+// binary log (docs/binlog.md; the test server needs a row-based binary
+// log: `bash .ci/test --setup-only`).
+var mysqlSources = []string{"poll", "binlog"}
+
+// forMySQLSources runs test once per source of mysqlSources, each as a
+// parallel subtest named for it.
+func forMySQLSources(t *testing.T, test func(t *testing.T, src string)) {
+	t.Helper()
+	for _, src := range mysqlSources {
+		t.Run(src, func(t *testing.T) {
+			t.Parallel()
+			test(t, src)
+		})
+	}
+}
+
+// relayArgs are the relay's flags for source src on top of args.
+func (s *mysqlScenario) relayArgs(src string, extra ...string) []string {
+	return s.args(append([]string{"--source", src}, extra...)...)
+}
+
 // TestMariaDBRelayKilledMidStreamLosesNothing SIGKILLs the relay three
-// times while writers commit and roll back, restarts it each time, and
-// checks that every committed event reached the stream, in order, and
+// times while writers commit and roll back, restarts it each time (with
+// the binary log, the next waits for the killed one's lease to expire),
+// and checks that every committed event reached the stream, in order, and
 // nothing rolled back did.
 func TestMariaDBRelayKilledMidStreamLosesNothing(t *testing.T) {
 	t.Parallel()
-	s := newMySQLScenario(t)
-	wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 40, Transactions: 1500, Writers: 6, RollbackPct: 10})
-	kills := 0
-	for round := range 3 {
-		p := startRelay(t, s.args()...)
-		testenv.WaitStreamMsgs(t, s.scenario.stream, uint64(100*(round+1)), 60*time.Second)
-		p.kill()
-		kills++
-	}
-	startRelay(t, s.args()...)
-	res := wait()
-	s.check(t, res, kills*inFlight)
+	forMySQLSources(t, func(t *testing.T, src string) {
+		s := newMySQLScenario(t)
+		wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 40, Transactions: 1500, Writers: 6, RollbackPct: 10})
+		kills := 0
+		for round := range 3 {
+			p := startRelay(t, s.relayArgs(src)...)
+			testenv.WaitStreamMsgs(t, s.scenario.stream, uint64(100*(round+1)), 90*time.Second)
+			p.kill()
+			kills++
+		}
+		startRelay(t, s.relayArgs(src)...)
+		res := wait()
+		s.check(t, res, kills*inFlight)
+	})
 }
 
 // TestMariaDBKillAtNamedPoints kills the relay with SIGKILL right after it
@@ -342,43 +313,74 @@ func TestMariaDBKillAtNamedPoints(t *testing.T) {
 	} {
 		t.Run(strings.Split(c.point, ":")[0], func(t *testing.T) {
 			t.Parallel()
-			s := newMySQLScenario(t)
-			wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 30, Transactions: 400, Writers: 4, RollbackPct: 10})
-			p := startRelayEnv(t, []string{"OUTBOX_FAULT=" + c.point}, s.args()...)
-			p.killedBySignal(t, 60*time.Second)
-			startRelay(t, s.args()...)
-			res := wait()
-			s.check(t, res, inFlight)
-			if d := s.scenario.raw.duplicates(); d < c.minDups {
-				t.Fatalf("%d duplicate copies: the fault did not happen where it should", d)
-			}
+			forMySQLSources(t, func(t *testing.T, src string) {
+				s := newMySQLScenario(t)
+				wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 30, Transactions: 400, Writers: 4, RollbackPct: 10})
+				p := startRelayEnv(t, []string{"OUTBOX_FAULT=" + c.point}, s.relayArgs(src)...)
+				p.killedBySignal(t, 60*time.Second)
+				startRelay(t, s.relayArgs(src)...)
+				res := wait()
+				s.check(t, res, inFlight)
+				if d := s.scenario.raw.duplicates(); d < c.minDups {
+					t.Fatalf("%d duplicate copies: the fault did not happen where it should", d)
+				}
+			})
 		})
 	}
 }
 
 // TestMariaDBTwoRelaysKeepOrder runs two relays at once on one table while
 // writers commit, SIGKILLs one mid-stream and starts another: per-aggregate
-// order holds across them and nothing is lost.
+// order holds across them and nothing is lost. With the binary log one
+// relay streams and the other stands by: the streamer is the one killed,
+// and the standby takes the lease over.
 func TestMariaDBTwoRelaysKeepOrder(t *testing.T) {
 	t.Parallel()
-	s := newMySQLScenario(t)
-	wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 100, Transactions: 2000, Writers: 6, RollbackPct: 10, LatePct: 2, LateDelay: 50 * time.Millisecond})
-	a := startRelay(t, s.args()...)
-	startRelay(t, s.args()...)
-	// Both own partitions before one dies.
-	await.Eventually(t, 30*time.Second, func() error {
-		owners := map[string]bool{}
-		for _, p := range s.status(t).Partitions {
-			owners[p.Owner] = true
+	forMySQLSources(t, func(t *testing.T, src string) {
+		s := newMySQLScenario(t)
+		wait := writeMySQLAsync(t, s.mysqlTarget, workload.Config{Aggregates: 100, Transactions: 2000, Writers: 6, RollbackPct: 10, LatePct: 2, LateDelay: 50 * time.Millisecond})
+		a := startRelay(t, s.relayArgs(src)...)
+		if src == "binlog" {
+			s.waitBinlogOwner(t, a)
 		}
-		if len(owners) != 2 || owners[""] {
-			return fmt.Errorf("two relays never shared the partitions: %v", owners)
+		b := startRelay(t, s.relayArgs(src)...)
+		if src == "poll" {
+			// Both own partitions before one dies.
+			await.Eventually(t, 30*time.Second, func() error {
+				owners := map[string]bool{}
+				for _, p := range s.status(t).Partitions {
+					owners[p.Owner] = true
+				}
+				if len(owners) != 2 || owners[""] {
+					return fmt.Errorf("two relays never shared the partitions: %v", owners)
+				}
+				return nil
+			})
+		}
+		testenv.WaitStreamMsgs(t, s.scenario.stream, 200, 60*time.Second)
+		a.kill()
+		if src == "binlog" {
+			s.waitBinlogOwner(t, b) // the standby, once a's lease expired
+		}
+		startRelay(t, s.relayArgs(src)...)
+		res := wait()
+		s.check(t, res, 3*inFlight)
+	})
+}
+
+// waitBinlogOwner waits until relay p holds the binary log's lease
+// (<table>_binlog; a relay's default name holds its process id).
+func (s *mysqlScenario) waitBinlogOwner(t *testing.T, p *relayProc) {
+	t.Helper()
+	await.Eventually(t, 60*time.Second, func() error {
+		var owner sql.NullString
+		err := s.db.QueryRowContext(context.Background(), "SELECT CASE WHEN expires_at > UTC_TIMESTAMP(6) THEN owner END FROM `"+s.tb.Schema+"`.`"+s.tb.Name+"_binlog` WHERE name = 'default'").Scan(&owner)
+		if err != nil && err != sql.ErrNoRows {
+			t.Fatal(err)
+		}
+		if !p.owns(map[string]int{owner.String: 1}) {
+			return fmt.Errorf("the binary log's lease is held by %q, not by relay %d", owner.String, p.cmd.Process.Pid)
 		}
 		return nil
 	})
-	testenv.WaitStreamMsgs(t, s.scenario.stream, 200, 60*time.Second)
-	a.kill()
-	startRelay(t, s.args()...)
-	res := wait()
-	s.check(t, res, 3*inFlight)
 }

@@ -22,6 +22,11 @@ import (
 // all three; Owner empty keeps the tables' present owner.
 type Roles struct {
 	Writer, Relay, Console, Owner string
+	// RelayBinlog says the relay tails the MySQL/MariaDB binary log
+	// (relay --source binlog, docs/binlog.md): it also gets REPLICATION
+	// SLAVE and REPLICATION CLIENT on the whole server, which read every
+	// database's changes in the log. MySQL/MariaDB only; needs Relay.
+	RelayBinlog bool
 }
 
 // job is one of the roles a plan gives rights to.
@@ -53,6 +58,12 @@ var hostRE = regexp.MustCompile(`^[A-Za-z0-9_.%:-]{1,255}$`)
 func (r Roles) validate(mysql bool) error {
 	if r.Writer == "" && r.Relay == "" && r.Console == "" {
 		return errors.New("name at least one role: --writer, --relay or --console")
+	}
+	if r.RelayBinlog && !mysql {
+		return errors.New("--relay-binlog is for MySQL/MariaDB (the binary log); on PostgreSQL log tailing needs the REPLICATION attribute, which the output says how to give")
+	}
+	if r.RelayBinlog && r.Relay == "" {
+		return errors.New("--relay-binlog needs --relay: the role of the relays that tail the binary log")
 	}
 	seen := map[string]string{}
 	for _, j := range r.jobs() {

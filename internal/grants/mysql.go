@@ -23,6 +23,7 @@ const MySQLVersion = 5
 type myRights struct {
 	suffix                 string
 	writer, relay, console string
+	since                  int // the schema version that made the table; 0: every version grants works on
 }
 
 var myTables = []myRights{
@@ -44,7 +45,20 @@ var myTables = []myRights{
 	{suffix: "_samples", console: "SELECT, INSERT, DELETE"},
 	{suffix: "_requests", console: "SELECT, INSERT, UPDATE"},
 	{suffix: "_audit_prune"},
+	// The binary log streamer's lease and position (outboxmysql/cdc):
+	// inserted once, locked FOR UPDATE and updated by the streamer.
+	{suffix: "_binlog", since: 8, relay: "SELECT, INSERT, UPDATE", console: "SELECT"},
 }
+
+// BinlogVersion is the first MySQL/MariaDB schema version with the binary
+// log streamer's table (migration 8).
+const BinlogVersion = 8
+
+// myReplication are the server-wide privileges a relay that tails the
+// binary log needs: REPLICATION SLAVE to stream it, REPLICATION CLIENT
+// (MariaDB 10.5+: its alias BINLOG MONITOR) for SHOW MASTER STATUS and
+// SHOW BINARY LOGS.
+const myReplication = "REPLICATION SLAVE, REPLICATION CLIENT"
 
 // myWide are the privileges that, held on a whole database or on every
 // database, reach past a table's grants to change the outbox's tables or
@@ -104,6 +118,9 @@ func MySQL(ctx context.Context, db *sql.DB, t outboxdriver.Table, r Roles) (Plan
 	if version.Int64 < MySQLVersion {
 		return Plan{}, fmt.Errorf("%s is at schema version %d: run `outbox migrate` first (version %d prunes the audit through a procedure that runs as the owner)", t, version.Int64, MySQLVersion)
 	}
+	if r.RelayBinlog && version.Int64 < BinlogVersion {
+		return Plan{}, fmt.Errorf("%s is at schema version %d: run `outbox migrate` first (version %d has the binary log streamer's table %s_binlog)", t, version.Int64, BinlogVersion, t.Name)
+	}
 	var definer string
 	err := db.QueryRowContext(ctx, `SELECT DEFINER FROM information_schema.ROUTINES
 WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`, t.Schema, t.Name+"_audit_prune").Scan(&definer)
@@ -150,6 +167,9 @@ WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`, t
 			p.Header = append(p.Header, j.flag+" "+name+": "+j.what)
 		}
 	}
+	if a, ok := accounts["relay"]; ok && r.RelayBinlog {
+		p.Header = append(p.Header, "relay "+a.String()+" tails the binary log: "+myReplication+" on the whole server (the log holds every database's changes)")
+	}
 	// Exactly the job: whatever the accounts held on these tables goes.
 	for _, j := range r.jobs() {
 		a := accounts[j.flag]
@@ -172,6 +192,9 @@ WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`, t
 		}
 	}
 	for _, g := range myTables {
+		if version.Int64 < int64(g.since) {
+			continue // not made yet: run outbox migrate
+		}
 		for _, jr := range []struct{ flag, privs string }{{"writer", g.writer}, {"relay", g.relay}, {"console", g.console}, {"owner", "ALL PRIVILEGES"}} {
 			if a, ok := accounts[jr.flag]; ok && jr.privs != "" {
 				p.Statements = append(p.Statements, "GRANT "+jr.privs+" ON "+q(g.suffix)+" TO "+a.quoted())
@@ -181,6 +204,9 @@ WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`, t
 	if a, ok := accounts["owner"]; ok {
 		p.Statements = append(p.Statements, "GRANT EXECUTE ON PROCEDURE "+q("_audit_prune")+" TO "+a.quoted())
 	}
+	if a, ok := accounts["relay"]; ok && r.RelayBinlog {
+		p.Statements = append(p.Statements, "GRANT "+myReplication+" ON *.* TO "+a.quoted())
+	}
 	owner := definer
 	if a, ok := accounts["owner"]; ok {
 		owner = a.String()
@@ -188,6 +214,9 @@ WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'`, t
 	p.Notes = append(p.Notes,
 		"Prune the audit as the owner: outbox audit prune --db mysql://"+strings.Split(owner, "@")[0]+"@HOST/"+t.Schema+" --before TIME",
 		"A TRUNCATE fires no trigger: it takes the DROP privilege, which no job account holds.")
+	if _, ok := accounts["relay"]; ok && !r.RelayBinlog {
+		p.Notes = append(p.Notes, "A relay that tails the binary log (relay --source binlog) also needs "+myReplication+" on *.*: run again with --relay-binlog.")
+	}
 	for _, j := range r.jobs() {
 		if a := accounts[j.flag]; j.flag != "owner" && a.kind() == "role" {
 			p.Notes = append(p.Notes, "The "+j.flag+"'s accounts act through the role "+a.user+" once it is their default role (MariaDB): GRANT "+myQuote(a.user)+" TO 'USER'@'HOST'; SET DEFAULT ROLE "+myQuote(a.user)+" FOR 'USER'@'HOST';")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -17,6 +18,7 @@ const (
 	capLongFlag         = 1 << 2
 	capConnectWithDB    = 1 << 3
 	capProtocol41       = 1 << 9
+	capSSL              = 1 << 11
 	capTransactions     = 1 << 13
 	capSecureConnection = 1 << 15
 	capMultiResults     = 1 << 17
@@ -70,6 +72,14 @@ type Config struct {
 	User, Password string
 	// DialTimeout bounds the connection and handshake. Default 10s.
 	DialTimeout time.Duration
+	// TLS, when set, encrypts the connection (the SSL request of the
+	// handshake, then TLS before the credentials are sent); a server
+	// without TLS is refused unless TLSFallback. Over TLS,
+	// caching_sha2_password's full authentication sends the password.
+	TLS *tls.Config
+	// TLSFallback connects in plain text to a server without TLS (the
+	// driver's tls=preferred).
+	TLSFallback bool
 }
 
 // Conn is one client connection to MySQL or MariaDB.
@@ -80,7 +90,11 @@ type Conn struct {
 	// MariaDB reports whether the server is MariaDB.
 	MariaDB bool
 	caps    uint32
+	tls     bool // the connection is encrypted
 }
+
+// TLS reports whether the connection is encrypted.
+func (c *Conn) TLS() bool { return c.tls }
 
 // Dial connects and authenticates.
 func Dial(ctx context.Context, cfg Config) (*Conn, error) {
@@ -161,6 +175,24 @@ func (c *Conn) handshake(cfg Config) error {
 	c.caps = capLongPassword | capLongFlag | capProtocol41 | capTransactions |
 		capSecureConnection | capMultiResults | capPluginAuth | capPluginAuthLenenc
 	c.caps &= caps
+	if cfg.TLS != nil {
+		switch {
+		case caps&capSSL != 0:
+			// The SSL request: the first 32 bytes of the answer, then TLS.
+			c.caps |= capSSL
+			req := []byte{byte(c.caps), byte(c.caps >> 8), byte(c.caps >> 16), byte(c.caps >> 24), 0, 0, 0, 1, 45}
+			if err := c.pk.writePacket(append(req, make([]byte, 23)...)); err != nil {
+				return err
+			}
+			tc := tls.Client(c.nc, cfg.TLS)
+			if err := tc.Handshake(); err != nil {
+				return fmt.Errorf("mysqlbinlog: TLS handshake with %s: %w", cfg.Addr, err)
+			}
+			c.nc, c.pk.rw, c.tls = tc, tc, true
+		case !cfg.TLSFallback:
+			return fmt.Errorf("mysqlbinlog: the server at %s does not offer TLS, which the connection asks for (tls in the URL): turn TLS on in the server (ssl_cert, ssl_key) or connect without tls", cfg.Addr)
+		}
+	}
 
 	auth, err := scrambleFor(plugin, cfg.Password, scramble)
 	if err != nil {
@@ -220,6 +252,12 @@ func (c *Conn) authResult(cfg Config, plugin string) error {
 			switch p[1] {
 			case 3: // fast auth success; OK follows
 			case 4:
+				if c.tls { // full authentication: the password, over TLS
+					if err := c.pk.writePacket(append([]byte(cfg.Password), 0)); err != nil {
+						return err
+					}
+					continue
+				}
 				return errors.New("mysqlbinlog: caching_sha2_password needs full authentication (TLS or RSA), which this client does not do: log the account in once over TLS or a socket, or use mysql_native_password")
 			default:
 				return fmt.Errorf("%w: caching_sha2_password state %d", ErrMalformed, p[1])

@@ -36,11 +36,36 @@ import "testing"
 //     tests: the engine's own behaviour, the same whatever the source.
 var Sources = []string{"poll", "cdc"}
 
+// EverySource are Sources and the binary log tailing of MySQL/MariaDB
+// ("binlog", relay --source binlog, docs/binlog.md). Package relay runs
+// these against all three (ForEverySource): commits published and
+// rollbacks never, a late commit, a plain SQL insert, an oversized event
+// dead-lettered while the others flow, a failing broker spending no
+// attempt, Stop finishing the batch in flight, connections killed (the
+// replication connection among them), two relays on one table. Their
+// binlog table is on the test MariaDB, which needs a row-based binary
+// log. cmd/outbox runs the MariaDB process tests (SIGKILL at named points
+// and mid-stream, two relays) against polling and the binary log
+// (forMySQLSources); outboxmysql/cdc has the binary log's own cases.
+var EverySource = []string{"poll", "cdc", "binlog"}
+
 // ForSources runs test once per source of Sources, each as a parallel
 // subtest named for it.
 func ForSources(t *testing.T, test func(t *testing.T, source string)) {
 	t.Helper()
 	for _, src := range Sources {
+		t.Run(src, func(t *testing.T) {
+			t.Parallel()
+			test(t, src)
+		})
+	}
+}
+
+// ForEverySource runs test once per source of EverySource, each as a
+// parallel subtest named for it.
+func ForEverySource(t *testing.T, test func(t *testing.T, source string)) {
+	t.Helper()
+	for _, src := range EverySource {
 		t.Run(src, func(t *testing.T) {
 			t.Parallel()
 			test(t, src)

@@ -339,11 +339,16 @@ func (b *batch) record(ctx context.Context, tx *sql.Tx, plan driverkit.Plan, byI
 			if e.payload != nil {
 				payload = string(e.payload)
 			}
+			// Once only (an event read again after a crash may be
+			// dead-lettered already), without the UPDATE privilege an
+			// ON DUPLICATE KEY UPDATE needs: the relay's grants give
+			// SELECT and INSERT (internal/grants), and the lease's row
+			// lock keeps any other streamer out of this transaction.
 			if err := exec(`INSERT INTO `+n.DeadLetter+` (id, aggregatetype, aggregateid, type, payload, seq, created_at,
     headers, tracingspancontext, payload_raw, attempts, last_error, held)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE id = id`,
+SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM `+n.DeadLetter+` WHERE id = ?)`,
 				e.rec.ID, e.rec.AggregateType, e.rec.AggregateID, e.rec.Type, payload, e.rec.Seq, e.rec.CreatedAt,
-				string(headers), nullString(e.rec.TraceContext), e.raw, e.rec.Attempts+1, driverkit.ErrorText(f.Err), f.Hold); err != nil {
+				string(headers), nullString(e.rec.TraceContext), e.raw, e.rec.Attempts+1, driverkit.ErrorText(f.Err), f.Hold, e.rec.ID); err != nil {
 				return err
 			}
 			if f.Hold {

@@ -51,7 +51,7 @@ func ParseMode(s string) (Mode, error) {
 type Config struct {
 	outboxdriver.SourceConfig
 	// DSN is the go-sql-driver DSN of the server the replication
-	// connection opens (its address, user and password; the database is
+	// connection opens (its address, user, password and tls; the database is
 	// not used). Required. The account needs REPLICATION SLAVE and
 	// REPLICATION CLIENT (BINLOG MONITOR on MariaDB 10.5+).
 	DSN string
@@ -104,8 +104,8 @@ func (cfg *Config) resolve(t outboxdriver.Table) (Config, *mysql.Config, error) 
 	if mc.Net != "" && mc.Net != "tcp" {
 		return c, nil, fmt.Errorf("binlog: the replication connection needs TCP, not %s", mc.Net)
 	}
-	if mc.TLS != nil || (mc.TLSConfig != "" && mc.TLSConfig != "false") {
-		return c, nil, fmt.Errorf("binlog: the replication connection does not do TLS yet: connect without tls")
+	if mc.TLS == nil && mc.TLSConfig != "" && mc.TLSConfig != "false" {
+		return c, nil, fmt.Errorf("binlog: DSN tls=%s: no TLS configuration of that name is registered (mysql.RegisterTLSConfig)", mc.TLSConfig)
 	}
 	if c.Name == "" {
 		c.Name = "default"

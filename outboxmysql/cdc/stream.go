@@ -169,7 +169,8 @@ func (st *stream) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outboxmysql: binlog: read held aggregates: %w", err)
 	}
-	conn, err := mysqlbinlog.Dial(ctx, mysqlbinlog.Config{Addr: s.mc.Addr, User: s.mc.User, Password: s.mc.Passwd})
+	conn, err := mysqlbinlog.Dial(ctx, mysqlbinlog.Config{Addr: s.mc.Addr, User: s.mc.User, Password: s.mc.Passwd,
+		TLS: s.mc.TLS, TLSFallback: s.mc.AllowFallbackToPlaintext})
 	if err != nil {
 		return fmt.Errorf("outboxmysql: binlog: connect to %s: %w", s.mc.Addr, err)
 	}

@@ -28,6 +28,7 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -124,6 +125,11 @@ type Config struct {
 	// same transaction without an outbox (WriterOrderOnly) and with
 	// Watermill's row (WriterWatermill).
 	PlainWrites bool
+	// MySQL and MySQLDSN are the database of the binlog scenario (the
+	// others run on PostgreSQL, Pool) and the go-sql-driver DSN its
+	// replication connection dials.
+	MySQL    *sql.DB
+	MySQLDSN string
 	// Progress receives one line per measured cell and round while the
 	// scenario runs. Nil means quiet.
 	Progress io.Writer
@@ -220,6 +226,7 @@ var scenarios = []Scenario{
 	{Name: "retention", Summary: "relay drain events/s (SQL only, no broker) with delete vs keep retention, table size and dead tuples left, cost of cleaning kept rows", Run: RetentionModes},
 	{Name: "fleet", Summary: "one relay process for ten outbox tables (fleet.Fleet): a trickle's commit-to-arrival latency while one table drains a flood, with and without the publish budget, and the flood's drain rate", Run: FleetFairness},
 	{Name: "console", Summary: "p50/p95 of every console page and GET API route over 1,000,000 pending events and 100,000 dead letters; a relay's drain with and without a console refreshing the overview", Run: ConsoleBench},
+	{Name: "binlog", Summary: "MySQL/MariaDB: a relay's drain of a committed backlog and its commit-to-publish latency at 200 events/s, polling against tailing the binary log, as ratios in one run", Run: Binlog},
 	{Name: "console-drain", Summary: "the console scenario's drain alone: a relay's drain with and without a console refreshing the overview, in --rounds pairs", Run: ConsoleDrainBench},
 }
 
