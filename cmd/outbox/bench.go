@@ -88,8 +88,9 @@ broker of both: nats://host:port (default: the local server),
 kafka:// (an in-process Kafka cluster) or kafka://host:port.
 
 The console scenario seeds 1,000,000 pending events and 100,000 dead letters
-(with held aggregates, kept published events, audit rows and requests), serves
-the console in this process and times every page and GET API route; then it
+(with held aggregates, kept published events, audit rows and requests), and
+10,000 dead letters of a consumer in an inbox table beside it, serves the
+console in this process and times every page and GET API route; then it
 drains --events events with one relay in --rounds pairs (default 4), without
 and with a console refreshing the overview every 2s, and reports the ratio.
 

@@ -21,10 +21,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/outboxkit/outbox/console"
+	"github.com/outboxkit/outbox/inbox/inboxpgx"
 	"github.com/outboxkit/outbox/internal/pgschema"
 	"github.com/outboxkit/outbox/ops"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -135,6 +137,8 @@ type consoleSite struct {
 	browser *http.Client
 	token   string
 	stop    func()
+	// consumerDeadLetters are ids of the seeded inbox dead letters.
+	consumerDeadLetters []string
 }
 
 // startConsole serves a console over t with one operator in a users file
@@ -163,7 +167,11 @@ func startConsole(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := console.New(o, &console.Config{Users: users, Logger: slog.New(slog.DiscardHandler)})
+	ibx, cdls, err := consoleInbox(ctx, pool, o, t)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := console.New(o, &console.Config{Users: users, Logger: slog.New(slog.DiscardHandler), Inbox: ibx})
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +181,7 @@ func startConsole(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table)
 	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
-	site := &consoleSite{srv: srv, base: "http://" + ln.Addr().String(), token: token, stop: func() { _ = hs.Close() }}
+	site := &consoleSite{srv: srv, base: "http://" + ln.Addr().String(), token: token, stop: func() { _ = hs.Close() }, consumerDeadLetters: cdls}
 	jar, _ := cookiejar.New(nil)
 	site.browser = &http.Client{Jar: jar, Timeout: time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	if err := site.signIn(ctx, name, password); err != nil {
@@ -377,7 +385,9 @@ func consoleVariants(f fixtures) map[string][]string {
 		"GET /failure-groups":           {"/failure-groups"},
 		"GET /requests":                 {"/requests", "/requests?state=pending", "/requests?state=done"},
 		"GET /requests/{id}":            {"/requests/{req}"},
-		"GET /replay":                   {"/replay", "/replay?since=" + url.QueryEscape(f.replaySince) + "&aggregatetype=order", "/replay?since=" + url.QueryEscape(f.replaySince) + "&destination=outbox.event.payment"},
+		"GET /consumers":                {"/consumers", "/consumers?consumer=" + benchConsumer},
+		"GET /consumers/{consumer}/dead-letters/{id}": {"/consumers/" + benchConsumer + "/dead-letters/{cdl}"},
+		"GET /replay": {"/replay", "/replay?since=" + url.QueryEscape(f.replaySince) + "&aggregatetype=order", "/replay?since=" + url.QueryEscape(f.replaySince) + "&destination=outbox.event.payment"},
 
 		"GET /api/v1/openapi.json":      {"/api/v1/openapi.json"},
 		"GET /api/v1/overview":          {"/api/v1/overview"},
@@ -410,6 +420,54 @@ type fixtures struct {
 	aggregate, since, replaySince       string
 	deepCursor, auditEvent, auditBefore string
 	request                             string
+	// consumerDeadLetters are ids of benchConsumer's dead letters in the
+	// inbox table (consoleInbox).
+	consumerDeadLetters []string
+}
+
+// benchConsumer is the consumer whose inbox dead letters the console
+// scenario seeds, and ConsoleConsumerDeadLetters how many.
+const (
+	benchConsumer              = "bench-consumer"
+	ConsoleConsumerDeadLetters = 10000
+)
+
+// consoleInbox migrates the inbox table beside t, seeds benchConsumer's
+// dead letters (a payload as the outbox's events carry), and returns the
+// ops.Inbox the console shows and a sample of the dead letters' ids.
+func consoleInbox(ctx context.Context, pool *pgxpool.Pool, o *ops.Ops, t outboxdriver.Table) (*ops.Inbox, []string, error) {
+	it := outboxdriver.Table{Schema: t.Schema, Name: t.Name + "_inbox"}
+	if _, err := inboxpgx.Migrate(ctx, pool, it); err != nil {
+		return nil, nil, fmt.Errorf("bench: migrate the inbox table: %w", err)
+	}
+	dl := it.Qualified("_dead_letter")
+	if _, err := pool.Exec(ctx, `INSERT INTO `+dl+` (consumer, event_id, aggregatetype, aggregateid, type, destination, payload, error)
+SELECT $1, gen_random_uuid()::text, 'order', 'order-' || (g % 500), 'OrderPlaced', 'outbox.event.order',
+       convert_to(json_build_object('n', g, 'customer', json_build_object('email', 'c' || g || '@example.com'))::text, 'UTF8'),
+       'handler: timeout after 3 attempts'
+FROM generate_series(1, $2) AS g`, benchConsumer, ConsoleConsumerDeadLetters); err != nil {
+		return nil, nil, fmt.Errorf("bench: seed the consumer's dead letters: %w", err)
+	}
+	rows, err := pool.Query(ctx, `SELECT id::text FROM `+dl+` TABLESAMPLE SYSTEM (5) LIMIT 200`)
+	if err != nil {
+		return nil, nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(ids) == 0 { // the sample may miss every page of a small table
+		var id string
+		if err := pool.QueryRow(ctx, `SELECT min(id)::text FROM `+dl).Scan(&id); err != nil {
+			return nil, nil, err
+		}
+		ids = []string{id}
+	}
+	x, err := ops.NewInbox(o, inboxpgx.New(pool), it)
+	if err != nil {
+		return nil, nil, err
+	}
+	return x, ids, nil
 }
 
 func readFixtures(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table, dead int) (fixtures, error) {
@@ -521,6 +579,7 @@ func timeConsole(ctx context.Context, cfg Config, t outboxdriver.Table, env *Env
 		return nil, err
 	}
 	defer site.stop()
+	f.consumerDeadLetters = site.consumerDeadLetters
 	routes, err := consoleRoutes(ctx, site, consoleVariants(f))
 	if err != nil {
 		return nil, err
@@ -535,6 +594,7 @@ func timeConsole(ctx context.Context, cfg Config, t outboxdriver.Table, env *Env
 			p := r.variants[i%len(r.variants)]
 			p = strings.ReplaceAll(p, "{dl}", f.deadLetters[rng.IntN(len(f.deadLetters))])
 			p = strings.ReplaceAll(p, "{req}", f.requests[rng.IntN(len(f.requests))])
+			p = strings.ReplaceAll(p, "{cdl}", f.consumerDeadLetters[rng.IntN(len(f.consumerDeadLetters))])
 			t0 := time.Now()
 			nb, _, err := site.get(ctx, p, r.api)
 			if err != nil {
