@@ -12,7 +12,7 @@ import "testing"
 // three relays churning, a paused owner fenced, fail-over within two
 // TTLs, a broker outage (no attempt spent), a poison event (dead letter
 // with its cause, hold, dlq retry and discard), database connections
-// terminated, a clustered broker's leader lost (cmd/outbox); commits published and rollbacks never, a late
+// terminated (cmd/outbox); commits published and rollbacks never, a late
 // commit, a plain SQL insert, an oversized event dead-lettered while the
 // others flow, a failing broker spending no attempt, Stop finishing the
 // batch in flight, connections killed, two relays on one table (relay).
@@ -33,7 +33,9 @@ import "testing"
 //     tests of an outage allow it one attempt instead, and a spent one
 //     would show as a dead letter;
 //   - relay.New's validation (TestLifecycle), pause, contract and tracing
-//     tests: the engine's own behaviour, the same whatever the source.
+//     tests: the engine's own behaviour, the same whatever the source;
+//   - a clustered broker's leader lost (cmd/outbox TestClusterLeader*):
+//     the fault is on the sink side, which every source shares.
 var Sources = []string{"poll", "cdc"}
 
 // EverySource are Sources and the binary log tailing of MySQL/MariaDB
