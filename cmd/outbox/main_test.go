@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxkit/outbox/internal/gobuild"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/internal/workload"
@@ -54,21 +55,22 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	bin = filepath.Join(dir, "outbox")
-	builds := [][]string{{"build", "-o", bin, "."}}
+	// bin builds as the image's binary does (internal/gobuild), raceBin as
+	// the tests do: each is mostly a link from the build cache. The builds
+	// run at once.
+	builds := []*exec.Cmd{gobuild.Command(context.Background(), "", "-o", bin, ".")}
 	raceBin = bin
 	if raceEnabled {
 		raceBin = filepath.Join(dir, "outbox-race")
-		builds = append(builds, []string{"build", "-race", "-o", raceBin, "."})
+		builds = append(builds, exec.Command("go", "build", "-race", "-o", raceBin, "."))
 	}
-	// The builds run at once: each is mostly a link from the build cache.
 	errs := make(chan error, len(builds))
-	for _, args := range builds {
+	for _, build := range builds {
 		go func() {
-			build := exec.Command("go", args...)
 			build.Stdout, build.Stderr = os.Stderr, os.Stderr
 			err := build.Run()
 			if err != nil {
-				err = fmt.Errorf("go %s: %w", strings.Join(args, " "), err)
+				err = fmt.Errorf("%s: %w", strings.Join(build.Args, " "), err)
 			}
 			errs <- err
 		}()

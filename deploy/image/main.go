@@ -20,6 +20,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"debug/buildinfo"
 	"debug/elf"
@@ -44,6 +45,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/outboxkit/outbox/internal/deployspec"
+	"github.com/outboxkit/outbox/internal/gobuild"
 )
 
 const (
@@ -125,6 +127,10 @@ func build(ctx context.Context, o options, stderr io.Writer) (built, error) {
 	if o.format != "docker" && o.format != "oci" {
 		return b, fmt.Errorf("-format %q: use docker or oci", o.format)
 	}
+	if _, err := os.Stat(o.out); o.format == "oci" && err == nil {
+		// Refused before the build rather than after it.
+		return b, fmt.Errorf("%s exists: -format oci writes a new folder", o.out)
+	}
 	plat, err := v1.ParsePlatform(o.platform)
 	if err != nil || plat.OS != "linux" || plat.Architecture == "" {
 		return b, fmt.Errorf("-platform %q: use linux/ARCH[/VARIANT], e.g. linux/amd64 or linux/arm64", o.platform)
@@ -195,12 +201,13 @@ func goBuild(ctx context.Context, bin string, plat v1.Platform, stderr io.Writer
 	// -buildvcs=auto: stamp the commit (and so the module version) that
 	// `outbox version` and the labels read, even where GOFLAGS says
 	// -buildvcs=false; a tree without version control builds as (devel).
-	cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=auto", "-trimpath", "-ldflags=-s -w", "-o", bin, pkg)
-	env := append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+plat.Architecture)
+	// Without cgo and with -trimpath (internal/gobuild): a static binary
+	// with no machine paths.
+	cmd := gobuild.Command(ctx, "", "-buildvcs=auto", "-ldflags=-s -w", "-o", bin, pkg)
+	cmd.Env = append(cmd.Env, "GOOS=linux", "GOARCH="+plat.Architecture)
 	if plat.Architecture == "arm" && plat.Variant != "" {
-		env = append(env, "GOARM="+strings.TrimPrefix(plat.Variant, "v"))
+		cmd.Env = append(cmd.Env, "GOARM="+strings.TrimPrefix(plat.Variant, "v"))
 	}
-	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go build %s for %s: %w", pkg, plat.String(), err)
@@ -373,7 +380,20 @@ func layer(at time.Time, files ...file) (v1.Layer, error) {
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
-	raw := buf.Bytes()
+	// Compressed once here: handed an uncompressed tar, the layer would
+	// compress it again for its digest, its size and each write.
+	var gz bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&gz, gzip.BestSpeed) // as go-containerregistry would
+	if err != nil {
+		return nil, err
+	}
+	if _, err := zw.Write(buf.Bytes()); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	raw := gz.Bytes()
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(raw)), nil
 	}, tarball.WithMediaType(types.OCILayer))
@@ -382,8 +402,10 @@ func layer(at time.Time, files ...file) (v1.Layer, error) {
 // writeLayout writes img as the only image of an OCI image layout at dir,
 // named ref.
 func writeLayout(dir string, ref name.Tag, img v1.Image) error {
-	if _, err := os.Stat(dir); err == nil {
-		return fmt.Errorf("%s exists: -format oci writes a new folder", dir)
+	// Made here, not merged into: build refused an existing folder, and one
+	// made since fails.
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
 	}
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outbox"
+	"github.com/outboxkit/outbox/internal/gobuild"
 	"github.com/outboxkit/outbox/internal/testenv"
 	"github.com/outboxkit/outbox/internal/testenv/await"
 	"github.com/outboxkit/outbox/outboxdriver"
@@ -25,7 +26,7 @@ import (
 func buildCLI(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "outbox")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/outboxkit/outbox/cmd/outbox")
+	cmd := gobuild.Command(t.Context(), "", "-o", bin, "github.com/outboxkit/outbox/cmd/outbox")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the outbox command: %v\n%s", err, out)
 	}

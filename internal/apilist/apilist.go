@@ -23,6 +23,8 @@ import (
 	"strings"
 
 	"golang.org/x/tools/go/packages"
+
+	"github.com/outboxkit/outbox/internal/gobuild"
 )
 
 // Listing is the exported API of one public package.
@@ -48,6 +50,10 @@ func Generate(dir string) ([]Listing, error) {
 	cfg := &packages.Config{
 		Dir:  dir,
 		Mode: packages.NeedName | packages.NeedFiles | packages.NeedTypes | packages.NeedModule,
+		// The types come from export data, which go list compiles: as
+		// internal/gobuild builds, so that the compile is shared.
+		Env:        gobuild.Environ(),
+		BuildFlags: gobuild.Flags,
 	}
 	pkgs, err := packages.Load(cfg, "./...")
 	if err != nil {

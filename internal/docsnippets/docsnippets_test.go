@@ -2,6 +2,7 @@ package docsnippets
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"go/ast"
@@ -14,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/outboxkit/outbox/internal/gobuild"
 )
 
 // block is one ```go fenced block of a Markdown file.
@@ -269,8 +272,7 @@ func TestSnippetsCompile(t *testing.T) {
 // it cannot attribute to a block.
 func build(t *testing.T, root string, blocks []block) []string {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
+	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatalf("the go command is needed to build the documentation's snippets: %v", err)
 	}
 	here, err := os.Getwd()
@@ -311,8 +313,7 @@ func build(t *testing.T, root string, blocks []block) []string {
 		return msgs
 	}
 
-	cmd := exec.Command(goBin, append([]string{"build"}, pkgs...)...)
-	cmd.Dir = root
+	cmd := gobuild.Command(context.Background(), root, pkgs...)
 	out, err := cmd.CombinedOutput()
 	if err == nil {
 		return msgs

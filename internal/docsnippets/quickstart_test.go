@@ -14,6 +14,7 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
+	"github.com/outboxkit/outbox/internal/gobuild"
 	"github.com/outboxkit/outbox/internal/testenv"
 )
 
@@ -96,8 +97,7 @@ func TestQuickStartSaysWhatItPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "quickstart")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	build.Dir = dir
+	build := gobuild.Command(ctx, dir, "-o", bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build of the quick start: %v\n%s", err, out)
 	}

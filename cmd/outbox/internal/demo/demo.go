@@ -187,6 +187,7 @@ type run struct {
 	relayState   atomic.Value // string
 	tokens       <-chan struct{}
 	crashedAt    time.Time
+	cons         jetstream.Consumer
 	dupSuppr     atomic.Int64
 	consumed     atomic.Int64
 	mu           sync.Mutex
@@ -523,8 +524,11 @@ func (d *run) story(ctx context.Context) error {
 	for int(d.consumed.Load()) < want && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
-	// Let stray duplicates (from the crash) arrive, then count.
-	time.Sleep(300 * time.Millisecond)
+	// Count only once the consumer has acknowledged the whole stream: the
+	// injected copies and the redeliveries after the crash included.
+	if err := d.waitAcked(ctx, time.Minute); err != nil {
+		return err
+	}
 	close(stopProgress)
 	<-progressDone
 	return d.count(ctx)
@@ -640,6 +644,7 @@ func (d *run) consume(ctx context.Context) (func(), error) {
 			}
 		})
 	}
+	d.cons = cons
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		key := m.Headers().Get("key")
 		h := 0
@@ -730,6 +735,7 @@ func (d *run) watchStream(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("demo: stream watcher: %w", err)
 	}
+	d.cons = cons
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		now := time.Now()
 		id := m.Headers().Get("id")
@@ -824,6 +830,38 @@ func (d *run) stopRelay() {
 	case <-time.After(15 * time.Second):
 		_ = d.relay.Process.Kill()
 		<-d.relayDone
+	}
+}
+
+// waitAcked waits until the consumer has acknowledged every message the
+// stream holds now.
+func (d *run) waitAcked(ctx context.Context, within time.Duration) error {
+	st, err := d.js.Stream(ctx, d.stream)
+	if err != nil {
+		return err
+	}
+	si, err := st.Info(ctx)
+	if err != nil {
+		return err
+	}
+	last := si.State.LastSeq
+	deadline := time.Now().Add(within)
+	for {
+		ci, err := d.cons.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if ci.AckFloor.Stream >= last {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: the consumer acknowledged the stream up to message %d of %d within %s", ci.AckFloor.Stream, last, within)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 
