@@ -255,7 +255,7 @@ func (e *fleetEnv) trickle(ctx context.Context, t *testing.T, from, to int, gap 
 }
 
 // One relay process drains ten schemas; one of them is flooded with
-// 40,000 events while the other nine get a trickle. The flood does not
+// 15,000 events while the other nine get a trickle. The flood does not
 // queue the others behind it: every trickle event committed while the
 // first half of the flood was still to arrive is published before the
 // flood's last event (without fairness they would wait behind the flood's
@@ -289,7 +289,7 @@ func TestFleetFloodedSourceDoesNotDelayTheOthers(t *testing.T) {
 	}
 	quiet := e.latencies(from, quietEnd)
 
-	const floodN = 40_000
+	const floodN = 15_000
 	e.flood(ctx, t, 0, floodN, 1000)
 	floodFrom := time.Now()
 	src0 := e.source(0)
