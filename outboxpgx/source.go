@@ -200,14 +200,16 @@ ON CONFLICT (aggregatetype, aggregateid) DO NOTHING`,
 		// table, retried a minute later and holding its aggregate, with an
 		// error that says why, and the statement returns its id for the
 		// relay's log. Nothing is dropped for a clash.
-		deadLetter: `WITH f AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::boolean[]) AS f(seq, err, hold)),
+		// $4 holds each row's error should it clash
+		// (driverkit.DeadLetterClash) and $5 the retry's delay in ms.
+		deadLetter: `WITH f AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::boolean[], $4::text[]) AS f(seq, err, hold, clash_err)),
 clash AS (SELECT o.seq, o.id FROM ` + n.Table + ` AS o JOIN f ON o.seq = f.seq
     WHERE o.published_at IS NULL AND (
         EXISTS (SELECT 1 FROM ` + n.DeadLetter + ` AS d WHERE d.id = o.id)
         OR EXISTS (SELECT 1 FROM ` + n.Table + ` AS e JOIN f AS g ON e.seq = g.seq WHERE e.id = o.id AND e.seq < o.seq))),
 kept AS (UPDATE ` + n.Table + ` AS o
-    SET attempts = o.attempts + 1, next_attempt_at = clock_timestamp() + interval '1 minute',
-        last_error = 'not dead-lettered: the dead letters hold an event with this id (' || o.id || ') already; it stays here and is tried again. Cause: ' || f.err
+    SET attempts = o.attempts + 1, next_attempt_at = clock_timestamp() + $5 * interval '1 millisecond',
+        last_error = f.clash_err
     FROM clash AS c, f WHERE o.seq = c.seq AND f.seq = c.seq
     RETURNING o.id, o.aggregatetype, o.aggregateid, o.seq),
 held AS (INSERT INTO ` + n.Held + ` (aggregatetype, aggregateid, seq, event_id, reason)
@@ -485,14 +487,16 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	}
 	if fs := plan.DeadLetters; len(fs) > 0 {
 		var rows []int64
-		var msgs []string
+		var msgs, clashes []string
 		var hold []bool
 		for _, f := range fs {
+			clash := driverkit.ErrorText(driverkit.DeadLetterClash(f.ID, f.Err))
 			for _, seq := range seqs[f.ID] {
 				rows, msgs, hold = append(rows, seq), append(msgs, driverkit.ErrorText(f.Err)), append(hold, f.Hold)
+				clashes = append(clashes, clash)
 			}
 		}
-		pb.Queue(q.deadLetter, rows, msgs, hold).Query(func(rs pgx.Rows) error {
+		pb.Queue(q.deadLetter, rows, msgs, hold, clashes, driverkit.DeadLetterClashDelay.Milliseconds()).Query(func(rs pgx.Rows) error {
 			kept, err := pgx.CollectRows(rs, pgx.RowTo[string])
 			if err == nil {
 				driverkit.LogClashes(b.src.Log, b.src.Table, kept)

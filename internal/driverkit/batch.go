@@ -248,7 +248,7 @@ func KeepClashesTx(ctx context.Context, tx *sql.Tx, deadLetter string, p *Plan, 
 // LogClashes logs the events KeepClashes kept in the table.
 func LogClashes(log *slog.Logger, table outboxdriver.Table, ids []string) {
 	if len(ids) > 0 && log != nil {
-		log.Error("outbox: events not dead-lettered: the dead letters hold other events with their ids; they stay in the table and are tried again in a minute",
+		log.Error("outbox: events not dead-lettered: the dead letters hold other events with their ids; they are kept and tried again in a minute",
 			"table", table.String(), "ids", ids)
 	}
 }

@@ -1,10 +1,12 @@
 package cdc
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -231,12 +233,31 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		byID[e.rec.ID] = append(byID[e.rec.ID], e)
 	}
 	plan := driverkit.PlanOf(out)
+	// A dead letter is kept under its event's id: an event whose id the
+	// dead letters hold for another event (a reused id; or two events of
+	// the batch with one id) is kept, retried a minute later, not dropped.
+	kept, err := b.deadLetterClashes(ctx, plan, byID)
+	if err != nil {
+		b.src.mu.Lock()
+		defer b.src.mu.Unlock()
+		if b.gen == b.src.gen {
+			for _, e := range b.events {
+				b.src.queue.release(e)
+			}
+		}
+		b.src.signal()
+		return fmt.Errorf("outboxmysql: finish batch of %d: %w", len(b.events), err)
+	}
 	var finished []*event
 	for _, id := range plan.Published {
 		finished = append(finished, byID[id]...)
 	}
 	for _, f := range plan.DeadLetters {
-		finished = append(finished, byID[f.ID]...)
+		for _, e := range byID[f.ID] {
+			if !kept[e] {
+				finished = append(finished, e)
+			}
+		}
 	}
 	s.mu.Lock()
 	current := b.gen == s.gen
@@ -247,11 +268,11 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	}
 	s.mu.Unlock()
 
-	err := driverkit.InTx(ctx, s.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx *sql.Tx) error {
+	err = driverkit.InTx(ctx, s.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx *sql.Tx) error {
 		if err := s.fence(ctx, tx, b.epoch); err != nil {
 			return err
 		}
-		return b.record(ctx, tx, plan, byID, mark, gtid)
+		return b.record(ctx, tx, plan, byID, kept, mark, gtid)
 	})
 
 	s.mu.Lock()
@@ -281,7 +302,9 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	for _, f := range plan.DeadLetters {
 		if f.Hold {
 			for _, e := range byID[f.ID] {
-				s.queue.held[e.key()] = f.ID
+				if !kept[e] {
+					s.queue.held[e.key()] = f.ID
+				}
 			}
 		}
 	}
@@ -291,6 +314,10 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 			e.rec.Attempts++
 			e.due = now.Add(f.RetryAfter)
 		}
+	}
+	for e := range kept {
+		e.rec.Attempts++
+		e.due = now.Add(driverkit.DeadLetterClashDelay)
 	}
 	for _, e := range b.events {
 		s.queue.release(e)
@@ -304,7 +331,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 }
 
 // record runs the outcome's statements in tx.
-func (b *batch) record(ctx context.Context, tx *sql.Tx, plan driverkit.Plan, byID map[string][]*event, mark mysqlbinlog.Position, gtid string) error {
+func (b *batch) record(ctx context.Context, tx *sql.Tx, plan driverkit.Plan, byID map[string][]*event, kept map[*event]bool, mark mysqlbinlog.Position, gtid string) error {
 	s := b.src
 	n := &s.n
 	exec := func(q string, args ...any) error {
@@ -329,8 +356,14 @@ func (b *batch) record(ctx context.Context, tx *sql.Tx, plan driverkit.Plan, byI
 			return err
 		}
 	}
+	var deadIDs []string
 	for _, f := range plan.DeadLetters {
-		for _, e := range byID[f.ID][:min(1, len(byID[f.ID]))] {
+		i := slices.IndexFunc(byID[f.ID], func(e *event) bool { return !kept[e] })
+		if i < 0 {
+			continue // every event with the id is kept
+		}
+		deadIDs = append(deadIDs, f.ID)
+		for _, e := range byID[f.ID][i : i+1] {
 			headers := e.headers
 			if headers == nil || e.rec.HeadersErr != nil {
 				headers = []byte("{}")
@@ -340,7 +373,8 @@ func (b *batch) record(ctx context.Context, tx *sql.Tx, plan driverkit.Plan, byI
 				payload = string(e.payload)
 			}
 			// Once only (an event read again after a crash may be
-			// dead-lettered already), without the UPDATE privilege an
+			// dead-lettered already under its seq; deadLetterClashes kept
+			// an event whose id is held under another), without the UPDATE privilege an
 			// ON DUPLICATE KEY UPDATE needs: the relay's grants give
 			// SELECT and INSERT (internal/grants), and the lease's row
 			// lock keeps any other streamer out of this transaction.
@@ -360,8 +394,8 @@ ON DUPLICATE KEY UPDATE event_id = VALUES(event_id), seq = VALUES(seq), reason =
 			}
 		}
 	}
-	if ids := driverkit.FailureIDs(plan.DeadLetters); len(ids) > 0 && table {
-		for c := range chunks(ids) {
+	if len(deadIDs) > 0 && table {
+		for c := range chunks(deadIDs) {
 			if err := exec(`DELETE FROM `+n.Table+` WHERE id IN (`+placeholders(len(c))+`)`, strs(c)...); err != nil {
 				return err
 			}
@@ -434,4 +468,51 @@ func chunks[T any](xs []T) func(yield func([]T) bool) {
 			xs = xs[n:]
 		}
 	}
+}
+
+// deadLetterClashes returns the events of plan's dead letters that must
+// not go to the dead-letter table, which holds one event an id: those
+// whose id it holds for an event with another seq, and all but the first
+// (by seq) of the batch's events with one id. An event read again after a
+// crash, dead-lettered already under its own seq, is none of them. It
+// logs the ids it keeps.
+func (b *batch) deadLetterClashes(ctx context.Context, plan driverkit.Plan, byID map[string][]*event) (map[*event]bool, error) {
+	if len(plan.DeadLetters) == 0 {
+		return nil, nil
+	}
+	s := b.src
+	ids := driverkit.FailureIDs(plan.DeadLetters)
+	held := map[string][]int64{}
+	for c := range chunks(ids) {
+		rows, err := s.db.QueryContext(ctx, `SELECT id, seq FROM `+s.n.DeadLetter+` WHERE id IN (`+placeholders(len(c))+`)`, strs(c)...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id string
+			var seq int64
+			if err := rows.Scan(&id, &seq); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			held[id] = append(held[id], seq)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	kept := map[*event]bool{}
+	var keptIDs []string
+	for _, id := range ids {
+		evs := slices.SortedFunc(slices.Values(byID[id]), func(a, b *event) int { return cmp.Compare(a.rec.Seq, b.rec.Seq) })
+		for i, e := range evs {
+			seqs, ok := held[id]
+			if (ok && !slices.Contains(seqs, e.rec.Seq)) || (i > 0 && e.rec.Seq != evs[0].rec.Seq) {
+				kept[e] = true
+				keptIDs = append(keptIDs, id)
+			}
+		}
+	}
+	driverkit.LogClashes(s.base.Log, s.base.Table, slices.Compact(keptIDs))
+	return kept, nil
 }

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -42,6 +43,21 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		byID[e.ID] = append(byID[e.ID], e)
 	}
 	plan := driverkit.PlanOf(out)
+	// A dead letter is kept under its event's id: an event whose id the
+	// dead letters hold for another event (a reused id; or two events of
+	// the batch with one id) is kept, retried a minute later, not dropped.
+	kept, err := s.deadLetterClashes(ctx, plan, byID)
+	if err != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if b.gen == s.gen {
+			for _, e := range b.events {
+				s.queue.release(e)
+			}
+		}
+		s.signal()
+		return finishError("finish a batch of", len(b.events), err)
+	}
 	var finished []*event
 	var rowIDs []string
 	var rowXids, rowSeqs []int64
@@ -72,6 +88,9 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	hold := map[aggKey]string{}
 	for _, f := range plan.DeadLetters {
 		for _, e := range byID[f.ID] {
+			if kept[e] {
+				continue
+			}
 			finished = append(finished, e)
 			dead = append(dead, e)
 			deadErr = append(deadErr, driverkit.ErrorText(f.Err))
@@ -134,7 +153,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	// One implicit transaction: the statements of a batch sent without
 	// BEGIN commit together or not at all. A transaction the stream sent
 	// may not be visible for a moment yet (cq.mark): then again.
-	err := s.pool.SendBatch(ctx, &pb).Close()
+	err = s.pool.SendBatch(ctx, &pb).Close()
 	for wait := time.Millisecond; notVisible(err) && wait < 2*time.Second; wait *= 2 {
 		t := time.NewTimer(wait)
 		select {
@@ -193,6 +212,9 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 		for _, e := range byID[f.ID] {
 			s.queue.retry(e, now.Add(f.RetryAfter))
 		}
+	}
+	for e := range kept {
+		s.queue.retry(e, now.Add(driverkit.DeadLetterClashDelay))
 	}
 	for _, e := range b.events {
 		s.queue.release(e) // neither published nor failed: untouched
@@ -272,4 +294,54 @@ func deadArgs(evs []*event, errs []string, hold []bool) []any {
 // pgText makes s storable as PostgreSQL text: valid UTF-8, no NUL.
 func pgText(s string) string {
 	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "?")
+}
+
+// deadLetterClashes returns the events of plan's dead letters that must
+// not go to the dead-letter table, which holds one event an id: those
+// whose id it holds for an event with another seq, and all but the first
+// (by seq) of the batch's events with one id. An event read again after a
+// crash, dead-lettered already under its own seq, is none of them. It
+// logs the ids it keeps.
+func (s *Source) deadLetterClashes(ctx context.Context, plan driverkit.Plan, byID map[string][]*event) (map[*event]bool, error) {
+	if len(plan.DeadLetters) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, 0, len(plan.DeadLetters))
+	for _, f := range plan.DeadLetters {
+		ids = append(ids, f.ID)
+	}
+	rows, err := s.pool.Query(ctx, s.q.deadLetterSeqs, pgschema.UUIDArray(ids))
+	if err != nil {
+		return nil, err
+	}
+	type key struct {
+		id  string
+		seq int64
+	}
+	held := map[string][]int64{}
+	for rows.Next() {
+		var k key
+		if err := rows.Scan(&k.id, &k.seq); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		held[k.id] = append(held[k.id], k.seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	kept := map[*event]bool{}
+	var keptIDs []string
+	for _, id := range ids {
+		evs := slices.SortedFunc(slices.Values(byID[id]), func(a, b *event) int { return cmp.Compare(a.Seq, b.Seq) })
+		for i, e := range evs {
+			seqs, ok := held[id]
+			if (ok && !slices.Contains(seqs, e.Seq)) || (i > 0 && e.Seq != evs[0].Seq) {
+				kept[e] = true
+				keptIDs = append(keptIDs, id)
+			}
+		}
+	}
+	driverkit.LogClashes(s.base.Log, s.base.Table, slices.Compact(keptIDs))
+	return kept, nil
 }

@@ -13,8 +13,8 @@ type queries struct {
 	// record the streamer's schema version and release ($4 and $5 on
 	// acquire, $5 and $6 on renew), with the lease's times and epoch
 	// (schema version 25, pgschema.CDCVersionsSince).
-	acquireVersions, renewVersions                string
-	deadLetter, mark, isDeadLetter, held, cleanup string
+	acquireVersions, renewVersions                                string
+	deadLetter, deadLetterSeqs, mark, isDeadLetter, held, cleanup string
 	// unhold releases the aggregates held behind events ($1); holdDead
 	// holds aggregates behind their dead letters ($1), as the polling
 	// source does.
@@ -138,7 +138,9 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigi
             $8::text[], $9::text[], $10::bytea[], $11::integer[], $12::text[], $13::boolean[])
   AS u(id, at, aid, ty, p, seq, ca, h, tc, raw, att, err, hold)
 ON CONFLICT (id) DO NOTHING`,
-		mark: `SELECT ` + c.Mark + `($1::uuid[], $2::bigint[], $3, $4::bigint[])`,
+		// The seq of each dead letter held under the ids $1.
+		deadLetterSeqs: `SELECT id::text, seq FROM ` + n.DeadLetter + ` WHERE id = ANY($1::uuid[])`,
+		mark:           `SELECT ` + c.Mark + `($1::uuid[], $2::bigint[], $3, $4::bigint[])`,
 		// Whether each event ($1, inserted by transaction $2, 32 bits) is
 		// in the dead-letter table, and whether its transaction is visible
 		// yet: PostgreSQL sends a transaction a moment before other
