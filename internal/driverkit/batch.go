@@ -1,6 +1,7 @@
 package driverkit
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -251,4 +252,30 @@ func LogClashes(log *slog.Logger, table outboxdriver.Table, ids []string) {
 		log.Error("outbox: events not dead-lettered: the dead letters hold other events with their ids; they are kept and tried again in a minute",
 			"table", table.String(), "ids", ids)
 	}
+}
+
+// ClashingEvents picks, among the events of dead letters ids (byID, each
+// with its seq), those that must not go to the dead-letter table, which
+// holds one event an id: the ones whose id it holds (held: the seqs under
+// each id) for an event with another seq, and all but the first (by seq)
+// of the events with one id. An event read again after a crash and
+// dead-lettered already under its own seq is none of them. It returns them
+// and their ids, once each, for LogClashes. The log-tailing sources, which
+// keep no row that would refuse a reused id, keep these events in memory.
+func ClashingEvents[E comparable](ids []string, held map[string][]int64, byID map[string][]E, seq func(E) int64) (map[E]bool, []string) {
+	kept := map[E]bool{}
+	var keptIDs []string
+	for _, id := range ids {
+		evs := slices.SortedFunc(slices.Values(byID[id]), func(a, b E) int { return cmp.Compare(seq(a), seq(b)) })
+		for i, e := range evs {
+			seqs, ok := held[id]
+			if (ok && !slices.Contains(seqs, seq(e))) || (i > 0 && seq(e) != seq(evs[0])) {
+				kept[e] = true
+				if len(keptIDs) == 0 || keptIDs[len(keptIDs)-1] != id {
+					keptIDs = append(keptIDs, id)
+				}
+			}
+		}
+	}
+	return kept, keptIDs
 }

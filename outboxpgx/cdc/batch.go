@@ -1,7 +1,6 @@
 package cdc
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -296,12 +295,9 @@ func pgText(s string) string {
 	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "?")
 }
 
-// deadLetterClashes returns the events of plan's dead letters that must
-// not go to the dead-letter table, which holds one event an id: those
-// whose id it holds for an event with another seq, and all but the first
-// (by seq) of the batch's events with one id. An event read again after a
-// crash, dead-lettered already under its own seq, is none of them. It
-// logs the ids it keeps.
+// deadLetterClashes asks the dead-letter table for the seqs under the ids
+// of plan's dead letters and returns the events that must not go there
+// (driverkit.ClashingEvents). It logs the ids it keeps.
 func (s *Source) deadLetterClashes(ctx context.Context, plan driverkit.Plan, byID map[string][]*event) (map[*event]bool, error) {
 	if len(plan.DeadLetters) == 0 {
 		return nil, nil
@@ -330,18 +326,7 @@ func (s *Source) deadLetterClashes(ctx context.Context, plan driverkit.Plan, byI
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	kept := map[*event]bool{}
-	var keptIDs []string
-	for _, id := range ids {
-		evs := slices.SortedFunc(slices.Values(byID[id]), func(a, b *event) int { return cmp.Compare(a.Seq, b.Seq) })
-		for i, e := range evs {
-			seqs, ok := held[id]
-			if (ok && !slices.Contains(seqs, e.Seq)) || (i > 0 && e.Seq != evs[0].Seq) {
-				kept[e] = true
-				keptIDs = append(keptIDs, id)
-			}
-		}
-	}
-	driverkit.LogClashes(s.base.Log, s.base.Table, slices.Compact(keptIDs))
+	kept, keptIDs := driverkit.ClashingEvents(ids, held, byID, func(e *event) int64 { return e.Seq })
+	driverkit.LogClashes(s.base.Log, s.base.Table, keptIDs)
 	return kept, nil
 }
