@@ -218,11 +218,21 @@ func (p *Plan) KeepClashes(clash func(id string) bool) []string {
 		}
 		kept = append(kept, f.ID)
 		p.Retries = append(p.Retries, outboxdriver.Failure{ID: f.ID, Err: DeadLetterClash(f.ID, f.Err), RetryAfter: DeadLetterClashDelay})
-		p.Hold = slices.DeleteFunc(p.Hold, func(id string) bool { return id == f.ID })
-		p.Flow = slices.DeleteFunc(p.Flow, func(id string) bool { return id == f.ID })
 	}
 	p.DeadLetters = dls
+	p.DropHoldAndFlow(kept)
 	return kept
+}
+
+// DropHoldAndFlow removes ids from p's Hold and Flow: none of their events
+// goes to the dead letters, and holding or releasing an aggregate by one
+// of these ids would act on the dead letter that holds the id already.
+func (p *Plan) DropHoldAndFlow(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	p.Hold = slices.DeleteFunc(p.Hold, func(id string) bool { return slices.Contains(ids, id) })
+	p.Flow = slices.DeleteFunc(p.Flow, func(id string) bool { return slices.Contains(ids, id) })
 }
 
 // KeepClashesTx is KeepClashes for the drivers on database/sql: it asks
@@ -259,23 +269,28 @@ func LogClashes(log *slog.Logger, table outboxdriver.Table, ids []string) {
 // holds one event an id: the ones whose id it holds (held: the seqs under
 // each id) for an event with another seq, and all but the first (by seq)
 // of the events with one id. An event read again after a crash and
-// dead-lettered already under its own seq is none of them. It returns them
-// and their ids, once each, for LogClashes. The log-tailing sources, which
-// keep no row that would refuse a reused id, keep these events in memory.
-func ClashingEvents[E comparable](ids []string, held map[string][]int64, byID map[string][]E, seq func(E) int64) (map[E]bool, []string) {
-	kept := map[E]bool{}
-	var keptIDs []string
+// dead-lettered already under its own seq is none of them. It returns them,
+// their ids once each (for LogClashes), and the ids all of whose events it
+// picked (for DropHoldAndFlow). The log-tailing sources, which keep no row
+// that would refuse a reused id, keep these events in memory.
+func ClashingEvents[E comparable](ids []string, held map[string][]int64, byID map[string][]E, seq func(E) int64) (kept map[E]bool, keptIDs, whole []string) {
+	kept = map[E]bool{}
 	for _, id := range ids {
 		evs := slices.SortedFunc(slices.Values(byID[id]), func(a, b E) int { return cmp.Compare(seq(a), seq(b)) })
+		n := 0
 		for i, e := range evs {
 			seqs, ok := held[id]
 			if (ok && !slices.Contains(seqs, seq(e))) || (i > 0 && seq(e) != seq(evs[0])) {
 				kept[e] = true
-				if len(keptIDs) == 0 || keptIDs[len(keptIDs)-1] != id {
-					keptIDs = append(keptIDs, id)
-				}
+				n++
 			}
 		}
+		if n > 0 {
+			keptIDs = append(keptIDs, id)
+		}
+		if n > 0 && n == len(evs) {
+			whole = append(whole, id)
+		}
 	}
-	return kept, keptIDs
+	return kept, keptIDs, whole
 }

@@ -19,11 +19,19 @@ func TestClashingEvents(t *testing.T) {
 	fresh := &ev{"d", 1}
 	byID := map[string][]*ev{"a": {again}, "b": {reused}, "c": {second, first}, "d": {fresh}}
 	held := map[string][]int64{"a": {5}, "b": {3}}
-	kept, ids := ClashingEvents([]string{"a", "b", "c", "d"}, held, byID, func(e *ev) int64 { return e.seq })
+	kept, ids, whole := ClashingEvents([]string{"a", "b", "c", "d"}, held, byID, func(e *ev) int64 { return e.seq })
 	if len(kept) != 2 || !kept[reused] || !kept[second] {
 		t.Errorf("kept %v, want the reused id's event and the second of c", kept)
 	}
 	if !slices.Equal(ids, []string{"b", "c"}) {
 		t.Errorf("ids %v, want [b c]", ids)
+	}
+	if !slices.Equal(whole, []string{"b"}) {
+		t.Errorf("ids all of whose events are kept %v, want [b] (c's first event goes to the dead letters)", whole)
+	}
+	p := Plan{Hold: []string{"b", "c"}, Flow: []string{"b", "d"}}
+	p.DropHoldAndFlow(whole)
+	if !slices.Equal(p.Hold, []string{"c"}) || !slices.Equal(p.Flow, []string{"d"}) {
+		t.Errorf("after DropHoldAndFlow: hold %v flow %v, want [c] and [d]", p.Hold, p.Flow)
 	}
 }

@@ -235,7 +235,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	// A dead letter is kept under its event's id: an event whose id the
 	// dead letters hold for another event (a reused id; or two events of
 	// the batch with one id) is kept, retried a minute later, not dropped.
-	kept, err := b.deadLetterClashes(ctx, plan, byID)
+	kept, err := b.deadLetterClashes(ctx, &plan, byID)
 	if err != nil {
 		b.src.mu.Lock()
 		defer b.src.mu.Unlock()
@@ -471,8 +471,9 @@ func chunks[T any](xs []T) func(yield func([]T) bool) {
 
 // deadLetterClashes asks the dead-letter table for the seqs under the ids
 // of plan's dead letters and returns the events that must not go there
-// (driverkit.ClashingEvents). It logs the ids it keeps.
-func (b *batch) deadLetterClashes(ctx context.Context, plan driverkit.Plan, byID map[string][]*event) (map[*event]bool, error) {
+// (driverkit.ClashingEvents); an id all of whose events are kept leaves
+// plan's Hold and Flow. It logs the ids it keeps.
+func (b *batch) deadLetterClashes(ctx context.Context, plan *driverkit.Plan, byID map[string][]*event) (map[*event]bool, error) {
 	if len(plan.DeadLetters) == 0 {
 		return nil, nil
 	}
@@ -497,7 +498,8 @@ func (b *batch) deadLetterClashes(ctx context.Context, plan driverkit.Plan, byID
 			return nil, err
 		}
 	}
-	kept, keptIDs := driverkit.ClashingEvents(ids, held, byID, func(e *event) int64 { return e.rec.Seq })
+	kept, keptIDs, whole := driverkit.ClashingEvents(ids, held, byID, func(e *event) int64 { return e.rec.Seq })
+	plan.DropHoldAndFlow(whole)
 	driverkit.LogClashes(s.base.Log, s.base.Table, keptIDs)
 	return kept, nil
 }

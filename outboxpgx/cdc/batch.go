@@ -45,7 +45,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	// A dead letter is kept under its event's id: an event whose id the
 	// dead letters hold for another event (a reused id; or two events of
 	// the batch with one id) is kept, retried a minute later, not dropped.
-	kept, err := s.deadLetterClashes(ctx, plan, byID)
+	kept, err := s.deadLetterClashes(ctx, &plan, byID)
 	if err != nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -297,8 +297,9 @@ func pgText(s string) string {
 
 // deadLetterClashes asks the dead-letter table for the seqs under the ids
 // of plan's dead letters and returns the events that must not go there
-// (driverkit.ClashingEvents). It logs the ids it keeps.
-func (s *Source) deadLetterClashes(ctx context.Context, plan driverkit.Plan, byID map[string][]*event) (map[*event]bool, error) {
+// (driverkit.ClashingEvents); an id all of whose events are kept leaves
+// plan's Hold and Flow. It logs the ids it keeps.
+func (s *Source) deadLetterClashes(ctx context.Context, plan *driverkit.Plan, byID map[string][]*event) (map[*event]bool, error) {
 	if len(plan.DeadLetters) == 0 {
 		return nil, nil
 	}
@@ -326,7 +327,8 @@ func (s *Source) deadLetterClashes(ctx context.Context, plan driverkit.Plan, byI
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	kept, keptIDs := driverkit.ClashingEvents(ids, held, byID, func(e *event) int64 { return e.Seq })
+	kept, keptIDs, whole := driverkit.ClashingEvents(ids, held, byID, func(e *event) int64 { return e.Seq })
+	plan.DropHoldAndFlow(whole)
 	driverkit.LogClashes(s.base.Log, s.base.Table, keptIDs)
 	return kept, nil
 }
