@@ -237,15 +237,9 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	// the batch with one id) is kept, retried a minute later, not dropped.
 	kept, err := b.deadLetterClashes(ctx, &plan, byID)
 	if err != nil {
-		b.src.mu.Lock()
-		defer b.src.mu.Unlock()
-		if b.gen == b.src.gen {
-			for _, e := range b.events {
-				b.src.queue.release(e)
-			}
-		}
-		b.src.signal()
-		return fmt.Errorf("outboxmysql: finish batch of %d: %w", len(b.events), err)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return b.abandonLocked(err)
 	}
 	var finished []*event
 	for _, id := range plan.Published {
@@ -278,13 +272,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	defer s.mu.Unlock()
 	current = b.gen == s.gen
 	if err != nil {
-		if current {
-			for _, e := range b.events {
-				s.queue.release(e)
-			}
-		}
-		s.signal()
-		return fmt.Errorf("outboxmysql: finish batch of %d: %w", len(b.events), err)
+		return b.abandonLocked(err)
 	}
 	if mark.File != "" && after(mark, s.saved.pos) {
 		s.saved = savedPos{mark, gtid}
@@ -467,6 +455,19 @@ func chunks[T any](xs []T) func(yield func([]T) bool) {
 			xs = xs[n:]
 		}
 	}
+}
+
+// abandonLocked makes the batch's events claimable again after its
+// outcome could not be recorded, and wraps err. s.mu is held.
+func (b *batch) abandonLocked(err error) error {
+	s := b.src
+	if b.gen == s.gen {
+		for _, e := range b.events {
+			s.queue.release(e)
+		}
+	}
+	s.signal()
+	return fmt.Errorf("outboxmysql: finish batch of %d: %w", len(b.events), err)
 }
 
 // deadLetterClashes asks the dead-letter table for the seqs under the ids

@@ -49,13 +49,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	if err != nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if b.gen == s.gen {
-			for _, e := range b.events {
-				s.queue.release(e)
-			}
-		}
-		s.signal()
-		return finishError("finish a batch of", len(b.events), err)
+		return b.abandonLocked(err, nil)
 	}
 	var finished []*event
 	var rowIDs []string
@@ -173,13 +167,7 @@ func (b *batch) Finish(ctx context.Context, out outboxdriver.Outcome) error {
 	defer s.mu.Unlock()
 	current := b.gen == s.gen
 	if err != nil {
-		if current {
-			for _, e := range slices.Concat(b.events, park) {
-				s.queue.release(e)
-			}
-		}
-		s.signal()
-		return finishError("finish a batch of", len(b.events), err)
+		return b.abandonLocked(err, park)
 	}
 	if len(park) > 0 {
 		s.parkedLocked(b.gen, park)
@@ -295,6 +283,19 @@ func pgText(s string) string {
 	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "?")
 }
 
+// abandonLocked makes the batch's events, and extra, claimable again
+// after its outcome could not be recorded, and wraps err. s.mu is held.
+func (b *batch) abandonLocked(err error, extra []*event) error {
+	s := b.src
+	if b.gen == s.gen {
+		for _, e := range slices.Concat(b.events, extra) {
+			s.queue.release(e)
+		}
+	}
+	s.signal()
+	return finishError("finish a batch of", len(b.events), err)
+}
+
 // deadLetterClashes asks the dead-letter table for the seqs under the ids
 // of plan's dead letters and returns the events that must not go there
 // (driverkit.ClashingEvents); an id all of whose events are kept leaves
@@ -311,18 +312,15 @@ func (s *Source) deadLetterClashes(ctx context.Context, plan *driverkit.Plan, by
 	if err != nil {
 		return nil, err
 	}
-	type key struct {
-		id  string
-		seq int64
-	}
 	held := map[string][]int64{}
 	for rows.Next() {
-		var k key
-		if err := rows.Scan(&k.id, &k.seq); err != nil {
+		var id string
+		var seq int64
+		if err := rows.Scan(&id, &seq); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		held[k.id] = append(held[k.id], k.seq)
+		held[id] = append(held[id], seq)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
